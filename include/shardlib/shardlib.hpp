@@ -1,0 +1,9 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// Umbrella header: everything a shardlib program uses. `#include <shardlib/shardlib.hpp>`.
+#pragma once
+
+#include <shardlib/axis_name.hpp>
+#include <shardlib/mesh.hpp>
+#include <shardlib/spec.hpp>
+#include <shardlib/version.hpp>

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# shardlib, from a fresh clone to a built, running example:
+#   1. installs the Debian packages the build needs that are missing (sudo when not root);
+#   2. configures the build in build/ (or reconfigures it), and builds;
+#   3. runs the flagship example, examples/quickstart.
+# Then `meson test -C build --print-errorlogs` runs the whole test suite.
+# Extra arguments go to `meson setup` (e.g. -Dmpi=disabled, -Dcmake_prefix_path=/opt/kokkos).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+  meson ninja-build pkg-config cmake g++ python3   # build tools
+  libtrilinos-kokkos-dev                           # Kokkos (3.4, Serial) from Debian
+  libeigen3-dev                                    # host linear algebra
+  doctest-dev                                      # tests
+  libopenmpi-dev openmpi-bin                       # MPI backend
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo=()
+  [ "$(id -u)" = 0 ] || sudo=(sudo)
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if [ -f build/build.ninja ]; then
+  meson setup --reconfigure build "$@"
+else
+  meson setup build "$@"
+fi
+meson compile -C build
+./build/examples/quickstart

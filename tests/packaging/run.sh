@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Packaging test: an outside project consumes shardlib
+#   1. as a Meson subproject (dependency('shardlib') through meson.override_dependency);
+#   2. installed, through pkg-config;
+#   3. installed, through CMake's find_package(shardlib).
+# usage: run.sh SOURCE_ROOT WORK_DIR
+set -euo pipefail
+src=$(cd "$1" && pwd)
+work=$2
+consumer=$src/tests/packaging/consumer
+rm -rf "$work"
+mkdir -p "$work"
+
+step() { echo "== $*"; }
+
+step "1. shardlib as a Meson subproject"
+cp -r "$consumer" "$work/sub"
+mkdir -p "$work/sub/subprojects"
+ln -s "$src" "$work/sub/subprojects/shardlib"
+meson setup "$work/sub/build" "$work/sub" >"$work/sub.log" 2>&1 || { cat "$work/sub.log"; exit 1; }
+meson compile -C "$work/sub/build" >>"$work/sub.log" 2>&1 || { cat "$work/sub.log"; exit 1; }
+"$work/sub/build/consumer"
+
+step "2. installed shardlib through pkg-config"
+prefix=$work/prefix
+meson setup "$work/lib" "$src" --prefix "$prefix" -Dtests=false -Dexamples=false -Dbenchmarks=false \
+  >"$work/install.log" 2>&1 || { cat "$work/install.log"; exit 1; }
+meson install -C "$work/lib" >>"$work/install.log" 2>&1 || { cat "$work/install.log"; exit 1; }
+test -f "$prefix/include/shardlib/detail/diagnostics.hpp" || { echo "install flattened include/shardlib/detail"; exit 1; }
+test -f "$prefix/include/shardlib/runtime/kokkos_scope.hpp" || { echo "install lost include/shardlib/runtime"; exit 1; }
+pcdir=$(dirname "$(find "$prefix" -name shardlib.pc | head -n 1)")
+cp -r "$consumer" "$work/pc"
+PKG_CONFIG_PATH=$pcdir meson setup "$work/pc/build" "$work/pc" -Duse_subproject=false \
+  >"$work/pc.log" 2>&1 || { cat "$work/pc.log"; exit 1; }
+meson compile -C "$work/pc/build" >>"$work/pc.log" 2>&1 || { cat "$work/pc.log"; exit 1; }
+"$work/pc/build/consumer"
+
+step "3. installed shardlib through CMake find_package"
+cmake -S "$consumer" -B "$work/cmake" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release \
+  >"$work/cmake.log" 2>&1 || { cat "$work/cmake.log"; exit 1; }
+cmake --build "$work/cmake" >>"$work/cmake.log" 2>&1 || { cat "$work/cmake.log"; exit 1; }
+"$work/cmake/consumer"
+echo "packaging: subproject, pkg-config and CMake consumers all built and ran"
