@@ -1,0 +1,106 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// Counting what collectives cost: calls and bytes per collective kind, for this device.
+///
+/// A `CommRecorder` (DTensor's CommDebugMode is the model) counts every collective that the
+/// current device calls while it is alive. Devices are threads under the `threads` backend and
+/// processes under `mpi`, so the active recorders are per thread. Recorders nest: each one
+/// alive on the thread sees every call.
+///
+/// Bytes are the payload this device sends to and receives from *other* devices, as the
+/// algorithm-independent minimum (nccl-tests' conventions):
+/// | kind | bytes_sent | bytes_received |
+/// |---|---|---|
+/// | all_gather | own piece × (n-1) | the other pieces |
+/// | reduce_scatter | input − own block | own block × (n-1) |
+/// | all_reduce | 2(n-1)/n × buffer | 2(n-1)/n × buffer |
+/// | all_to_all | input − block kept | output − block kept |
+/// | broadcast | root: buffer × (n-1) | others: buffer |
+/// | send / recv / permute | what goes to another device | what comes from another device |
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace shardlib::coll {
+
+/// Kinds of collective, as counted.
+enum class Kind : std::uint8_t { all_gather, reduce_scatter, all_reduce, all_to_all, broadcast, send, recv, permute, barrier };
+inline constexpr int num_kinds = 9;
+
+constexpr std::string_view name(Kind k) noexcept {
+  constexpr std::string_view names[] = {"all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast",
+                                        "send",       "recv",           "permute",    "barrier"};
+  return names[static_cast<int>(k)];
+}
+
+/// What one kind of collective cost.
+struct KindStats {
+  std::uint64_t calls = 0;
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_received = 0;
+};
+
+/// Counts collectives called by this device while alive (see the file comment).
+class CommRecorder {
+ public:
+  CommRecorder() : prev_(top()) { top() = this; }
+  CommRecorder(const CommRecorder&) = delete;
+  CommRecorder& operator=(const CommRecorder&) = delete;
+  ~CommRecorder() { top() = prev_; }
+
+  const KindStats& operator[](Kind k) const noexcept { return stats_[static_cast<std::size_t>(k)]; }
+  /// Calls of every kind (barriers included).
+  std::uint64_t total_calls() const noexcept {
+    std::uint64_t n = 0;
+    for (const auto& s : stats_) n += s.calls;
+    return n;
+  }
+  std::uint64_t total_bytes_sent() const noexcept {
+    std::uint64_t n = 0;
+    for (const auto& s : stats_) n += s.bytes_sent;
+    return n;
+  }
+  std::uint64_t total_bytes_received() const noexcept {
+    std::uint64_t n = 0;
+    for (const auto& s : stats_) n += s.bytes_received;
+    return n;
+  }
+  void reset() noexcept { stats_ = {}; }
+
+  /// One line per kind that was called: "all_reduce: 2 calls, 96 B sent, 96 B received".
+  std::string to_string() const {
+    std::string s;
+    for (int k = 0; k < num_kinds; ++k) {
+      const auto& st = stats_[static_cast<std::size_t>(k)];
+      if (st.calls == 0) continue;
+      s += std::string(name(static_cast<Kind>(k))) + ": " + std::to_string(st.calls) + " call" +
+           (st.calls == 1 ? "" : "s") + ", " + std::to_string(st.bytes_sent) + " B sent, " +
+           std::to_string(st.bytes_received) + " B received\n";
+    }
+    return s;
+  }
+
+  /// Adds one call to every recorder alive on this thread (called by Communicator).
+  static void record(Kind k, std::uint64_t sent, std::uint64_t received) noexcept {
+    for (CommRecorder* r = top(); r; r = r->prev_) {
+      auto& st = r->stats_[static_cast<std::size_t>(k)];
+      ++st.calls;
+      st.bytes_sent += sent;
+      st.bytes_received += received;
+    }
+  }
+
+ private:
+  static CommRecorder*& top() noexcept {
+    static thread_local CommRecorder* t = nullptr;
+    return t;
+  }
+  CommRecorder* prev_;
+  std::array<KindStats, num_kinds> stats_{};
+};
+
+}  // namespace shardlib::coll

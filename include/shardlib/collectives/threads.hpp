@@ -1,0 +1,511 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// The `threads` backend: N virtual devices in one process, one thread each.
+///
+/// Single copy: a collective posts each member's buffer addresses in a shared slot, meets at a
+/// barrier, and then every member reads what it needs straight from its peers' buffers (no
+/// staging copy); a second barrier keeps those buffers alive until every reader is done.
+/// all_reduce reduces one block per member (reduce-scatter) and gathers the blocks, so the
+/// reduction work is split evenly and each result element is computed once.
+///
+/// Waiting: a short spin (none when devices outnumber cores), then yields, then a sleep on a
+/// condition variable, so 8 devices on 2 cores all make progress. Nothing waits forever:
+/// - a device whose SPMD body threw aborts the run: every waiting device throws `RunAborted`
+///   carrying that device's message;
+/// - a member that finished its body, or that has not arrived after the timeout, makes the
+///   waiting members throw a CollectiveError naming it (a collective called by only some
+///   devices);
+/// - members that disagree on the call (kind, element type, counts, root, peers) all throw a
+///   CollectiveError saying what differs.
+///
+/// send/recv are eager: `send` copies into a mailbox and returns; `recv` takes from it.
+#pragma once
+
+#include <shardlib/collectives/communicator.hpp>
+#include <shardlib/collectives/detail/reduce.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
+#include <immintrin.h>
+#define SHARDLIB_CPU_RELAX() _mm_pause()
+#else
+#define SHARDLIB_CPU_RELAX() std::this_thread::yield()
+#endif
+
+namespace shardlib::coll {
+
+/// Thrown in every device waiting in a collective when another device's SPMD body failed.
+class RunAborted : public CollectiveError {
+ public:
+  using CollectiveError::CollectiveError;
+};
+
+namespace detail {
+
+/// State shared by all devices of one threads run.
+class ThreadWorld {
+ public:
+  ThreadWorld(int devices, std::chrono::milliseconds timeout)
+      : devices_(devices), timeout_(timeout), finished_(static_cast<std::size_t>(devices)) {
+    for (auto& f : finished_) f.store(false);
+    unsigned hw = std::thread::hardware_concurrency();
+    spin_ = hw != 0 && static_cast<unsigned>(devices) <= hw;
+  }
+
+  int devices() const noexcept { return devices_; }
+  std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  /// Whether waiting may busy-spin (devices do not outnumber cores).
+  bool may_spin() const noexcept { return spin_; }
+
+  /// Ends the run: every device waiting now or later throws RunAborted with `message`.
+  void abort(int device, const std::string& message) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (aborted_.load()) return;
+      abort_message_ = "shardlib: device " + std::to_string(device) + " failed: " + message;
+      aborted_.store(true);
+    }
+    mail_cv_.notify_all();
+  }
+  bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
+  [[noreturn]] void throw_aborted() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    throw RunAborted(abort_message_);
+  }
+
+  void set_finished(int device) noexcept { finished_[static_cast<std::size_t>(device)].store(true); }
+  bool finished(int device) const noexcept { return finished_[static_cast<std::size_t>(device)].load(); }
+
+  // Eager point-to-point mailboxes, keyed by (group id, source world device, dest world device, tag).
+  using MailKey = std::tuple<const void*, int, int, int>;
+  void post(const MailKey& key, const void* data, std::size_t bytes) {
+    std::vector<std::byte> msg(bytes);
+    if (bytes) std::memcpy(msg.data(), data, bytes);
+    {
+      std::lock_guard<std::mutex> lock(mail_mutex_);
+      mail_[key].push_back(std::move(msg));
+    }
+    mail_cv_.notify_all();
+  }
+  /// Blocks until a message for `key` arrives; checks abort, the sender finishing, the timeout.
+  std::vector<std::byte> take(const MailKey& key, int sender_device, const std::string& what) {
+    auto start = std::chrono::steady_clock::now();
+    std::unique_lock<std::mutex> lock(mail_mutex_);
+    for (;;) {
+      auto it = mail_.find(key);
+      if (it != mail_.end() && !it->second.empty()) {
+        auto msg = std::move(it->second.front());
+        it->second.pop_front();
+        return msg;
+      }
+      if (aborted()) {
+        lock.unlock();
+        throw_aborted();
+      }
+      if (finished(sender_device))
+        throw CollectiveError("shardlib: " + what + ": device " + std::to_string(sender_device) +
+                              " finished its SPMD body without sending this message");
+      if (std::chrono::steady_clock::now() - start > timeout_)
+        throw CollectiveError("shardlib: " + what + ": no message from device " + std::to_string(sender_device) +
+                              " after " + std::to_string(timeout_.count()) + " ms");
+      mail_cv_.wait_for(lock, std::chrono::milliseconds(20));
+    }
+  }
+
+ private:
+  int devices_;
+  std::chrono::milliseconds timeout_;
+  bool spin_ = false;
+  std::vector<std::atomic<bool>> finished_;
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex mutex_;
+  std::string abort_message_;
+  std::mutex mail_mutex_;
+  std::condition_variable mail_cv_;
+  std::map<MailKey, std::deque<std::vector<std::byte>>> mail_;
+};
+
+/// What one member posts for a collective: enough for peers to check the call and copy.
+struct Slot {
+  Kind kind{};
+  DType dtype{};
+  Op op{};
+  int root = 0;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  std::size_t count = 0;                          // all_reduce, broadcast; permute: send count
+  std::size_t recv_count = 0;                     // permute
+  int dest = -1, source = -1;                     // permute
+  const std::size_t* counts = nullptr;            // uneven blocks (send side for all_to_all)
+  const std::size_t* recv_counts = nullptr;       // all_to_all
+  std::size_t uniform = 0, recv_uniform = 0;      // block size when counts == nullptr
+  int color = 0, key = 0;                         // split
+  std::shared_ptr<void> created;                  // split: the new group's state (leader's slot)
+  std::size_t block(int r) const noexcept { return counts ? counts[r] : uniform; }
+  std::size_t recv_block(int r) const noexcept { return recv_counts ? recv_counts[r] : recv_uniform; }
+};
+
+/// State shared by the members of one group.
+class ThreadGroup {
+ public:
+  ThreadGroup(std::shared_ptr<ThreadWorld> world, std::vector<int> devices)
+      : world_(std::move(world)), devices_(std::move(devices)), slots_(devices_.size()),
+        stamps_(devices_.size()) {
+    for (auto& s : stamps_) s.store(0);
+  }
+
+  int size() const noexcept { return static_cast<int>(devices_.size()); }
+  int device(int rank) const noexcept { return devices_[static_cast<std::size_t>(rank)]; }
+  ThreadWorld& world() noexcept { return *world_; }
+  const std::shared_ptr<ThreadWorld>& world_ptr() const noexcept { return world_; }
+  Slot& slot(int rank) noexcept { return slots_[static_cast<std::size_t>(rank)]; }
+
+  /// Returns once every member has arrived (see the file comment for what ends a wait).
+  void arrive_and_wait(int rank, const std::string& what) {
+    const int n = size();
+    if (n == 1) return;
+    std::uint64_t g = generation_.load(std::memory_order_acquire);
+    stamps_[static_cast<std::size_t>(rank)].store(g + 1, std::memory_order_relaxed);
+    if (arrived_.fetch_add(1, std::memory_order_acq_rel) == n - 1) {
+      arrived_.store(0, std::memory_order_relaxed);
+      generation_.store(g + 1, std::memory_order_seq_cst);
+      if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        cv_.notify_all();
+      }
+      return;
+    }
+    ThreadWorld& w = *world_;
+    if (w.may_spin()) {
+      for (int i = 0; i < 4000; ++i) {
+        if (generation_.load(std::memory_order_acquire) != g) return;
+        SHARDLIB_CPU_RELAX();
+      }
+    }
+    for (int i = 0; i < 64; ++i) {
+      if (generation_.load(std::memory_order_acquire) != g) return;
+      if (w.aborted()) w.throw_aborted();
+      std::this_thread::yield();
+    }
+    auto start = std::chrono::steady_clock::now();
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    struct Leave {
+      std::atomic<int>& s;
+      ~Leave() { s.fetch_sub(1, std::memory_order_seq_cst); }
+    } leave{sleepers_};
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (generation_.load(std::memory_order_seq_cst) == g) {
+      if (w.aborted()) {
+        lock.unlock();
+        w.throw_aborted();
+      }
+      std::string missing;
+      bool someone_finished = false;
+      for (int r = 0; r < n; ++r)
+        if (stamps_[static_cast<std::size_t>(r)].load(std::memory_order_relaxed) != g + 1) {
+          missing += (missing.empty() ? "" : ", ") + std::to_string(device(r));
+          someone_finished = someone_finished || w.finished(device(r));
+        }
+      if (someone_finished)
+        throw CollectiveError("shardlib: " + what + ": device(s) " + missing +
+                              " finished their SPMD body without calling it; a collective must be called by every "
+                              "device of its group");
+      if (std::chrono::steady_clock::now() - start > w.timeout())
+        throw CollectiveError("shardlib: " + what + ": device(s) " + missing + " did not arrive within " +
+                              std::to_string(w.timeout().count()) +
+                              " ms; was the collective called by only some devices of the group?");
+      cv_.wait_for(lock, std::chrono::milliseconds(20));
+    }
+  }
+
+ private:
+  std::shared_ptr<ThreadWorld> world_;
+  std::vector<int> devices_;  // world device of each rank
+  std::vector<Slot> slots_;
+  std::vector<std::atomic<std::uint64_t>> stamps_;  // generation each member last arrived for
+  std::atomic<std::uint64_t> generation_{0};
+  std::atomic<int> arrived_{0};
+  std::atomic<int> sleepers_{0};
+  std::mutex mutex_;
+  std::condition_variable cv_;
+};
+
+inline void copy_bytes(void* dst, const void* src, std::size_t bytes) noexcept {
+  if (bytes && dst != src) std::memcpy(dst, src, bytes);
+}
+
+}  // namespace detail
+
+/// One device's handle on a threads group (see the file comment). Created by the runtime
+/// (`world`) and by `split`; used only from its device's thread.
+class ThreadCommunicator final : public Communicator {
+ public:
+  /// The world communicator of `device` in `world`.
+  static std::unique_ptr<ThreadCommunicator> world(std::shared_ptr<detail::ThreadGroup> group, int device) {
+    return std::unique_ptr<ThreadCommunicator>(new ThreadCommunicator(std::move(group), device, "world"));
+  }
+  /// A fresh world: the state its devices share.
+  static std::shared_ptr<detail::ThreadGroup> make_world(int devices, std::chrono::milliseconds timeout) {
+    std::vector<int> all(static_cast<std::size_t>(devices));
+    for (int i = 0; i < devices; ++i) all[static_cast<std::size_t>(i)] = i;
+    return std::make_shared<detail::ThreadGroup>(std::make_shared<detail::ThreadWorld>(devices, timeout),
+                                                 std::move(all));
+  }
+
+  std::string_view backend() const noexcept override { return "threads"; }
+
+ protected:
+  void do_all_gather(const void* send, void* recv, const Blocks& blocks, DType t) override {
+    auto& me = begin(Kind::all_gather, t, "all_gather");
+    set_blocks(me, blocks);
+    me.send = send;
+    me.recv = recv;
+    meet_posted("all_gather");
+    for (int r = 0; r < size(); ++r) {
+      const auto& s = g_->slot(r);
+      if (s.dtype != t || !same_blocks(s, me)) mismatch("all_gather", "block counts or element type", r);
+    }
+    const std::size_t e = size_of(t);
+    for (int r = 0; r < size(); ++r) {
+      const auto& s = g_->slot(r);
+      detail::copy_bytes(static_cast<char*>(recv) + blocks.offset(r) * e, s.send, blocks.count(r) * e);
+    }
+    meet("all_gather");
+  }
+
+  void do_reduce_scatter(const void* send, void* recv, const Blocks& blocks, DType t, Op op) override {
+    auto& me = begin(Kind::reduce_scatter, t, "reduce_scatter");
+    me.op = op;
+    set_blocks(me, blocks);
+    me.send = send;
+    meet_posted("reduce_scatter");
+    for (int r = 0; r < size(); ++r) {
+      const auto& s = g_->slot(r);
+      if (s.dtype != t || s.op != op || !same_blocks(s, me)) mismatch("reduce_scatter", "block counts, element type or op", r);
+    }
+    const std::size_t off = blocks.offset(rank()) * size_of(t);
+    gather_inputs([&](int r) { return static_cast<const char*>(g_->slot(r).send) + off; });
+    detail::reduce(recv, inputs_.data(), size(), blocks.count(rank()), t, op);
+    meet("reduce_scatter");
+  }
+
+  void do_all_reduce(const void* send, void* recv, std::size_t count, DType t, Op op) override {
+    auto& me = begin(Kind::all_reduce, t, "all_reduce");
+    me.op = op;
+    me.count = count;
+    me.send = send;
+    me.recv = recv;
+    meet_posted("all_reduce");
+    for (int r = 0; r < size(); ++r) {
+      const auto& s = g_->slot(r);
+      if (s.dtype != t || s.op != op || s.count != count) mismatch("all_reduce", "element count, element type or op", r);
+    }
+    // Phase 1: reduce block rank() of everyone's input into this device's output.
+    const std::size_t e = size_of(t), n = static_cast<std::size_t>(size());
+    const std::size_t base = count / n, extra = count % n;
+    auto block_off = [&](int r) { return static_cast<std::size_t>(r) * base + std::min<std::size_t>(static_cast<std::size_t>(r), extra); };
+    auto block_len = [&](int r) { return base + (static_cast<std::size_t>(r) < extra ? 1 : 0); };
+    const std::size_t off = block_off(rank()) * e;
+    gather_inputs([&](int r) { return static_cast<const char*>(g_->slot(r).send) + off; });
+    detail::reduce(static_cast<char*>(recv) + off, inputs_.data(), size(), block_len(rank()), t, op);
+    meet("all_reduce");
+    // Phase 2: copy the other blocks from their owners' outputs.
+    for (int r = 0; r < size(); ++r)
+      if (r != rank())
+        detail::copy_bytes(static_cast<char*>(recv) + block_off(r) * e,
+                           static_cast<const char*>(g_->slot(r).recv) + block_off(r) * e, block_len(r) * e);
+    meet("all_reduce");
+  }
+
+  void do_all_to_all(const void* send, const Blocks& sb, void* recv, const Blocks& rb, DType t) override {
+    auto& me = begin(Kind::all_to_all, t, "all_to_all");
+    set_blocks(me, sb);
+    me.recv_counts = rb.data();
+    me.recv_uniform = rb.is_uniform() ? rb.count(0) : 0;
+    me.send = send;
+    meet_posted("all_to_all");
+    for (int p = 0; p < size(); ++p)
+      for (int q = 0; q < size(); ++q) {
+        const auto& sp = g_->slot(p);
+        if (sp.dtype != t) mismatch("all_to_all", "element type", p);
+        if (sp.block(q) != g_->slot(q).recv_block(p))
+          throw CollectiveError("shardlib: " + where("all_to_all") + ": rank " + std::to_string(p) + " sends " +
+                                std::to_string(sp.block(q)) + " elements to rank " + std::to_string(q) +
+                                ", which expects " + std::to_string(g_->slot(q).recv_block(p)));
+      }
+    const std::size_t e = size_of(t);
+    for (int p = 0; p < size(); ++p) {
+      const auto& sp = g_->slot(p);
+      std::size_t from = 0;
+      for (int q = 0; q < rank(); ++q) from += sp.block(q);
+      detail::copy_bytes(static_cast<char*>(recv) + rb.offset(p) * e, static_cast<const char*>(sp.send) + from * e,
+                         rb.count(p) * e);
+    }
+    meet("all_to_all");
+  }
+
+  void do_broadcast(void* buf, std::size_t count, DType t, int root) override {
+    auto& me = begin(Kind::broadcast, t, "broadcast");
+    me.count = count;
+    me.root = root;
+    me.send = buf;
+    meet_posted("broadcast");
+    for (int r = 0; r < size(); ++r) {
+      const auto& s = g_->slot(r);
+      if (s.dtype != t || s.count != count || s.root != root) mismatch("broadcast", "element count, element type or root", r);
+    }
+    if (rank() != root) detail::copy_bytes(buf, g_->slot(root).send, count * size_of(t));
+    meet("broadcast");
+  }
+
+  void do_send(const void* buf, std::size_t count, DType t, int peer, int tag) override {
+    check_thread("send");
+    g_->world().post({g_.get(), rank(), peer, tag}, buf, count * size_of(t));
+  }
+
+  void do_recv(void* buf, std::size_t count, DType t, int peer, int tag) override {
+    check_thread("recv");
+    auto msg = g_->world().take({g_.get(), peer, rank(), tag}, g_->device(peer), where("recv"));
+    if (msg.size() != count * size_of(t))
+      throw CollectiveError("shardlib: " + where("recv") + ": the message from rank " + std::to_string(peer) + " has " +
+                            std::to_string(msg.size()) + " bytes, but " + std::to_string(count) + " elements of " +
+                            std::string(coll::name(t)) + " (" + std::to_string(count * size_of(t)) + " bytes) were expected");
+    detail::copy_bytes(buf, msg.data(), msg.size());
+  }
+
+  void do_permute(const void* send, std::size_t send_count, int dest, void* recv, std::size_t recv_count, int source,
+                  DType t) override {
+    auto& me = begin(Kind::permute, t, "permute");
+    me.send = send;
+    me.count = send_count;
+    me.dest = dest;
+    me.recv_count = recv_count;
+    me.source = source;
+    meet_posted("permute");
+    for (int r = 0; r < size(); ++r) {
+      const auto& s = g_->slot(r);
+      if (s.dtype != t) mismatch("permute", "element type", r);
+      if (s.source != -1 && (g_->slot(s.source).dest != r || g_->slot(s.source).count != s.recv_count))
+        throw CollectiveError("shardlib: " + where("permute") + ": rank " + std::to_string(r) + " expects " +
+                              std::to_string(s.recv_count) + " elements from rank " + std::to_string(s.source) +
+                              ", which sends " + std::to_string(g_->slot(s.source).count) + " elements to " +
+                              (g_->slot(s.source).dest == -1 ? std::string("nobody") : "rank " + std::to_string(g_->slot(s.source).dest)));
+      if (s.dest != -1 && g_->slot(s.dest).source != r)
+        throw CollectiveError("shardlib: " + where("permute") + ": rank " + std::to_string(r) + " sends to rank " +
+                              std::to_string(s.dest) + ", which does not receive from it");
+    }
+    if (source != -1) detail::copy_bytes(recv, g_->slot(source).send, recv_count * size_of(t));
+    meet("permute");
+  }
+
+  void do_barrier() override {
+    check_thread("barrier");
+    g_->slot(rank()).kind = Kind::barrier;
+    meet_posted("barrier");  // checks that every member is in a barrier
+    meet("barrier");
+  }
+
+  std::unique_ptr<Communicator> do_split(int color, int key, std::string name) override {
+    auto& me = begin(Kind::barrier, DType::u8, "split");
+    me.color = color;
+    me.key = key;
+    me.created.reset();
+    meet_posted("split");
+    // Members of my color, ordered by (key, rank); the first creates the shared state.
+    std::vector<std::pair<int, int>> members;
+    for (int r = 0; r < size(); ++r)
+      if (g_->slot(r).color == color && color >= 0) members.emplace_back(g_->slot(r).key, r);
+    std::sort(members.begin(), members.end());
+    if (color >= 0 && members.front().second == rank()) {
+      std::vector<int> devices;
+      for (auto& m : members) devices.push_back(g_->device(m.second));
+      me.created = std::make_shared<detail::ThreadGroup>(g_->world_ptr(), std::move(devices));
+    }
+    meet("split");
+    std::unique_ptr<Communicator> out;
+    if (color >= 0) {
+      int new_rank = 0;
+      while (members[static_cast<std::size_t>(new_rank)].second != rank()) ++new_rank;
+      auto group = std::static_pointer_cast<detail::ThreadGroup>(g_->slot(members.front().second).created);
+      out.reset(new ThreadCommunicator(std::move(group), new_rank, std::move(name)));
+    }
+    meet("split");
+    me.created.reset();
+    return out;
+  }
+
+ private:
+  ThreadCommunicator(std::shared_ptr<detail::ThreadGroup> group, int rank, std::string name)
+      : Communicator(rank, group->size(), std::move(name)), g_(std::move(group)), owner_(std::this_thread::get_id()) {
+    inputs_.resize(static_cast<std::size_t>(size()));
+  }
+
+  void check_thread(std::string_view call) const {
+    if (std::this_thread::get_id() != owner_)
+      throw CollectiveError("shardlib: " + where(call) + ": this communicator belongs to device " +
+                            std::to_string(g_->device(rank())) +
+                            " and was used from another thread; each device uses its own Context");
+  }
+  detail::Slot& begin(Kind k, DType t, std::string_view call) {
+    check_thread(call);
+    auto& s = g_->slot(rank());
+    s = detail::Slot{};
+    s.kind = k;
+    s.dtype = t;
+    return s;
+  }
+  static void set_blocks(detail::Slot& s, const Blocks& b) noexcept {
+    s.counts = b.data();
+    s.uniform = b.is_uniform() ? b.count(0) : 0;
+  }
+  bool same_blocks(const detail::Slot& a, const detail::Slot& b) const noexcept {
+    for (int r = 0; r < size(); ++r)
+      if (a.block(r) != b.block(r)) return false;
+    return true;
+  }
+  /// First barrier of a collective: every slot is posted; check all members are in this call.
+  void meet_posted(std::string_view call) {
+    if (size() > 1) g_->arrive_and_wait(rank(), where(call));
+    const Kind k = g_->slot(rank()).kind;
+    for (int r = 0; r < size(); ++r)
+      if (g_->slot(r).kind != k) mismatch(call, "collective", r);
+  }
+  /// A later barrier. Slots are not read after the last one: a peer may already be posting
+  /// its next call.
+  void meet(std::string_view call) {
+    if (size() > 1) g_->arrive_and_wait(rank(), where(call));
+  }
+  [[noreturn]] void mismatch(std::string_view call, std::string_view what, int r) const {
+    const auto& s = g_->slot(r);
+    throw CollectiveError("shardlib: " + where(call) + ": rank " + std::to_string(r) + " (device " +
+                          std::to_string(g_->device(r)) + ") called " + std::string(coll::name(s.kind)) + " on " +
+                          std::string(coll::name(s.dtype)) + " with a different " + std::string(what) +
+                          "; every device of a group must make the same collective call");
+  }
+  template <class F>
+  void gather_inputs(F&& at) {
+    // This device's own input first: the reduction's output may alias only inputs_[0].
+    inputs_[0] = at(rank());
+    for (int r = 0, i = 1; r < size(); ++r)
+      if (r != rank()) inputs_[static_cast<std::size_t>(i++)] = at(r);
+  }
+
+  std::shared_ptr<detail::ThreadGroup> g_;
+  std::thread::id owner_;
+  std::vector<const void*> inputs_;
+};
+
+}  // namespace shardlib::coll

@@ -1,0 +1,308 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// Starting an SPMD program: the body runs once per device, on one of the backends.
+///
+/// ```
+/// auto rt = shardlib::Runtime::from_args(argc, argv);   // --backend, --devices, or the environment
+/// rt.spmd([](shardlib::Context& ctx) { ... ctx.world().all_reduce(...); });
+/// ```
+/// - `threads`: N virtual CPU devices in this process, one thread each (the embedded default,
+///   like XLA's forced host device count). N from `--devices N`, else `SHARDLIB_DEVICES`.
+/// - `mpi`: one device per MPI process (`mpirun -np N prog`), on one host or many.
+/// The backend is `--backend threads|mpi`, else `SHARDLIB_BACKEND`, else mpi when the program
+/// was started by mpirun (and shardlib was built with MPI), else threads.
+///
+/// The Runtime also owns the process's Kokkos initialisation (KokkosScope) and, under mpi,
+/// MPI's (unless the program initialised MPI itself).
+#pragma once
+
+#include <shardlib/collectives/communicator.hpp>
+#include <shardlib/collectives/threads.hpp>
+#include <shardlib/mesh.hpp>
+#include <shardlib/runtime/kokkos_scope.hpp>
+
+#if defined(SHARDLIB_HAVE_MPI)
+#include <shardlib/collectives/mpi.hpp>
+#endif
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace shardlib {
+
+/// Which backend runs the devices.
+enum class Backend { threads, mpi };
+
+constexpr std::string_view to_string(Backend b) noexcept { return b == Backend::threads ? "threads" : "mpi"; }
+
+/// Whether this build of shardlib has the MPI backend.
+constexpr bool has_mpi() noexcept {
+#if defined(SHARDLIB_HAVE_MPI)
+  return true;
+#else
+  return false;
+#endif
+}
+
+/// One device's view of the run, handed to the SPMD body: who it is, and its communicators.
+class Context {
+ public:
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  /// This device, 0 <= device() < num_devices().
+  int device() const noexcept { return device_; }
+  int num_devices() const noexcept { return devices_; }
+  /// "threads" or "mpi".
+  std::string_view backend() const noexcept { return world_->backend(); }
+  /// All devices of the run.
+  coll::Communicator& world() noexcept { return *world_; }
+
+  /// This device's group along `axes` of `mesh` (the devices sharing its coordinates on the other
+  /// axes), ranked by group rank (MeshShape::group_rank). Created on first use, which is
+  /// collective over all devices (every device asks for the same group, in the same order),
+  /// then cached: later calls cost a lookup.
+  coll::Communicator& group(const MeshShape& mesh, const AxisList& axes) {
+    for (auto& g : groups_)
+      if (g.mesh == mesh && g.axes == axes) return *g.comm;
+    mesh.require_devices(devices_);
+    const int key = mesh.group_rank(device_, axes);  // also validates `axes`
+    AxisList rest;
+    for (int a = 0; a < mesh.rank(); ++a)
+      if (!axes.contains(a)) rest.push_back(a);
+    const int color = mesh.group_rank(device_, rest);  // which group: coordinates on the other axes
+    std::string name = "group {";
+    for (int i = 0; i < axes.size(); ++i) name += (i ? ", " : "") + mesh.name(axes[i]).str();
+    name += "} of mesh " + mesh.to_string();
+    groups_.push_back({mesh, axes, world_->split(color, key, std::move(name))});
+    return *groups_.back().comm;
+  }
+  template <MeshType M>
+  coll::Communicator& group(const M& mesh, const AxisList& axes) {
+    return group(mesh.shape(), axes);
+  }
+
+  /// Internal: the runtime creates one Context per device.
+  Context(int device, int devices, std::unique_ptr<coll::Communicator> world)
+      : device_(device), devices_(devices), world_(std::move(world)) {}
+
+ private:
+  struct CachedGroup {
+    MeshShape mesh;
+    AxisList axes;
+    std::unique_ptr<coll::Communicator> comm;
+  };
+  int device_;
+  int devices_;
+  std::unique_ptr<coll::Communicator> world_;
+  std::vector<CachedGroup> groups_;
+};
+
+/// Runs SPMD bodies on a backend (see the file comment).
+class Runtime {
+ public:
+  /// How long a threads collective waits for missing devices before it reports them.
+  static std::chrono::milliseconds default_timeout() {
+    if (const char* s = std::getenv("SHARDLIB_COLLECTIVE_TIMEOUT_MS")) return std::chrono::milliseconds(parse_int(s, "SHARDLIB_COLLECTIVE_TIMEOUT_MS", 86400000));
+    return std::chrono::milliseconds(120000);
+  }
+
+  /// `devices` in-process virtual devices.
+  static Runtime threads(int devices, std::chrono::milliseconds timeout = default_timeout()) {
+    if (devices < 1)
+      throw std::invalid_argument("shardlib: the threads backend needs at least 1 device, got " + std::to_string(devices));
+    Runtime rt(Backend::threads);
+    rt.devices_ = devices;
+    rt.timeout_ = timeout;
+    return rt;
+  }
+
+#if defined(SHARDLIB_HAVE_MPI)
+  /// One device per MPI process. Initialises MPI unless the program already did (then the
+  /// program also finalises it).
+  static Runtime mpi(int* argc = nullptr, char*** argv = nullptr) {
+    Runtime rt(Backend::mpi);
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      int provided = 0;
+      if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+        throw std::runtime_error("shardlib: MPI_Init_thread failed");
+      rt.owns_mpi_ = true;
+    }
+    MPI_Comm_size(MPI_COMM_WORLD, &rt.devices_);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rt.mpi_rank_);
+    return rt;
+  }
+#endif
+
+  /// The backend and device count from the arguments (`--backend B`, `--devices N`, which are
+  /// removed from argv) or the environment (SHARDLIB_BACKEND, SHARDLIB_DEVICES); see the file
+  /// comment. `default_devices` is the threads device count when neither says.
+  static Runtime from_args(int& argc, char** argv, int default_devices = 1) {
+    std::optional<std::string> backend = take_arg(argc, argv, "--backend");
+    std::optional<std::string> devices = take_arg(argc, argv, "--devices");
+    if (!backend)
+      if (const char* s = std::getenv("SHARDLIB_BACKEND")) backend = s;
+    if (!devices)
+      if (const char* s = std::getenv("SHARDLIB_DEVICES")) devices = s;
+    if (!backend) backend = has_mpi() && launched_by_mpirun() ? "mpi" : "threads";
+    if (*backend == "threads") return threads(devices ? parse_int(*devices, "--devices") : default_devices);
+    if (*backend == "mpi") {
+#if defined(SHARDLIB_HAVE_MPI)
+      Runtime rt = mpi(&argc, &argv);
+      if (devices && parse_int(*devices, "--devices") != rt.devices_)
+        throw std::invalid_argument("shardlib: --devices " + *devices + " but MPI started " + std::to_string(rt.devices_) +
+                                    " processes; under mpi the device count is the process count (mpirun -np N)");
+      return rt;
+#else
+      throw std::invalid_argument("shardlib: backend 'mpi' was asked for, but this build has no MPI "
+                                  "(configure with MPI installed, or -Dmpi=enabled)");
+#endif
+    }
+    throw std::invalid_argument("shardlib: unknown backend '" + *backend + "'; use threads or mpi");
+  }
+
+  Runtime(Runtime&& o) noexcept
+      : backend_(o.backend_), devices_(o.devices_), mpi_rank_(o.mpi_rank_), owns_mpi_(std::exchange(o.owns_mpi_, false)),
+        timeout_(o.timeout_), kokkos_(std::move(o.kokkos_)) {}
+  Runtime& operator=(Runtime&&) noexcept = delete;
+  ~Runtime() {
+#if defined(SHARDLIB_HAVE_MPI)
+    if (owns_mpi_) {
+      kokkos_.reset();  // Kokkos goes first: it may hold MPI-aware resources
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (!finalized) MPI_Finalize();
+    }
+#endif
+  }
+
+  Backend backend() const noexcept { return backend_; }
+  /// Devices of the run (threads: virtual devices; mpi: processes).
+  int num_devices() const noexcept { return devices_; }
+  /// "threads backend, 8 in-process devices" or "mpi backend, 4 processes".
+  std::string describe() const {
+    return backend_ == Backend::threads
+               ? "threads backend, " + std::to_string(devices_) + " in-process device" + (devices_ == 1 ? "" : "s")
+               : "mpi backend, " + std::to_string(devices_) + " process" + (devices_ == 1 ? "" : "es");
+  }
+  /// This process's first device (0 under threads; the MPI rank under mpi): for printing once.
+  int first_local_device() const noexcept { return mpi_rank_; }
+
+  /// Runs `body(Context&)` once per device and returns when all are done. If a device throws,
+  /// the run ends: the other devices' pending collectives throw RunAborted, and spmd rethrows
+  /// the first device's exception here. Under mpi, an exception propagates from this process.
+  template <class Body>
+  void spmd(Body&& body) {
+    if (backend_ == Backend::threads) {
+      run_threads(body);
+      return;
+    }
+#if defined(SHARDLIB_HAVE_MPI)
+    Context ctx(mpi_rank_, devices_, coll::MpiCommunicator::world());
+    body(ctx);
+#endif
+  }
+
+ private:
+  explicit Runtime(Backend b) : backend_(b), kokkos_(std::make_unique<KokkosScope>()) {}
+
+  template <class Body>
+  void run_threads(Body& body) {
+    auto world = coll::ThreadCommunicator::make_world(devices_, timeout_);
+    std::exception_ptr first;
+    bool first_is_root_cause = false;
+    std::mutex m;
+    auto run_device = [&](int d) {
+      try {
+        Context ctx(d, devices_, coll::ThreadCommunicator::world(world, d));
+        body(ctx);
+      } catch (...) {
+        std::exception_ptr e = std::current_exception();
+        bool root_cause = true;
+        std::string what = "unknown exception";
+        try {
+          std::rethrow_exception(e);
+        } catch (const coll::RunAborted& a) {
+          root_cause = false;
+          what = a.what();
+        } catch (const std::exception& x) {
+          what = x.what();
+        } catch (...) {
+        }
+        {
+          std::lock_guard<std::mutex> lock(m);
+          if (!first || (root_cause && !first_is_root_cause)) {
+            first = e;
+            first_is_root_cause = root_cause;
+          }
+        }
+        world->world().abort(d, what);
+      }
+      world->world().set_finished(d);
+    };
+    if (devices_ == 1) {
+      run_device(0);
+    } else {
+      std::vector<std::thread> threads;
+      threads.reserve(static_cast<std::size_t>(devices_));
+      for (int d = 0; d < devices_; ++d) threads.emplace_back(run_device, d);
+      for (auto& t : threads) t.join();
+    }
+    if (first) std::rethrow_exception(first);
+  }
+
+  static std::optional<std::string> take_arg(int& argc, char** argv, const char* name) {
+    std::size_t len = std::strlen(name);
+    for (int i = 1; i < argc; ++i) {
+      std::optional<std::string> value;
+      int used = 0;
+      if (std::strcmp(argv[i], name) == 0) {
+        if (i + 1 >= argc) throw std::invalid_argument(std::string("shardlib: ") + name + " needs a value");
+        value = argv[i + 1];
+        used = 2;
+      } else if (std::strncmp(argv[i], name, len) == 0 && argv[i][len] == '=') {
+        value = argv[i] + len + 1;
+        used = 1;
+      }
+      if (used) {
+        for (int j = i; j + used <= argc; ++j) argv[j] = argv[j + used];  // argv[argc] (nullptr) moves too
+        argc -= used;
+        return value;
+      }
+    }
+    return std::nullopt;
+  }
+  static int parse_int(const std::string& s, const char* what, long max = 65536) {
+    char* end = nullptr;
+    long v = std::strtol(s.c_str(), &end, 10);
+    if (s.empty() || *end != '\0' || v < 1 || v > max)
+      throw std::invalid_argument(std::string("shardlib: ") + what + " must be a whole number from 1 to " +
+                                  std::to_string(max) + ", got '" + s + "'");
+    return static_cast<int>(v);
+  }
+  static bool launched_by_mpirun() noexcept {
+    return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK") ||
+           std::getenv("MPI_LOCALNRANKS");
+  }
+
+  Backend backend_;
+  int devices_ = 1;
+  int mpi_rank_ = 0;
+  bool owns_mpi_ = false;
+  std::chrono::milliseconds timeout_{120000};
+  std::unique_ptr<KokkosScope> kokkos_;
+};
+
+}  // namespace shardlib

@@ -1,0 +1,196 @@
+// SPDX-License-Identifier: Apache-2.0
+// The threads backend's own promises: no hang on misuse, errors that say what happened,
+// f16/bf16 reductions, and progress with more devices than cores.
+#include <doctest/doctest.h>
+#include <shardlib/runtime/runtime.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+namespace sl = shardlib;
+using sl::coll::CollectiveError;
+using sl::coll::DType;
+using sl::coll::Op;
+using namespace std::chrono_literals;
+
+TEST_SUITE("collectives_threads") {
+  TEST_CASE("an exception on one device ends the run on every device, with its message") {
+    std::atomic<int> aborted{0};
+    auto rt = sl::Runtime::threads(6);
+    CHECK_THROWS_WITH_AS(rt.spmd([&](sl::Context& ctx) {
+      if (ctx.device() == 3) throw std::domain_error("device three is broken");
+      try {
+        double x = 1;
+        ctx.world().all_reduce(&x, &x, 1, DType::f64, Op::sum);  // never completes: device 3 left
+      } catch (const sl::coll::RunAborted& e) {
+        CHECK(std::string(e.what()) == "shardlib: device 3 failed: device three is broken");
+        ++aborted;
+        throw;
+      }
+    }),
+                         "device three is broken", std::domain_error);  // the original exception, type kept
+    CHECK(aborted == 5);
+  }
+
+  TEST_CASE("a collective called by only some devices is reported, not a hang") {
+    // The others finish their body without calling it: reported at once.
+    CHECK_THROWS_WITH_AS(sl::Runtime::threads(3).spmd([](sl::Context& ctx) {
+      if (ctx.device() == 0) ctx.world().barrier();
+    }),
+                         doctest::Contains("device(s) 1, 2 finished their SPMD body without calling it"), CollectiveError);
+    // The others are busy elsewhere: reported after the timeout.
+    auto t0 = std::chrono::steady_clock::now();
+    CHECK_THROWS_WITH_AS(sl::Runtime::threads(2, 200ms).spmd([](sl::Context& ctx) {
+      if (ctx.device() == 1) {
+        std::this_thread::sleep_for(600ms);
+        return;
+      }
+      ctx.world().barrier();
+    }),
+                         doctest::Contains("device(s) 1 did not arrive within 200 ms"), CollectiveError);
+    CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  }
+
+  TEST_CASE("devices that disagree on a call all get an error saying what differs") {
+    CHECK_THROWS_WITH_AS(sl::Runtime::threads(4).spmd([](sl::Context& ctx) {
+      std::vector<float> a(8), b(8);
+      ctx.world().all_reduce(a.data(), b.data(), ctx.device() == 2 ? 7 : 8, DType::f32, Op::sum);
+    }),
+                         doctest::Contains("with a different element count, element type or op"), CollectiveError);
+    CHECK_THROWS_WITH_AS(sl::Runtime::threads(3).spmd([](sl::Context& ctx) {
+      std::vector<float> a(8), b(24);
+      if (ctx.device() == 1) ctx.world().barrier();
+      else ctx.world().all_gather(a.data(), b.data(), 8, DType::f32);
+    }),
+                         doctest::Contains("called barrier"), CollectiveError);
+    CHECK_THROWS_WITH_AS(sl::Runtime::threads(2).spmd([](sl::Context& ctx) {
+      std::vector<int> a(4), b(4);
+      std::size_t counts[2] = {2, 2};
+      std::size_t wrong[2] = {3, 1};
+      ctx.world().all_to_all(a.data(), counts, b.data(), ctx.device() == 0 ? counts : wrong, DType::i32);
+    }),
+                         doctest::Contains("which expects"), CollectiveError);
+    CHECK_THROWS_WITH_AS(sl::Runtime::threads(3).spmd([](sl::Context& ctx) {
+      int x = 0, y = 0;
+      int n = ctx.num_devices(), me = ctx.device();
+      // Device 2 receives from 0, but 0 sends to 1.
+      ctx.world().permute(&x, 1, me == 0 ? 1 : -1, &y, 1, me == 1 || me == 2 ? 0 : -1, DType::i32);
+      (void)n;
+    }),
+                         doctest::Contains("expects 1 elements from rank 0, which sends 1 elements to rank 1"), CollectiveError);
+  }
+
+  TEST_CASE("bad arguments are refused before any communication") {
+    sl::Runtime::threads(2).spmd([](sl::Context& ctx) {
+      int x = 0;
+      const std::string expected = "shardlib: broadcast on world (threads, rank " + std::to_string(ctx.device()) +
+                                   " of 2): root 2 is out of range [0, 2)";
+      CHECK_THROWS_WITH_AS(ctx.world().broadcast(&x, 1, DType::i32, 2), expected.c_str(), CollectiveError);
+      CHECK_THROWS_WITH_AS(ctx.world().send(&x, 1, DType::i32, -1), doctest::Contains("peer -1 is out of range"), CollectiveError);
+      CHECK_THROWS_WITH_AS(ctx.world().all_reduce(nullptr, &x, 1, DType::i32, Op::sum), doctest::Contains("null buffer"), CollectiveError);
+      std::size_t three[3] = {1, 1, 1};
+      CHECK_THROWS_WITH_AS(ctx.world().all_gather(&x, &x, three, DType::i32), doctest::Contains("3 block counts given for a group of 2"),
+                           CollectiveError);
+      CHECK_THROWS_WITH_AS(ctx.world().recv(&x, 1, DType::i32, 5), doctest::Contains("peer 5 is out of range"), CollectiveError);
+      std::vector<int> buf(8);
+      CHECK_THROWS_WITH_AS(ctx.world().reduce_scatter(buf.data(), buf.data() + 2, 2, DType::i32, Op::sum),
+                           doctest::Contains("the send and receive buffers overlap; reduce_scatter cannot run in place"),
+                           CollectiveError);
+      CHECK_THROWS_WITH_AS(ctx.world().all_to_all(buf.data(), buf.data() + 3, 2, DType::i32),
+                           doctest::Contains("overlap; all_to_all cannot run in place"), CollectiveError);
+    });
+  }
+
+  TEST_CASE("a communicator is used only by its own device") {
+    CHECK_THROWS_WITH_AS(sl::Runtime::threads(1).spmd([](sl::Context& ctx) {
+      std::exception_ptr err;
+      std::thread other([&] {
+        try {
+          ctx.world().barrier();
+        } catch (...) {
+          err = std::current_exception();
+        }
+      });
+      other.join();
+      if (err) std::rethrow_exception(err);
+    }),
+                         doctest::Contains("belongs to device 0 and was used from another thread"), CollectiveError);
+  }
+
+  TEST_CASE("a message of the wrong size is reported by recv") {
+    CHECK_THROWS_WITH_AS(sl::Runtime::threads(2).spmd([](sl::Context& ctx) {
+      double d[2] = {1, 2};
+      if (ctx.device() == 0) ctx.world().send(d, 2, DType::f64, 1);
+      else ctx.world().recv(d, 1, DType::f64, 0);
+    }),
+                         doctest::Contains("has 16 bytes, but 1 elements of f64 (8 bytes) were expected"), CollectiveError);
+  }
+
+  TEST_CASE("a mesh group needs the run's device count") {
+    sl::Runtime::threads(4).spmd([](sl::Context& ctx) {
+      sl::MeshShape wrong({"data", "model"}, {4, 2});
+      CHECK_THROWS_WITH_AS(ctx.group(wrong, sl::AxisList{1}), doctest::Contains("has 8 devices but the run has 4"),
+                           std::invalid_argument);
+      sl::MeshShape mesh({"data", "model"}, {2, 2});
+      CHECK_THROWS_AS(ctx.group(mesh, sl::AxisList{2}), std::out_of_range);
+      CHECK(ctx.group(mesh, sl::AxisList{}).size() == 1);  // a group of one
+    });
+  }
+
+  TEST_CASE("f16 and bf16 reduce through float") {
+    sl::Runtime::threads(3).spmd([](sl::Context& ctx) {
+      using sl::coll::float_to_f16;
+      using sl::coll::float_to_bf16;
+      std::vector<std::uint16_t> h(5), b(5);
+      for (std::size_t i = 0; i < 5; ++i) {
+        h[i] = float_to_f16(0.5f * static_cast<float>(ctx.device() + 1) + static_cast<float>(i));
+        b[i] = float_to_bf16(2.0f * static_cast<float>(ctx.device() + 1) * static_cast<float>(i + 1));
+      }
+      ctx.world().all_reduce(h.data(), h.data(), 5, DType::f16, Op::sum);
+      ctx.world().all_reduce(b.data(), b.data(), 5, DType::bf16, Op::max);
+      for (std::size_t i = 0; i < 5; ++i) {
+        CHECK(sl::coll::f16_to_float(h[i]) == 3.0f + 3.0f * static_cast<float>(i));  // 0.5+1+1.5 + 3i
+        CHECK(sl::coll::bf16_to_float(b[i]) == 6.0f * static_cast<float>(i + 1));
+      }
+    });
+  }
+
+  TEST_CASE("f16/bf16 conversions: exact on every half, round to nearest even") {
+    int bad = 0;
+    for (unsigned u = 0; u < 65536; ++u) {
+      auto h = static_cast<std::uint16_t>(u);
+      float f = sl::coll::f16_to_float(h);
+      if (f == f && sl::coll::float_to_f16(f) != h) ++bad;
+#if defined(__FLT16_MAX__)
+      _Float16 ref;
+      std::memcpy(&ref, &h, 2);
+      if (f == f && static_cast<float>(ref) != f) ++bad;
+#endif
+    }
+    CHECK(bad == 0);
+    CHECK(sl::coll::float_to_f16(1.0f + 1.0f / 2048) == 0x3c00);   // tie: to even (1.0)
+    CHECK(sl::coll::float_to_f16(1.0f + 3.0f / 2048) == 0x3c02);   // tie: to even (up)
+    CHECK(sl::coll::float_to_f16(65520.0f) == 0x7c00);             // overflows to inf
+    CHECK(sl::coll::float_to_f16(5.96e-8f) == 0x0001);             // smallest subnormal
+    CHECK(sl::coll::float_to_bf16(1.0f + 1.0f / 256) == 0x3f80);   // tie: to even
+    CHECK(sl::coll::float_to_bf16(1.0f + 3.0f / 256) == 0x3f82);
+    CHECK(sl::coll::bf16_to_float(0x4049) == 3.140625f);
+  }
+
+  TEST_CASE("eight devices on two cores make progress through many small collectives") {
+    sl::Runtime::threads(8).spmd([](sl::Context& ctx) {
+      double x = 0;
+      for (int i = 0; i < 2000; ++i) {
+        double one = 1;
+        ctx.world().all_reduce(&one, &x, 1, DType::f64, Op::sum);
+      }
+      CHECK(x == 8.0);
+    });
+  }
+}
