@@ -19,7 +19,7 @@ inline Runtime*& mpi_runtime() {
 
 /// Runs `body` on threads runtimes of each device count (or once under MPI).
 inline void for_each_run(const std::function<void(Context&)>& body,
-                         std::initializer_list<int> device_counts = {1, 2, 3, 4, 5, 8}) {
+                         std::initializer_list<int> device_counts = {1, 2, 3, 4, 5, 6, 7, 8}) {
   if (Runtime* rt = mpi_runtime()) {
     rt->spmd(body);
     return;
