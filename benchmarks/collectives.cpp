@@ -138,6 +138,10 @@ double time_op(sl::coll::Communicator& comm, F&& op) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::strcmp(argv[1], "--backends") == 0) {  // for benchmarks/run
+    std::printf("threads%s\n", sl::has_mpi() ? " mpi" : "");
+    return 0;
+  }
   auto rt = sl::Runtime::from_args(argc, argv, 2);
   const long long min_bytes = arg(argc, argv, "--min-bytes", 8), max_bytes = arg(argc, argv, "--max-bytes", 64ll << 20);
   const int n = rt.num_devices();
