@@ -24,6 +24,8 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace sl = shardlib;
@@ -112,10 +114,12 @@ void raw_mpi(Coll c, Buffers& b, std::size_t elems, int n) {
 }
 #endif
 
-// Seconds per call of `op`, the slowest device's, median over repetitions (the same on every device).
-template <class F>
-double time_op(sl::coll::Communicator& comm, F&& op) {
+// Seconds per call of `op` and of `other` (when given), the slowest device's, median over
+// repetitions that alternate the two (so drift and order effects hit both alike).
+template <class F, class G>
+std::pair<double, double> time_ops(sl::coll::Communicator& comm, F&& op, G* other) {
   op();  // warm up
+  if (other) (*other)();
   comm.barrier();
   // Calls per repetition: enough for ~20 ms, agreed on by all devices.
   auto t0 = Clock::now();
@@ -123,16 +127,21 @@ double time_op(sl::coll::Communicator& comm, F&& op) {
   double one = std::chrono::duration<double>(Clock::now() - t0).count();
   comm.all_reduce(&one, &one, 1, DType::f64, Op::max);
   int iters = std::clamp(static_cast<int>(0.02 / std::max(one, 1e-9)), 1, 20000);
-  std::vector<double> reps;
-  for (int r = 0; r < 7; ++r) {
+  auto rep = [&](auto& f) {
     comm.barrier();
     auto s = Clock::now();
-    for (int i = 0; i < iters; ++i) op();
+    for (int i = 0; i < iters; ++i) f();
     double t = std::chrono::duration<double>(Clock::now() - s).count() / iters;
     comm.all_reduce(&t, &t, 1, DType::f64, Op::max);
-    reps.push_back(t);
+    return t;
+  };
+  std::vector<double> a, b;
+  for (int r = 0; r < 7; ++r) {
+    if (other && r % 2) b.push_back(rep(*other));  // odd repetitions: the baseline first
+    a.push_back(rep(op));
+    if (other && r % 2 == 0) b.push_back(rep(*other));
   }
-  return median(reps);
+  return {median(a), other ? median(b) : 0.0};
 }
 
 }  // namespace
@@ -169,15 +178,17 @@ int main(int argc, char** argv) {
         Buffers b;
         b.send.assign(c == Coll::all_gather ? elems / static_cast<std::size_t>(n) : elems, 1.0f);
         b.recv.assign(c == Coll::reduce_scatter ? elems / static_cast<std::size_t>(n) : elems, 0.0f);
-        double ours = time_op(comm, [&] { call(comm, c, b, elems); });
-        double base = 0;
+        auto ours_op = [&] { call(comm, c, b, elems); };
+        double ours = 0, base = 0;
         std::string base_name;
         if (threads) {
+          ours = time_ops(comm, ours_op, static_cast<decltype(ours_op)*>(nullptr)).first;
           base = memcpy_s[k];
           base_name = "memcpy_all_cores";
         } else {
 #if defined(SHARDLIB_HAVE_MPI)
-          base = time_op(comm, [&] { raw_mpi(c, b, elems, n); });
+          auto raw_op = [&] { raw_mpi(c, b, elems, n); };
+          std::tie(ours, base) = time_ops(comm, ours_op, &raw_op);
           base_name = "raw_mpi";
 #endif
         }
