@@ -4,6 +4,8 @@
 #pragma once
 
 #include <shardlib/axis_name.hpp>
+#include <shardlib/collectives/views.hpp>
 #include <shardlib/mesh.hpp>
+#include <shardlib/runtime/runtime.hpp>
 #include <shardlib/spec.hpp>
 #include <shardlib/version.hpp>

@@ -119,19 +119,26 @@ class Runtime {
 
   /// `devices` in-process virtual devices.
   static Runtime threads(int devices, std::chrono::milliseconds timeout = default_timeout()) {
+    return threads(devices, timeout, nullptr, nullptr);
+  }
+
+ private:
+  static Runtime threads(int devices, std::chrono::milliseconds timeout, int* argc, char** argv) {
     if (devices < 1)
       throw std::invalid_argument("shardlib: the threads backend needs at least 1 device, got " + std::to_string(devices));
-    Runtime rt(Backend::threads);
+    Runtime rt(Backend::threads, argc, argv);
     rt.devices_ = devices;
     rt.timeout_ = timeout;
     return rt;
   }
 
+ public:
+
 #if defined(SHARDLIB_HAVE_MPI)
   /// One device per MPI process. Initialises MPI unless the program already did (then the
   /// program also finalises it).
   static Runtime mpi(int* argc = nullptr, char*** argv = nullptr) {
-    Runtime rt(Backend::mpi);
+    Runtime rt(Backend::mpi, argc, argv ? *argv : nullptr);
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) {
@@ -157,7 +164,8 @@ class Runtime {
     if (!devices)
       if (const char* s = std::getenv("SHARDLIB_DEVICES")) devices = s;
     if (!backend) backend = has_mpi() && launched_by_mpirun() ? "mpi" : "threads";
-    if (*backend == "threads") return threads(devices ? parse_int(*devices, "--devices") : default_devices);
+    if (*backend == "threads")
+      return threads(devices ? parse_int(*devices, "--devices") : default_devices, default_timeout(), &argc, argv);
     if (*backend == "mpi") {
 #if defined(SHARDLIB_HAVE_MPI)
       Runtime rt = mpi(&argc, &argv);
@@ -216,7 +224,9 @@ class Runtime {
   }
 
  private:
-  explicit Runtime(Backend b) : backend_(b), kokkos_(std::make_unique<KokkosScope>()) {}
+  // Kokkos gets the program's remaining arguments (its own --kokkos-* options) when there are any.
+  Runtime(Backend b, int* argc, char** argv)
+      : backend_(b), kokkos_(argc && argv ? std::make_unique<KokkosScope>(*argc, argv) : std::make_unique<KokkosScope>()) {}
 
   template <class Body>
   void run_threads(Body& body) {
