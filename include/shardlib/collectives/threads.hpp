@@ -219,6 +219,12 @@ class ThreadGroup {
           missing += (missing.empty() ? "" : ", ") + std::to_string(device(r));
           someone_finished = someone_finished || w.finished(device(r));
         }
+      // A member seen as finished may have arrived, completed this barrier and left (its stamp
+      // read above can be stale): it published the new generation before finishing, so a
+      // fresh look at the generation tells the two apart.
+      if ((someone_finished || std::chrono::steady_clock::now() - start > w.timeout()) &&
+          generation_.load(std::memory_order_seq_cst) != g)
+        break;
       if (someone_finished)
         throw CollectiveError("shardlib: " + what + ": device(s) " + missing +
                               " finished their SPMD body without calling it; a collective must be called by every "

@@ -134,7 +134,7 @@ void all_reduce(Communicator& c, const S& send, const R& recv, Op op) {
 /// In place.
 template <class V>
 void all_reduce(Communicator& c, const V& buf, Op op) {
-  detail::check_view(c, buf, "all_reduce", "");
+  detail::check_view(c, buf, "all_reduce", "the");
   c.all_reduce(buf.data(), buf.data(), buf.extent(0), detail::view_dtype<typename V::value_type>(), op);
 }
 
@@ -167,18 +167,18 @@ void all_to_all(Communicator& c, const S& send, std::span<const std::size_t> sen
 /// Every rank's buf = root's.
 template <class V>
 void broadcast(Communicator& c, const V& buf, int root) {
-  detail::check_view(c, buf, "broadcast", "");
+  detail::check_view(c, buf, "broadcast", "the");
   c.broadcast(buf.data(), buf.extent(0), detail::view_dtype<typename V::value_type>(), root);
 }
 
 template <class V>
 void send(Communicator& c, const V& buf, int peer, int tag = 0) {
-  detail::check_view(c, buf, "send", "");
+  detail::check_view(c, buf, "send", "the");
   c.send(buf.data(), buf.extent(0), detail::view_dtype<typename V::value_type>(), peer, tag);
 }
 template <class V>
 void recv(Communicator& c, const V& buf, int peer, int tag = 0) {
-  detail::check_view(c, buf, "recv", "");
+  detail::check_view(c, buf, "recv", "the");
   c.recv(buf.data(), buf.extent(0), detail::view_dtype<typename V::value_type>(), peer, tag);
 }
 
