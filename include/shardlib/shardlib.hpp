@@ -7,5 +7,6 @@
 #include <shardlib/collectives/views.hpp>
 #include <shardlib/mesh.hpp>
 #include <shardlib/runtime/runtime.hpp>
+#include <shardlib/sharding/block.hpp>
 #include <shardlib/spec.hpp>
 #include <shardlib/version.hpp>
