@@ -101,7 +101,9 @@ class ThreadWorld {
     mail_cv_.notify_all();
   }
   /// Blocks until a message for `key` arrives; checks abort, the sender finishing, the timeout.
-  std::vector<std::byte> take(const MailKey& key, int sender_device, const std::string& what) {
+  /// `where()` names the call for error messages; it runs only when there is an error.
+  template <class Where>
+  std::vector<std::byte> take(const MailKey& key, int sender_device, const Where& where) {
     auto start = std::chrono::steady_clock::now();
     std::unique_lock<std::mutex> lock(mail_mutex_);
     for (;;) {
@@ -116,10 +118,10 @@ class ThreadWorld {
         throw_aborted();
       }
       if (finished(sender_device))
-        throw CollectiveError("shardlib: " + what + ": device " + std::to_string(sender_device) +
+        throw CollectiveError("shardlib: " + where() + ": device " + std::to_string(sender_device) +
                               " finished its SPMD body without sending this message");
       if (std::chrono::steady_clock::now() - start > timeout_)
-        throw CollectiveError("shardlib: " + what + ": no message from device " + std::to_string(sender_device) +
+        throw CollectiveError("shardlib: " + where() + ": no message from device " + std::to_string(sender_device) +
                               " after " + std::to_string(timeout_.count()) + " ms");
       mail_cv_.wait_for(lock, std::chrono::milliseconds(20));
     }
@@ -174,7 +176,9 @@ class ThreadGroup {
   Slot& slot(int rank) noexcept { return slots_[static_cast<std::size_t>(rank)]; }
 
   /// Returns once every member has arrived (see the file comment for what ends a wait).
-  void arrive_and_wait(int rank, const std::string& what) {
+  /// `where()` names the call for error messages; it runs only when there is an error.
+  template <class Where>
+  void arrive_and_wait(int rank, const Where& where) {
     const int n = size();
     if (n == 1) return;
     std::uint64_t g = generation_.load(std::memory_order_acquire);
@@ -226,11 +230,11 @@ class ThreadGroup {
           generation_.load(std::memory_order_seq_cst) != g)
         break;
       if (someone_finished)
-        throw CollectiveError("shardlib: " + what + ": device(s) " + missing +
+        throw CollectiveError("shardlib: " + where() + ": device(s) " + missing +
                               " finished their SPMD body without calling it; a collective must be called by every "
                               "device of its group");
       if (std::chrono::steady_clock::now() - start > w.timeout())
-        throw CollectiveError("shardlib: " + what + ": device(s) " + missing + " did not arrive within " +
+        throw CollectiveError("shardlib: " + where() + ": device(s) " + missing + " did not arrive within " +
                               std::to_string(w.timeout().count()) +
                               " ms; was the collective called by only some devices of the group?");
       cv_.wait_for(lock, std::chrono::milliseconds(20));
@@ -384,7 +388,7 @@ class ThreadCommunicator final : public Communicator {
 
   void do_recv(void* buf, std::size_t count, DType t, int peer, int tag) override {
     check_thread("recv");
-    auto msg = g_->world().take({g_.get(), peer, rank(), tag}, g_->device(peer), where("recv"));
+    auto msg = g_->world().take({g_.get(), peer, rank(), tag}, g_->device(peer), [this] { return where("recv"); });
     if (msg.size() != count * size_of(t))
       throw CollectiveError("shardlib: " + where("recv") + ": the message from rank " + std::to_string(peer) + " has " +
                             std::to_string(msg.size()) + " bytes, but " + std::to_string(count) + " elements of " +
@@ -484,7 +488,7 @@ class ThreadCommunicator final : public Communicator {
   }
   /// First barrier of a collective: every slot is posted; check all members are in this call.
   void meet_posted(std::string_view call) {
-    if (size() > 1) g_->arrive_and_wait(rank(), where(call));
+    if (size() > 1) g_->arrive_and_wait(rank(), [&] { return where(call); });
     const Kind k = g_->slot(rank()).kind;
     for (int r = 0; r < size(); ++r)
       if (g_->slot(r).kind != k) mismatch(call, "collective", r);
@@ -492,7 +496,7 @@ class ThreadCommunicator final : public Communicator {
   /// A later barrier. Slots are not read after the last one: a peer may already be posting
   /// its next call.
   void meet(std::string_view call) {
-    if (size() > 1) g_->arrive_and_wait(rank(), where(call));
+    if (size() > 1) g_->arrive_and_wait(rank(), [&] { return where(call); });
   }
   [[noreturn]] void mismatch(std::string_view call, std::string_view what, int r) const {
     const auto& s = g_->slot(r);
