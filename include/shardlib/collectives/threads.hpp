@@ -194,7 +194,7 @@ class ThreadGroup {
     }
     ThreadWorld& w = *world_;
     if (w.may_spin()) {
-      for (int i = 0; i < 4000; ++i) {
+      for (int i = 0; i < 500; ++i) {  // ~10 us of pause: longer only hurts when a peer shares the core
         if (generation_.load(std::memory_order_acquire) != g) return;
         SHARDLIB_CPU_RELAX();
       }
