@@ -16,6 +16,8 @@
 //   buffers, alternated with ours.
 #include <shardlib/runtime/runtime.hpp>
 
+#include "common.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -31,7 +33,8 @@
 namespace sl = shardlib;
 using sl::coll::DType;
 using sl::coll::Op;
-using Clock = std::chrono::steady_clock;
+using bench::Clock;
+using bench::median;
 
 namespace {
 
@@ -44,17 +47,6 @@ double bus_factor(Coll c, int n) {
 }
 // Bytes that must cross between devices, summed over all devices.
 double must_move(Coll c, int n, double bytes) { return c == Coll::all_reduce ? 2.0 * (n - 1) * bytes : (n - 1) * bytes; }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-long long arg(int argc, char** argv, const char* name, long long fallback) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return std::atoll(argv[i + 1]);
-  return fallback;
-}
 
 // memcpy over all cores: `volume` bytes copied in total, each core copying `chunk`-byte blocks
 // between its own buffers (the working set of the collective it stands for). Median of 5.
@@ -114,36 +106,6 @@ void raw_mpi(Coll c, Buffers& b, std::size_t elems, int n) {
 }
 #endif
 
-// Seconds per call of `op` and of `other` (when given), the slowest device's, median over
-// repetitions that alternate the two (so drift and order effects hit both alike).
-template <class F, class G>
-std::pair<double, double> time_ops(sl::coll::Communicator& comm, F&& op, G* other) {
-  op();  // warm up
-  if (other) (*other)();
-  comm.barrier();
-  // Calls per repetition: enough for ~20 ms, agreed on by all devices.
-  auto t0 = Clock::now();
-  op();
-  double one = std::chrono::duration<double>(Clock::now() - t0).count();
-  comm.all_reduce(&one, &one, 1, DType::f64, Op::max);
-  int iters = std::clamp(static_cast<int>(0.02 / std::max(one, 1e-9)), 1, 20000);
-  auto rep = [&](auto& f) {
-    comm.barrier();
-    auto s = Clock::now();
-    for (int i = 0; i < iters; ++i) f();
-    double t = std::chrono::duration<double>(Clock::now() - s).count() / iters;
-    comm.all_reduce(&t, &t, 1, DType::f64, Op::max);
-    return t;
-  };
-  std::vector<double> a, b;
-  for (int r = 0; r < 7; ++r) {
-    if (other && r % 2) b.push_back(rep(*other));  // odd repetitions: the baseline first
-    a.push_back(rep(op));
-    if (other && r % 2 == 0) b.push_back(rep(*other));
-  }
-  return {median(a), other ? median(b) : 0.0};
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -152,7 +114,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   auto rt = sl::Runtime::from_args(argc, argv, 2);
-  const long long min_bytes = arg(argc, argv, "--min-bytes", 8), max_bytes = arg(argc, argv, "--max-bytes", 64ll << 20);
+  const long long min_bytes = bench::arg(argc, argv, "--min-bytes", 8), max_bytes = bench::arg(argc, argv, "--max-bytes", 64ll << 20);
   const int n = rt.num_devices();
   const bool threads = rt.backend() == sl::Backend::threads;
   std::vector<long long> sizes;
@@ -169,15 +131,7 @@ int main(int argc, char** argv) {
   rt.spmd([&](sl::Context& ctx) {
     auto& comm = ctx.world();
     const bool report = ctx.device() == 0;
-    // Warm-up: ~50 ms of barriers before the first measurement, so the device threads have been
-    // spread over the cores (right after they start, a single-case run measured 0.1 ms for an
-    // 8-byte all_gather that takes 1 us once they are).
-    for (auto start = Clock::now();;) {
-      comm.barrier();
-      double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-      comm.all_reduce(&elapsed, &elapsed, 1, DType::f64, Op::min);  // all devices leave together
-      if (elapsed >= 0.05) break;
-    }
+    bench::warm_up(comm);
     std::size_t k = 0;
     for (Coll c : colls)
       for (long long s : sizes) {
@@ -191,13 +145,13 @@ int main(int argc, char** argv) {
         double ours = 0, base = 0;
         std::string base_name;
         if (threads) {
-          ours = time_ops(comm, ours_op, static_cast<decltype(ours_op)*>(nullptr)).first;
+          ours = bench::time_ops(comm, ours_op, static_cast<decltype(ours_op)*>(nullptr)).first;
           base = memcpy_s[k];
           base_name = "memcpy_all_cores";
         } else {
 #if defined(SHARDLIB_HAVE_MPI)
           auto raw_op = [&] { raw_mpi(c, b, elems, n); };
-          std::tie(ours, base) = time_ops(comm, ours_op, &raw_op);
+          std::tie(ours, base) = bench::time_ops(comm, ours_op, &raw_op);
           base_name = "raw_mpi";
 #endif
         }

@@ -1,0 +1,74 @@
+// SPDX-License-Identifier: Apache-2.0
+// Shared by the benchmarks: command-line numbers, the warm-up, and the alternating timer.
+#pragma once
+
+#include <shardlib/collectives/communicator.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+namespace bench {
+
+using Clock = std::chrono::steady_clock;
+using shardlib::coll::DType;
+using shardlib::coll::Op;
+
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+/// The number after `name` on the command line, or `fallback`.
+inline long long arg(int argc, char** argv, const char* name, long long fallback) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return std::atoll(argv[i + 1]);
+  return fallback;
+}
+
+/// ~50 ms of barriers before the first measurement, so the device threads have been spread over
+/// the cores (right after they start, a single-case run measured 0.1 ms for an 8-byte all_gather
+/// that takes 1 us once they are).
+inline void warm_up(shardlib::coll::Communicator& comm) {
+  for (auto start = Clock::now();;) {
+    comm.barrier();
+    double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    comm.all_reduce(&elapsed, &elapsed, 1, DType::f64, Op::min);  // all devices leave together
+    if (elapsed >= 0.05) break;
+  }
+}
+
+/// Seconds per call of `op` and of `other` (when given), the slowest device's, median over
+/// repetitions that alternate the two (so drift and order effects hit both alike).
+template <class F, class G>
+std::pair<double, double> time_ops(shardlib::coll::Communicator& comm, F&& op, G* other) {
+  op();  // warm up
+  if (other) (*other)();
+  comm.barrier();
+  // Calls per repetition: enough for ~20 ms, agreed on by all devices.
+  auto t0 = Clock::now();
+  op();
+  double one = std::chrono::duration<double>(Clock::now() - t0).count();
+  comm.all_reduce(&one, &one, 1, DType::f64, Op::max);
+  int iters = std::clamp(static_cast<int>(0.02 / std::max(one, 1e-9)), 1, 20000);
+  auto rep = [&](auto& f) {
+    comm.barrier();
+    auto s = Clock::now();
+    for (int i = 0; i < iters; ++i) f();
+    double t = std::chrono::duration<double>(Clock::now() - s).count() / iters;
+    comm.all_reduce(&t, &t, 1, DType::f64, Op::max);
+    return t;
+  };
+  std::vector<double> a, b;
+  for (int r = 0; r < 7; ++r) {
+    if (other && r % 2) b.push_back(rep(*other));  // odd repetitions: the baseline first
+    a.push_back(rep(op));
+    if (other && r % 2 == 0) b.push_back(rep(*other));
+  }
+  return {median(a), other ? median(b) : 0.0};
+}
+
+}  // namespace bench
