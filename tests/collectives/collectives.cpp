@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <numeric>
 #include <vector>
 
@@ -130,6 +131,120 @@ void check_all_to_all(sl::coll::Communicator& comm) {
     for (std::size_t i = 0; i < rc[static_cast<std::size_t>(p)]; ++i) REQUIRE(ur[offset(rc, p) + i] == v(p, me, i));
 }
 
+using sl::coll::Region;
+
+Region box(std::size_t offset, std::initializer_list<std::size_t> extent, std::initializer_list<std::size_t> stride) {
+  Region r;
+  r.offset = offset;
+  r.rank = static_cast<int>(extent.size());
+  std::size_t k = 0;
+  for (auto e : extent) r.extent[k++] = e;
+  k = 0;
+  for (auto s : stride) r.stride[k++] = s;
+  return r;
+}
+
+// A matrix of n*rb rows and n*cb columns, distributed by rows, redistributed by columns
+// (rank r: columns [r*cb, (r+1)*cb)), once as plain column blocks, once transposed, and back.
+template <class T>
+void check_exchange_transpose(sl::coll::Communicator& comm) {
+  const int n = comm.size(), me = comm.rank();
+  const auto un = static_cast<std::size_t>(n), ume = static_cast<std::size_t>(me);
+  const std::size_t rb = 2, cb = 3, rows = un * rb, cols = un * cb;
+  auto g = [](std::size_t i, std::size_t j) { return static_cast<T>((i * 13 + j * 7) % 101); };
+  std::vector<T> a(rb * cols);  // my rows: a[i][j] = g(me*rb + i, j)
+  for (std::size_t i = 0; i < rb; ++i)
+    for (std::size_t j = 0; j < cols; ++j) a[i * cols + j] = g(ume * rb + i, j);
+  std::vector<Region> send(un), recv(un), recv_t(un);
+  for (std::size_t p = 0; p < un; ++p) {
+    send[p] = box(p * cb, {rb, cb}, {cols, 1});            // my rows, p's columns
+    recv[p] = box(p * rb * cb, {rb, cb}, {cb, 1});         // p's rows of my columns: rows x cb
+    recv_t[p] = box(p * rb, {rb, cb}, {1, rows});          // the same, transposed: cb x rows
+  }
+  std::vector<T> b(rows * cb, static_cast<T>(-1)), bt(cb * rows, static_cast<T>(-1));
+  comm.exchange(a.data(), send, b.data(), recv, sl::coll::dtype_of<T>());
+  comm.exchange(a.data(), send, bt.data(), recv_t, sl::coll::dtype_of<T>());
+  for (std::size_t i = 0; i < rows; ++i)
+    for (std::size_t j = 0; j < cb; ++j) {
+      REQUIRE(b[i * cb + j] == g(i, ume * cb + j));
+      REQUIRE(bt[j * rows + i] == g(i, ume * cb + j));
+    }
+  // Back from the transposed columns to rows: strided on the send side now.
+  std::vector<T> back(rb * cols, static_cast<T>(-1));
+  comm.exchange(bt.data(), recv_t, back.data(), send, sl::coll::dtype_of<T>());
+  REQUIRE(back == a);
+}
+
+// Shapes differ, counts agree: a 3x4 box (row stride 10) lands as a contiguous run of 12,
+// which goes on into a 2x6 box (row stride 15, element stride 2).
+void check_exchange_shapes(sl::coll::Communicator& comm) {
+  const int n = comm.size(), me = comm.rank();
+  const auto un = static_cast<std::size_t>(n);
+  auto v = [](int p, int q, std::size_t k) { return static_cast<std::int32_t>(p * 1000 + q * 100 + static_cast<int>(k)); };
+  std::vector<std::int32_t> src(un * 40, -1), mid(un * 12, -1), dst(un * 30, -1);
+  std::vector<Region> boxes(un), runs(un), wide(un);
+  for (int q = 0; q < n; ++q) {
+    const auto uq = static_cast<std::size_t>(q);
+    boxes[uq] = box(uq * 40 + 3, {3, 4}, {10, 1});
+    runs[uq] = Region::contiguous(uq * 12, 12);
+    wide[uq] = box(uq * 30 + 1, {2, 6}, {15, 2});
+    for (std::size_t i = 0; i < 3; ++i)
+      for (std::size_t j = 0; j < 4; ++j) src[uq * 40 + 3 + i * 10 + j] = v(me, q, i * 4 + j);
+  }
+  comm.exchange(src.data(), boxes, mid.data(), runs, DType::i32);
+  for (int p = 0; p < n; ++p)
+    for (std::size_t k = 0; k < 12; ++k) REQUIRE(mid[static_cast<std::size_t>(p) * 12 + k] == v(p, me, k));
+  comm.exchange(mid.data(), runs, dst.data(), wide, DType::i32);  // mid's block p goes back to p
+  std::vector<std::int32_t> want(un * 30, -1);
+  for (int q = 0; q < n; ++q)
+    for (std::size_t i = 0; i < 2; ++i)
+      for (std::size_t j = 0; j < 6; ++j) want[static_cast<std::size_t>(q) * 30 + 1 + i * 15 + j * 2] = v(me, q, i * 6 + j);
+  REQUIRE(dst == want);
+}
+
+// Only pairs with (p + 2q) % 3 == 0 carry data (1 + (p + q) % 4 elements); the others are
+// empty regions, of rank 0 or with a zero extent. Returns the elements this rank sent to others.
+std::size_t check_exchange_sparse(sl::coll::Communicator& comm) {
+  const int n = comm.size(), me = comm.rank();
+  const auto un = static_cast<std::size_t>(n);
+  auto count = [](int p, int q) { return (p + 2 * q) % 3 == 0 ? static_cast<std::size_t>(1 + (p + q) % 4) : 0; };
+  auto empty = [](int p, int q) { return (p + q) % 2 ? Region{} : box(0, {3, 0}, {1, 1}); };
+  std::vector<double> send(un * 4), recv(un * 8, -1.0);
+  std::vector<Region> sr(un), rr(un);
+  std::size_t to_others = 0;
+  for (int q = 0; q < n; ++q) {
+    const auto uq = static_cast<std::size_t>(q);
+    for (std::size_t k = 0; k < 4; ++k) send[uq * 4 + k] = me * 100.0 + q * 10.0 + static_cast<double>(k);
+    sr[uq] = count(me, q) ? Region::contiguous(uq * 4, count(me, q)) : empty(me, q);
+    rr[uq] = count(q, me) ? box(uq * 8, {count(q, me)}, {2}) : empty(q, me);
+    if (q != me) to_others += count(me, q);
+  }
+  comm.exchange(send.data(), sr, recv.data(), rr, DType::f64);
+  for (int p = 0; p < n; ++p)
+    for (std::size_t k = 0; k < 8; ++k) {
+      const double got = recv[static_cast<std::size_t>(p) * 8 + k];
+      if (k % 2 == 0 && k / 2 < count(p, me)) REQUIRE(got == p * 100.0 + me * 10.0 + static_cast<double>(k / 2));
+      else REQUIRE(got == -1.0);  // untouched
+    }
+  // Nothing at all, with null buffers.
+  std::vector<Region> none(un);
+  comm.exchange(nullptr, none, nullptr, none, DType::f64);
+  return to_others;
+}
+
+// Only the self pair carries data: a 2x3 box (row stride 5) into its transpose.
+void check_exchange_self(sl::coll::Communicator& comm) {
+  const auto un = static_cast<std::size_t>(comm.size()), me = static_cast<std::size_t>(comm.rank());
+  std::vector<std::uint8_t> src(10), dst(6, 0);
+  for (std::size_t i = 0; i < 10; ++i) src[i] = static_cast<std::uint8_t>(10 * me + i);
+  std::vector<Region> sr(un), rr(un);
+  sr[me] = box(0, {2, 3}, {5, 1});
+  rr[me] = box(0, {2, 3}, {1, 2});
+  comm.exchange(src.data(), sr, dst.data(), rr, DType::u8);
+  for (std::size_t i = 0; i < 2; ++i)
+    for (std::size_t j = 0; j < 3; ++j) REQUIRE(dst[j * 2 + i] == src[i * 5 + j]);
+}
+
 void check_point_to_point(sl::coll::Communicator& comm) {
   const int n = comm.size(), me = comm.rank();
   // Broadcast from every root.
@@ -192,6 +307,53 @@ TEST_SUITE("collectives") {
       check_all_to_all<std::int32_t>(ctx.world());
       check_all_to_all<float>(ctx.world());
       check_all_to_all<std::uint16_t>(ctx.world());
+    });
+  }
+
+  TEST_CASE("exchange: 2-D transpose of blocks between ranks, element types i8/u16/f32/f64") {
+    for_each_run([](sl::Context& ctx) {
+      check_exchange_transpose<std::int8_t>(ctx.world());
+      check_exchange_transpose<std::uint16_t>(ctx.world());
+      check_exchange_transpose<float>(ctx.world());
+      check_exchange_transpose<double>(ctx.world());
+    });
+  }
+
+  TEST_CASE("exchange: shapes differ, counts agree (strided -> contiguous -> strided)") {
+    for_each_run([](sl::Context& ctx) { check_exchange_shapes(ctx.world()); });
+  }
+
+  TEST_CASE("exchange: empty regions, only some pairs carrying data, nothing at all") {
+    for_each_run([](sl::Context& ctx) { check_exchange_sparse(ctx.world()); });
+  }
+
+  TEST_CASE("exchange: the self pair alone") {
+    for_each_run([](sl::Context& ctx) { check_exchange_self(ctx.world()); });
+  }
+
+  TEST_CASE("exchange: counted as all_to_all, bytes to and from other ranks only") {
+    for_each_run([](sl::Context& ctx) {
+      auto& c = ctx.world();
+      const auto n = static_cast<std::uint64_t>(c.size());
+      sl::coll::CommRecorder rec;
+      const std::size_t to_others = check_exchange_sparse(c);  // two calls: the second moves nothing
+      CHECK(rec[sl::coll::Kind::all_to_all].calls == 2);
+      CHECK(rec[sl::coll::Kind::all_to_all].bytes_sent == 8 * to_others);
+      // What this rank gets from others: the same rule, read the other way.
+      std::uint64_t from_others = 0;
+      for (int p = 0; p < c.size(); ++p)
+        if (p != c.rank() && (p + 2 * c.rank()) % 3 == 0) from_others += static_cast<std::uint64_t>(1 + (p + c.rank()) % 4);
+      CHECK(rec[sl::coll::Kind::all_to_all].bytes_received == 8 * from_others);
+      rec.reset();
+      check_exchange_transpose<float>(c);  // three calls of n-1 blocks of 2x3 floats each way
+      CHECK(rec[sl::coll::Kind::all_to_all].calls == 3);
+      CHECK(rec[sl::coll::Kind::all_to_all].bytes_sent == 3 * 24 * (n - 1));
+      CHECK(rec[sl::coll::Kind::all_to_all].bytes_received == 3 * 24 * (n - 1));
+      rec.reset();
+      check_exchange_self(c);
+      CHECK(rec[sl::coll::Kind::all_to_all].calls == 1);
+      CHECK(rec.total_bytes_sent() == 0);
+      CHECK(rec.total_bytes_received() == 0);
     });
   }
 

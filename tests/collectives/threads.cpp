@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <string>
 #include <stdexcept>
 #include <thread>
@@ -114,6 +115,115 @@ TEST_SUITE("collectives_threads") {
       CHECK_THROWS_WITH_AS(ctx.world().all_to_all(buf.data(), buf.data() + 3, 2, DType::i32),
                            doctest::Contains("overlap; all_to_all cannot run in place"), CollectiveError);
     });
+  }
+
+  TEST_CASE("exchange: bad arguments are refused before any communication") {
+    sl::Runtime::threads(2).spmd([](sl::Context& ctx) {
+      using sl::coll::Region;
+      auto& c = ctx.world();
+      std::vector<int> buf(16);
+      std::vector<Region> two(2, Region::contiguous(0, 2)), three(3);
+      const std::string at = "shardlib: exchange on world (threads, rank " + std::to_string(ctx.device()) + " of 2): ";
+      CHECK_THROWS_WITH_AS(c.exchange(buf.data(), three, buf.data() + 8, two, DType::i32),
+                           (at + "3 send regions given for a group of 2").c_str(), CollectiveError);
+      CHECK_THROWS_WITH_AS(c.exchange(buf.data(), two, buf.data() + 8, std::span<const Region>(three).first(1), DType::i32),
+                           (at + "1 receive regions given for a group of 2").c_str(), CollectiveError);
+      std::vector<Region> bad = two;
+      bad[1].rank = 9;
+      CHECK_THROWS_WITH_AS(c.exchange(buf.data(), bad, buf.data() + 8, two, DType::i32),
+                           (at + "send region 1 has rank 9; a region's rank lies in [0, 8]").c_str(), CollectiveError);
+      bad[1].rank = -1;
+      CHECK_THROWS_WITH_AS(c.exchange(buf.data(), two, buf.data() + 8, bad, DType::i32),
+                           doctest::Contains("receive region 1 has rank -1"), CollectiveError);
+      CHECK_THROWS_WITH_AS(c.exchange(nullptr, two, buf.data() + 8, two, DType::i32),
+                           (at + "null buffer for 4 elements").c_str(), CollectiveError);
+      CHECK_THROWS_WITH_AS(c.exchange(buf.data(), two, nullptr, two, DType::i32), doctest::Contains("null buffer"),
+                           CollectiveError);
+      // Overlap is judged on the elements the regions reach: [0, 2) and [1, 3) overlap ...
+      CHECK_THROWS_WITH_AS(c.exchange(buf.data(), two, buf.data() + 1, two, DType::i32),
+                           (at + "the send and receive buffers overlap; exchange cannot run in place").c_str(),
+                           CollectiveError);
+      // ... as does a strided box reaching into the other side (elements 0 and 5; 4 and 5 received) ...
+      std::vector<Region> wide = {Region{}, Region::contiguous(1, 0)};
+      wide[0].rank = 2;
+      wide[0].extent = {2, 1};
+      wide[0].stride = {5, 1};
+      CHECK_THROWS_WITH_AS(c.exchange(buf.data(), wide, buf.data() + 4, two, DType::i32), doctest::Contains("overlap"),
+                           CollectiveError);
+      // ... but one buffer whose regions sent, [0, 2), and received, [2, 4), are apart is fine.
+      for (std::size_t i = 0; i < 4; ++i) buf[i] = 10 * ctx.device() + static_cast<int>(i);
+      const std::vector<Region> out = {Region::contiguous(0, 1), Region::contiguous(1, 1)};
+      const std::vector<Region> in = {Region::contiguous(2, 1), Region::contiguous(3, 1)};
+      CHECK_NOTHROW(c.exchange(buf.data(), out, buf.data(), in, DType::i32));
+      CHECK(buf[2] == ctx.device());       // element `device` of rank 0
+      CHECK(buf[3] == 10 + ctx.device());  // element `device` of rank 1
+      // A region past the end of the address space.
+      bad = two;
+      bad[0].stride[0] = ~std::size_t{0};
+      CHECK_THROWS_WITH_AS(c.exchange(buf.data(), bad, buf.data() + 8, two, DType::i32),
+                           (at + "send region 0 reaches past the end of the address space").c_str(), CollectiveError);
+    });
+  }
+
+  TEST_CASE("exchange: a pair whose counts disagree fails on every member, naming both ranks") {
+    for (int n : {2, 3, 5}) {
+      std::atomic<int> failed{0};
+      sl::Runtime::threads(n).spmd([&](sl::Context& ctx) {
+        using sl::coll::Region;
+        const auto un = static_cast<std::size_t>(n);
+        std::vector<float> send(4 * un), recv(4 * un);
+        std::vector<Region> sr(un), rr(un);
+        for (std::size_t p = 0; p < un; ++p) {
+          sr[p] = Region::contiguous(4 * p, 3);
+          rr[p] = Region::contiguous(4 * p, 3);
+        }
+        if (ctx.device() == 0) sr[1] = Region::contiguous(4, 4);  // rank 0 sends 4 to rank 1, which expects 3
+        try {
+          ctx.world().exchange(send.data(), sr, recv.data(), rr, DType::f32);
+        } catch (const CollectiveError& e) {
+          CHECK_MESSAGE(std::string(e.what()).find("rank 0 sends 4 elements to rank 1, which expects 3") != std::string::npos,
+                        e.what());
+          ++failed;
+        }
+        // Everyone can go on.
+        double x = 1;
+        ctx.world().all_reduce(&x, &x, 1, DType::f64, Op::sum);
+        CHECK(x == n);
+      });
+      CHECK(failed == n);
+    }
+    // The self pair too.
+    CHECK_THROWS_WITH_AS(sl::Runtime::threads(1).spmd([](sl::Context& ctx) {
+      float a[4] = {}, b[4] = {};
+      sl::coll::Region s = sl::coll::Region::contiguous(0, 2), r = sl::coll::Region::contiguous(0, 3);
+      ctx.world().exchange(a, std::span(&s, 1), b, std::span(&r, 1), DType::f32);
+    }),
+                         doctest::Contains("rank 0 sends 2 elements to rank 0, which expects 3"), CollectiveError);
+  }
+
+  TEST_CASE("exchange: devices that make another call or use another element type are told so") {
+    std::atomic<int> told{0};
+    sl::Runtime::threads(2).spmd([&](sl::Context& ctx) {
+      std::vector<int> a(4), b(4);
+      std::vector<sl::coll::Region> r(2, sl::coll::Region::contiguous(0, 2));
+      r[1].offset = 2;
+      try {
+        if (ctx.device() == 0) ctx.world().exchange(a.data(), r, b.data(), r, DType::i32);
+        else ctx.world().all_to_all(a.data(), b.data(), 2, DType::i32);
+      } catch (const CollectiveError& e) {
+        const std::string want = ctx.device() == 0 ? "rank 1 (device 1) called all_to_all on i32 with a different collective"
+                                                   : "rank 0 (device 0) called exchange on i32 with a different collective";
+        CHECK_MESSAGE(std::string(e.what()).find(want) != std::string::npos, e.what());
+        ++told;
+      }
+    });
+    CHECK(told == 2);
+    CHECK_THROWS_WITH_AS(sl::Runtime::threads(3).spmd([](sl::Context& ctx) {
+      std::vector<std::uint32_t> a(3), b(3);
+      std::vector<sl::coll::Region> r(3);
+      ctx.world().exchange(a.data(), r, b.data(), r, ctx.device() == 2 ? DType::f32 : DType::i32);
+    }),
+                         doctest::Contains("with a different element type"), CollectiveError);
   }
 
   TEST_CASE("a communicator is used only by its own device") {

@@ -18,14 +18,20 @@
 /// backend then reports them as missing; the mpi backend needs SHARDLIB_CHECK_COLLECTIVES=1.)
 ///
 /// In place: all_reduce with send == recv, and all_gather with send at this rank's block of
-/// recv. reduce_scatter and all_to_all need send and recv that do not overlap.
+/// recv. reduce_scatter, all_to_all and exchange need send and recv that do not overlap.
+///
+/// Strided regions: `exchange` is an all-to-all whose pieces are N-D boxes (`Region`) inside
+/// the buffers, as MPI_Alltoallw, so that resharding a tensor needs no packing pass of its own.
 #pragma once
 
 #include <shardlib/collectives/counters.hpp>
 #include <shardlib/collectives/types.hpp>
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -66,6 +72,36 @@ class Blocks {
   const std::size_t* counts_ = nullptr;
   std::size_t uniform_ = 0;
   int n_ = 0;
+};
+
+/// The most dimensions a `Region` has.
+inline constexpr int max_region_rank = 8;
+
+/// An N-D box of elements inside a buffer: element (i_0, ..., i_{rank-1}) with 0 <= i_k < extent[k]
+/// sits at element offset `offset + sum_k i_k * stride[k]`. rank 0 (the default) or any zero extent
+/// is an empty region. Elements are visited in row-major order of the box (last index fastest).
+struct Region {
+  std::size_t offset = 0;
+  int rank = 0;  // 0..max_region_rank
+  std::array<std::size_t, max_region_rank> extent{};
+  std::array<std::size_t, max_region_rank> stride{};
+
+  /// Product of the extents; 0 when rank <= 0 (a rank above max_region_rank counts its first 8).
+  constexpr std::size_t count() const noexcept {
+    if (rank <= 0) return 0;
+    std::size_t n = 1;
+    for (int k = 0; k < rank && k < max_region_rank; ++k) n *= extent[static_cast<std::size_t>(k)];
+    return n;
+  }
+  /// `count` consecutive elements from `offset` (rank 1, stride 1).
+  static constexpr Region contiguous(std::size_t offset, std::size_t count) noexcept {
+    Region r;
+    r.offset = offset;
+    r.rank = 1;
+    r.extent[0] = count;
+    r.stride[0] = 1;
+    return r;
+  }
 };
 
 /// A group of devices and the collectives over it (see the file comment).
@@ -119,6 +155,35 @@ class Communicator {
   void all_to_all(const void* send, std::span<const std::size_t> send_counts, void* recv,
                   std::span<const std::size_t> recv_counts, DType t) {
     all_to_all_blocks(send, Blocks(send_counts), recv, Blocks(recv_counts), t);
+  }
+
+  /// Rank p receives the elements of this rank's send_regions[p] (read from `send`) into its
+  /// recv_regions[rank()] (in `recv`); the two regions of each pair must have the same count
+  /// (their shapes may differ: elements pair up in row-major order, so a strided box can land in a
+  /// contiguous run and back). The pair with p == rank() is a local copy. send and recv must not overlap.
+  void exchange(const void* send, std::span<const Region> send_regions, void* recv,
+                std::span<const Region> recv_regions, DType t) {
+    constexpr std::string_view call = "exchange";
+    check_regions(call, "send", send_regions);
+    check_regions(call, "receive", recv_regions);
+    std::size_t send_total = 0, recv_total = 0, send_own = 0, recv_own = 0;
+    for (int p = 0; p < size_; ++p) {
+      const std::size_t s = send_regions[static_cast<std::size_t>(p)].count();
+      const std::size_t r = recv_regions[static_cast<std::size_t>(p)].count();
+      send_total += s;
+      recv_total += r;
+      if (p == rank_) {
+        send_own = s;
+        recv_own = r;
+      }
+    }
+    check_buffers(call, send, recv, send_total, recv_total);
+    const auto sb = byte_span(call, "send", send_regions, t), rb = byte_span(call, "receive", recv_regions, t);
+    const auto s0 = reinterpret_cast<std::uintptr_t>(send), r0 = reinterpret_cast<std::uintptr_t>(recv);
+    if (sb.first < sb.second && rb.first < rb.second && s0 + sb.first < r0 + rb.second && r0 + rb.first < s0 + sb.second)
+      throw CollectiveError("shardlib: " + where(call) + ": the send and receive buffers overlap; exchange cannot run in place");
+    CommRecorder::record(Kind::all_to_all, bytes(send_total - send_own, t), bytes(recv_total - recv_own, t));
+    do_exchange(send, send_regions, recv, recv_regions, t);
   }
 
   /// Every rank's `buf` (count elements) = root's.
@@ -176,6 +241,10 @@ class Communicator {
   virtual void do_all_reduce(const void* send, void* recv, std::size_t count, DType t, Op op) = 0;
   virtual void do_all_to_all(const void* send, const Blocks& send_blocks, void* recv, const Blocks& recv_blocks,
                              DType t) = 0;
+  /// Both spans hold size() regions of valid rank; the backend checks that the counts of every
+  /// pair agree (the self pair included).
+  virtual void do_exchange(const void* send, std::span<const Region> send_regions, void* recv,
+                           std::span<const Region> recv_regions, DType t) = 0;
   virtual void do_broadcast(void* buf, std::size_t count, DType t, int root) = 0;
   virtual void do_send(const void* buf, std::size_t count, DType t, int peer, int tag) = 0;
   virtual void do_recv(void* buf, std::size_t count, DType t, int peer, int tag) = 0;
@@ -216,6 +285,42 @@ class Communicator {
     if (b.ranks() != size_)
       throw CollectiveError("shardlib: " + where(call) + ": " + std::to_string(b.ranks()) +
                             " block counts given for a group of " + std::to_string(size_));
+  }
+
+  void check_regions(std::string_view call, std::string_view side, std::span<const Region> regions) const {
+    if (regions.size() != static_cast<std::size_t>(size_))
+      throw CollectiveError("shardlib: " + where(call) + ": " + std::to_string(regions.size()) + " " + std::string(side) +
+                            " regions given for a group of " + std::to_string(size_));
+    for (std::size_t p = 0; p < regions.size(); ++p)
+      if (regions[p].rank < 0 || regions[p].rank > max_region_rank)
+        throw CollectiveError("shardlib: " + where(call) + ": " + std::string(side) + " region " + std::to_string(p) +
+                              " has rank " + std::to_string(regions[p].rank) + "; a region's rank lies in [0, " +
+                              std::to_string(max_region_rank) + "]");
+  }
+  /// Bytes [first, second) from the buffer's start that the non-empty regions touch ({0, 0}
+  /// when none); throws when a region reaches past the address space.
+  std::pair<std::uintptr_t, std::uintptr_t> byte_span(std::string_view call, std::string_view side,
+                                                      std::span<const Region> regions, DType t) const {
+    constexpr std::uintptr_t top = std::numeric_limits<std::uintptr_t>::max();
+    const std::uintptr_t e = size_of(t);
+    std::uintptr_t lo = top, hi = 0;
+    for (std::size_t p = 0; p < regions.size(); ++p) {
+      const Region& r = regions[p];
+      if (r.count() == 0) continue;
+      std::uintptr_t last = r.offset;  // element offset of the box's last element (strides are >= 0)
+      bool fits = true;
+      for (int k = 0; k < r.rank && fits; ++k) {
+        const std::uintptr_t n = r.extent[static_cast<std::size_t>(k)] - 1, st = r.stride[static_cast<std::size_t>(k)];
+        fits = st == 0 || n <= (top - last) / st;
+        if (fits) last += n * st;
+      }
+      if (!fits || last >= top / e)
+        throw CollectiveError("shardlib: " + where(call) + ": " + std::string(side) + " region " + std::to_string(p) +
+                              " reaches past the end of the address space");
+      lo = std::min<std::uintptr_t>(lo, r.offset * e);
+      hi = std::max<std::uintptr_t>(hi, (last + 1) * e);
+    }
+    return lo < hi ? std::pair{lo, hi} : std::pair<std::uintptr_t, std::uintptr_t>{0, 0};
   }
 
   void all_gather_blocks(const void* send, void* recv, const Blocks& blocks, DType t) {

@@ -14,9 +14,12 @@
 /// | all_gather | own piece × (n-1) | the other pieces |
 /// | reduce_scatter | input − own block | own block × (n-1) |
 /// | all_reduce | 2(n-1)/n × buffer | 2(n-1)/n × buffer |
-/// | all_to_all | input − block kept | output − block kept |
+/// | all_to_all, exchange | input − block kept | output − block kept |
 /// | broadcast | root: buffer × (n-1) | others: buffer |
 /// | send / recv / permute | what goes to another device | what comes from another device |
+///
+/// exchange (an all-to-all of strided regions) counts as all_to_all: its bytes are the regions
+/// for and from the other ranks, the self pair left out.
 #pragma once
 
 #include <array>

@@ -8,6 +8,11 @@
 /// MPI_Alltoall(v), broadcast MPI_Bcast, send/recv MPI_Send/MPI_Recv, permute MPI_Sendrecv,
 /// barrier MPI_Barrier and split MPI_Comm_split. Buffers are host memory.
 ///
+/// exchange packs the regions bound for other ranks (in rank order) into a reused scratch
+/// buffer, moves them with one MPI_Alltoallv and unpacks them from a second one; the self pair
+/// is copied directly. (MPI_Alltoallw with derived datatypes would skip the packing, at the cost
+/// of creating and freeing datatypes on every call.)
+///
 /// - **In place.** MPI wants MPI_IN_PLACE on every rank or none, and one rank cannot know what
 ///   the others do. all_reduce always passes it (a separate send buffer is first copied into
 ///   place, measured as fast as the raw call); all_gather never does (a send buffer inside recv
@@ -19,15 +24,16 @@
 /// - **f16 / bf16.** Moved as 16-bit words; reduced by user-defined MPI operations that
 ///   combine pairs through float (round to nearest even at every step; NaN propagates).
 /// - **Large buffers.** MPI counts are `int`. all_reduce, broadcast, send, recv and permute
-///   split longer buffers into several calls; all_gather, reduce_scatter and all_to_all, whose
-///   blocks MPI addresses with `int` counts and displacements, throw when a whole buffer
-///   exceeds INT_MAX elements (never truncating).
+///   split longer buffers into several calls; all_gather, reduce_scatter, all_to_all and
+///   exchange, whose blocks MPI addresses with `int` counts and displacements, throw when a
+///   whole buffer (for exchange: what goes to, or comes from, the other ranks) exceeds INT_MAX
+///   elements (never truncating).
 /// - **Tags.** permute travels on the communicator's largest tag (MPI_TAG_UB), which send and
 ///   recv refuse, so that a permute never takes a message meant for a recv or the reverse.
 /// - **Checked mode.** With SHARDLIB_CHECK_COLLECTIVES=1 in the environment (or `checked` set
 ///   at construction), every collective first compares a small signature across the group
-///   (which collective, dtype, op, root, counts) with one MPI_Allreduce (uneven all_to_all
-///   and permute also exchange their counts and peers), and throws on every rank when they
+///   (which collective, dtype, op, root, counts) with one MPI_Allreduce (uneven all_to_all,
+///   exchange and permute also exchange their counts and peers), and throws on every rank when they
 ///   disagree, instead of letting MPI hang or corrupt memory. It costs a latency or two per
 ///   collective, so it is off by default. send and recv are not checked.
 ///
@@ -38,6 +44,8 @@
 #include <shardlib/collectives/communicator.hpp>
 
 #if defined(SHARDLIB_HAVE_MPI)
+
+#include <shardlib/collectives/detail/region_copy.hpp>
 
 // The C API only: MPI's C++ bindings left the standard with MPI-3.0 and Open MPI's warn under
 // -Wextra. (Without effect where <mpi.h> was included before this header.)
@@ -57,6 +65,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -348,6 +357,52 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
+  void do_exchange(const void* send, std::span<const Region> send_regions, void* recv,
+                   std::span<const Region> recv_regions, DType t) override {
+    constexpr std::string_view call = "exchange";
+    if (checked_) verify_exchange(send_regions, recv_regions, t);
+    const int me = rank();
+    const std::size_t n = static_cast<std::size_t>(size()), es = size_of(t);
+    // Counts without the self pair, which never travels; check the totals before packing.
+    std::size_t send_total = 0, recv_total = 0;
+    for (std::size_t p = 0; p < n; ++p)
+      if (p != static_cast<std::size_t>(me)) {
+        send_total += send_regions[p].count();
+        recv_total += recv_regions[p].count();
+      }
+    fit_total(call, send_total);
+    fit_total(call, recv_total);
+    if (scratch_.size() < send_total * es) scratch_.resize(send_total * es);
+    if (recv_scratch_.size() < recv_total * es) recv_scratch_.resize(recv_total * es);
+    std::size_t send_off = 0, recv_off = 0;
+    for (std::size_t p = 0; p < n; ++p) {
+      const bool self = p == static_cast<std::size_t>(me);
+      const std::size_t sc = self ? 0 : send_regions[p].count(), rc = self ? 0 : recv_regions[p].count();
+      send_counts_[p] = static_cast<int>(sc);
+      send_displs_[p] = static_cast<int>(send_off);
+      recv_counts_[p] = static_cast<int>(rc);
+      recv_displs_[p] = static_cast<int>(recv_off);
+      if (sc != 0) detail::copy_region(scratch_.data() + send_off * es, Region::contiguous(0, sc), send, send_regions[p], es);
+      send_off += sc;
+      recv_off += rc;
+    }
+    const MPI_Datatype dt = detail::mpi::datatype(t);
+    ok(MPI_Alltoallv(scratch_.data(), send_counts_.data(), send_displs_.data(), dt, recv_scratch_.data(),
+                     recv_counts_.data(), recv_displs_.data(), dt, comm_),
+       "MPI_Alltoallv", call);
+    for (std::size_t p = 0; p < n; ++p)
+      if (recv_counts_[p] != 0)
+        detail::copy_region(recv, recv_regions[p], recv_scratch_.data() + static_cast<std::size_t>(recv_displs_[p]) * es,
+                            Region::contiguous(0, static_cast<std::size_t>(recv_counts_[p])), es);
+    // The self pair, checked only now so that a mismatch here leaves no other rank waiting.
+    const auto own = static_cast<std::size_t>(me);
+    if (send_regions[own].count() != recv_regions[own].count())
+      throw CollectiveError("shardlib: " + where(call) + ": rank " + std::to_string(me) + " sends " +
+                            std::to_string(send_regions[own].count()) + " elements to itself, but expects " +
+                            std::to_string(recv_regions[own].count()));
+    detail::copy_region(recv, recv_regions[own], send, send_regions[own], es);
+  }
+
   void do_broadcast(void* buf, std::size_t count, DType t, int root) override {
     constexpr std::string_view call = "broadcast";
     if (checked_) {
@@ -433,7 +488,8 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
-  static constexpr std::int64_t split_kind = num_kinds;  // signature code of split (after Kind's)
+  static constexpr std::int64_t split_kind = num_kinds;        // signature codes after Kind's: split,
+  static constexpr std::int64_t exchange_kind = num_kinds + 1;  // exchange (counted as all_to_all)
 
   /// What the checked mode compares; -1 where a field does not apply.
   struct Signature {
@@ -532,7 +588,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   static std::string kind_name(std::int64_t k) {
-    return k == split_kind ? "split" : std::string(coll::name(static_cast<Kind>(k)));
+    return k == split_kind ? "split" : k == exchange_kind ? "exchange" : std::string(coll::name(static_cast<Kind>(k)));
   }
 
   /// One MPI_Allreduce(MAX) of (fields, -fields) gives every field's max and min.
@@ -577,23 +633,39 @@ class MpiCommunicator final : public Communicator {
     if (!s.uneven) s.count = static_cast<std::int64_t>(sb.count(0));
     verify(call, s);
     if (!s.uneven) return;
+    verify_pairs(call, "block counts", [&](int p) { return sb.count(p); }, [&](int p) { return rb.count(p); });
+  }
+
+  /// exchange: the counts of every pair's regions, the self pair included.
+  void verify_exchange(std::span<const Region> sr, std::span<const Region> rr, DType t) {
+    constexpr std::string_view call = "exchange";
+    verify(call, Signature{exchange_kind, t});
+    verify_pairs(call, "region counts", [&](int p) { return sr[static_cast<std::size_t>(p)].count(); },
+                 [&](int p) { return rr[static_cast<std::size_t>(p)].count(); });
+  }
+
+  /// One MPI_Alltoall of the per-pair counts: each rank compares what comes with what it
+  /// expects, and one MPI_Allreduce tells every rank whether some rank found a mismatch.
+  template <class Sent, class Expected>
+  void verify_pairs(std::string_view call, std::string_view what, const Sent& sent, const Expected& expected) {
     const std::size_t n = static_cast<std::size_t>(size());
-    for (std::size_t p = 0; p < n; ++p) check_buf_[p] = static_cast<std::int64_t>(sb.count(static_cast<int>(p)));
+    for (std::size_t p = 0; p < n; ++p) check_buf_[p] = static_cast<std::int64_t>(sent(static_cast<int>(p)));
     ok(MPI_Alltoall(check_buf_.data(), 1, MPI_INT64_T, check_buf_.data() + n, 1, MPI_INT64_T, comm_),
        "MPI_Alltoall (checked mode)", call);
     int bad = -1;
     for (std::size_t p = 0; p < n && bad < 0; ++p)
-      if (check_buf_[n + p] != static_cast<std::int64_t>(rb.count(static_cast<int>(p)))) bad = static_cast<int>(p);
+      if (check_buf_[n + p] != static_cast<std::int64_t>(expected(static_cast<int>(p)))) bad = static_cast<int>(p);
     std::int64_t finder = bad >= 0 ? rank() : -1;
     ok(MPI_Allreduce(MPI_IN_PLACE, &finder, 1, MPI_INT64_T, MPI_MAX, comm_), "MPI_Allreduce (checked mode)", call);
     if (bad >= 0) {
       const auto p = static_cast<std::size_t>(bad);
-      mismatch(call, "ranks disagree on the block counts: this rank expects " + std::to_string(rb.count(bad)) +
-                         " elements from rank " + std::to_string(bad) + ", which sends " +
+      mismatch(call, "ranks disagree on the " + std::string(what) + ": this rank expects " +
+                         std::to_string(expected(bad)) + " elements from rank " + std::to_string(bad) + ", which sends " +
                          std::to_string(check_buf_[n + p]));
     }
     if (finder >= 0)
-      mismatch(call, "ranks disagree on the block counts (rank " + std::to_string(finder) + " found the mismatch)");
+      mismatch(call, "ranks disagree on the " + std::string(what) + " (rank " + std::to_string(finder) +
+                         " found the mismatch)");
   }
 
   /// Every rank checks the whole permutation, so all reach the same verdict and message.
@@ -628,7 +700,9 @@ class MpiCommunicator final : public Communicator {
   int permute_tag_ = 32767;  // MPI_TAG_UB of the communicator (32767 is the least MPI allows)
   // Per-rank int counts and displacements of the v-forms, allocated once.
   std::vector<int> send_counts_, send_displs_, recv_counts_, recv_displs_;
-  std::vector<unsigned char> scratch_;  // all_gather's in-place staging, grown as needed
+  // Grown as needed, never shrunk: all_gather's in-place staging and exchange's packed send;
+  // exchange's packed receive.
+  std::vector<unsigned char> scratch_, recv_scratch_;
   std::vector<std::int64_t> check_buf_;  // checked mode: 4 per rank
 };
 

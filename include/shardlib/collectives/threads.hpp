@@ -18,11 +18,15 @@
 /// - members that disagree on the call (kind, element type, counts, root, peers) all throw a
 ///   CollectiveError saying what differs.
 ///
+/// exchange copies each strided region straight from the peer's send buffer into this
+/// device's receive buffer (detail/region_copy.hpp), with no packing.
+///
 /// send/recv are eager: `send` copies into a mailbox and returns; `recv` takes from it.
 #pragma once
 
 #include <shardlib/collectives/communicator.hpp>
 #include <shardlib/collectives/detail/reduce.hpp>
+#include <shardlib/collectives/detail/region_copy.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -154,6 +158,9 @@ struct Slot {
   const std::size_t* counts = nullptr;            // uneven blocks (send side for all_to_all)
   const std::size_t* recv_counts = nullptr;       // all_to_all
   std::size_t uniform = 0, recv_uniform = 0;      // block size when counts == nullptr
+  bool exchange = false;                          // exchange (counted as all_to_all)
+  const Region* send_regions = nullptr;           // exchange: size() each
+  const Region* recv_regions = nullptr;
   int color = 0, key = 0;                         // split
   std::shared_ptr<void> created;                  // split: the new group's state (leader's slot)
   std::size_t block(int r) const noexcept { return counts ? counts[r] : uniform; }
@@ -367,6 +374,46 @@ class ThreadCommunicator final : public Communicator {
     meet("all_to_all");
   }
 
+  void do_exchange(const void* send, std::span<const Region> send_regions, void* recv,
+                   std::span<const Region> recv_regions, DType t) override {
+    constexpr std::string_view call = "exchange";
+    auto& me = begin(Kind::all_to_all, t, call);
+    me.exchange = true;
+    me.send = send;
+    me.recv = recv;
+    me.send_regions = send_regions.data();
+    me.recv_regions = recv_regions.data();
+    meet_posted(call);
+    // Every member checks every pair, so all reach the same verdict; they meet before throwing,
+    // so that no peer still reads this member's regions when its caller unwinds.
+    std::string error;
+    for (int p = 0; p < size() && error.empty(); ++p) {
+      const auto& sp = g_->slot(p);
+      if (sp.dtype != t) {
+        error = mismatch_text(call, "element type", p);
+        break;
+      }
+      for (int q = 0; q < size(); ++q) {
+        const std::size_t sent = sp.send_regions[q].count(), expected = g_->slot(q).recv_regions[p].count();
+        if (sent != expected) {
+          error = "shardlib: " + where(call) + ": rank " + std::to_string(p) + " sends " + std::to_string(sent) +
+                  " elements to rank " + std::to_string(q) + ", which expects " + std::to_string(expected);
+          break;
+        }
+      }
+    }
+    if (!error.empty()) {
+      meet(call);
+      throw CollectiveError(error);
+    }
+    const std::size_t e = size_of(t);
+    for (int p = 0; p < size(); ++p) {
+      const auto& sp = g_->slot(p);
+      detail::copy_region(recv, recv_regions[static_cast<std::size_t>(p)], sp.send, sp.send_regions[rank()], e);
+    }
+    meet(call);
+  }
+
   void do_broadcast(void* buf, std::size_t count, DType t, int root) override {
     auto& me = begin(Kind::broadcast, t, "broadcast");
     me.count = count;
@@ -424,6 +471,7 @@ class ThreadCommunicator final : public Communicator {
   void do_barrier() override {
     check_thread("barrier");
     g_->slot(rank()).kind = Kind::barrier;
+    g_->slot(rank()).exchange = false;
     meet_posted("barrier");  // checks that every member is in a barrier
     meet("barrier");
   }
@@ -490,8 +538,9 @@ class ThreadCommunicator final : public Communicator {
   void meet_posted(std::string_view call) {
     if (size() > 1) g_->arrive_and_wait(rank(), [&] { return where(call); });
     const Kind k = g_->slot(rank()).kind;
+    const bool ex = g_->slot(rank()).exchange;
     for (int r = 0; r < size(); ++r)
-      if (g_->slot(r).kind != k) mismatch(call, "collective", r);
+      if (g_->slot(r).kind != k || g_->slot(r).exchange != ex) mismatch(call, "collective", r);
   }
   /// A later barrier. Slots are not read after the last one: a peer may already be posting
   /// its next call.
@@ -499,11 +548,14 @@ class ThreadCommunicator final : public Communicator {
     if (size() > 1) g_->arrive_and_wait(rank(), [&] { return where(call); });
   }
   [[noreturn]] void mismatch(std::string_view call, std::string_view what, int r) const {
+    throw CollectiveError(mismatch_text(call, what, r));
+  }
+  std::string mismatch_text(std::string_view call, std::string_view what, int r) const {
     const auto& s = g_->slot(r);
-    throw CollectiveError("shardlib: " + where(call) + ": rank " + std::to_string(r) + " (device " +
-                          std::to_string(g_->device(r)) + ") called " + std::string(coll::name(s.kind)) + " on " +
-                          std::string(coll::name(s.dtype)) + " with a different " + std::string(what) +
-                          "; every device of a group must make the same collective call");
+    return "shardlib: " + where(call) + ": rank " + std::to_string(r) + " (device " + std::to_string(g_->device(r)) +
+           ") called " + std::string(s.exchange ? "exchange" : coll::name(s.kind)) + " on " +
+           std::string(coll::name(s.dtype)) + " with a different " + std::string(what) +
+           "; every device of a group must make the same collective call";
   }
   template <class F>
   void gather_inputs(F&& at) {

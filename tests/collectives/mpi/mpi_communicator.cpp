@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <map>
 #include <new>
 #include <memory>
@@ -253,6 +254,17 @@ std::string error_of(F&& f) {
   return "no exception";
 }
 bool has(const std::string& s, std::string_view part) { return s.find(part) != std::string::npos; }
+
+coll::Region box(std::size_t offset, std::initializer_list<std::size_t> extent, std::initializer_list<std::size_t> stride) {
+  coll::Region r;
+  r.offset = offset;
+  r.rank = static_cast<int>(extent.size());
+  std::size_t k = 0;
+  for (auto e : extent) r.extent[k++] = e;
+  k = 0;
+  for (auto s : stride) r.stride[k++] = s;
+  return r;
+}
 
 std::string ctx(std::string_view what, DType t, std::size_t count, int variant = -1) {
   return std::string(what) + " dtype=" + std::string(coll::name(t)) + " count=" + std::to_string(count) +
@@ -548,6 +560,95 @@ TEST_CASE("all_to_all and reduce_scatter refuse overlapping buffers, on every ra
   CHECK_MESSAGE(has(e, "reduce_scatter cannot run in place"), e);
 }
 
+// ---- exchange ---------------------------------------------------------------------------------
+
+TEST_CASE("exchange: strided boxes packed, one MPI_Alltoallv, unpacked; the self pair stays local") {
+  auto& c = world();
+  const int n = c.size(), me = c.rank();
+  const auto un = static_cast<std::size_t>(n);
+  // To rank q: 1 + (me + q) % 3 rows of 3 elements from a matrix with row stride 5 (the rows
+  // start at row 4q); from rank p: the same count, transposed into column-major order (column
+  // stride 4) at 12p.
+  auto rows = [](int p, int q) { return static_cast<std::size_t>(1 + (p + q) % 3); };
+  for_types<std::int8_t, coll::bf16_bits, std::int32_t, double>([&]<class T>(std::type_identity<T>) {
+    const DType t = coll::dtype_of<T>();
+    std::vector<T> send(un * 4 * 5, make<T>(99)), recv(un * 12, make<T>(-1)), want(un * 12, make<T>(-1));
+    std::vector<coll::Region> sr(un), rr(un);
+    for (int q = 0; q < n; ++q) {
+      const auto uq = static_cast<std::size_t>(q);
+      sr[uq] = box(uq * 20, {rows(me, q), 3}, {5, 1});
+      rr[uq] = box(uq * 12, {rows(q, me), 3}, {1, 4});
+      for (std::size_t i = 0; i < rows(me, q); ++i)
+        for (std::size_t j = 0; j < 3; ++j)
+          send[uq * 20 + i * 5 + j] = make<T>(static_cast<double>(code(me, q, static_cast<long long>(i * 3 + j))));
+      for (std::size_t i = 0; i < rows(q, me); ++i)
+        for (std::size_t j = 0; j < 3; ++j)
+          want[uq * 12 + j * 4 + i] = make<T>(static_cast<double>(code(q, me, static_cast<long long>(i * 3 + j))));
+    }
+    coll::CommRecorder rec;
+    reset_calls();
+    c.exchange(send.data(), sr, recv.data(), rr, t);
+    INFO(ctx("exchange", t, 0));
+    CHECK(diff(recv, want) == "");
+    CHECK(calls("MPI_Alltoallv") == 1);
+    CHECK(calls("MPI_Alltoall") == 0);
+    std::uint64_t sent = 0, received = 0;
+    for (int q = 0; q < n; ++q)
+      if (q != me) {
+        sent += 3 * rows(me, q) * sizeof(T);
+        received += 3 * rows(q, me) * sizeof(T);
+      }
+    CHECK(rec[coll::Kind::all_to_all].calls == 1);
+    CHECK(rec[coll::Kind::all_to_all].bytes_sent == sent);
+    CHECK(rec[coll::Kind::all_to_all].bytes_received == received);
+  });
+  // Nothing to move: still one (empty) MPI_Alltoallv, since no rank knows that the others have nothing.
+  std::vector<coll::Region> none(un);
+  reset_calls();
+  CHECK_NOTHROW(c.exchange(nullptr, none, nullptr, none, DType::f32));
+  CHECK(calls("MPI_Alltoallv") == 1);
+}
+
+TEST_CASE("exchange: a self pair whose counts disagree fails on its rank only, after the others' data moved") {
+  auto& c = world();
+  const int n = c.size(), me = c.rank();
+  const auto un = static_cast<std::size_t>(n);
+  std::vector<std::int64_t> send(2 * un), recv(2 * un, -1);
+  std::vector<coll::Region> sr(un), rr(un);
+  for (std::size_t p = 0; p < un; ++p) {
+    sr[p] = coll::Region::contiguous(2 * p, 2);
+    rr[p] = coll::Region::contiguous(2 * p, 2);
+    send[2 * p] = send[2 * p + 1] = me;
+  }
+  if (me == 0) rr[0] = coll::Region::contiguous(0, 1);
+  const std::string e = error_of([&] { c.exchange(send.data(), sr, recv.data(), rr, DType::i64); });
+  if (me == 0) CHECK_MESSAGE(has(e, "exchange on world (mpi, rank 0 of " + std::to_string(n) + "): rank 0 sends 2 elements to itself, but expects 1"), e);
+  else CHECK(e == "no exception");
+  for (int p = 0; p < n; ++p)
+    if (p != me) CHECK(recv[2 * static_cast<std::size_t>(p)] == p);
+}
+
+TEST_CASE("exchange: bad regions are refused before MPI") {
+  auto& c = world();
+  const auto un = static_cast<std::size_t>(c.size());
+  std::vector<int> buf(4 * un);
+  std::vector<coll::Region> r(un), more(un + 1);
+  for (std::size_t p = 0; p < un; ++p) r[p] = coll::Region::contiguous(2 * p, 2);
+  reset_calls();
+  std::string e = error_of([&] { c.exchange(buf.data(), r, buf.data() + 1, r, DType::i32); });
+  CHECK_MESSAGE(has(e, "exchange on world (mpi, rank "), e);
+  CHECK_MESSAGE(has(e, "the send and receive buffers overlap; exchange cannot run in place"), e);
+  e = error_of([&] { c.exchange(buf.data(), more, buf.data(), r, DType::i32); });
+  CHECK_MESSAGE(has(e, std::to_string(un + 1) + " send regions given for a group of " + std::to_string(un)), e);
+  auto bad = r;
+  bad[0].rank = coll::max_region_rank + 1;
+  e = error_of([&] { c.exchange(buf.data(), r, buf.data() + 2 * un, bad, DType::i32); });
+  CHECK_MESSAGE(has(e, "receive region 0 has rank 9"), e);
+  e = error_of([&] { c.exchange(nullptr, r, buf.data(), r, DType::i32); });
+  CHECK_MESSAGE(has(e, "null buffer for " + std::to_string(2 * un) + " elements"), e);
+  CHECK(calls("MPI_Alltoallv") + calls("MPI_Alltoall") == 0);
+}
+
 // ---- broadcast, send/recv, permute, barrier ---------------------------------------------------
 
 TEST_CASE("broadcast from every root") {
@@ -645,6 +746,12 @@ TEST_CASE("collectives allocate nothing once warm") {
   for (int p = 0; p < n; ++p) counts[static_cast<std::size_t>(p)] = static_cast<std::size_t>(p % 3);
   std::vector<float> a(4 * un, 1.f), b(4 * un, 0.f);
   std::vector<coll::f16_bits> h(4, coll::f16_bits{coll::float_to_f16(1.f)});
+  std::vector<coll::Region> boxes(un), runs(un);  // 2x1 boxes (stride 2) to and from runs of 2
+  for (std::size_t p = 0; p < un; ++p) {
+    boxes[p] = box(p, {2, 1}, {un, 1});
+    runs[p] = coll::Region::contiguous(2 * p, 2);
+  }
+  std::vector<float> wide(2 * un, 1.f), packed(2 * un, 0.f);
   auto run = [&](MpiCommunicator& k) {
     k.all_gather(a.data(), b.data(), 2, DType::f32);
     k.all_gather(a.data(), b.data(), counts, DType::f32);
@@ -654,6 +761,8 @@ TEST_CASE("collectives allocate nothing once warm") {
     k.all_reduce(h.data(), h.data(), 4, DType::f16, Op::sum);
     k.all_to_all(a.data(), b.data(), 2, DType::f32);
     k.all_to_all(a.data(), sc, b.data(), sc, DType::f32);
+    k.exchange(wide.data(), boxes, packed.data(), runs, DType::f32);
+    k.exchange(packed.data(), runs, wide.data(), boxes, DType::f32);
     k.broadcast(a.data(), 4, DType::f32, 0);
     k.permute(a.data(), 3, (me + 1) % n, b.data(), 3, (me + n - 1) % n, DType::f32);
     k.barrier();
@@ -825,6 +934,17 @@ TEST_CASE("checked mode: agreeing calls run as usual") {
   for (int p = 0; p < n; ++p) expect.insert(expect.end(), static_cast<std::size_t>(p + 1), p);
   c->all_to_all(out.data(), sc, in.data(), rc, DType::i32);
   CHECK(in == expect);
+  // exchange: p sends p + 1 elements to everyone, received as every other element.
+  std::vector<coll::Region> xs(static_cast<std::size_t>(n)), xr(static_cast<std::size_t>(n));
+  for (int p = 0; p < n; ++p) {
+    xs[static_cast<std::size_t>(p)] = coll::Region::contiguous(0, static_cast<std::size_t>(me + 1));
+    xr[static_cast<std::size_t>(p)] = box(static_cast<std::size_t>(2 * n * p), {static_cast<std::size_t>(p + 1)}, {2});
+  }
+  std::vector<int> xin(2 * static_cast<std::size_t>(n * n), -1), xwant(xin.size(), -1);
+  for (int p = 0; p < n; ++p)
+    for (int i = 0; i <= p; ++i) xwant[static_cast<std::size_t>(2 * n * p + 2 * i)] = p;
+  c->exchange(out.data(), xs, xin.data(), xr, DType::i32);
+  CHECK(xin == xwant);
   int from = -1;
   c->permute(&me, 1, (me + 1) % n, &from, 1, (me + n - 1) % n, DType::i32);
   CHECK(from == (me + n - 1) % n);
@@ -885,6 +1005,28 @@ TEST_CASE("checked mode: disagreements throw on every rank") {
   const std::string e = error_of([&] { c->all_to_all(buf.data(), sc, buf.data() + 8 * n, rc, DType::f64); });
   CHECK_MESSAGE(has(e, "checked mode"), e);
   CHECK_MESSAGE(has(e, me == 1 ? "this rank expects 1 elements from rank 0, which sends 2" : "(rank 1 found the mismatch)"), e);
+  // exchange: rank 0 sends 2 elements to rank 1, which expects 1; then rank 1's self pair disagrees.
+  std::vector<coll::Region> xs(static_cast<std::size_t>(n)), xr(static_cast<std::size_t>(n));
+  for (std::size_t p = 0; p < static_cast<std::size_t>(n); ++p) {
+    xs[p] = coll::Region::contiguous(p, 1);
+    xr[p] = box(p, {1, 1}, {1, 1});
+  }
+  auto xs0 = xs;
+  if (me == 0) xs0[1] = box(4 * static_cast<std::size_t>(n), {2}, {3});
+  const std::string xe = error_of([&] { c->exchange(buf.data(), xs0, buf.data() + 8 * n, xr, DType::f64); });
+  CHECK_MESSAGE(has(xe, "exchange on world (mpi, rank "), xe);
+  CHECK_MESSAGE(has(xe, me == 1 ? "ranks disagree on the region counts: this rank expects 1 elements from rank 0, which sends 2"
+                                : "ranks disagree on the region counts (rank 1 found the mismatch)"),
+                xe);
+  all_say("ranks disagree on the region counts", [&] {
+    auto xr1 = xr;
+    if (me == 1) xr1[1] = coll::Region{};
+    c->exchange(buf.data(), xs, buf.data() + 8 * n, xr1, DType::f64);
+  });
+  all_say("ranks call different collectives: all_to_all and exchange", [&] {
+    if (me == 0) c->exchange(buf.data(), xs, buf.data() + 8 * n, xr, DType::f64);
+    else c->all_to_all(buf.data(), buf.data() + 8 * n, 1, DType::f64);
+  });
   // permute: a ring where rank 0 sends 3 elements but rank 1 expects 2.
   all_say("rank 0 sends 3 elements to rank 1, which expects 2", [&] {
     c->permute(buf.data(), me == 0 ? 3 : 2, (me + 1) % n, buf.data() + 8 * n, 2, (me + n - 1) % n, DType::f64);
@@ -982,6 +1124,40 @@ TEST_SUITE("count_limit") {
     counts[0] = big;
     e = error_of([&] { c.all_gather(dummy, dummy, counts, DType::i64); });
     CHECK_MESSAGE(has(e, "a buffer of " + std::to_string(big) + " elements"), e);
+  }
+
+  TEST_CASE("long buffers: exchange refuses what MPI's int counts cannot hold, the self pair not counted") {
+    auto& c = world();
+    const int n = c.size(), me = c.rank();
+    if (n < 2) return;  // the ring below would be the self pair
+    const auto un = static_cast<std::size_t>(n);
+    const std::size_t big = max_count + 1;
+    const std::string limit = "(" + std::to_string(max_count) + "; MPI counts and displacements are int)";
+    void* far_a = reinterpret_cast<void*>(std::uintptr_t{1} << 40);  // never dereferenced
+    void* far_b = reinterpret_cast<void*>(std::uintptr_t{3} << 40);
+    // Ring: big elements to the next rank, from the previous one.
+    std::vector<coll::Region> sr(un), rr(un);
+    sr[static_cast<std::size_t>((me + 1) % n)] = coll::Region::contiguous(0, big);
+    rr[static_cast<std::size_t>((me + n - 1) % n)] = coll::Region::contiguous(0, big);
+    std::string e = error_of([&] { c.exchange(far_a, sr, far_b, rr, DType::u8); });
+    CHECK_MESSAGE(has(e, "exchange on world"), e);
+    CHECK_MESSAGE(has(e, "a buffer of " + std::to_string(big) + " elements"), e);
+    CHECK_MESSAGE(has(e, limit), e);
+    // Just below the limit, with real buffers: max_count elements to others (when that is small).
+    if (max_count < 1000) {
+      std::vector<std::int16_t> send(big * un), recv(big * un, -1);
+      std::vector<coll::Region> s2(un), r2(un);
+      const std::size_t each = max_count / std::max<std::size_t>(un - 1, 1);
+      for (std::size_t p = 0; p < un; ++p) {
+        s2[p] = coll::Region::contiguous(p * big, p == static_cast<std::size_t>(me) ? big : each);  // self: over the limit alone
+        r2[p] = coll::Region::contiguous(p * big, p == static_cast<std::size_t>(me) ? big : each);
+        for (std::size_t i = 0; i < big; ++i) send[p * big + i] = static_cast<std::int16_t>(code(me, static_cast<long long>(p), static_cast<long long>(i)));
+      }
+      CHECK(error_of([&] { c.exchange(send.data(), s2, recv.data(), r2, DType::i16); }) == "no exception");
+      for (std::size_t p = 0; p < un; ++p)
+        for (std::size_t i = 0; i < (p == static_cast<std::size_t>(me) ? big : each); ++i)
+          CHECK(recv[p * big + i] == static_cast<std::int16_t>(code(static_cast<long long>(p), me, static_cast<long long>(i))));
+    }
   }
 }
 
