@@ -18,9 +18,12 @@
 #include <shardlib/detail/array_ref.hpp>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace shardlib {
+
+class Context;  // runtime/runtime.hpp: one device's view of a run; a Mesh can be bound to one
 
 /// An ordered list of mesh-axis indices, major to minor (at most `max_mesh_rank`).
 /// A group of devices and a sharded tensor dim are both described by one.
@@ -298,8 +301,28 @@ class Mesh {
     shape_.require_devices(device_count);
   }
 
+  /// A mesh over the devices of `ctx`'s run, bound to it: tensors made on this mesh live on
+  /// `ctx`'s device and communicate through its groups. Throws std::invalid_argument when the
+  /// sizes do not multiply to the run's device count (the message names the mesh and both counts).
+  template <class Ctx>
+    requires std::is_same_v<Ctx, Context>
+  Mesh(Ctx& ctx, const std::array<int, rank>& sizes) : shape_(axis_names, sizes), context_(&ctx) {
+    shape_.require_devices(ctx.num_devices());
+  }
+
   /// The mesh as a plain value.
   const MeshShape& shape() const noexcept { return shape_; }
+  /// Whether the mesh was made with a Context (needed by tensors).
+  bool is_bound() const noexcept { return context_ != nullptr; }
+  /// The Context the mesh was made with. Throws std::logic_error when it was made from sizes alone.
+  Context& context() const {
+    if (!context_)
+      throw std::logic_error("shardlib: mesh " + shape_.to_string() +
+                             " is not bound to a device; tensors need Mesh(ctx, sizes), made inside Runtime::spmd");
+    return *context_;
+  }
+  /// Same axis sizes (the axis names are the type's).
+  friend bool operator==(const Mesh& a, const Mesh& b) noexcept { return a.shape_ == b.shape_; }
   int num_devices() const noexcept { return shape_.num_devices(); }
   int size(int axis) const noexcept { return shape_.size(axis); }
   /// Size of axis `A`.
@@ -323,6 +346,7 @@ class Mesh {
 
  private:
   MeshShape shape_;
+  Context* context_ = nullptr;
 };
 
 /// True for `Mesh<...>` types.

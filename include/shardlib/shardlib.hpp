@@ -8,5 +8,7 @@
 #include <shardlib/mesh.hpp>
 #include <shardlib/runtime/runtime.hpp>
 #include <shardlib/sharding/block.hpp>
+#include <shardlib/sharding/reshard.hpp>
 #include <shardlib/spec.hpp>
+#include <shardlib/tensor.hpp>
 #include <shardlib/version.hpp>

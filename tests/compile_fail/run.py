@@ -27,22 +27,22 @@ def expectations(path, compiler_id):
     return words
 
 
-def compile_snippet(cxx, include, path, should_fail):
-    cmd = cxx + ["-std=c++20", "-fsyntax-only", "-I" + include, path]
+def compile_snippet(cxx, include, path, should_fail, flags=()):
+    cmd = cxx + ["-std=c++20", "-fsyntax-only", "-I" + include, *flags, path]
     if should_fail:
         cmd.insert(len(cxx), "-DSHARDLIB_SHOULD_FAIL")
     return subprocess.run(cmd, capture_output=True, text=True)
 
 
-def check(cxx, include, compiler_id, path):
+def check(cxx, include, compiler_id, path, flags=()):
     name = os.path.basename(path)
     words = expectations(path, compiler_id)
     if not words:
         return False, f"{name}: states no '// expect:' phrase"
-    good = compile_snippet(cxx, include, path, should_fail=False)
+    good = compile_snippet(cxx, include, path, should_fail=False, flags=flags)
     if good.returncode != 0:
         return False, f"{name}: does not compile even without SHARDLIB_SHOULD_FAIL:\n{good.stderr[-3000:]}"
-    bad = compile_snippet(cxx, include, path, should_fail=True)
+    bad = compile_snippet(cxx, include, path, should_fail=True, flags=flags)
     if bad.returncode == 0:
         return False, f"{name}: compiled with SHARDLIB_SHOULD_FAIL, but must not"
     missing = [w for w in words if w not in bad.stderr]
@@ -58,6 +58,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--compiler-id", required=True)
     parser.add_argument("--include", required=True)
+    parser.add_argument("--flag", action="append", default=[], help="an extra compiler flag (e.g. Kokkos' include directory)")
     opts = parser.parse_args(argv[:first])
     cxx, snippets = argv[first + 1:second], argv[second + 1:]
     if not snippets:
@@ -65,7 +66,7 @@ def main():
         return 1
     failed = 0
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        for ok, message in pool.map(lambda p: check(cxx, opts.include, opts.compiler_id, p), snippets):
+        for ok, message in pool.map(lambda p: check(cxx, opts.include, opts.compiler_id, p, opts.flag), snippets):
             print(("PASS " if ok else "FAIL ") + message)
             failed += not ok
     print(f"{len(snippets) - failed} passed, {failed} failed")

@@ -25,6 +25,7 @@
 #include <shardlib/collectives/mpi.hpp>
 #endif
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -35,6 +36,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -92,9 +94,30 @@ class Context {
     return group(mesh.shape(), axes);
   }
 
+  /// The Kokkos execution space instance this device's kernels run on: its own instance per
+  /// in-process device where Kokkos can make one (Kokkos 4 and later), else the default one.
+  const Kokkos::DefaultHostExecutionSpace& exec() const noexcept { return exec_; }
+  /// Whether other devices of this process launch kernels at the same time (the threads backend
+  /// with several devices). Kokkos 3 cannot run some kernels from several threads at once;
+  /// detail::kernel_guard serialises those.
+  bool shares_process() const noexcept { return shares_process_; }
+
+  /// State that a higher layer keeps per device (a cache, a pool), created on first use and
+  /// destroyed with the Context. Use from this device's thread only, like the Context.
+  template <class T>
+  T& state() {
+    static const char key = 0;  // one address per T
+    for (auto& s : states_)
+      if (s.key == &key) return *static_cast<T*>(s.value.get());
+    states_.push_back({&key, std::make_shared<T>()});
+    return *static_cast<T*>(states_.back().value.get());
+  }
+
   /// Internal: the runtime creates one Context per device.
-  Context(int device, int devices, std::unique_ptr<coll::Communicator> world)
-      : device_(device), devices_(devices), world_(std::move(world)) {}
+  Context(int device, int devices, std::unique_ptr<coll::Communicator> world,
+          Kokkos::DefaultHostExecutionSpace exec = {}, bool shares_process = false)
+      : device_(device), devices_(devices), world_(std::move(world)), exec_(std::move(exec)),
+        shares_process_(shares_process) {}
 
  private:
   struct CachedGroup {
@@ -105,8 +128,54 @@ class Context {
   int device_;
   int devices_;
   std::unique_ptr<coll::Communicator> world_;
+  struct State {
+    const void* key;
+    std::shared_ptr<void> value;
+  };
+  Kokkos::DefaultHostExecutionSpace exec_;
+  bool shares_process_ = false;
   std::vector<CachedGroup> groups_;
+  std::vector<State> states_;  // after groups_: destroyed first, as it may refer to them
 };
+
+namespace detail {
+/// One host execution space instance per in-process device (see Context::exec).
+inline std::vector<Kokkos::DefaultHostExecutionSpace> host_instances(int n) {
+  using Exec = Kokkos::DefaultHostExecutionSpace;
+#if KOKKOS_VERSION >= 40000
+#if defined(KOKKOS_ENABLE_OPENMP)
+  if constexpr (std::is_same_v<Exec, Kokkos::OpenMP>) {
+    // partition_space aborts when there are more parts than threads: share the pool out instead.
+    std::vector<Exec> out;
+    const int each = std::max(1, Exec().concurrency() / n);
+    for (int i = 0; i < n; ++i) out.emplace_back(each);
+    return out;
+  } else
+#endif
+  {
+    return Kokkos::Experimental::partition_space(Exec(), std::vector<int>(static_cast<std::size_t>(n), 1));
+  }
+#else
+  return std::vector<Exec>(static_cast<std::size_t>(n), Exec());
+#endif
+}
+
+/// Serialises a kernel launch where the Kokkos in use cannot run it from several threads at
+/// once: Kokkos 3's Serial backend shares one reduction buffer among all callers, and its other
+/// host backends one thread pool. Kokkos 4 and later need no lock (each device has its instance).
+inline std::unique_lock<std::mutex> kernel_guard([[maybe_unused]] const Context& ctx, [[maybe_unused]] bool reduction) {
+#if KOKKOS_VERSION < 40000
+  static std::mutex m;
+  if (ctx.shares_process()) {
+#if defined(KOKKOS_ENABLE_SERIAL)
+    if (!reduction && std::is_same_v<Kokkos::DefaultHostExecutionSpace, Kokkos::Serial>) return {};
+#endif
+    return std::unique_lock<std::mutex>(m);
+  }
+#endif
+  return {};
+}
+}  // namespace detail
 
 /// Runs SPMD bodies on a backend (see the file comment).
 class Runtime {
@@ -231,12 +300,14 @@ class Runtime {
   template <class Body>
   void run_threads(Body& body) {
     auto world = coll::ThreadCommunicator::make_world(devices_, timeout_);
+    const std::vector<Kokkos::DefaultHostExecutionSpace> spaces = detail::host_instances(devices_);
     std::exception_ptr first;
     bool first_is_root_cause = false;
     std::mutex m;
     auto run_device = [&](int d) {
       try {
-        Context ctx(d, devices_, coll::ThreadCommunicator::world(world, d));
+        Context ctx(d, devices_, coll::ThreadCommunicator::world(world, d), spaces[static_cast<std::size_t>(d)],
+                    devices_ > 1);
         body(ctx);
       } catch (...) {
         std::exception_ptr e = std::current_exception();

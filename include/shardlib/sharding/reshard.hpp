@@ -169,6 +169,7 @@ constexpr ReshardPlan plan_reshard(const Sharding& from_in, const Sharding& to_i
     p.scattered = base;
     for (int d = 0; d < from.rank; ++d) p.scattered.dims[static_cast<std::size_t>(d)] = to.dims[static_cast<std::size_t>(d)];
     p.scattered.partial = detail::axes_minus(from.partial, p.scatter);  // the other reduced axes wait for step 2
+    p.scattered.op = from.op;
     p.scattered = detail::normalized(p.scattered);
   }
   return p;
@@ -351,7 +352,8 @@ constexpr ReshardSchedule schedule_reshard(const ReshardPlan& plan, const MeshSh
     // then the blocks of a reduce_scatter group tile the block they share.
     const Sharding base = detail::without_partial(cur, plan.scatter);
     if (detail::axes_minus(exchange_axes(base, plan.scattered, mesh, shape), plan.scatter).empty()) {
-      s.add(ReshardStepKind::reduce_scatter, plan.scatter, cur, plan.scattered);
+      s.add(mesh.group_size(plan.scatter) > 1 ? ReshardStepKind::reduce_scatter : ReshardStepKind::local_copy,
+            plan.scatter, cur, plan.scattered);
       cur = plan.scattered;
     }
   }
@@ -359,7 +361,7 @@ constexpr ReshardSchedule schedule_reshard(const ReshardPlan& plan, const MeshSh
   const AxisList left = detail::axes_and(cur.partial, plan.reduce);
   if (!left.empty()) {
     const Sharding next = detail::without_partial(cur, left);
-    s.add(ReshardStepKind::all_reduce, left, cur, next);
+    s.add(mesh.group_size(left) > 1 ? ReshardStepKind::all_reduce : ReshardStepKind::local_copy, left, cur, next);
     cur = next;
   }
   // Step 3: the exchange to the target layout.

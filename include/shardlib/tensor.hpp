@@ -1,0 +1,927 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// `DistributedTensor<T, Mesh, Spec>`: a global tensor whose sharding is its type.
+///
+/// Each device holds one block of the global tensor (sharding/block.hpp: ceil-division, trailing
+/// blocks may be smaller or empty) as a Kokkos view in row-major order. Shardings change by
+/// `reshard<Spec>(t)`, by constructing or assigning a tensor of another spec; the plan comes from
+/// sharding/reshard.hpp (derived at compile time from the two spec types) and moves the fewest
+/// bytes. Loops (`parallel_for`, `parallel_reduce`, `map`) are Kokkos kernels over the local block
+/// that hand the functor global indices.
+///
+/// ```
+/// rt.spmd([](sl::Context& ctx) {
+///   sl::Mesh<"data", "model"> mesh(ctx, {4, 2});
+///   auto x = sl::DistributedTensor<float, decltype(mesh), sl::Spec<"data", sl::none>>::random(mesh, {256, 64}, 1);
+///   sl::DistributedTensor<float, decltype(mesh), sl::Spec<sl::none, "model">> y = x;  // one all_to_all
+/// });
+/// ```
+///
+/// Copies share the block (as Kokkos views do); `clone()` copies it. Every creation function and
+/// every reshard is collective over the mesh's devices when it communicates: all devices call it,
+/// in the same order.
+#pragma once
+
+#include <shardlib/collectives/communicator.hpp>
+#include <shardlib/detail/diagnostics.hpp>
+#include <shardlib/mesh.hpp>
+#include <shardlib/runtime/runtime.hpp>
+#include <shardlib/sharding/block.hpp>
+#include <shardlib/sharding/reshard.hpp>
+#include <shardlib/spec.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace shardlib {
+
+/// A global multi-index, handed to loop bodies: `i[0]` is the index along dim 0.
+template <std::size_t R>
+struct Index {
+  std::int64_t i[R > 0 ? R : 1] = {};
+  static constexpr std::size_t rank = R;
+  KOKKOS_INLINE_FUNCTION constexpr std::int64_t operator[](std::size_t d) const { return i[d]; }
+};
+
+/// Compile-time errors about tensors (undefined on purpose: see detail/diagnostics.hpp).
+namespace error {
+template <class T>
+struct tensor_element_type_must_be_arithmetic;
+template <class SpecT>
+struct loop_over_a_partial_tensor_reshard_it_first;
+template <class MeshT, class OtherMeshT>
+struct tensors_on_different_meshes_cannot_be_resharded_into_each_other;
+template <class SpecT, std::size_t SpecRank, std::size_t ShapeRank>
+struct shape_has_a_different_number_of_extents_than_the_spec;
+template <class FromSpec, class ToSpec>
+struct reshard_changes_the_rank;
+}  // namespace error
+
+namespace detail {
+template <class T, std::size_t R>
+struct view_data {
+  using type = typename view_data<T, R - 1>::type*;
+};
+template <class T>
+struct view_data<T, 0> {
+  using type = T;
+};
+
+template <class T>
+inline constexpr bool is_element_v = std::is_arithmetic_v<T> && !std::is_same_v<T, bool> && !std::is_const_v<T> &&
+                                     !std::is_volatile_v<T>;
+
+constexpr coll::Op to_coll_op(ReduceOp op) noexcept {
+  return op == ReduceOp::sum ? coll::Op::sum : op == ReduceOp::max ? coll::Op::max : coll::Op::min;
+}
+
+/// Walks the elements of a box in row-major order: local linear index -> global index.
+template <std::size_t R>
+struct BoxWalk {
+  std::int64_t offset[R > 0 ? R : 1] = {};
+  std::int64_t extent[R > 0 ? R : 1] = {};
+  BoxWalk() = default;
+  explicit BoxWalk(const ShardBox& b) {
+    for (std::size_t d = 0; d < R; ++d) {
+      offset[d] = b.offset[d];
+      extent[d] = b.extent[d];
+    }
+  }
+  KOKKOS_INLINE_FUNCTION Index<R> global(std::int64_t k) const {
+    Index<R> g;
+    for (std::size_t d = R; d-- > 0;) {
+      g.i[d] = offset[d] + k % extent[d];
+      k /= extent[d];
+    }
+    return g;
+  }
+};
+
+/// Row-major linear index of `g` in a tensor of `shape`.
+template <std::size_t R>
+KOKKOS_INLINE_FUNCTION std::int64_t linear_index(const Index<R>& g, const std::int64_t (&shape)[R > 0 ? R : 1]) {
+  std::int64_t k = 0;
+  for (std::size_t d = 0; d < R; ++d) k = k * shape[d] + g.i[d];
+  return k;
+}
+
+/// splitmix64's finaliser: a bijective 64-bit mix (counter-based random numbers).
+KOKKOS_INLINE_FUNCTION std::uint64_t mix64(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+/// The random value of element `k` (global linear index) for `seed`: uniform in [lo, hi).
+template <class T>
+KOKKOS_INLINE_FUNCTION T random_value(std::uint64_t seed, std::int64_t k, T lo, T hi) {
+  const std::uint64_t x = mix64(static_cast<std::uint64_t>(k) ^ mix64(seed));
+  if constexpr (std::is_floating_point_v<T>) {
+    if constexpr (sizeof(T) <= 4) {
+      const float u = static_cast<float>(x >> 40) * (1.0f / 16777216.0f);  // 24 bits: exact, < 1
+      const T v = static_cast<T>(lo + (hi - lo) * u);
+      return v < hi ? v : lo;
+    } else {
+      const double u = static_cast<double>(x >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
+      const T v = static_cast<T>(lo + (hi - lo) * u);
+      return v < hi ? v : lo;
+    }
+  } else {
+    const auto span = static_cast<std::uint64_t>(static_cast<std::int64_t>(hi) - static_cast<std::int64_t>(lo));
+    return static_cast<T>(static_cast<std::int64_t>(lo) + static_cast<std::int64_t>(span ? x % span : 0));
+  }
+}
+
+/// A box inside a row-major buffer that holds box `layout` (global indices), as a region.
+inline coll::Region region_in(const ShardBox& layout, const ShardBox& part) {
+  coll::Region r;
+  if (part.num_elements() == 0) return r;
+  if (layout.rank == 0) return coll::Region::contiguous(0, 1);
+  r.rank = layout.rank;
+  std::size_t stride = 1;
+  for (int d = layout.rank - 1; d >= 0; --d) {
+    const auto u = static_cast<std::size_t>(d);
+    r.stride[u] = stride;
+    r.extent[u] = static_cast<std::size_t>(part.extent[u]);
+    r.offset += static_cast<std::size_t>(part.offset[u] - layout.offset[u]) * stride;
+    stride *= static_cast<std::size_t>(layout.extent[u]);
+  }
+  return r;
+}
+
+/// Whether a region is one contiguous run (row-major strides with no gaps).
+inline bool is_contiguous(const coll::Region& r) {
+  std::size_t expect = 1;
+  for (int d = r.rank - 1; d >= 0; --d) {
+    const auto u = static_cast<std::size_t>(d);
+    if (r.extent[u] != 1 && r.stride[u] != expect) return false;
+    expect *= r.extent[u];
+  }
+  return true;
+}
+
+/// Copies box `part` (global indices) from a row-major buffer holding box `src_layout` to one
+/// holding `dst_layout`, as a Kokkos kernel: contiguous runs along the last dim, in chunks.
+template <class T>
+void copy_box(const Context& ctx, const T* src, const ShardBox& src_layout, T* dst, const ShardBox& dst_layout,
+              const ShardBox& part) {
+  const std::int64_t n = part.num_elements();
+  if (n == 0) return;
+  const int r = part.rank;
+  const std::int64_t run = r == 0 ? 1 : part.extent[static_cast<std::size_t>(r - 1)];
+  const std::int64_t rows = n / run;
+  constexpr std::int64_t chunk = 1 << 14;
+  const std::int64_t chunks = (run + chunk - 1) / chunk;
+  struct Walk {
+    int rank;
+    std::int64_t ext[max_tensor_rank], soff[max_tensor_rank], doff[max_tensor_rank], sstr[max_tensor_rank],
+        dstr[max_tensor_rank];
+  } w{};
+  w.rank = r;
+  std::int64_t ss = 1, ds = 1;
+  for (int d = r - 1; d >= 0; --d) {
+    const auto u = static_cast<std::size_t>(d);
+    w.ext[u] = part.extent[u];
+    w.soff[u] = part.offset[u] - src_layout.offset[u];
+    w.doff[u] = part.offset[u] - dst_layout.offset[u];
+    w.sstr[u] = ss;
+    w.dstr[u] = ds;
+    ss *= src_layout.extent[u];
+    ds *= dst_layout.extent[u];
+  }
+  auto guard = kernel_guard(ctx, false);
+  Kokkos::parallel_for(
+      "shardlib::copy_box", Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, rows * chunks),
+      [=](std::int64_t item) {
+        std::int64_t row = item / chunks, c = item % chunks;
+        std::int64_t so = 0, dof = 0;
+        for (int d = w.rank - 2; d >= 0; --d) {
+          const std::int64_t i = row % w.ext[d];
+          row /= w.ext[d];
+          so += (w.soff[d] + i) * w.sstr[d];
+          dof += (w.doff[d] + i) * w.dstr[d];
+        }
+        if (w.rank > 0) {
+          so += w.soff[w.rank - 1] + c * chunk;
+          dof += w.doff[w.rank - 1] + c * chunk;
+        }
+        const std::int64_t len = run - c * chunk < chunk ? run - c * chunk : chunk;
+        std::memcpy(dst + dof, src + so, static_cast<std::size_t>(len) * sizeof(T));
+      });
+  ctx.exec().fence();
+}
+
+/// Sets `n` elements of `dst` to `value`, as a Kokkos kernel.
+template <class T>
+void fill(const Context& ctx, T* dst, std::int64_t n, T value) {
+  if (n == 0) return;
+  auto guard = kernel_guard(ctx, false);
+  Kokkos::parallel_for(
+      "shardlib::fill", Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, n),
+      [=](std::int64_t k) { dst[k] = value; });
+  ctx.exec().fence();
+}
+
+/// Whether this device holds only zeros of a partial-sum tensor's value: its coordinate is not 0
+/// on some of `axes` (creating a partial-sum tensor puts the value on coordinate 0).
+inline bool off_first_coordinate(const MeshShape& mesh, int device, const AxisList& axes) {
+  const auto c = mesh.coords(device);
+  for (int a : axes)
+    if (c[static_cast<std::size_t>(a)] != 0) return true;
+  return false;
+}
+
+inline std::string shape_text(detail::ArrayRef<std::int64_t> shape) {
+  std::string s = "[";
+  for (std::size_t d = 0; d < shape.size(); ++d) s += (d ? ", " : "") + std::to_string(shape[d]);
+  return s + "]";
+}
+
+/// Per-device cache of large host blocks (>= 1 MiB), as PyTorch's caching allocator: a block
+/// freed by one tensor is handed to the next of a similar size instead of going back to the OS
+/// (glibc returns blocks above 32 MiB to the OS at once, and touching fresh pages again cost 4x
+/// the reshard itself at 64 MiB). Holds at most SHARDLIB_BLOCK_CACHE_MB (default 1024) MiB of
+/// free blocks. Thread-safe: a tensor may be destroyed on another thread than its device's.
+template <class MemorySpace>
+class BlockCache : public std::enable_shared_from_this<BlockCache<MemorySpace>> {
+ public:
+  static constexpr std::size_t min_bytes = std::size_t{1} << 20;
+  BlockCache() {
+    if (const char* e = std::getenv("SHARDLIB_BLOCK_CACHE_MB")) cap_ = std::strtoull(e, nullptr, 10) << 20;
+  }
+  BlockCache(const BlockCache&) = delete;
+  BlockCache& operator=(const BlockCache&) = delete;
+  ~BlockCache() {
+    for (auto& [bytes, p] : free_) Kokkos::kokkos_free<MemorySpace>(p);
+  }
+  /// A block of at least `bytes` (uninitialised), returned to the cache when the last owner goes.
+  std::shared_ptr<void> allocate(std::size_t bytes) {
+    if (bytes == 0) return {};
+    void* p = nullptr;
+    if (bytes >= min_bytes) {
+      std::lock_guard<std::mutex> lock(m_);
+      auto it = free_.lower_bound(bytes);
+      if (it != free_.end() && it->first - bytes <= bytes / 4) {  // waste at most a quarter
+        p = it->second;
+        bytes = it->first;
+        cached_ -= bytes;
+        free_.erase(it);
+      }
+    }
+    if (!p) p = Kokkos::kokkos_malloc<MemorySpace>("shardlib tensor block", bytes);
+    auto self = this->shared_from_this();
+    return std::shared_ptr<void>(p, [self, bytes](void* q) { self->release(q, bytes); });
+  }
+  std::size_t cached_bytes() const {
+    std::lock_guard<std::mutex> lock(m_);
+    return cached_;
+  }
+
+ private:
+  void release(void* p, std::size_t bytes) noexcept {
+    if (bytes >= min_bytes) {
+      std::lock_guard<std::mutex> lock(m_);
+      if (cached_ + bytes <= cap_) {
+        free_.emplace(bytes, p);
+        cached_ += bytes;
+        return;
+      }
+    }
+    Kokkos::kokkos_free<MemorySpace>(p);
+  }
+  mutable std::mutex m_;
+  std::multimap<std::size_t, void*> free_;
+  std::size_t cached_ = 0;
+  std::size_t cap_ = std::size_t{1024} << 20;
+};
+
+/// The block cache of this device (held by the Context; blocks keep it alive).
+template <class MemorySpace>
+BlockCache<MemorySpace>& block_cache(Context& ctx) {
+  struct Holder {
+    std::shared_ptr<BlockCache<MemorySpace>> cache = std::make_shared<BlockCache<MemorySpace>>();
+  };
+  return *ctx.state<Holder>().cache;
+}
+
+/// A reshard schedule turned into what each step calls on this device: communicators, block
+/// counts and regions, computed once per (shardings, mesh, shape) and cached in the Context, so
+/// a repeated reshard costs a lookup, the collectives and the copies.
+struct CompiledStep {
+  ReshardStepKind kind{};
+  coll::Communicator* comm = nullptr;
+  ReduceOp op = ReduceOp::sum;
+  ShardBox in_box, out_box;
+  bool zero = false;                 // mask: this device holds zeros
+  bool in_order = true;              // reduce_scatter: blocks already contiguous in group order
+  std::vector<std::size_t> counts;   // all_gather, reduce_scatter
+  std::vector<ShardBox> boxes;       // reduce_scatter: each member's block, to pack
+  std::vector<coll::Region> send, recv;  // exchange
+};
+struct CompiledReshard {
+  Sharding from, to;
+  MeshShape mesh;
+  std::vector<std::int64_t> shape;
+  ReshardSchedule schedule;
+  std::vector<CompiledStep> steps;
+};
+struct ReshardCache {
+  std::vector<std::unique_ptr<CompiledReshard>> entries;  // most recent last
+  static constexpr std::size_t capacity = 64;
+};
+
+inline CompiledReshard compile_reshard(Context& ctx, const MeshShape& mesh, const ReshardSchedule& sched,
+                                       ArrayRef<std::int64_t> shape) {
+  const int me = ctx.device();
+  CompiledReshard c;
+  c.from = sched.plan.from;
+  c.to = sched.plan.to;
+  c.mesh = mesh;
+  c.shape.assign(shape.begin(), shape.end());
+  c.schedule = sched;
+  ShardBox cur = shard_box(sched.plan.from, mesh, shape, me);
+  for (int i = 0; i < sched.num_steps; ++i) {
+    const ReshardStep& st = sched.steps[static_cast<std::size_t>(i)];
+    CompiledStep k;
+    k.kind = st.kind;
+    k.in_box = cur;
+    k.out_box = shard_box(st.after, mesh, shape, me);
+    k.op = st.before.op;
+    const bool collective = st.kind == ReshardStepKind::all_reduce || st.kind == ReshardStepKind::all_gather ||
+                            st.kind == ReshardStepKind::reduce_scatter || st.kind == ReshardStepKind::exchange;
+    if (collective) k.comm = &ctx.group(mesh, st.group);
+    const int g = collective ? k.comm->size() : 0;
+    auto member = [&](int r) { return mesh.group_member(me, st.group, r); };
+    switch (st.kind) {
+      case ReshardStepKind::mask:
+        k.zero = st.after.op == ReduceOp::sum && off_first_coordinate(mesh, me, st.group);
+        break;
+      case ReshardStepKind::all_gather: {
+        std::size_t total = 0;
+        for (int r = 0; r < g; ++r)
+          total += k.counts.emplace_back(static_cast<std::size_t>(shard_box(st.before, mesh, shape, member(r)).num_elements()));
+        if (total != static_cast<std::size_t>(k.out_box.num_elements()))
+          throw std::logic_error("shardlib: internal error: all_gather blocks of " + std::to_string(total) +
+                                 " elements for a block of " + std::to_string(k.out_box.num_elements()));
+        break;
+      }
+      case ReshardStepKind::reduce_scatter: {
+        std::size_t at = 0;
+        for (int r = 0; r < g; ++r) {
+          const ShardBox b = k.boxes.emplace_back(shard_box(st.after, mesh, shape, member(r)));
+          const std::size_t n = k.counts.emplace_back(static_cast<std::size_t>(b.num_elements()));
+          const coll::Region reg = region_in(cur, b);
+          k.in_order = k.in_order && (n == 0 || (reg.offset == at && is_contiguous(reg)));
+          at += n;
+        }
+        break;
+      }
+      case ReshardStepKind::exchange:
+        for (int r = 0; r < g; ++r) {
+          const int peer = member(r);
+          k.send.push_back(region_in(cur, exchange_box(st.before, st.after, mesh, shape, st.group, me, peer)));
+          k.recv.push_back(region_in(k.out_box, exchange_box(st.before, st.after, mesh, shape, st.group, peer, me)));
+        }
+        break;
+      default: break;
+    }
+    c.steps.push_back(std::move(k));
+    cur = c.steps.back().out_box;
+  }
+  return c;
+}
+
+/// The compiled reshard from `from` to `to` for this device, from the Context's cache (computing
+/// the schedule on a miss; `plan` is the plan when the caller has it, e.g. from the types).
+inline const CompiledReshard& compiled_reshard(Context& ctx, const MeshShape& mesh, const Sharding& from,
+                                               const Sharding& to, ArrayRef<std::int64_t> shape,
+                                               const ReshardPlan* plan = nullptr) {
+  auto& cache = ctx.state<ReshardCache>().entries;
+  for (std::size_t i = cache.size(); i-- > 0;) {
+    const CompiledReshard& e = *cache[i];
+    if (e.from == from && e.to == to && e.mesh == mesh && e.shape.size() == shape.size() &&
+        std::equal(e.shape.begin(), e.shape.end(), shape.begin()))
+      return e;
+  }
+  const ReshardSchedule s = schedule_reshard(plan ? *plan : plan_reshard(from, to), mesh, shape);
+  auto entry = std::make_unique<CompiledReshard>(compile_reshard(ctx, mesh, s, shape));
+  entry->from = from;  // the key as asked (plan_reshard normalises the op of non-partial shardings)
+  entry->to = to;
+  if (cache.size() >= ReshardCache::capacity) cache.erase(cache.begin());
+  cache.push_back(std::move(entry));
+  return *cache.back();
+}
+
+/// Runs a compiled reshard on this device: reads the block `src`, writes the new block into
+/// `alloc_final(elements)` (not called when there are no steps). Intermediate blocks come from
+/// `alloc(elements)` (shared_ptr<void> owners). Throws what the collectives throw; `src` is
+/// never written.
+template <class T, class Alloc, class AllocFinal>
+void run_reshard(const Context& ctx, const CompiledReshard& c, const T* src, Alloc&& alloc, AllocFinal&& alloc_final) {
+  const coll::DType dt = coll::dtype_of<T>();
+  const T* cur = src;
+  std::shared_ptr<void> keep[2];  // the last two intermediate blocks (a step reads one, writes the other)
+  for (std::size_t i = 0; i < c.steps.size(); ++i) {
+    const CompiledStep& k = c.steps[i];
+    const auto n_out = static_cast<std::size_t>(k.out_box.num_elements());
+    T* out;
+    if (i + 1 == c.steps.size()) {
+      out = alloc_final(n_out);
+    } else {
+      keep[i % 2] = alloc(n_out);
+      out = static_cast<T*>(keep[i % 2].get());
+    }
+    switch (k.kind) {
+      case ReshardStepKind::local_copy: copy_box(ctx, cur, k.in_box, out, k.out_box, k.out_box); break;
+      case ReshardStepKind::mask:
+        if (k.zero) fill(ctx, out, static_cast<std::int64_t>(n_out), T{});
+        else copy_box(ctx, cur, k.in_box, out, k.out_box, k.out_box);
+        break;
+      case ReshardStepKind::all_reduce: k.comm->all_reduce(cur, out, n_out, dt, to_coll_op(k.op)); break;
+      case ReshardStepKind::all_gather: k.comm->all_gather(cur, out, k.counts, dt); break;
+      case ReshardStepKind::reduce_scatter:
+        if (k.in_order) {
+          k.comm->reduce_scatter(cur, out, k.counts, dt, to_coll_op(k.op));
+        } else {  // pack the members' blocks in group order first
+          std::size_t total = 0;
+          for (std::size_t n : k.counts) total += n;
+          std::shared_ptr<void> packed = alloc(total);
+          T* p = static_cast<T*>(packed.get());
+          for (std::size_t r = 0; r < k.counts.size(); ++r) {
+            copy_box(ctx, cur, k.in_box, p, k.boxes[r], k.boxes[r]);
+            p += k.counts[r];
+          }
+          k.comm->reduce_scatter(packed.get(), out, k.counts, dt, to_coll_op(k.op));
+        }
+        break;
+      case ReshardStepKind::exchange: k.comm->exchange(cur, k.send, out, k.recv, dt); break;
+    }
+    cur = out;
+  }
+}
+}  // namespace detail
+
+/// A global tensor of `T` on `MeshT`, sharded by `SpecT` (see the file comment).
+///
+/// `MemorySpace` is where blocks live; it must be host-accessible for now (the threads and mpi
+/// backends move host memory; device memory arrives with the nccl backend).
+template <class T, class MeshT, class SpecT, class MemorySpace = Kokkos::HostSpace>
+class DistributedTensor {
+  static_assert(is_mesh_v<MeshT>, "shardlib: DistributedTensor<T, Mesh, Spec>: Mesh must be a shardlib::Mesh<...>");
+  static_assert(is_spec_v<SpecT>, "shardlib: DistributedTensor<T, Mesh, Spec>: Spec must be a shardlib::Spec<...>");
+  SHARDLIB_STATIC_REQUIRE((detail::is_element_v<T>),
+                          "shardlib: the element type of a DistributedTensor must be arithmetic (not bool, const or volatile)",
+                          error::tensor_element_type_must_be_arithmetic<T>);
+  static_assert(Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible,
+                "shardlib: DistributedTensor's MemorySpace must be host-accessible with the threads and mpi backends");
+
+ public:
+  using value_type = T;
+  using mesh_type = MeshT;
+  using spec_type = SpecT;
+  using memory_space = MemorySpace;
+  static constexpr std::size_t rank = SpecT::rank;
+  /// The sharding, resolved and checked against the mesh at compile time.
+  static constexpr Sharding sharding = sharding_v<MeshT, SpecT>;
+  /// Global extents.
+  using Shape = std::array<std::int64_t, rank>;
+  /// The local block as a Kokkos view (row-major). Unmanaged: the tensor (and its copies) own the
+  /// block, which goes back to the device's block cache when the last of them goes; a view kept
+  /// longer must be deep-copied.
+  using local_view_type = Kokkos::View<typename detail::view_data<T, rank>::type, Kokkos::LayoutRight, MemorySpace,
+                                       Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+  /// A tensor of `shape` filled with `value` (a partial-sum tensor holds it on coordinate 0 of its
+  /// partial axes, zeros elsewhere: the sum is `value`). No communication.
+  static DistributedTensor full(const MeshT& mesh, const Shape& shape, T value) {
+    DistributedTensor t(mesh, shape);
+    const T v = value;
+    t.generate([=](std::int64_t) { return v; });
+    return t;
+  }
+  template <std::size_t N>
+  static DistributedTensor full(const MeshT& mesh, const std::int64_t (&shape)[N], T value) {
+    return full(mesh, checked_shape(shape), value);
+  }
+  static DistributedTensor zeros(const MeshT& mesh, const Shape& shape) { return full(mesh, shape, T{}); }
+  template <std::size_t N>
+  static DistributedTensor zeros(const MeshT& mesh, const std::int64_t (&shape)[N]) {
+    return full(mesh, checked_shape(shape), T{});
+  }
+  /// Element k (row-major global linear index) = T(k).
+  static DistributedTensor iota(const MeshT& mesh, const Shape& shape) {
+    DistributedTensor t(mesh, shape);
+    t.generate([](std::int64_t k) { return static_cast<T>(k); });
+    return t;
+  }
+  template <std::size_t N>
+  static DistributedTensor iota(const MeshT& mesh, const std::int64_t (&shape)[N]) {
+    return iota(mesh, checked_shape(shape));
+  }
+  /// Uniform in [lo, hi), from a counter-based generator on the global index: the same global
+  /// tensor for a seed whatever the mesh, spec and backend. Defaults: [0, 1) for floating-point
+  /// types, [0, 100) for integers.
+  static DistributedTensor random(const MeshT& mesh, const Shape& shape, std::uint64_t seed,
+                                  T lo = T{0}, T hi = std::is_floating_point_v<T> ? T{1} : T{100}) {
+    if (!(lo < hi))
+      throw std::invalid_argument("shardlib: random: the range [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                                  ") is empty");
+    DistributedTensor t(mesh, shape);
+    t.generate([=](std::int64_t k) { return detail::random_value<T>(seed, k, lo, hi); });
+    return t;
+  }
+  template <std::size_t N>
+  static DistributedTensor random(const MeshT& mesh, const std::int64_t (&shape)[N], std::uint64_t seed,
+                                  T lo = T{0}, T hi = std::is_floating_point_v<T> ? T{1} : T{100}) {
+    return random(mesh, checked_shape(shape), seed, lo, hi);
+  }
+
+  /// From a global row-major array that every device passes (each copies its block; no
+  /// communication). Throws std::invalid_argument when its size is not the shape's element count.
+  static DistributedTensor from_host(const MeshT& mesh, const Shape& shape, std::span<const T> global) {
+    DistributedTensor t(mesh, shape);
+    t.check_host_size(global.size(), "from_host");
+    ShardBox all = t.global_box();
+    detail::copy_box(t.context(), global.data(), all, t.local_.data(), t.box_, t.box_);
+    t.mask_partial();
+    return t;
+  }
+  template <std::size_t N>
+  static DistributedTensor from_host(const MeshT& mesh, const std::int64_t (&shape)[N], std::span<const T> global) {
+    return from_host(mesh, checked_shape(shape), global);
+  }
+  /// From a global row-major array that only device `root` passes (the others pass an empty
+  /// span): root sends every device its block (collective). Throws std::invalid_argument on root
+  /// when the size is wrong, std::out_of_range when root is not a device of the mesh.
+  static DistributedTensor scatter_from(const MeshT& mesh, const Shape& shape, std::span<const T> global, int root) {
+    DistributedTensor t(mesh, shape);
+    Context& ctx = t.context();
+    if (root < 0 || root >= ctx.num_devices())
+      throw std::out_of_range("shardlib: scatter_from: root " + std::to_string(root) + " is not a device of mesh " +
+                              mesh.to_string());
+    if (ctx.device() == root) t.check_host_size(global.size(), "scatter_from");
+    coll::Communicator& world = ctx.world();
+    std::vector<coll::Region> send(static_cast<std::size_t>(world.size())), recv(send.size());
+    const ShardBox all = t.global_box();
+    if (ctx.device() == root)
+      for (int d = 0; d < world.size(); ++d)
+        send[static_cast<std::size_t>(d)] = detail::region_in(all, shard_box(sharding, mesh.shape(), t.shape_, d));
+    recv[static_cast<std::size_t>(root)] = detail::region_in(t.box_, t.box_);
+    world.exchange(global.data(), send, t.local_.data(), recv, coll::dtype_of<T>());
+    t.mask_partial();
+    return t;
+  }
+  template <std::size_t N>
+  static DistributedTensor scatter_from(const MeshT& mesh, const std::int64_t (&shape)[N], std::span<const T> global,
+                                        int root) {
+    return scatter_from(mesh, checked_shape(shape), global, root);
+  }
+
+  /// The global tensor, row-major, on every device (collective: a reshard to replicated).
+  std::vector<T> to_host() const {
+    Sharding all;
+    all.rank = static_cast<int>(rank);
+    std::vector<T> out;
+    if (sharding == all) {
+      out.resize(static_cast<std::size_t>(box_.num_elements()));
+      detail::copy_box(context(), local_.data(), box_, out.data(), box_, box_);
+      return out;
+    }
+    Context& ctx = context();
+    const auto& c = detail::compiled_reshard(ctx, mesh_.shape(), sharding, all, shape_);
+    detail::run_reshard(ctx, c, local_.data(), scratch(ctx), [&](std::size_t n) {
+      out.resize(n);
+      return out.data();
+    });
+    return out;
+  }
+  /// The global tensor on device `root`; an empty vector elsewhere (collective). A partial tensor
+  /// is reduced first (to the same dims, replicated over its partial axes).
+  std::vector<T> gather_to(int root) const {
+    Context& ctx = context();
+    if (root < 0 || root >= ctx.num_devices())
+      throw std::out_of_range("shardlib: gather_to: root " + std::to_string(root) + " is not a device of mesh " +
+                              mesh_.to_string());
+    if (sharding.is_partial()) {
+      Sharding reduced = sharding;
+      reduced.partial = AxisList{};
+      reduced.op = ReduceOp::sum;
+      const auto& c = detail::compiled_reshard(ctx, mesh_.shape(), sharding, reduced, shape_);
+      std::shared_ptr<void> block;
+      detail::run_reshard(ctx, c, local_.data(), scratch(ctx), [&](std::size_t n) {
+        block = scratch(ctx)(n);
+        return static_cast<T*>(block.get());
+      });
+      return gather_block(ctx, reduced, static_cast<const T*>(block.get()), root);
+    }
+    return gather_block(ctx, sharding, local_.data(), root);
+  }
+
+  // -- shape and block ------------------------------------------------------------------------
+  const Shape& shape() const noexcept { return shape_; }
+  std::int64_t extent(std::size_t d) const { return shape_.at(d); }
+  /// Number of elements of the global tensor.
+  std::int64_t size() const noexcept {
+    std::int64_t n = 1;
+    for (auto e : shape_) n *= e;
+    return n;
+  }
+  /// This device's block: offset (global index of its first element) and extent per dim.
+  const ShardBox& block() const noexcept { return box_; }
+  Shape local_shape() const noexcept { return pick(box_.extent); }
+  Shape local_offset() const noexcept { return pick(box_.offset); }
+  /// The block as a Kokkos view, for code that works on shards directly (like JAX's shard_map).
+  const local_view_type& local() const noexcept { return local_; }
+  const MeshT& mesh() const noexcept { return mesh_; }
+  Context& context() const { return mesh_.context(); }
+  /// `Spec<...>` as text, for messages.
+  static std::string spec_string() { return SpecT::value.to_string(); }
+
+  /// A tensor with its own copy of the block.
+  DistributedTensor clone() const {
+    DistributedTensor t(mesh_, shape_);
+    detail::copy_box(context(), local_.data(), box_, t.local_.data(), box_, box_);
+    return t;
+  }
+
+  // -- resharding -----------------------------------------------------------------------------
+  DistributedTensor(const DistributedTensor&) = default;
+  DistributedTensor(DistributedTensor&&) noexcept = default;
+  DistributedTensor& operator=(const DistributedTensor&) = default;
+  DistributedTensor& operator=(DistributedTensor&&) noexcept = default;
+
+  /// The same global tensor with this spec: a reshard (collective; see sharding/reshard.hpp).
+  /// A spec of another rank fails to compile.
+  template <class OtherSpec>
+    requires(!std::is_same_v<OtherSpec, SpecT>)
+  DistributedTensor(const DistributedTensor<T, MeshT, OtherSpec, MemorySpace>& other)  // NOLINT: implicit on purpose
+      : mesh_(other.mesh_) {
+    SHARDLIB_STATIC_REQUIRE((OtherSpec::rank == rank), "shardlib: a reshard cannot change the rank of a tensor",
+                            error::reshard_changes_the_rank<OtherSpec, SpecT>);
+    if constexpr (OtherSpec::rank == rank) {
+      static constexpr ReshardPlan plan =
+          plan_reshard(DistributedTensor<T, MeshT, OtherSpec, MemorySpace>::sharding, sharding);
+      shape_ = other.shape_;
+      Context& ctx = context();
+      const auto& c = detail::compiled_reshard(ctx, mesh_.shape(), other.sharding, sharding, shape_, &plan);
+      box_ = c.steps.empty() ? other.box_ : c.steps.back().out_box;
+      if (c.steps.empty()) {  // only the label changes: share the block
+        owner_ = other.owner_;
+        local_ = other.local_;
+      } else {
+        detail::run_reshard(ctx, c, other.local_.data(), scratch(ctx), [&](std::size_t) {
+          allocate_block();
+          return local_.data();
+        });
+      }
+    }
+  }
+  /// Tensors on different mesh types cannot be converted into each other.
+  template <class OtherMesh, class OtherSpec>
+    requires(!std::is_same_v<OtherMesh, MeshT>)
+  DistributedTensor(const DistributedTensor<T, OtherMesh, OtherSpec, MemorySpace>&) {
+    SHARDLIB_STATIC_REQUIRE((std::is_same_v<OtherMesh, MeshT> && false),
+                            "shardlib: tensors on different meshes cannot be resharded into each other",
+                            error::tensors_on_different_meshes_cannot_be_resharded_into_each_other<MeshT, OtherMesh>);
+  }
+  /// Reshards `other` into this tensor's spec. Throws std::invalid_argument (naming the shapes,
+  /// specs and meshes) when this tensor lives on another mesh; this tensor is unchanged when
+  /// anything throws.
+  template <class OtherSpec>
+  DistributedTensor& operator=(const DistributedTensor<T, MeshT, OtherSpec, MemorySpace>& other) {
+    if (!(other.mesh_ == mesh_) || &other.context() != &context())
+      throw std::invalid_argument("shardlib: cannot assign a tensor of shape " + detail::shape_text(other.shape_) +
+                                  " with " + other.spec_string() + " on mesh " + other.mesh_.to_string() +
+                                  " to a tensor of shape " + detail::shape_text(shape_) + " with " + spec_string() +
+                                  " on mesh " + mesh_.to_string() + ": the meshes differ");
+    DistributedTensor t(other);
+    *this = std::move(t);
+    return *this;
+  }
+
+  /// The steps a reshard of this tensor to `OtherSpec` takes, with the bytes this device moves.
+  template <class OtherSpec>
+  std::string describe_reshard() const {
+    static constexpr ReshardPlan plan = plan_reshard(sharding, sharding_v<MeshT, OtherSpec, rank>);
+    return describe(schedule_reshard(plan, mesh_.shape(), shape_), mesh_.shape(), shape_, context().device(), sizeof(T));
+  }
+
+  // -- loops (see the free functions parallel_for, parallel_reduce, map) ----------------------
+  template <class F>
+  void for_each_local(F f) const {
+    const detail::BoxWalk<rank> walk(box_);
+    auto guard = detail::kernel_guard(context(), false);
+    Kokkos::parallel_for("shardlib::parallel_for",
+                         Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(context().exec(), 0, box_.num_elements()),
+                         [=](std::int64_t k) { f(walk.global(k), k); });
+    context().exec().fence();
+  }
+
+  /// Internal: an uninitialised tensor of `shape` on `mesh`.
+  DistributedTensor(const MeshT& mesh, const Shape& shape) : mesh_(mesh), shape_(shape) {
+    for (std::size_t d = 0; d < rank; ++d)
+      if (shape_[d] < 0)
+        throw std::invalid_argument("shardlib: tensor of shape " + detail::shape_text(shape_) + " with " +
+                                    spec_string() + ": dim " + std::to_string(d) + " has a negative extent");
+    box_ = shard_box(sharding, mesh_.shape(), shape_, context().device());
+    allocate_block();
+  }
+
+ private:
+  template <class, class, class, class>
+  friend class DistributedTensor;
+
+  template <std::size_t N>
+  static Shape checked_shape(const std::int64_t (&shape)[N]) {
+    SHARDLIB_STATIC_REQUIRE((N == rank), "shardlib: the shape has a different number of extents than the spec has dims",
+                            error::shape_has_a_different_number_of_extents_than_the_spec<SpecT, rank, N>);
+    Shape s{};
+    for (std::size_t d = 0; d < N && d < rank; ++d) s[d] = shape[d];
+    return s;
+  }
+  static Shape pick(const std::array<std::int64_t, max_tensor_rank>& a) noexcept {
+    Shape s{};
+    for (std::size_t d = 0; d < rank; ++d) s[d] = a[d];
+    return s;
+  }
+  /// A fresh block for box_ from the device's block cache.
+  void allocate_block() {
+    owner_ = scratch(context())(static_cast<std::size_t>(box_.num_elements()));
+    local_ = wrap(static_cast<T*>(owner_.get()), box_, std::make_index_sequence<rank>{});
+  }
+  template <std::size_t... I>
+  static local_view_type wrap(T* data, const ShardBox& b, std::index_sequence<I...>) {
+    return local_view_type(data, static_cast<std::size_t>(b.extent[I])...);
+  }
+  /// Allocates `n` elements from the device's block cache.
+  static auto scratch(Context& ctx) {
+    return [cache = &detail::block_cache<MemorySpace>(ctx)](std::size_t n) { return cache->allocate(n * sizeof(T)); };
+  }
+  ShardBox global_box() const {
+    ShardBox b;
+    b.rank = static_cast<int>(rank);
+    for (std::size_t d = 0; d < rank; ++d) b.extent[d] = shape_[d];
+    return b;
+  }
+  void check_host_size(std::size_t n, const char* what) const {
+    if (static_cast<std::int64_t>(n) != size())
+      throw std::invalid_argument(std::string("shardlib: ") + what + ": a host array of " + std::to_string(n) +
+                                  " elements for a tensor of shape " + detail::shape_text(shape_) + " with " +
+                                  spec_string() + " (" + std::to_string(size()) + " elements)");
+  }
+  /// Fills the block with value(k) of each element's global linear index k, then masks.
+  template <class G>
+  void generate(G value) {
+    std::int64_t gshape[rank > 0 ? rank : 1] = {};
+    for (std::size_t d = 0; d < rank; ++d) gshape[d] = shape_[d];
+    T* data = local_.data();
+    const detail::BoxWalk<rank> walk(box_);
+    {
+      auto guard = detail::kernel_guard(context(), false);
+      Kokkos::parallel_for(
+          "shardlib::generate",
+          Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(context().exec(), 0, box_.num_elements()),
+          [=](std::int64_t k) {
+            std::int64_t s[rank > 0 ? rank : 1];
+            for (std::size_t d = 0; d < (rank > 0 ? rank : 1); ++d) s[d] = gshape[d];
+            data[k] = value(detail::linear_index<rank>(walk.global(k), s));
+          });
+      context().exec().fence();
+    }
+    mask_partial();
+  }
+  /// A partial-sum tensor made from a global value holds it on coordinate 0 of its partial axes.
+  void mask_partial() {
+    if (sharding.is_partial() && sharding.op == ReduceOp::sum &&
+        detail::off_first_coordinate(mesh_.shape(), context().device(), sharding.partial))
+      detail::fill(context(), local_.data(), box_.num_elements(), T{});
+  }
+  std::vector<T> gather_block(Context& ctx, const Sharding& s, const T* block, int root) const {
+    coll::Communicator& world = ctx.world();
+    const auto n = static_cast<std::size_t>(world.size());
+    std::vector<coll::Region> send(n), recv(n);
+    const ShardBox all = global_box();
+    if (is_primary(s, mesh_.shape(), ctx.device())) send[static_cast<std::size_t>(root)] = detail::region_in(box_, box_);
+    std::vector<T> out;
+    if (ctx.device() == root) {
+      out.resize(static_cast<std::size_t>(size()));
+      for (int d = 0; d < world.size(); ++d)
+        if (is_primary(s, mesh_.shape(), d))
+          recv[static_cast<std::size_t>(d)] = detail::region_in(all, shard_box(s, mesh_.shape(), shape_, d));
+    }
+    world.exchange(block, send, out.data(), recv, coll::dtype_of<T>());
+    return out;
+  }
+
+  MeshT mesh_;
+  Shape shape_{};
+  ShardBox box_{};
+  std::shared_ptr<void> owner_;  // the block (local_ views it)
+  local_view_type local_;
+};
+
+/// The same global tensor with spec `NewSpec` (collective; the plan is derived at compile time).
+template <class NewSpec, class T, class MeshT, class SpecT, class Mem>
+DistributedTensor<T, MeshT, NewSpec, Mem> reshard(const DistributedTensor<T, MeshT, SpecT, Mem>& t) {
+  return DistributedTensor<T, MeshT, NewSpec, Mem>(t);
+}
+
+namespace detail {
+template <class F, class I, class T, bool Indexed>
+struct map_result {
+  using type = std::remove_cvref_t<std::invoke_result_t<F, const T&>>;
+};
+template <class F, class I, class T>
+struct map_result<F, I, T, true> {
+  using type = std::remove_cvref_t<std::invoke_result_t<F, const I&, const T&>>;
+};
+}  // namespace detail
+
+/// Runs `f(const Index<rank>& global_index, T& element)` on every element of every block, as a
+/// Kokkos kernel on each device (replicas each update their own copy). Not for partial tensors:
+/// their blocks hold addends, not elements (reshard first, or work on `local()`).
+template <class T, class MeshT, class SpecT, class Mem, class F>
+void parallel_for(DistributedTensor<T, MeshT, SpecT, Mem>& t, F f) {
+  using Tensor = DistributedTensor<T, MeshT, SpecT, Mem>;
+  SHARDLIB_STATIC_REQUIRE((!Tensor::sharding.is_partial()),
+                          "shardlib: parallel_for on a partial tensor: its blocks hold addends; reshard it first",
+                          error::loop_over_a_partial_tensor_reshard_it_first<SpecT>);
+  T* data = t.local().data();
+  t.for_each_local([=](const Index<Tensor::rank>& g, std::int64_t k) { f(g, data[k]); });
+}
+
+/// The reduction (`Op`: sum, max or min) of `f(const Index<rank>&, const T&)` over every element of
+/// the global tensor, on every device: each element counts once (replicas do not add their
+/// copies). Collective. Not for partial tensors.
+template <ReduceOp Op = ReduceOp::sum, class T, class MeshT, class SpecT, class Mem, class F>
+auto parallel_reduce(const DistributedTensor<T, MeshT, SpecT, Mem>& t, F f) {
+  using Tensor = DistributedTensor<T, MeshT, SpecT, Mem>;
+  using R = std::remove_cvref_t<decltype(f(std::declval<const Index<Tensor::rank>&>(), std::declval<const T&>()))>;
+  SHARDLIB_STATIC_REQUIRE((!Tensor::sharding.is_partial()),
+                          "shardlib: parallel_reduce on a partial tensor: its blocks hold addends; reshard it first",
+                          error::loop_over_a_partial_tensor_reshard_it_first<SpecT>);
+  static_assert(std::is_arithmetic_v<R> && !std::is_same_v<R, bool>,
+                "shardlib: parallel_reduce: the functor must return an arithmetic value");
+  Context& ctx = t.context();
+  R result{};
+  if constexpr (Op == ReduceOp::max) result = std::numeric_limits<R>::lowest();
+  if constexpr (Op == ReduceOp::min) result = std::numeric_limits<R>::max();
+  if (is_primary_replica(Tensor::sharding, t.mesh().shape(), ctx.device()) && t.block().num_elements() > 0) {
+    const T* data = t.local().data();
+    const detail::BoxWalk<Tensor::rank> walk(t.block());
+    auto body = [=](std::int64_t k, R& acc) {
+      const R x = f(walk.global(k), data[k]);
+      if constexpr (Op == ReduceOp::sum) acc += x;
+      else if constexpr (Op == ReduceOp::max) acc = x > acc ? x : acc;
+      else acc = x < acc ? x : acc;
+    };
+    Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace> policy(ctx.exec(), 0, t.block().num_elements());
+    auto guard = detail::kernel_guard(ctx, true);
+    if constexpr (Op == ReduceOp::sum) Kokkos::parallel_reduce("shardlib::parallel_reduce", policy, body, Kokkos::Sum<R>(result));
+    else if constexpr (Op == ReduceOp::max) Kokkos::parallel_reduce("shardlib::parallel_reduce", policy, body, Kokkos::Max<R>(result));
+    else Kokkos::parallel_reduce("shardlib::parallel_reduce", policy, body, Kokkos::Min<R>(result));
+    ctx.exec().fence();
+  }
+  ctx.world().all_reduce(&result, &result, 1, coll::dtype_of<R>(), detail::to_coll_op(Op));
+  return result;
+}
+
+/// A new tensor of the same mesh, spec and shape whose elements are `f(element)`, or
+/// `f(const Index<rank>&, element)` when `f` takes the index too. No communication. Not for
+/// partial tensors (f need not be linear).
+template <class T, class MeshT, class SpecT, class Mem, class F>
+auto map(const DistributedTensor<T, MeshT, SpecT, Mem>& t, F f) {
+  using Tensor = DistributedTensor<T, MeshT, SpecT, Mem>;
+  SHARDLIB_STATIC_REQUIRE((!Tensor::sharding.is_partial()),
+                          "shardlib: map on a partial tensor: its blocks hold addends; reshard it first",
+                          error::loop_over_a_partial_tensor_reshard_it_first<SpecT>);
+  constexpr bool indexed = std::is_invocable_v<F, const Index<Tensor::rank>&, const T&>;
+  using U = typename detail::map_result<F, Index<Tensor::rank>, T, indexed>::type;
+  DistributedTensor<U, MeshT, SpecT, Mem> out(t.mesh(), t.shape());
+  const T* in = t.local().data();
+  U* o = out.local().data();
+  t.for_each_local([=](const Index<Tensor::rank>& g, std::int64_t k) {
+    if constexpr (indexed) o[k] = f(g, in[k]);
+    else o[k] = f(in[k]);
+  });
+  return out;
+}
+
+}  // namespace shardlib
