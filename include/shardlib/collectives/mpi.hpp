@@ -8,10 +8,11 @@
 /// MPI_Alltoall(v), broadcast MPI_Bcast, send/recv MPI_Send/MPI_Recv, permute MPI_Sendrecv,
 /// barrier MPI_Barrier and split MPI_Comm_split. Buffers are host memory.
 ///
-/// exchange packs the regions bound for other ranks (in rank order) into a reused scratch
-/// buffer, moves them with one MPI_Alltoallv and unpacks them from a second one; the self pair
-/// is copied directly. (MPI_Alltoallw with derived datatypes would skip the packing, at the cost
-/// of creating and freeing datatypes on every call.)
+/// exchange talks only to the ranks it sends to or receives from (MPI_Isend/MPI_Irecv on the
+/// backend's own tag, as permute): a reshard that moves blocks to one peer costs one message,
+/// not an all-rank MPI_Alltoallv. Contiguous regions go straight from and into the caller's
+/// buffers; strided ones are packed into (and unpacked from) reused scratch buffers; the self
+/// pair is copied directly.
 ///
 /// - **In place.** MPI wants MPI_IN_PLACE on every rank or none, and one rank cannot know what
 ///   the others do. all_reduce always passes it (a separate send buffer is first copied into
@@ -204,7 +205,8 @@ class MpiCommunicator final : public Communicator {
         send_displs_(static_cast<std::size_t>(size())),
         recv_counts_(static_cast<std::size_t>(size())),
         recv_displs_(static_cast<std::size_t>(size())),
-        check_buf_(checked ? 4 * static_cast<std::size_t>(size()) : 0) {
+        check_buf_(checked ? 4 * static_cast<std::size_t>(size()) : 0),
+        requests_(2 * static_cast<std::size_t>(size())) {
     int inter = 0;
     ok(MPI_Comm_test_inter(comm_, &inter), "MPI_Comm_test_inter", "construction");
     if (inter) {
@@ -372,28 +374,49 @@ class MpiCommunicator final : public Communicator {
       }
     fit_total(call, send_total);
     fit_total(call, recv_total);
+    // Point to point with the pairs that carry data (a permute-like exchange talks to one peer,
+    // not to all), on the backend's own tag; contiguous pieces go straight from and into the
+    // caller's buffers, strided ones through the packed scratch buffers.
     if (scratch_.size() < send_total * es) scratch_.resize(send_total * es);
     if (recv_scratch_.size() < recv_total * es) recv_scratch_.resize(recv_total * es);
+    const MPI_Datatype dt = detail::mpi::datatype(t);
+    auto contiguous = [](const Region& r) {
+      const Region c = detail::normalise(r);
+      return c.rank == 1 && c.stride[0] == 1;
+    };
+    int nreq = 0;
     std::size_t send_off = 0, recv_off = 0;
     for (std::size_t p = 0; p < n; ++p) {
-      const bool self = p == static_cast<std::size_t>(me);
-      const std::size_t sc = self ? 0 : send_regions[p].count(), rc = self ? 0 : recv_regions[p].count();
-      send_counts_[p] = static_cast<int>(sc);
-      send_displs_[p] = static_cast<int>(send_off);
-      recv_counts_[p] = static_cast<int>(rc);
-      recv_displs_[p] = static_cast<int>(recv_off);
-      if (sc != 0) detail::copy_region(scratch_.data() + send_off * es, Region::contiguous(0, sc), send, send_regions[p], es);
-      send_off += sc;
-      recv_off += rc;
+      if (p == static_cast<std::size_t>(me)) continue;
+      if (const std::size_t rc = recv_regions[p].count(); rc != 0) {
+        const bool direct = contiguous(recv_regions[p]);
+        void* at = direct ? static_cast<unsigned char*>(recv) + recv_regions[p].offset * es : recv_scratch_.data() + recv_off * es;
+        recv_displs_[p] = direct ? -1 : static_cast<int>(recv_off);
+        if (!direct) recv_off += rc;
+        ok(MPI_Irecv(at, static_cast<int>(rc), dt, static_cast<int>(p), permute_tag_, comm_, &requests_[static_cast<std::size_t>(nreq++)]),
+           "MPI_Irecv", call);
+      }
     }
-    const MPI_Datatype dt = detail::mpi::datatype(t);
-    ok(MPI_Alltoallv(scratch_.data(), send_counts_.data(), send_displs_.data(), dt, recv_scratch_.data(),
-                     recv_counts_.data(), recv_displs_.data(), dt, comm_),
-       "MPI_Alltoallv", call);
+    for (std::size_t p = 0; p < n; ++p) {
+      if (p == static_cast<std::size_t>(me)) continue;
+      if (const std::size_t sc = send_regions[p].count(); sc != 0) {
+        const void* at;
+        if (contiguous(send_regions[p])) {
+          at = static_cast<const unsigned char*>(send) + send_regions[p].offset * es;
+        } else {
+          detail::copy_region(scratch_.data() + send_off * es, Region::contiguous(0, sc), send, send_regions[p], es);
+          at = scratch_.data() + send_off * es;
+          send_off += sc;
+        }
+        ok(MPI_Isend(at, static_cast<int>(sc), dt, static_cast<int>(p), permute_tag_, comm_, &requests_[static_cast<std::size_t>(nreq++)]),
+           "MPI_Isend", call);
+      }
+    }
+    ok(MPI_Waitall(nreq, requests_.data(), MPI_STATUSES_IGNORE), "MPI_Waitall", call);
     for (std::size_t p = 0; p < n; ++p)
-      if (recv_counts_[p] != 0)
+      if (p != static_cast<std::size_t>(me) && recv_regions[p].count() != 0 && recv_displs_[p] >= 0)
         detail::copy_region(recv, recv_regions[p], recv_scratch_.data() + static_cast<std::size_t>(recv_displs_[p]) * es,
-                            Region::contiguous(0, static_cast<std::size_t>(recv_counts_[p])), es);
+                            Region::contiguous(0, recv_regions[p].count()), es);
     // The self pair, checked only now so that a mismatch here leaves no other rank waiting.
     const auto own = static_cast<std::size_t>(me);
     if (send_regions[own].count() != recv_regions[own].count())
@@ -704,6 +727,7 @@ class MpiCommunicator final : public Communicator {
   // exchange's packed receive.
   std::vector<unsigned char> scratch_, recv_scratch_;
   std::vector<std::int64_t> check_buf_;  // checked mode: 4 per rank
+  std::vector<MPI_Request> requests_;    // exchange: one receive and one send per peer at most
 };
 
 }  // namespace shardlib::coll

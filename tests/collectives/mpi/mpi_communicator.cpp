@@ -114,6 +114,14 @@ int MPI_Sendrecv(const void* sb, int sn, MPI_Datatype st, int dest, int stag, vo
   note("MPI_Sendrecv");
   return PMPI_Sendrecv(sb, sn, st, dest, stag, rb, rn, rt, src, rtag, c, s);
 }
+int MPI_Isend(const void* b, int n, MPI_Datatype t, int dest, int tag, MPI_Comm c, MPI_Request* r) {
+  note("MPI_Isend");
+  return PMPI_Isend(b, n, t, dest, tag, c, r);
+}
+int MPI_Irecv(void* b, int n, MPI_Datatype t, int src, int tag, MPI_Comm c, MPI_Request* r) {
+  note("MPI_Irecv");
+  return PMPI_Irecv(b, n, t, src, tag, c, r);
+}
 int MPI_Barrier(MPI_Comm c) {
   note("MPI_Barrier");
   return PMPI_Barrier(c);
@@ -562,7 +570,7 @@ TEST_CASE("all_to_all and reduce_scatter refuse overlapping buffers, on every ra
 
 // ---- exchange ---------------------------------------------------------------------------------
 
-TEST_CASE("exchange: strided boxes packed, one MPI_Alltoallv, unpacked; the self pair stays local") {
+TEST_CASE("exchange: point to point with the ranks that carry data; strided boxes packed; the self pair stays local") {
   auto& c = world();
   const int n = c.size(), me = c.rank();
   const auto un = static_cast<std::size_t>(n);
@@ -590,7 +598,9 @@ TEST_CASE("exchange: strided boxes packed, one MPI_Alltoallv, unpacked; the self
     c.exchange(send.data(), sr, recv.data(), rr, t);
     INFO(ctx("exchange", t, 0));
     CHECK(diff(recv, want) == "");
-    CHECK(calls("MPI_Alltoallv") == 1);
+    CHECK(calls("MPI_Isend") == n - 1);  // every pair carries at least one row here
+    CHECK(calls("MPI_Irecv") == n - 1);
+    CHECK(calls("MPI_Alltoallv") == 0);
     CHECK(calls("MPI_Alltoall") == 0);
     std::uint64_t sent = 0, received = 0;
     for (int q = 0; q < n; ++q)
@@ -602,11 +612,21 @@ TEST_CASE("exchange: strided boxes packed, one MPI_Alltoallv, unpacked; the self
     CHECK(rec[coll::Kind::all_to_all].bytes_sent == sent);
     CHECK(rec[coll::Kind::all_to_all].bytes_received == received);
   });
-  // Nothing to move: still one (empty) MPI_Alltoallv, since no rank knows that the others have nothing.
+  // Nothing to move: no message at all.
   std::vector<coll::Region> none(un);
   reset_calls();
   CHECK_NOTHROW(c.exchange(nullptr, none, nullptr, none, DType::f32));
-  CHECK(calls("MPI_Alltoallv") == 1);
+  CHECK(calls("MPI_Isend") + calls("MPI_Irecv") + calls("MPI_Alltoallv") == 0);
+  // A ring: one contiguous block to the next rank, straight from and into the caller's buffers.
+  std::vector<float> out(8, static_cast<float>(me)), in(8, -1.0f);
+  std::vector<coll::Region> to(un), from(un);
+  to[static_cast<std::size_t>((me + 1) % n)] = coll::Region::contiguous(0, 8);
+  from[static_cast<std::size_t>((me + n - 1) % n)] = coll::Region::contiguous(0, 8);
+  reset_calls();
+  c.exchange(out.data(), to, in.data(), from, DType::f32);
+  CHECK(in == std::vector<float>(8, static_cast<float>((me + n - 1) % n)));
+  CHECK(calls("MPI_Isend") == (n > 1 ? 1 : 0));
+  CHECK(calls("MPI_Irecv") == (n > 1 ? 1 : 0));
 }
 
 TEST_CASE("exchange: a self pair whose counts disagree fails on its rank only, after the others' data moved") {
