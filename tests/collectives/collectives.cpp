@@ -133,16 +133,7 @@ void check_all_to_all(sl::coll::Communicator& comm) {
 
 using sl::coll::Region;
 
-Region box(std::size_t offset, std::initializer_list<std::size_t> extent, std::initializer_list<std::size_t> stride) {
-  Region r;
-  r.offset = offset;
-  r.rank = static_cast<int>(extent.size());
-  std::size_t k = 0;
-  for (auto e : extent) r.extent[k++] = e;
-  k = 0;
-  for (auto s : stride) r.stride[k++] = s;
-  return r;
-}
+constexpr auto box = sl::coll::Region::strided;
 
 // A matrix of n*rb rows and n*cb columns, distributed by rows, redistributed by columns
 // (rank r: columns [r*cb, (r+1)*cb)), once as plain column blocks, once transposed, and back.

@@ -16,16 +16,7 @@ using coll::Region;
 
 namespace {
 
-Region box(std::size_t offset, std::initializer_list<std::size_t> extent, std::initializer_list<std::size_t> stride) {
-  Region r;
-  r.offset = offset;
-  r.rank = static_cast<int>(extent.size());
-  std::size_t k = 0;
-  for (auto e : extent) r.extent[k++] = e;
-  k = 0;
-  for (auto s : stride) r.stride[k++] = s;
-  return r;
-}
+constexpr auto box = coll::Region::strided;
 
 /// Element offsets of a region in row-major order (the definition, one element at a time).
 std::vector<std::size_t> offsets(const Region& r) {

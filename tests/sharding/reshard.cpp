@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 #include <shardlib/sharding/reshard.hpp>
 
+#include "random.hpp"
+
 #include <array>
 #include <cstdint>
 #include <random>
@@ -67,26 +69,8 @@ static_assert(sched(nest, ten).steps[0].kind == K::exchange);
 static_assert(sched(nest, ten).steps[0].group == sl::AxisList{0, 1});
 
 // ---- Brute force: every device gets exactly its new block, each missing element once --------
-struct Rng {
-  std::mt19937_64 g;
-  int below(int n) { return static_cast<int>(g() % static_cast<std::uint64_t>(n)); }
-};
-
-sl::Sharding random_sharding(Rng& r, int mesh_rank, int rank, bool allow_partial) {
-  sl::Sharding s;
-  s.rank = rank;
-  std::array<int, 8> order{0, 1, 2, 3, 4, 5, 6, 7};
-  for (int i = mesh_rank - 1; i > 0; --i) std::swap(order[static_cast<std::size_t>(i)], order[static_cast<std::size_t>(r.below(i + 1))]);
-  for (int i = 0; i < mesh_rank; ++i) {
-    const int a = order[static_cast<std::size_t>(i)];
-    const int where = r.below(rank + 2);  // a dim, replicated, or partial
-    if (where < rank) s.dims[static_cast<std::size_t>(where)].push_back(a);
-    else if (where == rank + 1 && allow_partial) s.partial.push_back(a);
-  }
-  s.op = static_cast<sl::ReduceOp>(r.below(3));
-  if (s.partial.empty()) s.op = sl::ReduceOp::sum;
-  return s;
-}
+using sl::test::Rng;
+using sl::test::random_sharding;
 
 std::int64_t linear(const std::vector<std::int64_t>& idx, const std::vector<std::int64_t>& shape) {
   std::int64_t k = 0;

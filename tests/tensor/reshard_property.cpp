@@ -9,6 +9,7 @@
 #include <shardlib/tensor.hpp>
 
 #include "../collectives/harness.hpp"
+#include "../sharding/random.hpp"
 
 #include <cstdint>
 #include <random>
@@ -19,25 +20,7 @@ namespace sl = shardlib;
 namespace coll = shardlib::coll;
 
 namespace {
-struct Rng {
-  std::mt19937_64 g;
-  int below(int n) { return static_cast<int>(g() % static_cast<std::uint64_t>(n)); }
-};
-
-sl::Sharding random_sharding(Rng& r, int mesh_rank, int rank) {
-  sl::Sharding s;
-  s.rank = rank;
-  std::array<int, 8> order{0, 1, 2, 3, 4, 5, 6, 7};
-  for (int i = mesh_rank - 1; i > 0; --i) std::swap(order[static_cast<std::size_t>(i)], order[static_cast<std::size_t>(r.below(i + 1))]);
-  for (int i = 0; i < mesh_rank; ++i) {
-    const int a = order[static_cast<std::size_t>(i)];
-    const int where = r.below(rank + 2);  // a dim, replicated or partial
-    if (where < rank) s.dims[static_cast<std::size_t>(where)].push_back(a);
-    else if (where == rank + 1) s.partial.push_back(a);
-  }
-  s.op = s.partial.empty() ? sl::ReduceOp::sum : static_cast<sl::ReduceOp>(r.below(3));
-  return s;
-}
+using sl::test::Rng;
 
 std::uint64_t hash(std::uint64_t x) { return sl::detail::mix64(x); }
 
@@ -167,7 +150,8 @@ void property(sl::Context& ctx, int cases, std::uint64_t seed) {
     const int rank = r.below(8) == 0 ? 0 : 1 + r.below(3);
     std::vector<std::int64_t> shape;
     for (int d = 0; d < rank; ++d) shape.push_back(r.below(5) == 0 ? r.below(2) : r.below(13));
-    const sl::Sharding from = random_sharding(r, mesh_rank, rank), to = random_sharding(r, mesh_rank, rank);
+    const sl::Sharding from = sl::test::random_sharding(r, mesh_rank, rank, true),
+                      to = sl::test::random_sharding(r, mesh_rank, rank, true);
     CAPTURE(c);
     CAPTURE(mesh.to_string());
     switch (r.below(5)) {

@@ -31,6 +31,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <span>
@@ -100,6 +101,24 @@ struct Region {
     r.rank = 1;
     r.extent[0] = count;
     r.stride[0] = 1;
+    return r;
+  }
+  /// A box of `extent` (one entry per dimension, at most max_region_rank) whose element
+  /// (i_0, ...) sits at `offset + sum i_k * stride[k]`. Throws std::invalid_argument when the two
+  /// lists differ in length or are too long.
+  static constexpr Region strided(std::size_t offset, std::initializer_list<std::size_t> extent,
+                                  std::initializer_list<std::size_t> stride) {
+    if (extent.size() != stride.size() || extent.size() > static_cast<std::size_t>(max_region_rank))
+      throw std::invalid_argument("shardlib: Region::strided: " + std::to_string(extent.size()) + " extents and " +
+                                  std::to_string(stride.size()) + " strides; give as many of each, at most " +
+                                  std::to_string(max_region_rank));
+    Region r;
+    r.offset = offset;
+    r.rank = static_cast<int>(extent.size());
+    std::size_t k = 0;
+    for (auto e : extent) r.extent[k++] = e;
+    k = 0;
+    for (auto st : stride) r.stride[k++] = st;
     return r;
   }
 };

@@ -263,16 +263,7 @@ std::string error_of(F&& f) {
 }
 bool has(const std::string& s, std::string_view part) { return s.find(part) != std::string::npos; }
 
-coll::Region box(std::size_t offset, std::initializer_list<std::size_t> extent, std::initializer_list<std::size_t> stride) {
-  coll::Region r;
-  r.offset = offset;
-  r.rank = static_cast<int>(extent.size());
-  std::size_t k = 0;
-  for (auto e : extent) r.extent[k++] = e;
-  k = 0;
-  for (auto s : stride) r.stride[k++] = s;
-  return r;
-}
+constexpr auto box = coll::Region::strided;
 
 std::string ctx(std::string_view what, DType t, std::size_t count, int variant = -1) {
   return std::string(what) + " dtype=" + std::string(coll::name(t)) + " count=" + std::to_string(count) +
