@@ -9,13 +9,15 @@
 // next to the hand-written call that does the same move on pre-laid-out contiguous buffers of the
 // same sizes (`baseline`: the bare Communicator call under threads, the raw MPI call under mpi):
 //   S0->R    Spec<"x", none> -> Spec<none, none>              all_gather of the local block
-//   S1->R    Spec<none, "x"> -> Spec<none, none>              all_gather of the same bytes (by hand,
-//            the gathered column blocks would still need an unpack into rows; the baseline is the
-//            bare call, so it is a lower bound for a hand-written S1->R)
+//   S1->R    Spec<none, "x"> -> Spec<none, none>              all_gather of the column blocks into a
+//            staging buffer, then an unpack into rows (what a hand-written S1->R must do); the bare
+//            all_gather of the same bytes is reported too (`bare_call`)
 //   R->S0    Spec<none, none> -> Spec<"x", none>              memcpy of the local block (no communication)
 //   P->R     Spec<none, none, partial_sum<"x">> -> replicated all_reduce of the whole buffer
 //   P->S0    Spec<none, none, partial_sum<"x">> -> S0         reduce_scatter
-//   S0->S1   Spec<"x", none> -> Spec<none, "x">               all_to_all of the local block in n pieces
+//   S0->S1   Spec<"x", none> -> Spec<none, "x">               a pack of the local block into n column
+//            pieces, then all_to_all (the received pieces are already rows of the new block); the
+//            bare all_to_all is reported too (`bare_call`)
 //   XY->YX   Spec<axes<"x","y">, none> -> Spec<axes<"y","x">, none> on mesh {n/2, 2}: permute of the
 //            block to the device that needs it
 //   S0->R uneven  S0->R at the largest size with rows not divisible by n (all_gather with counts)
@@ -71,7 +73,23 @@ struct Move {
   std::size_t count = 0;
   std::vector<std::size_t> counts;  // all_gather: per rank; empty when uniform
   int dest = -1, source = -1;       // permute
+  // Layout work a hand-written version needs around the call (S1->R, S0->S1), on `rows` × `cols`
+  // (global rows for unpack, local rows for pack) in `n` column pieces, through a staging buffer.
+  enum Layout { none, unpack_cols, pack_cols } layout = none;
+  std::size_t rows = 0, cols = 0, n = 1;
 };
+
+// Column piece p of a rows × cols row-major matrix, packed contiguously (and back).
+void pack_cols(const float* src, float* dst, std::size_t rows, std::size_t cols, std::size_t n) {
+  const std::size_t w = cols / n;
+  for (std::size_t p = 0; p < n; ++p)
+    for (std::size_t i = 0; i < rows; ++i) std::memcpy(dst + (p * rows + i) * w, src + i * cols + p * w, w * sizeof(float));
+}
+void unpack_cols(const float* src, float* dst, std::size_t rows, std::size_t cols, std::size_t n) {
+  const std::size_t w = cols / n;
+  for (std::size_t p = 0; p < n; ++p)
+    for (std::size_t i = 0; i < rows; ++i) std::memcpy(dst + i * cols + p * w, src + (p * rows + i) * w, w * sizeof(float));
+}
 
 void call(sl::coll::Communicator& comm, const Move& m) {
   using sl::coll::DType;
@@ -112,10 +130,11 @@ void raw_mpi(const Move& m) {
 }
 #endif
 
-// Times reshard From -> To of a rows × cols tensor against `kind`, and prints its record.
+// Times reshard From -> To of a rows × cols tensor against `kind` (with the layout work a
+// hand-written version needs, if any), and prints its record.
 template <class From, class To, class MeshT>
 void run_case(sl::Context& ctx, const MeshT& mesh, const std::string& name, std::int64_t rows, std::int64_t cols,
-              Base kind) {
+              Base kind, Move::Layout layout = Move::none) {
   using Src = sl::DistributedTensor<float, MeshT, From>;
   using Dst = sl::DistributedTensor<float, MeshT, To>;
   auto& comm = ctx.world();
@@ -155,15 +174,42 @@ void run_case(sl::Context& ctx, const MeshT& mesh, const std::string& name, std:
   }
   std::vector<float> recv(recv_size, 0.0f);
   m.recv = recv.data();
+  m.layout = layout;
+  m.n = static_cast<std::size_t>(n);
+  m.cols = static_cast<std::size_t>(cols);
+  m.rows = static_cast<std::size_t>(layout == Move::pack_cols ? before.extent[0] : rows);
+  std::vector<float> staging(layout != Move::none ? std::max(own, want) : 0, 0.0f);
 
-  auto ours = [&] { Dst r = sl::reshard<To>(src); };
-  auto base = [&] {
+  auto bare = [&] {
 #if defined(SHARDLIB_HAVE_MPI)
     if (mpi) return raw_mpi(m);
 #endif
     call(comm, m);
   };
-  const auto [t_ours, t_base] = bench::time_ops(comm, ours, &base);
+  auto by_hand = [&] {  // the bare call with the layout work around it
+    Move h = m;
+    if (layout == Move::pack_cols) {
+      pack_cols(m.send, staging.data(), m.rows, m.cols, m.n);
+      h.send = staging.data();
+    } else if (layout == Move::unpack_cols) {
+      h.recv = staging.data();
+    }
+#if defined(SHARDLIB_HAVE_MPI)
+    if (mpi) raw_mpi(h);
+    else
+#endif
+      call(comm, h);
+    if (layout == Move::unpack_cols) unpack_cols(staging.data(), m.recv, m.rows, m.cols, m.n);
+  };
+  auto ours = [&] { Dst r = sl::reshard<To>(src); };
+  double t_ours = 0, t_base = 0, t_bare = 0;
+  if (layout == Move::none) {
+    std::tie(t_ours, t_base) = bench::time_ops(comm, ours, &bare);
+    t_bare = t_base;
+  } else {
+    std::tie(t_ours, t_base) = bench::time_ops(comm, ours, &by_hand);
+    t_bare = bench::time_ops(comm, bare, static_cast<decltype(bare)*>(nullptr)).first;
+  }
 
   // Bytes: what one reshard receives, and what it must (see the file comment); max over devices.
   double bytes[2];
@@ -191,17 +237,20 @@ void run_case(sl::Context& ctx, const MeshT& mesh, const std::string& name, std:
   if (me != 0) return;
   const double total = static_cast<double>(rows * cols) * e;
   const double over = bytes[1] > 0 ? bytes[0] / bytes[1] : bytes[0] > 0 ? 0.0 : 1.0;
-  const char* bname = base_name(kind, mpi, m.counts.empty());
+  const std::string bare_name = base_name(kind, mpi, m.counts.empty());
+  const std::string bname = layout == Move::pack_cols ? "pack+" + bare_name
+                            : layout == Move::unpack_cols ? bare_name + "+unpack" : bare_name;
   std::printf(
       "{\"name\": \"%s\", \"backend\": \"%s\", \"devices\": %d, \"rows\": %lld, \"cols\": %lld, \"bytes\": %.0f, "
       "\"seconds\": %.9g, \"baseline\": \"%s\", \"baseline_seconds\": %.9g, \"fraction_of_baseline\": %.4f, "
       "\"ratio_to_baseline\": %.4f, \"bytes_moved\": %.0f, \"lower_bound\": %.0f, \"bytes_over_bound\": %.4f, "
-      "\"steps\": \"%s\"}\n",
+      "\"steps\": \"%s\", \"bare_call\": \"%s\", \"bare_call_seconds\": %.9g, \"ratio_to_bare_call\": %.4f}\n",
       name.c_str(), mpi ? "mpi" : "threads", n, static_cast<long long>(rows), static_cast<long long>(cols), total, t_ours,
-      bname, t_base, t_base / t_ours, t_ours / t_base, bytes[0], bytes[1], over, steps.c_str());
+      bname.c_str(), t_base, t_base / t_ours, t_ours / t_base, bytes[0], bytes[1], over, steps.c_str(), bare_name.c_str(),
+      t_bare, t_ours / t_bare);
   std::fflush(stdout);
   std::fprintf(stderr, "  %-22s %-7s %d devices %10.0f B  %10.1f us  (%s: %.1f us, x%.2f)  moved/bound %.2f  [%s]\n",
-               name.c_str(), mpi ? "mpi" : "threads", n, total, t_ours * 1e6, bname, t_base * 1e6, t_ours / t_base, over,
+               name.c_str(), mpi ? "mpi" : "threads", n, total, t_ours * 1e6, bname.c_str(), t_base * 1e6, t_ours / t_base, over,
                steps.c_str());
 }
 
@@ -230,11 +279,11 @@ int main(int argc, char** argv) {
       for (long long s : sizes) f(rows_for(s));
     };
     each_size([&](std::int64_t r) { run_case<S0, Rep>(ctx, mesh, "reshard S0->R", r, cols, Base::all_gather); });
-    each_size([&](std::int64_t r) { run_case<S1, Rep>(ctx, mesh, "reshard S1->R", r, cols, Base::all_gather); });
+    each_size([&](std::int64_t r) { run_case<S1, Rep>(ctx, mesh, "reshard S1->R", r, cols, Base::all_gather, Move::unpack_cols); });
     each_size([&](std::int64_t r) { run_case<Rep, S0>(ctx, mesh, "reshard R->S0", r, cols, Base::memcpy); });
     each_size([&](std::int64_t r) { run_case<PSum, Rep>(ctx, mesh, "reshard P->R", r, cols, Base::all_reduce); });
     each_size([&](std::int64_t r) { run_case<PSum, S0>(ctx, mesh, "reshard P->S0", r, cols, Base::reduce_scatter); });
-    each_size([&](std::int64_t r) { run_case<S0, S1>(ctx, mesh, "reshard S0->S1", r, cols, Base::all_to_all); });
+    each_size([&](std::int64_t r) { run_case<S0, S1>(ctx, mesh, "reshard S0->S1", r, cols, Base::all_to_all, Move::pack_cols); });
     if (n % 2 == 0) {
       M2 grid(ctx, {n / 2, 2});
       each_size([&](std::int64_t r) { run_case<XY, YX>(ctx, grid, "reshard XY->YX", r, cols, Base::permute); });

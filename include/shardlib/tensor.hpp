@@ -331,6 +331,7 @@ struct CompiledStep {
   ShardBox in_box, out_box;
   bool zero = false;                 // mask: this device holds zeros
   bool in_order = true;              // reduce_scatter: blocks already contiguous in group order
+  bool uniform = false;              // all_gather, reduce_scatter: every block the same size (the plain call)
   std::vector<std::size_t> counts;   // all_gather, reduce_scatter
   std::vector<ShardBox> boxes;       // reduce_scatter: each member's block, to pack
   std::vector<coll::Region> send, recv;  // exchange
@@ -402,6 +403,8 @@ inline CompiledReshard compile_reshard(Context& ctx, const MeshShape& mesh, cons
         break;
       default: break;
     }
+    k.uniform = !k.counts.empty() && std::all_of(k.counts.begin(), k.counts.end(),
+                                                  [&](std::size_t n) { return n == k.counts[0]; });
     c.steps.push_back(std::move(k));
     cur = c.steps.back().out_box;
   }
@@ -455,9 +458,14 @@ void run_reshard(const Context& ctx, const CompiledReshard& c, const T* src, All
         else copy_box(ctx, cur, k.in_box, out, k.out_box, k.out_box);
         break;
       case ReshardStepKind::all_reduce: k.comm->all_reduce(cur, out, n_out, dt, to_coll_op(k.op)); break;
-      case ReshardStepKind::all_gather: k.comm->all_gather(cur, out, k.counts, dt); break;
+      case ReshardStepKind::all_gather:  // equal blocks: the plain form (MPI_Allgather, not ...v)
+        if (k.uniform) k.comm->all_gather(cur, out, k.counts[0], dt);
+        else k.comm->all_gather(cur, out, k.counts, dt);
+        break;
       case ReshardStepKind::reduce_scatter:
-        if (k.in_order) {
+        if (k.in_order && k.uniform) {
+          k.comm->reduce_scatter(cur, out, k.counts[0], dt, to_coll_op(k.op));
+        } else if (k.in_order) {
           k.comm->reduce_scatter(cur, out, k.counts, dt, to_coll_op(k.op));
         } else {  // pack the members' blocks in group order first
           std::size_t total = 0;
@@ -468,7 +476,8 @@ void run_reshard(const Context& ctx, const CompiledReshard& c, const T* src, All
             copy_box(ctx, cur, k.in_box, p, k.boxes[r], k.boxes[r]);
             p += k.counts[r];
           }
-          k.comm->reduce_scatter(packed.get(), out, k.counts, dt, to_coll_op(k.op));
+          if (k.uniform) k.comm->reduce_scatter(packed.get(), out, k.counts[0], dt, to_coll_op(k.op));
+          else k.comm->reduce_scatter(packed.get(), out, k.counts, dt, to_coll_op(k.op));
         }
         break;
       case ReshardStepKind::exchange: k.comm->exchange(cur, k.send, out, k.recv, dt); break;
