@@ -184,6 +184,21 @@ void copy_box(const Context& ctx, const T* src, const ShardBox& src_layout, T* d
               const ShardBox& part) {
   const std::int64_t n = part.num_elements();
   if (n == 0) return;
+  const coll::Region from = region_in(src_layout, part), to = region_in(dst_layout, part);
+  if (is_contiguous(from) && is_contiguous(to)) {  // one run (e.g. whole rows): chunks of one memcpy
+    constexpr std::int64_t chunk = 1 << 16;
+    const T* s = src + from.offset;
+    T* d = dst + to.offset;
+    auto guard = kernel_guard(ctx, false);
+    Kokkos::parallel_for(
+        "shardlib::copy_run", Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, (n + chunk - 1) / chunk),
+        [=](std::int64_t c) {
+          const std::int64_t len = n - c * chunk < chunk ? n - c * chunk : chunk;
+          std::memcpy(d + c * chunk, s + c * chunk, static_cast<std::size_t>(len) * sizeof(T));
+        });
+    ctx.exec().fence();
+    return;
+  }
   const int r = part.rank;
   const std::int64_t run = r == 0 ? 1 : part.extent[static_cast<std::size_t>(r - 1)];
   const std::int64_t rows = n / run;
