@@ -269,7 +269,7 @@ inline std::string shape_text(detail::ArrayRef<std::int64_t> shape) {
   return s + "]";
 }
 
-/// Per-device cache of large host blocks (>= 1 MiB), as PyTorch's caching allocator: a block
+/// Per-device cache of blocks (>= 64 KiB), as PyTorch's caching allocator: a block
 /// freed by one tensor is handed to the next of a similar size instead of going back to the OS
 /// (glibc returns blocks above 32 MiB to the OS at once, and touching fresh pages again cost 4x
 /// the reshard itself at 64 MiB). Holds at most SHARDLIB_BLOCK_CACHE_MB (default 1024) MiB of
@@ -277,14 +277,14 @@ inline std::string shape_text(detail::ArrayRef<std::int64_t> shape) {
 template <class MemorySpace>
 class BlockCache : public std::enable_shared_from_this<BlockCache<MemorySpace>> {
  public:
-  static constexpr std::size_t min_bytes = std::size_t{1} << 20;
+  static constexpr std::size_t min_bytes = std::size_t{64} << 10;
   BlockCache() {
     if (const char* e = std::getenv("SHARDLIB_BLOCK_CACHE_MB")) cap_ = std::strtoull(e, nullptr, 10) << 20;
   }
   BlockCache(const BlockCache&) = delete;
   BlockCache& operator=(const BlockCache&) = delete;
   ~BlockCache() {
-    for (auto& [bytes, p] : free_) Kokkos::kokkos_free<MemorySpace>(p);
+    for (auto& [bytes, p] : free_) MemorySpace().deallocate(p, bytes);
   }
   /// A block of at least `bytes` (uninitialised), returned to the cache when the last owner goes.
   std::shared_ptr<void> allocate(std::size_t bytes) {
@@ -300,7 +300,7 @@ class BlockCache : public std::enable_shared_from_this<BlockCache<MemorySpace>> 
         free_.erase(it);
       }
     }
-    if (!p) p = Kokkos::kokkos_malloc<MemorySpace>("shardlib tensor block", bytes);
+    if (!p) p = MemorySpace().allocate(bytes);  // the space's own allocator: no allocation record
     auto self = this->shared_from_this();
     return std::shared_ptr<void>(p, [self, bytes](void* q) { self->release(q, bytes); });
   }
@@ -319,7 +319,7 @@ class BlockCache : public std::enable_shared_from_this<BlockCache<MemorySpace>> 
         return;
       }
     }
-    Kokkos::kokkos_free<MemorySpace>(p);
+    MemorySpace().deallocate(p, bytes);
   }
   mutable std::mutex m_;
   std::multimap<std::size_t, void*> free_;
