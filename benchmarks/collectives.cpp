@@ -109,10 +109,7 @@ void raw_mpi(Coll c, Buffers& b, std::size_t elems, int n) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 2 && std::strcmp(argv[1], "--backends") == 0) {  // for benchmarks/run
-    std::printf("threads%s\n", sl::has_mpi() ? " mpi" : "");
-    return 0;
-  }
+  if (bench::answered_backends_query(argc, argv, sl::has_mpi())) return 0;
   auto rt = sl::Runtime::from_args(argc, argv, 2);
   const long long min_bytes = bench::arg(argc, argv, "--min-bytes", 8), max_bytes = bench::arg(argc, argv, "--max-bytes", 64ll << 20);
   const int n = rt.num_devices();

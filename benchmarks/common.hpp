@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -23,6 +24,14 @@ inline double median(std::vector<double> v) {
 }
 
 /// The number after `name` on the command line, or `fallback`.
+/// `prog --backends` (asked by benchmarks/run): prints the backends this build has and returns
+/// true; the caller then exits.
+inline bool answered_backends_query(int argc, char** argv, bool has_mpi) {
+  if (argc != 2 || std::strcmp(argv[1], "--backends") != 0) return false;
+  std::printf("threads%s\n", has_mpi ? " mpi" : "");
+  return true;
+}
+
 inline long long arg(int argc, char** argv, const char* name, long long fallback) {
   for (int i = 1; i + 1 < argc; ++i)
     if (std::strcmp(argv[i], name) == 0) return std::atoll(argv[i + 1]);

@@ -257,10 +257,7 @@ void run_case(sl::Context& ctx, const MeshT& mesh, const std::string& name, std:
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 2 && std::strcmp(argv[1], "--backends") == 0) {  // for benchmarks/run
-    std::printf("threads%s\n", sl::has_mpi() ? " mpi" : "");
-    return 0;
-  }
+  if (bench::answered_backends_query(argc, argv, sl::has_mpi())) return 0;
   auto rt = sl::Runtime::from_args(argc, argv, 8);
   const long long min_bytes = bench::arg(argc, argv, "--min-bytes", 1ll << 20),
                   max_bytes = bench::arg(argc, argv, "--max-bytes", 64ll << 20);
