@@ -1,0 +1,294 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// Host GEMM on one shard: `C[b] = alpha * A[b] * B[b] + beta * C[b]` over a batch of strided
+/// matrices, through Eigen, and through the BLAS underneath Eigen when the build defines
+/// `EIGEN_USE_BLAS` (it does when it finds OpenBLAS, and then also `SHARDLIB_HAVE_OPENBLAS`).
+///
+/// Every operand is read in place when one of its two strides is 1 (row- or column-major with
+/// any leading dimension: submatrix views and transposed operands need no copy); an operand with
+/// no unit stride is packed into a temporary first.
+///
+/// Threads: several in-process virtual devices call this at once, each from its own thread, so
+/// every call runs on its caller's thread alone. Before the first product, OpenBLAS is set to one
+/// thread (its pthread build would otherwise start a thread per core inside every call). Eigen's
+/// own threading is left as the user configured it: a translation unit compiled with OpenMP
+/// should define `EIGEN_DONT_PARALLELIZE` (or call `Eigen::setNbThreads(1)`), or each call
+/// splits its product over an OpenMP team.
+///
+/// Knows nothing of tensors or collectives: raw pointers, extents, strides.
+#pragma once
+
+#include <Eigen/Core>
+#include <Kokkos_Core.hpp>
+
+#include <shardlib/detail/text.hpp>
+
+#include <algorithm>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#if defined(EIGEN_USE_BLAS) && (defined(__GNUC__) || defined(__clang__))
+// OpenBLAS's thread control, declared weak so that a program linked against another BLAS (or a
+// build that defines EIGEN_USE_BLAS without OpenBLAS) still links: it is then null and not called.
+extern "C" void openblas_set_num_threads(int) __attribute__((weak));
+#endif
+
+namespace shardlib::kernels {
+
+/// A batch of matrices in memory: element (b, i, j) is at
+/// `data[b * batch_stride + i * row_stride + j * col_stride]`. Strides may be any values (0 along
+/// a broadcast dim, e.g. `batch_stride = 0` for a weight shared by the batch). Read-only operands
+/// are `MatrixBatch<const T>`; a `MatrixBatch<T>` converts to one.
+template <class T>
+struct MatrixBatch {
+  T* data = nullptr;
+  std::int64_t rows = 0, cols = 0;
+  std::int64_t row_stride = 0, col_stride = 0, batch_stride = 0;
+
+  /// The same memory read as the transposed matrices (no copy: the strides swap).
+  constexpr MatrixBatch transposed() const noexcept {
+    return {data, cols, rows, col_stride, row_stride, batch_stride};
+  }
+  /// A read-only view of the same matrices.
+  constexpr operator MatrixBatch<const T>() const noexcept
+    requires(!std::is_const_v<T>)
+  {
+    return {data, rows, cols, row_stride, col_stride, batch_stride};
+  }
+};
+
+/// Which GEMM does the work for float and double, for reports and benchmarks: "openblas" when
+/// Eigen hands its products to OpenBLAS, "blas" for another BLAS under `EIGEN_USE_BLAS`, "eigen"
+/// for Eigen's own kernel. Other element types always use Eigen's own kernel.
+constexpr const char* gemm_backend() noexcept {
+#if defined(EIGEN_USE_BLAS) && defined(SHARDLIB_HAVE_OPENBLAS) && SHARDLIB_HAVE_OPENBLAS
+  return "openblas";
+#elif defined(EIGEN_USE_BLAS)
+  return "blas";
+#else
+  return "eigen";
+#endif
+}
+
+namespace detail {
+
+using shardlib::detail::to_text;
+
+/// How one matrix of an operand is handed to Eigen: mapped in place row- or column-major with
+/// leading dimension `ld`, or packed into a row-major temporary first.
+enum class GemmLayout { row_major, col_major, packed };
+struct GemmOperand {
+  GemmLayout layout = GemmLayout::packed;
+  std::int64_t ld = 0;
+};
+
+/// The layout of a rows x cols matrix with the given strides. A stride along a dim of extent 1
+/// is never used, so it does not matter. In place needs a unit stride along one dim and rows (or
+/// columns) that do not overlap, as BLAS requires (ld >= max(1, inner extent)); with `max_ld`
+/// (the BLAS index limit) a larger leading dimension is packed instead.
+constexpr GemmOperand gemm_operand(std::int64_t rows, std::int64_t cols, std::int64_t row_stride,
+                                   std::int64_t col_stride, std::int64_t max_ld = INT64_MAX) noexcept {
+  if (rows == 0 || cols == 0) return {GemmLayout::row_major, std::max<std::int64_t>(1, cols)};
+  if ((col_stride == 1 || cols == 1) && (rows == 1 || row_stride >= cols)) {
+    const std::int64_t ld = rows == 1 ? cols : row_stride;
+    if (ld <= max_ld) return {GemmLayout::row_major, ld};
+  }
+  if ((row_stride == 1 || rows == 1) && (cols == 1 || col_stride >= rows)) {
+    const std::int64_t ld = cols == 1 ? rows : col_stride;
+    if (ld <= max_ld) return {GemmLayout::col_major, ld};
+  }
+  return {GemmLayout::packed, 0};
+}
+
+/// The largest extent or leading dimension the product may hand to Eigen: BLAS takes 32-bit
+/// indices, so under EIGEN_USE_BLAS float and double are limited to INT_MAX.
+template <class T>
+constexpr std::int64_t gemm_index_limit() noexcept {
+#if defined(EIGEN_USE_BLAS)
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) return INT_MAX;
+#endif
+  return INT64_MAX;
+}
+
+/// Once per process, before the first product: OpenBLAS to one thread (see the file comment),
+/// Eigen's cache sizes queried (Eigen asks for this before concurrent use).
+inline void gemm_init_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+#if defined(EIGEN_USE_BLAS) && (defined(__GNUC__) || defined(__clang__))
+    if (openblas_set_num_threads != nullptr) openblas_set_num_threads(1);
+#endif
+    Eigen::initParallel();
+  });
+}
+
+/// An Eigen map of a matrix of T (const T: read-only) with the given storage order and a
+/// runtime leading dimension (a unit inner stride known at compile time, as BLAS needs).
+template <class T, int Order>
+using GemmMatrix = Eigen::Matrix<std::remove_const_t<T>, Eigen::Dynamic, Eigen::Dynamic, Order>;
+template <class T, int Order>
+using GemmMap = Eigen::Map<std::conditional_t<std::is_const_v<T>, const GemmMatrix<T, Order>, GemmMatrix<T, Order>>,
+                           Eigen::Unaligned, Eigen::OuterStride<>>;
+
+/// Calls `f` with `p` (a rows x cols matrix laid out as `op` says, not packed) mapped as an
+/// Eigen matrix of the matching storage order.
+template <class T, class F>
+void with_map(T* p, std::int64_t rows, std::int64_t cols, const GemmOperand& op, F&& f) {
+  using Index = Eigen::Index;
+  const auto r = static_cast<Index>(rows), c = static_cast<Index>(cols);
+  if (op.layout == GemmLayout::col_major) {
+    GemmMap<T, Eigen::ColMajor> m(p, r, c, Eigen::OuterStride<>(static_cast<Index>(op.ld)));
+    f(m);
+  } else {
+    GemmMap<T, Eigen::RowMajor> m(p, r, c, Eigen::OuterStride<>(static_cast<Index>(op.ld)));
+    f(m);
+  }
+}
+
+/// Copies matrix `b` of `m` into the dense row-major buffer `dst` (rows * cols elements).
+template <class T>
+void pack(const MatrixBatch<const T>& m, std::int64_t b, T* dst) {
+  const T* src = m.data + b * m.batch_stride;
+  for (std::int64_t i = 0; i < m.rows; ++i)
+    for (std::int64_t j = 0; j < m.cols; ++j) dst[i * m.cols + j] = src[i * m.row_stride + j * m.col_stride];
+}
+
+/// Copies the dense row-major buffer `src` back into matrix `b` of `m`.
+template <class T>
+void unpack(const T* src, const MatrixBatch<T>& m, std::int64_t b) {
+  T* dst = m.data + b * m.batch_stride;
+  for (std::int64_t i = 0; i < m.rows; ++i)
+    for (std::int64_t j = 0; j < m.cols; ++j) dst[i * m.row_stride + j * m.col_stride] = src[i * m.cols + j];
+}
+
+inline std::string gemm_shape(const char* name, std::int64_t rows, std::int64_t cols) {
+  return std::string(name) + " is " + to_text(rows) + "x" + to_text(cols);
+}
+
+template <class T, class U>
+void gemm_check(std::int64_t batch, const MatrixBatch<const T>& a, const MatrixBatch<const T>& b,
+                const MatrixBatch<U>& c) {
+  const std::string where = "shardlib: kernels::gemm: ";
+  if (batch < 0) throw std::invalid_argument(where + "batch " + to_text(batch) + " is negative");
+  auto extents = [&](const char* name, std::int64_t rows, std::int64_t cols) {
+    if (rows < 0 || cols < 0)
+      throw std::invalid_argument(where + gemm_shape(name, rows, cols) + ": extents must be >= 0");
+  };
+  extents("A", a.rows, a.cols);
+  extents("B", b.rows, b.cols);
+  extents("C", c.rows, c.cols);
+  const std::string shapes = gemm_shape("A", a.rows, a.cols) + ", " + gemm_shape("B", b.rows, b.cols) + ", " +
+                             gemm_shape("C", c.rows, c.cols);
+  if (a.cols != b.rows)
+    throw std::invalid_argument(where + shapes + ": A's columns (" + to_text(a.cols) + ") must equal B's rows (" +
+                                to_text(b.rows) + ")");
+  if (c.rows != a.rows || c.cols != b.cols)
+    throw std::invalid_argument(where + shapes + ": C must be " + to_text(a.rows) + "x" + to_text(b.cols) +
+                                " (A's rows x B's columns)");
+  const std::int64_t limit = gemm_index_limit<T>();
+  if (a.rows > limit || a.cols > limit || b.cols > limit)
+    throw std::invalid_argument(where + shapes + ": an extent exceeds " + to_text(limit) +
+                                ", the largest index of the BLAS underneath");
+  if (batch > 0) {
+    auto null = [&](const char* name, const void* p, std::int64_t rows, std::int64_t cols) {
+      if (p == nullptr && rows > 0 && cols > 0)
+        throw std::invalid_argument(where + name + " has no data but " + to_text(rows) + "x" + to_text(cols) +
+                                    " elements");
+    };
+    null("A", a.data, a.rows, a.cols);
+    null("B", b.data, b.rows, b.cols);
+    null("C", c.data, c.rows, c.cols);
+  }
+}
+
+/// One product on Eigen matrices, with BLAS semantics for alpha = 0 and beta = 0: neither then
+/// reads what it multiplies (a NaN there does not leak), and `noalias()` writes C in place.
+template <class MA, class MB, class MC, class T>
+void gemm_one(const MA& a, const MB& b, MC& c, T alpha, T beta) {
+  if (alpha == T(0) || a.cols() == 0) {
+    if (beta == T(0)) c.setZero();
+    else if (beta != T(1)) c *= beta;
+    return;
+  }
+  if (beta == T(0)) {
+    c.noalias() = alpha * a * b;
+  } else {
+    if (beta != T(1)) c *= beta;
+    c.noalias() += alpha * a * b;
+  }
+}
+
+}  // namespace detail
+
+/// `C[b] = alpha * A[b] * B[b] + beta * C[b]` for b in [0, batch): A[b] is rows x K, B[b] K x cols.
+///
+/// Operands with a unit stride along one dim are mapped in place (see the file comment), others
+/// packed; matrices of the batch run in order on the calling thread, so a C with `batch_stride`
+/// 0 and beta = 1 accumulates over the batch. As in BLAS, beta = 0 never reads C (NaN there is
+/// overwritten) and alpha = 0 or K = 0 never reads A and B. C's elements must not overlap A's or B's.
+/// Throws std::invalid_argument, naming the shapes, when A, B and C do not fit together, an
+/// extent or the batch is negative, or an operand with elements has no data.
+template <class T>
+void gemm(std::int64_t batch, std::type_identity_t<MatrixBatch<const T>> a,
+          std::type_identity_t<MatrixBatch<const T>> b, MatrixBatch<T> c, std::type_identity_t<T> alpha = T(1),
+          std::type_identity_t<T> beta = T(0)) {
+  static_assert(std::is_arithmetic_v<T> && !std::is_same_v<T, bool>,
+                "shardlib: kernels::gemm: the element type must be an arithmetic type other than bool");
+  detail::gemm_check(batch, a, b, c);
+  if (batch == 0 || c.rows == 0 || c.cols == 0) return;
+  detail::gemm_init_once();
+
+  const std::int64_t max_ld = detail::gemm_index_limit<T>();
+  const auto la = detail::gemm_operand(a.rows, a.cols, a.row_stride, a.col_stride, max_ld);
+  const auto lb = detail::gemm_operand(b.rows, b.cols, b.row_stride, b.col_stride, max_ld);
+  const auto lc = detail::gemm_operand(c.rows, c.cols, c.row_stride, c.col_stride, max_ld);
+  // A packed operand is a dense row-major temporary.
+  const auto packed_as = [](std::int64_t cols) {
+    return detail::GemmOperand{detail::GemmLayout::row_major, std::max<std::int64_t>(1, cols)};
+  };
+  const bool pack_a = la.layout == detail::GemmLayout::packed, pack_b = lb.layout == detail::GemmLayout::packed,
+             pack_c = lc.layout == detail::GemmLayout::packed;
+  std::vector<T> ta(pack_a ? static_cast<std::size_t>(a.rows * a.cols) : 0),
+      tb(pack_b ? static_cast<std::size_t>(b.rows * b.cols) : 0),
+      tc(pack_c ? static_cast<std::size_t>(c.rows * c.cols) : 0);
+
+  for (std::int64_t i = 0; i < batch; ++i) {
+    // (An operand with no elements may have no data: no arithmetic on a null pointer.)
+    const T* pa = a.data ? a.data + i * a.batch_stride : nullptr;
+    const T* pb = b.data ? b.data + i * b.batch_stride : nullptr;
+    T* pc = c.data + i * c.batch_stride;
+    if (pack_a && (i == 0 || a.batch_stride != 0)) detail::pack(a, i, ta.data());
+    if (pack_b && (i == 0 || b.batch_stride != 0)) detail::pack(b, i, tb.data());
+    if (pack_c && beta != T(0)) detail::pack(MatrixBatch<const T>(c), i, tc.data());
+    detail::with_map(pack_a ? ta.data() : pa, a.rows, a.cols, pack_a ? packed_as(a.cols) : la, [&](const auto& ma) {
+      detail::with_map(pack_b ? tb.data() : pb, b.rows, b.cols, pack_b ? packed_as(b.cols) : lb, [&](const auto& mb) {
+        detail::with_map(pack_c ? tc.data() : pc, c.rows, c.cols, pack_c ? packed_as(c.cols) : lc,
+                         [&](auto& mc) { detail::gemm_one(ma, mb, mc, alpha, beta); });
+      });
+    });
+    if (pack_c) detail::unpack(tc.data(), c, i);
+  }
+}
+
+/// gemm on an execution-space instance's stream of work: waits for the work already queued on
+/// `exec` (which may be writing A or B), computes on the calling thread, fences `exec` at the end.
+/// The memory must be host-accessible.
+template <class ExecSpace, class T>
+  requires Kokkos::is_execution_space<ExecSpace>::value
+void gemm(const ExecSpace& exec, std::int64_t batch, std::type_identity_t<MatrixBatch<const T>> a,
+          std::type_identity_t<MatrixBatch<const T>> b, MatrixBatch<T> c, std::type_identity_t<T> alpha = T(1),
+          std::type_identity_t<T> beta = T(0)) {
+  static_assert(Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible,
+                "shardlib: kernels::gemm: the host GEMM needs an execution space whose memory the host can access");
+  exec.fence();
+  gemm<T>(batch, a, b, c, alpha, beta);
+  exec.fence();
+}
+
+}  // namespace shardlib::kernels

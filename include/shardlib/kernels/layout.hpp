@@ -1,0 +1,292 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// Host kernels that move elements of a local block without arithmetic: `permute` (transpose of
+/// any rank), `take` (gather along a dim; the vocab-parallel embedding lookup) and `copy_sub_box`
+/// (the local part of slicing).
+///
+/// `permute` and `copy_sub_box` share one engine: copy into a row-major output from an input
+/// read at arbitrary strides. It first drops extent-1 dims and merges neighbouring dims that are
+/// contiguous on both sides, so an identity permutation or a box of whole rows is one contiguous
+/// run. Then: when the input's last remaining dim has stride 1, each output row is one memcpy
+/// (chunked); otherwise the input's unit-stride dim and the output's last dim are walked in
+/// 128 x 128 tiles of 32 x 32 sub-tiles (a batched, cache-friendly transpose; any permutation
+/// that moves the last dim lands here, not only a swap of the last two dims).
+///
+/// All kernels: one `Kokkos::parallel_for` on the given host execution space instance, no
+/// allocation, arguments checked before anything is written, a fence before returning.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace shardlib::kernels {
+
+/// The highest rank `permute` and `copy_sub_box` accept.
+inline constexpr int max_layout_rank = 8;
+
+namespace detail {
+
+/// out (row-major, `extent`) = in[offset + sum_k idx_k * stride[k]].
+struct StridedView {
+  int rank = 0;
+  std::int64_t offset = 0;
+  std::int64_t extent[max_layout_rank] = {};
+  std::int64_t stride[max_layout_rank] = {};
+
+  std::int64_t count() const noexcept {
+    std::int64_t n = 1;
+    for (int k = 0; k < rank; ++k) n *= extent[k];
+    return n;
+  }
+};
+
+/// The same elements in the same order with the fewest dims: extent-1 dims dropped, and dim k
+/// merged into dim k + 1 when stride[k] == extent[k + 1] * stride[k + 1] (the output is row-major,
+/// so it is contiguous there too). A non-empty single element becomes rank 0.
+inline StridedView normalise(const StridedView& v) noexcept {
+  StridedView out;
+  out.offset = v.offset;
+  for (int k = 0; k < v.rank; ++k) {
+    if (v.extent[k] == 1) continue;
+    const int last = out.rank - 1;
+    if (last >= 0 && out.stride[last] == v.extent[k] * v.stride[k]) {
+      out.extent[last] *= v.extent[k];
+      out.stride[last] = v.stride[k];
+    } else {
+      out.extent[out.rank] = v.extent[k];
+      out.stride[out.rank] = v.stride[k];
+      ++out.rank;
+    }
+  }
+  return out;
+}
+
+/// Elements per parallel item in contiguous copies.
+inline constexpr std::int64_t copy_chunk = std::int64_t{1} << 14;
+/// Side of a transpose tile (one parallel item), and of the sub-tiles it is walked in: a 32 x 32
+/// sub-tile stays in L1, a 128 x 128 tile reads and writes 512-byte runs (for floats) per line.
+inline constexpr std::int64_t tile = 128;
+inline constexpr std::int64_t sub_tile = 32;
+
+template <class T>
+inline void copy_elements(T* dst, const T* src, std::int64_t n) noexcept {
+  std::memcpy(static_cast<void*>(dst), static_cast<const void*>(src), static_cast<std::size_t>(n) * sizeof(T));
+}
+
+/// out (row-major, v's extents) = the elements of `in` that `v` addresses; then fences.
+template <class Exec, class T>
+void strided_copy(const Exec& exec, const char* label, const T* in, T* out, const StridedView& view) {
+  static_assert(std::is_trivially_copyable_v<T>, "shardlib::kernels: layout kernels copy trivially copyable elements");
+  if (view.count() == 0) {
+    exec.fence();
+    return;
+  }
+  const StridedView v = normalise(view);
+  const int r = v.rank;
+  if (r == 0) {  // one element
+    Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, 1), [=](std::int64_t) { out[0] = in[v.offset]; });
+  } else if (v.stride[r - 1] == 1) {  // output rows are contiguous runs of the input
+    const std::int64_t run = v.extent[r - 1], rows = v.count() / run;
+    const std::int64_t chunks = (run + copy_chunk - 1) / copy_chunk;
+    Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, rows * chunks), [=](std::int64_t item) {
+      const std::int64_t row = item / chunks, c = item % chunks;
+      std::int64_t src = v.offset, rest = row;
+      for (int d = r - 2; d >= 0; --d) {
+        src += (rest % v.extent[d]) * v.stride[d];
+        rest /= v.extent[d];
+      }
+      const std::int64_t start = c * copy_chunk, len = run - start < copy_chunk ? run - start : copy_chunk;
+      copy_elements(out + row * run + start, in + src + start, len);
+    });
+  } else {
+    // Output strides (row-major), and p = the input's unit-stride dim if there is one.
+    std::int64_t ostride[max_layout_rank];
+    ostride[r - 1] = 1;
+    for (int d = r - 2; d >= 0; --d) ostride[d] = ostride[d + 1] * v.extent[d + 1];
+    int p = -1;
+    for (int d = 0; d < r - 1; ++d)
+      if (v.stride[d] == 1) p = d;
+    const int last = r - 1;
+    if (p < 0) {  // no unit stride on the input side (not produced by permute / copy_sub_box)
+      const std::int64_t run = v.extent[last], rows = v.count() / run, step = v.stride[last];
+      Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, rows), [=](std::int64_t row) {
+        std::int64_t src = v.offset, rest = row;
+        for (int d = r - 2; d >= 0; --d) {
+          src += (rest % v.extent[d]) * v.stride[d];
+          rest /= v.extent[d];
+        }
+        T* dst = out + row * run;
+        for (std::int64_t k = 0; k < run; ++k) dst[k] = in[src + k * step];
+      });
+    } else {  // tiles of (p: contiguous in input) x (last: contiguous in output), over a batch
+      struct Tiles {
+        int nb;  // batch dims (all but p and last)
+        std::int64_t ext[max_layout_rank], istr[max_layout_rank], ostr[max_layout_rank];
+        std::int64_t xp, yl, ostr_p, istr_l, tx, ty;
+      } t{};
+      for (int d = 0; d < last; ++d) {
+        if (d == p) continue;
+        t.ext[t.nb] = v.extent[d];
+        t.istr[t.nb] = v.stride[d];
+        t.ostr[t.nb] = ostride[d];
+        ++t.nb;
+      }
+      t.xp = v.extent[p];
+      t.yl = v.extent[last];
+      t.ostr_p = ostride[p];
+      t.istr_l = v.stride[last];
+      t.tx = (t.xp + tile - 1) / tile;
+      t.ty = (t.yl + tile - 1) / tile;
+      const std::int64_t batch = v.count() / (t.xp * t.yl);
+      const std::int64_t offset = v.offset;
+      Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, batch * t.tx * t.ty), [=](std::int64_t item) {
+        const std::int64_t ty_i = item % t.ty, tx_i = (item / t.ty) % t.tx;
+        std::int64_t b = item / (t.ty * t.tx), src = offset, dst = 0;
+        for (int d = t.nb - 1; d >= 0; --d) {
+          const std::int64_t i = b % t.ext[d];
+          b /= t.ext[d];
+          src += i * t.istr[d];
+          dst += i * t.ostr[d];
+        }
+        const std::int64_t x0 = tx_i * tile, y0 = ty_i * tile;
+        const std::int64_t nx = t.xp - x0 < tile ? t.xp - x0 : tile, ny = t.yl - y0 < tile ? t.yl - y0 : tile;
+        const T* s = in + src + x0 + y0 * t.istr_l;
+        T* o = out + dst + x0 * t.ostr_p + y0;
+        for (std::int64_t xs = 0; xs < nx; xs += sub_tile)
+          for (std::int64_t ys = 0; ys < ny; ys += sub_tile) {
+            const std::int64_t xe = nx - xs < sub_tile ? nx : xs + sub_tile, ye = ny - ys < sub_tile ? ny : ys + sub_tile;
+            for (std::int64_t x = xs; x < xe; ++x)
+              for (std::int64_t y = ys; y < ye; ++y) o[x * t.ostr_p + y] = s[x + y * t.istr_l];
+          }
+      });
+    }
+  }
+  exec.fence();
+}
+
+inline void check_rank(const char* kernel, int rank) {
+  if (rank < 0 || rank > max_layout_rank)
+    throw std::invalid_argument(std::string("shardlib::kernels::") + kernel + ": rank " + std::to_string(rank) +
+                                " is outside [0, " + std::to_string(max_layout_rank) + "]");
+}
+
+}  // namespace detail
+
+/// out = in with its dims permuted: out dim k is in dim perm[k] (numpy.transpose's axes), so
+/// out's extents are in_extent[perm[k]] and out is row-major in them. `in_extent` and `perm` hold
+/// `rank` (0..8) values. An identity (after dropping extent-1 dims) is a contiguous copy; see the
+/// file comment for the other paths. `in` and `out` must not overlap. Throws
+/// std::invalid_argument for a bad rank, a negative extent, or a perm that is not a permutation.
+template <class Exec, class T>
+void permute(const Exec& exec, const T* in, T* out, int rank, const std::int64_t* in_extent, const int* perm) {
+  detail::check_rank("permute", rank);
+  std::int64_t in_stride[max_layout_rank];
+  bool seen[max_layout_rank] = {};
+  std::int64_t s = 1;
+  for (int d = rank - 1; d >= 0; --d) {
+    if (in_extent[d] < 0)
+      throw std::invalid_argument("shardlib::kernels::permute: extent " + std::to_string(in_extent[d]) + " of dim " +
+                                  std::to_string(d) + " is negative");
+    in_stride[d] = s;
+    s *= in_extent[d];
+  }
+  detail::StridedView v;
+  v.rank = rank;
+  for (int k = 0; k < rank; ++k) {
+    const int d = perm[k];
+    if (d < 0 || d >= rank || seen[d])
+      throw std::invalid_argument("shardlib::kernels::permute: perm[" + std::to_string(k) + "] = " + std::to_string(d) +
+                                  (d >= 0 && d < rank ? " repeats a dim" : " is outside [0, " + std::to_string(rank) + ")") +
+                                  ": perm must be a permutation of 0.." + std::to_string(rank - 1));
+    seen[d] = true;
+    v.extent[k] = in_extent[d];
+    v.stride[k] = in_stride[d];
+  }
+  detail::strided_copy(exec, "shardlib::kernels::permute", in, out, v);
+}
+
+/// out (row-major, extents `count`) = the box of `in` (row-major, extents `in_extent`) that starts
+/// at `start` and spans `count`, per dim (`rank` 0..8 values each); the local work of slice.
+/// Throws std::out_of_range, naming the dim, when the box leaves `in`, and std::invalid_argument
+/// for a bad rank or a negative extent.
+template <class Exec, class T>
+void copy_sub_box(const Exec& exec, const T* in, int rank, const std::int64_t* in_extent, const std::int64_t* start,
+                  const std::int64_t* count, T* out) {
+  detail::check_rank("copy_sub_box", rank);
+  detail::StridedView v;
+  v.rank = rank;
+  std::int64_t s = 1;
+  for (int d = rank - 1; d >= 0; --d) {
+    if (in_extent[d] < 0 || count[d] < 0)
+      throw std::invalid_argument("shardlib::kernels::copy_sub_box: dim " + std::to_string(d) + " has a negative " +
+                                  (in_extent[d] < 0 ? "extent " + std::to_string(in_extent[d])
+                                                    : "count " + std::to_string(count[d])));
+    if (start[d] < 0 || start[d] > in_extent[d] - count[d])
+      throw std::out_of_range("shardlib::kernels::copy_sub_box: dim " + std::to_string(d) + ": [" +
+                              std::to_string(start[d]) + ", " + std::to_string(start[d]) + " + " + std::to_string(count[d]) +
+                              ") is not inside [0, " + std::to_string(in_extent[d]) + ")");
+    v.extent[d] = count[d];
+    v.stride[d] = s;
+    v.offset += start[d] * s;
+    s *= in_extent[d];
+  }
+  detail::strided_copy(exec, "shardlib::kernels::copy_sub_box", in, out, v);
+}
+
+/// numpy.take along a dim (torch.embedding when the dim is 0), on one block of the table:
+/// `table` is [outer, n_local, inner] and holds the global rows [row_offset, row_offset + n_local)
+/// of a dim of global extent `extent`; ids[0..n_ids) are GLOBAL indices. out is [outer, n_ids,
+/// inner]: out[(o * n_ids + m) * inner + i] = table[(o * n_local + ids[m] - row_offset) * inner + i]
+/// when ids[m] is in this block, else T(0), so summing the devices' outputs gives the full take
+/// (Megatron's vocab-parallel embedding). With `check`, an id outside [0, extent) (negative ids
+/// too: no wrap-around) throws std::out_of_range naming the id, its position m and the extent,
+/// before anything is written; without it such an id just gives zeros. Throws
+/// std::invalid_argument when the block does not lie inside [0, extent).
+template <class Exec, class T, class I>
+void take(const Exec& exec, const T* table, std::int64_t outer, std::int64_t n_local, std::int64_t inner,
+          std::int64_t row_offset, std::int64_t extent, const I* ids, std::int64_t n_ids, T* out, bool check) {
+  static_assert(std::is_integral_v<I> && !std::is_same_v<I, bool>, "shardlib::kernels::take: ids must be integers");
+  static_assert(std::is_trivially_copyable_v<T>, "shardlib::kernels::take: elements must be trivially copyable");
+  if (outer < 0 || n_local < 0 || inner < 0 || n_ids < 0)
+    throw std::invalid_argument("shardlib::kernels::take: negative extent in outer = " + std::to_string(outer) +
+                                ", n_local = " + std::to_string(n_local) + ", inner = " + std::to_string(inner) +
+                                ", n_ids = " + std::to_string(n_ids));
+  if (row_offset < 0 || n_local > extent - row_offset)
+    throw std::invalid_argument("shardlib::kernels::take: the block [" + std::to_string(row_offset) + ", " +
+                                std::to_string(row_offset) + " + " + std::to_string(n_local) +
+                                ") does not lie inside the dim [0, " + std::to_string(extent) + ")");
+  if (check) {
+    for (std::int64_t m = 0; m < n_ids; ++m)
+      if (std::cmp_less(ids[m], 0) || std::cmp_greater_equal(ids[m], extent))
+        throw std::out_of_range("shardlib::kernels::take: id " + std::to_string(ids[m]) + " at position " +
+                                std::to_string(m) + " is outside [0, " + std::to_string(extent) + ")");
+  }
+  const std::int64_t chunks = (inner + detail::copy_chunk - 1) / detail::copy_chunk;
+  if (outer != 0 && n_ids != 0 && chunks != 0) {
+    const std::int64_t hi = row_offset + n_local;
+    Kokkos::parallel_for("shardlib::kernels::take", Kokkos::RangePolicy<Exec>(exec, 0, outer * n_ids * chunks),
+                         [=](std::int64_t item) {
+                           const std::int64_t c = item % chunks, om = item / chunks;  // om = o * n_ids + m
+                           const std::int64_t o = om / n_ids;
+                           const I id = ids[om % n_ids];
+                           const std::int64_t start = c * detail::copy_chunk;
+                           const std::int64_t len = inner - start < detail::copy_chunk ? inner - start : detail::copy_chunk;
+                           T* dst = out + om * inner + start;
+                           if (std::cmp_greater_equal(id, row_offset) && std::cmp_less(id, hi)) {
+                             const std::int64_t j = static_cast<std::int64_t>(id) - row_offset;
+                             detail::copy_elements(dst, table + (o * n_local + j) * inner + start, len);
+                           } else {
+                             for (std::int64_t k = 0; k < len; ++k) dst[k] = T(0);
+                           }
+                         });
+  }
+  exec.fence();
+}
+
+}  // namespace shardlib::kernels

@@ -1,0 +1,426 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// Host kernels that reduce along one dim of a local block, and the pieces of softmax and of
+/// layer / RMS normalisation built on such reductions.
+///
+/// Every kernel sees its block as `[outer, n, inner]`, row-major: the reduced dim in the middle,
+/// element (o, j, i) at `(o * n + j) * inner + i`. A *row* is a fixed (o, i); per-row results are
+/// stored at `o * inner + i`. Any of outer, n, inner may be zero.
+///
+/// The kernels know nothing of tensors or collectives. When the reduced dim is split over devices
+/// the op layer runs a *stats* kernel (`reduce_dim`, `argmax_dim`, `exp_sum`, `moments`) on each
+/// device, combines the per-row stats with a collective, and then runs an *apply* kernel
+/// (`softmax_apply`, `layer_norm_apply`, `rms_norm_apply`) with the global stats.
+///
+/// Execution: one `Kokkos::parallel_for` over (o, block of consecutive i) items; blocks hold up to
+/// 1024 rows, fewer when that would leave under 4 items per thread of the execution space. An item
+/// walks j outermost and its i block innermost, so every read is a contiguous run of up to 1024
+/// elements even when inner > 1 (short runs at a large stride cost a cache and TLB miss each); with
+/// inner == 1 a row is contiguous and is accumulated in 16 interleaved lanes, which the compiler
+/// can vectorise. Per-row reductions are serial loops inside an item (no `parallel_reduce`). Every
+/// kernel fences its execution space instance before returning.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+namespace shardlib::kernels {
+
+/// The reduction of `reduce_dim` (kept apart from the sharding layer's `ReduceOp`).
+enum class ReduceKind : std::uint8_t { sum, max, min };
+
+/// The type norms accumulate their moments in: double (also for integer and float elements).
+template <class T>
+using acc_t = double;
+
+namespace detail {
+
+/// The most and the fewest consecutive rows (values of i) one parallel item handles.
+inline constexpr std::int64_t max_row_block = 1024;
+inline constexpr std::int64_t min_row_block = 64;
+/// Interleaved accumulators per row when inner == 1 (a vector's worth, and hides add latency).
+inline constexpr std::int64_t lanes = 16;
+
+inline void check_shape(const char* kernel, std::int64_t outer, std::int64_t n, std::int64_t inner) {
+  if (outer < 0 || n < 0 || inner < 0)
+    throw std::invalid_argument(std::string("shardlib::kernels::") + kernel + ": negative extent in [outer, n, inner] = [" +
+                                std::to_string(outer) + ", " + std::to_string(n) + ", " + std::to_string(inner) + "]");
+}
+
+template <class T>
+constexpr bool is_nan(const T& x) noexcept {
+  if constexpr (std::is_floating_point_v<T>) return x != x;
+  else return false;
+}
+
+/// The identity of max: -inf where T has one, else lowest().
+template <class T>
+constexpr T max_identity() noexcept {
+  if constexpr (std::numeric_limits<T>::has_infinity) return -std::numeric_limits<T>::infinity();
+  else return std::numeric_limits<T>::lowest();
+}
+/// The identity of min: +inf where T has one, else max().
+template <class T>
+constexpr T min_identity() noexcept {
+  if constexpr (std::numeric_limits<T>::has_infinity) return std::numeric_limits<T>::infinity();
+  else return std::numeric_limits<T>::max();
+}
+
+/// Rows per item: max_row_block, halved (down to min_row_block) while there would be fewer than
+/// 4 items per thread of `exec`.
+template <class Exec>
+std::int64_t row_block(const Exec& exec, std::int64_t outer, std::int64_t inner) {
+  const std::int64_t want = 4 * static_cast<std::int64_t>(exec.concurrency());
+  std::int64_t b = max_row_block;
+  while (b > min_row_block && outer * ((inner + b - 1) / b) < want) b /= 2;
+  return b;
+}
+
+/// Runs `item(o, i0, len)` for every o and every block [i0, i0 + len) of at most `row_block`
+/// (<= max_row_block) consecutive i, in parallel on `exec`, then fences.
+template <class Exec, class Item>
+void for_row_blocks(const Exec& exec, const char* label, std::int64_t outer, std::int64_t inner, const Item& item) {
+  const std::int64_t block = row_block(exec, outer, inner);
+  const std::int64_t blocks = (inner + block - 1) / block;
+  if (outer != 0 && blocks != 0) {
+    Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, outer * blocks), [=](std::int64_t k) {
+      const std::int64_t o = k / blocks, i0 = (k % blocks) * block;
+      item(o, i0, inner - i0 < block ? inner - i0 : block);
+    });
+  }
+  exec.fence();
+}
+
+/// A per-row fold: `state = op.init(row)`, `op.step(state, x, j)` for j = 0..n-1 in order (or in
+/// `lanes` interleaved lanes merged by `op.merge(earlier_lane_state, later)` when inner == 1,
+/// which must then be order-insensitive up to rounding), then `op.store(row, state)`.
+template <class Exec, class T, class Op>
+void fold_rows(const Exec& exec, const char* label, const T* in, std::int64_t outer, std::int64_t n, std::int64_t inner,
+               const Op& op) {
+  using State = decltype(op.init(std::int64_t{}));
+  for_row_blocks(exec, label, outer, inner, [=](std::int64_t o, std::int64_t i0, std::int64_t len) {
+    const T* base = in + o * n * inner + i0;
+    if (inner == 1) {
+      State s[lanes];
+      for (std::int64_t l = 0; l < lanes; ++l) s[l] = op.init(o);
+      const std::int64_t full = n / lanes * lanes;
+      for (std::int64_t j = 0; j < full; j += lanes) {
+        const T* line = base + j;
+        for (std::int64_t l = 0; l < lanes; ++l) op.step(s[l], line[l], j + l);
+      }
+      for (std::int64_t j = full; j < n; ++j) op.step(s[j - full], base[j], j);
+      for (std::int64_t l = 1; l < lanes; ++l) op.merge(s[0], s[l]);
+      op.store(o, s[0]);
+      return;
+    }
+    State s[max_row_block];
+    const std::int64_t row0 = o * inner + i0;
+    for (std::int64_t r = 0; r < len; ++r) s[r] = op.init(row0 + r);
+    for (std::int64_t j = 0; j < n; ++j) {
+      const T* line = base + j * inner;
+      for (std::int64_t r = 0; r < len; ++r) op.step(s[r], line[r], j);
+    }
+    for (std::int64_t r = 0; r < len; ++r) op.store(row0 + r, s[r]);
+  });
+}
+
+/// An elementwise pass with per-row parameters: `out = op.apply(in, op.param(row))`.
+template <class Exec, class T, class Op>
+void map_rows(const Exec& exec, const char* label, const T* in, T* out, std::int64_t outer, std::int64_t n,
+              std::int64_t inner, const Op& op) {
+  using Param = decltype(op.param(std::int64_t{}));
+  if (n == 0) {  // nothing to write
+    exec.fence();
+    return;
+  }
+  for_row_blocks(exec, label, outer, inner, [=](std::int64_t o, std::int64_t i0, std::int64_t len) {
+    const std::int64_t off = o * n * inner + i0;
+    const T* src = in + off;
+    T* dst = out + off;
+    if (inner == 1) {
+      const Param p = op.param(o);
+      for (std::int64_t j = 0; j < n; ++j) dst[j] = op.apply(src[j], p);
+      return;
+    }
+    Param p[max_row_block];
+    const std::int64_t row0 = o * inner + i0;
+    for (std::int64_t r = 0; r < len; ++r) p[r] = op.param(row0 + r);
+    for (std::int64_t j = 0; j < n; ++j)
+      for (std::int64_t r = 0; r < len; ++r) dst[j * inner + r] = op.apply(src[j * inner + r], p[r]);
+  });
+}
+
+template <class T, class Acc, ReduceKind K>
+struct ReduceFold {
+  Acc* out;
+  Acc init(std::int64_t) const noexcept {
+    if constexpr (K == ReduceKind::sum) return Acc(0);
+    else if constexpr (K == ReduceKind::max) return max_identity<Acc>();
+    else return min_identity<Acc>();
+  }
+  // max / min propagate NaN: once the state is NaN no comparison replaces it.
+  static void add(Acc& s, const Acc& v) noexcept {
+    if constexpr (K == ReduceKind::sum) s = static_cast<Acc>(s + v);
+    else {
+      const bool nan = is_nan(v);  // with `|` below (not `||`): no branch, so the loop vectorises
+      if constexpr (K == ReduceKind::max) s = ((v > s) | nan) ? v : s;
+      else s = ((v < s) | nan) ? v : s;
+    }
+  }
+  void step(Acc& s, const T& x, std::int64_t) const noexcept { add(s, static_cast<Acc>(x)); }
+  void merge(Acc& s, const Acc& t) const noexcept { add(s, t); }
+  void store(std::int64_t row, const Acc& s) const noexcept { out[row] = s; }
+};
+
+template <class T>
+struct ArgState {
+  T value;
+  std::int64_t index;
+};
+
+template <class T, bool Max>
+struct ArgOp {
+  T* best;
+  std::int64_t* index;
+  std::int64_t offset;
+  ArgState<T> init(std::int64_t) const noexcept { return {Max ? max_identity<T>() : min_identity<T>(), -1}; }
+  /// Whether (v, j) beats (s.value, s.index): strictly better, or NaN over non-NaN; ties and
+  /// later NaNs keep the smaller index (an empty state has index -1 and always loses).
+  static bool better(const T& v, std::int64_t j, const ArgState<T>& s) noexcept {
+    if (s.index < 0) return true;
+    if (is_nan(s.value)) return is_nan(v) && j < s.index;
+    if (is_nan(v)) return true;
+    if (Max ? v > s.value : v < s.value) return true;
+    return v == s.value && j < s.index;
+  }
+  void step(ArgState<T>& s, const T& x, std::int64_t j) const noexcept {
+    if (better(x, j, s)) s = {x, j};
+  }
+  void merge(ArgState<T>& s, const ArgState<T>& t) const noexcept {
+    if (t.index >= 0 && better(t.value, t.index, s)) s = t;
+  }
+  void store(std::int64_t row, const ArgState<T>& s) const noexcept {
+    best[row] = s.value;
+    index[row] = s.index < 0 ? -1 : s.index + offset;
+  }
+};
+
+template <class Exec, class T, bool Max>
+void arg_dim(const Exec& exec, const char* label, const T* in, T* best, std::int64_t* index, std::int64_t outer,
+             std::int64_t n, std::int64_t inner, std::int64_t index_offset) {
+  check_shape(label, outer, n, inner);
+  fold_rows(exec, label, in, outer, n, inner, ArgOp<T, Max>{best, index, index_offset});
+}
+
+}  // namespace detail
+
+/// out[o * inner + i] = the `k`-reduction over j of in[(o * n + j) * inner + i], accumulated in
+/// `Acc`. n == 0 gives the identity: 0, -inf / +inf for floating point, lowest() / max() of
+/// `Acc` otherwise. max and min propagate NaN (as torch.amax / amin). With inner == 1 a sum is
+/// accumulated in 16 interleaved partial sums, so its rounding differs from a sequential loop.
+template <class Exec, class T, class Acc = T>
+void reduce_dim(const Exec& exec, const T* in, Acc* out, std::int64_t outer, std::int64_t n, std::int64_t inner,
+                ReduceKind k) {
+  detail::check_shape("reduce_dim", outer, n, inner);
+  switch (k) {
+    case ReduceKind::sum:
+      detail::fold_rows(exec, "shardlib::kernels::reduce_dim(sum)", in, outer, n, inner,
+                        detail::ReduceFold<T, Acc, ReduceKind::sum>{out});
+      return;
+    case ReduceKind::max:
+      detail::fold_rows(exec, "shardlib::kernels::reduce_dim(max)", in, outer, n, inner,
+                        detail::ReduceFold<T, Acc, ReduceKind::max>{out});
+      return;
+    case ReduceKind::min:
+      detail::fold_rows(exec, "shardlib::kernels::reduce_dim(min)", in, outer, n, inner,
+                        detail::ReduceFold<T, Acc, ReduceKind::min>{out});
+      return;
+  }
+  throw std::invalid_argument("shardlib::kernels::reduce_dim: unknown ReduceKind " + std::to_string(int(k)));
+}
+
+/// Per row, the first maximum: best[row] = its value, index[row] = its j + `index_offset` (the
+/// block's global offset along the dim). NaN counts as greater than every number (as torch's
+/// argmax): a row holding NaN answers its first NaN. n == 0: value -inf (lowest() for integers),
+/// index -1. Devices' answers combine with `arg_better<true>` (ties: smaller index).
+template <class Exec, class T>
+void argmax_dim(const Exec& exec, const T* in, T* best, std::int64_t* index, std::int64_t outer, std::int64_t n,
+                std::int64_t inner, std::int64_t index_offset) {
+  detail::arg_dim<Exec, T, true>(exec, "argmax_dim", in, best, index, outer, n, inner, index_offset);
+}
+
+/// As `argmax_dim`, for the first minimum (NaN still wins, as in torch's argmin); n == 0 gives
+/// +inf (max() for integers) and index -1.
+template <class Exec, class T>
+void argmin_dim(const Exec& exec, const T* in, T* best, std::int64_t* index, std::int64_t outer, std::int64_t n,
+                std::int64_t inner, std::int64_t index_offset) {
+  detail::arg_dim<Exec, T, false>(exec, "argmin_dim", in, best, index, outer, n, inner, index_offset);
+}
+
+/// Whether candidate (v, i) beats (w, k) for argmax (`Max`) or argmin, by the kernels' rule:
+/// NaN beats numbers, then the larger (smaller) value, then the smaller index; index -1 (an empty
+/// block) always loses. For combining per-device answers of `argmax_dim` / `argmin_dim`.
+template <bool Max, class T>
+constexpr bool arg_better(const T& v, std::int64_t i, const T& w, std::int64_t k) noexcept {
+  if (i < 0) return false;
+  return detail::ArgOp<T, Max>::better(v, i, detail::ArgState<T>{w, k});
+}
+
+/// Softmax pass 2: row_sum[row] = sum over j of exp(in - row_max[row]), where row_max is the
+/// row's GLOBAL maximum (pass 1 is `reduce_dim` max, then a max all-reduce). Summed in double.
+/// n == 0 gives 0. A row whose maximum is -inf (all -inf) gives NaN, as torch does.
+template <class Exec, class T>
+void exp_sum(const Exec& exec, const T* in, const T* row_max, T* row_sum, std::int64_t outer, std::int64_t n,
+             std::int64_t inner) {
+  static_assert(std::is_floating_point_v<T>, "shardlib::kernels::exp_sum: T must be a floating-point type");
+  detail::check_shape("exp_sum", outer, n, inner);
+  struct State {
+    double sum;
+    T max;
+  };
+  struct Op {
+    const T* row_max;
+    T* row_sum;
+    State init(std::int64_t row) const noexcept { return {0.0, row_max[row]}; }
+    void step(State& s, const T& x, std::int64_t) const noexcept { s.sum += static_cast<double>(std::exp(x - s.max)); }
+    void merge(State& s, const State& t) const noexcept { s.sum += t.sum; }
+    void store(std::int64_t row, const State& s) const noexcept { row_sum[row] = static_cast<T>(s.sum); }
+  };
+  detail::fold_rows(exec, "shardlib::kernels::exp_sum", in, outer, n, inner, Op{row_max, row_sum});
+}
+
+/// Softmax pass 3, with the global row_max and row_sum: out = exp(in - max) / sum, or with `log`,
+/// out = in - max - log(sum). `out` may be `in` (in place).
+template <class Exec, class T>
+void softmax_apply(const Exec& exec, const T* in, T* out, const T* row_max, const T* row_sum, std::int64_t outer,
+                   std::int64_t n, std::int64_t inner, bool log) {
+  static_assert(std::is_floating_point_v<T>, "shardlib::kernels::softmax_apply: T must be a floating-point type");
+  detail::check_shape("softmax_apply", outer, n, inner);
+  struct Param {
+    T max, k;  // k = 1 / sum, or log(sum)
+  };
+  if (log) {
+    struct Op {
+      const T *row_max, *row_sum;
+      Param param(std::int64_t row) const noexcept { return {row_max[row], std::log(row_sum[row])}; }
+      T apply(const T& x, const Param& p) const noexcept { return x - p.max - p.k; }
+    };
+    detail::map_rows(exec, "shardlib::kernels::log_softmax_apply", in, out, outer, n, inner, Op{row_max, row_sum});
+  } else {
+    struct Op {
+      const T *row_max, *row_sum;
+      Param param(std::int64_t row) const noexcept { return {row_max[row], T(1) / row_sum[row]}; }
+      T apply(const T& x, const Param& p) const noexcept { return std::exp(x - p.max) * p.k; }
+    };
+    detail::map_rows(exec, "shardlib::kernels::softmax_apply", in, out, outer, n, inner, Op{row_max, row_sum});
+  }
+}
+
+/// Norm stats: sum[row] = sum over j of in, sumsq[row] = sum over j of in², in `acc_t<T>`
+/// (double). `sum` may be null (RMS norm needs only sumsq). n == 0 gives zeros.
+template <class Exec, class T>
+void moments(const Exec& exec, const T* in, acc_t<T>* sum, acc_t<T>* sumsq, std::int64_t outer, std::int64_t n,
+             std::int64_t inner) {
+  detail::check_shape("moments", outer, n, inner);
+  using A = acc_t<T>;
+  struct State {
+    A s, q;
+  };
+  struct Op {
+    A *sum, *sumsq;
+    State init(std::int64_t) const noexcept { return {A(0), A(0)}; }
+    void step(State& st, const T& x, std::int64_t) const noexcept {
+      const A v = static_cast<A>(x);
+      st.s += v;
+      st.q += v * v;
+    }
+    void merge(State& st, const State& t) const noexcept {
+      st.s += t.s;
+      st.q += t.q;
+    }
+    void store(std::int64_t row, const State& st) const noexcept {
+      if (sum != nullptr) sum[row] = st.s;
+      sumsq[row] = st.q;
+    }
+  };
+  detail::fold_rows(exec, "shardlib::kernels::moments", in, outer, n, inner, Op{sum, sumsq});
+}
+
+namespace detail {
+inline void check_count(const char* kernel, std::int64_t n, std::int64_t count, double eps) {
+  if (count < n)
+    throw std::invalid_argument(std::string("shardlib::kernels::") + kernel + ": global count " + std::to_string(count) +
+                                " is smaller than the local extent " + std::to_string(n) + " of the normalised dim");
+  if (!(eps >= 0))
+    throw std::invalid_argument(std::string("shardlib::kernels::") + kernel + ": eps must be >= 0, got " +
+                                std::to_string(eps));
+}
+}  // namespace detail
+
+/// Layer norm apply, with the GLOBAL row stats from `moments` (all-reduced) and `count` = the full
+/// extent of the normalised dim (>= the local n): y = (x - mean) / sqrt(var + eps), mean =
+/// sum / count, var = max(sumsq / count - mean², 0) (biased, as torch). Computed in double.
+/// `out` may be `in`. Throws std::invalid_argument if count < n or eps < 0.
+template <class Exec, class T>
+void layer_norm_apply(const Exec& exec, const T* in, T* out, const acc_t<T>* sum, const acc_t<T>* sumsq,
+                      std::int64_t outer, std::int64_t n, std::int64_t inner, std::int64_t count, double eps) {
+  detail::check_shape("layer_norm_apply", outer, n, inner);
+  detail::check_count("layer_norm_apply", n, count, eps);
+  using A = acc_t<T>;
+  struct Param {
+    A mean, rstd;
+  };
+  struct Op {
+    const A *sum, *sumsq;
+    A count, eps;
+    Param param(std::int64_t row) const noexcept {
+      const A mean = sum[row] / count, var = sumsq[row] / count - mean * mean;
+      return {mean, A(1) / std::sqrt((var > A(0) ? var : A(0)) + eps)};
+    }
+    T apply(const T& x, const Param& p) const noexcept { return static_cast<T>((static_cast<A>(x) - p.mean) * p.rstd); }
+  };
+  detail::map_rows(exec, "shardlib::kernels::layer_norm_apply", in, out, outer, n, inner,
+                   Op{sum, sumsq, static_cast<A>(count), static_cast<A>(eps)});
+}
+
+/// RMS norm apply, with the GLOBAL sumsq from `moments` and `count` as for `layer_norm_apply`:
+/// y = x / sqrt(sumsq / count + eps). Computed in double. `out` may be `in`.
+template <class Exec, class T>
+void rms_norm_apply(const Exec& exec, const T* in, T* out, const acc_t<T>* sumsq, std::int64_t outer, std::int64_t n,
+                    std::int64_t inner, std::int64_t count, double eps) {
+  detail::check_shape("rms_norm_apply", outer, n, inner);
+  detail::check_count("rms_norm_apply", n, count, eps);
+  using A = acc_t<T>;
+  struct Op {
+    const A* sumsq;
+    A count, eps;
+    A param(std::int64_t row) const noexcept { return A(1) / std::sqrt(sumsq[row] / count + eps); }
+    T apply(const T& x, const A& rstd) const noexcept { return static_cast<T>(static_cast<A>(x) * rstd); }
+  };
+  detail::map_rows(exec, "shardlib::kernels::rms_norm_apply", in, out, outer, n, inner,
+                   Op{sumsq, static_cast<A>(count), static_cast<A>(eps)});
+}
+
+/// data[k] *= factor for k in [0, n) (a mean is a sum scaled by 1 / count).
+template <class Exec, class T>
+void scale(const Exec& exec, T* data, std::int64_t n, T factor) {
+  if (n < 0) throw std::invalid_argument("shardlib::kernels::scale: negative count " + std::to_string(n));
+  constexpr std::int64_t chunk = 4096;
+  if (n != 0) {
+    Kokkos::parallel_for("shardlib::kernels::scale", Kokkos::RangePolicy<Exec>(exec, 0, (n + chunk - 1) / chunk),
+                         [=](std::int64_t c) {
+                           T* p = data + c * chunk;
+                           const std::int64_t len = n - c * chunk < chunk ? n - c * chunk : chunk;
+                           for (std::int64_t k = 0; k < len; ++k) p[k] = static_cast<T>(p[k] * factor);
+                         });
+  }
+  exec.fence();
+}
+
+}  // namespace shardlib::kernels

@@ -1,0 +1,277 @@
+// SPDX-License-Identifier: Apache-2.0
+// permute, take and copy_sub_box (kernels/layout.hpp) against index arithmetic on random
+// shapes: every perm of rank 3, random perms of ranks 1..5, transposes that are not square and
+// not multiples of the 32 x 32 tile, take over blocks of a table summed like the vocab-parallel
+// embedding, and bad arguments rejected before anything is written.
+#include <doctest/doctest.h>
+#include <shardlib/kernels/layout.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace k = shardlib::kernels;
+
+namespace {
+
+using I64 = std::int64_t;
+const Kokkos::DefaultHostExecutionSpace exec{};
+
+I64 count(const std::vector<I64>& e) {
+  return std::accumulate(e.begin(), e.end(), I64{1}, [](I64 a, I64 b) { return a * b; });
+}
+
+std::vector<double> iota(I64 n) {
+  std::vector<double> v(static_cast<std::size_t>(n));
+  std::iota(v.begin(), v.end(), 1.0);
+  return v;
+}
+
+// Row-major multi-index of a linear index.
+std::vector<I64> unravel(I64 lin, const std::vector<I64>& e) {
+  std::vector<I64> idx(e.size());
+  for (std::size_t d = e.size(); d-- > 0;) {
+    idx[d] = lin % e[d];
+    lin /= e[d];
+  }
+  return idx;
+}
+I64 ravel(const std::vector<I64>& idx, const std::vector<I64>& e) {
+  I64 k = 0;
+  for (std::size_t d = 0; d < e.size(); ++d) k = k * e[d] + idx[d];
+  return k;
+}
+
+// Checks permute on one shape and perm against the definition out[idx] = in[idx mapped back].
+template <class T>
+void check_permute(const std::vector<I64>& ext, const std::vector<int>& perm) {
+  const int rank = int(ext.size());
+  const I64 n = count(ext);
+  std::vector<T> in(static_cast<std::size_t>(n));
+  for (I64 i = 0; i < n; ++i) in[std::size_t(i)] = static_cast<T>(i + 1);
+  std::vector<I64> oext(ext.size());
+  for (int k2 = 0; k2 < rank; ++k2) oext[std::size_t(k2)] = ext[std::size_t(perm[std::size_t(k2)])];
+  std::vector<T> out(std::size_t(n) + 1, T(-7));  // one sentinel past the end
+  k::permute(exec, in.data(), out.data(), rank, ext.data(), perm.data());
+  for (I64 o = 0; o < n; ++o) {
+    const auto oi = unravel(o, oext);
+    std::vector<I64> ii(ext.size());
+    for (int k2 = 0; k2 < rank; ++k2) ii[std::size_t(perm[std::size_t(k2)])] = oi[std::size_t(k2)];
+    REQUIRE(out[std::size_t(o)] == in[std::size_t(ravel(ii, ext))]);
+  }
+  REQUIRE(out[std::size_t(n)] == T(-7));
+}
+
+std::string shape_text(const std::vector<I64>& e, const std::vector<int>& p) {
+  std::string s = "extent";
+  for (I64 x : e) s += " " + std::to_string(x);
+  s += " perm";
+  for (int x : p) s += " " + std::to_string(x);
+  return s;
+}
+
+template <class E, class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "no throw";
+}
+
+}  // namespace
+
+TEST_SUITE("kernels_layout") {
+  TEST_CASE("permute: every perm of rank 3 and random perms of ranks 1..5 on random extents") {
+    std::mt19937_64 g(11);
+    const I64 ext_choice[] = {0, 1, 1, 2, 3, 5, 17, 32, 33, 40};
+    for (int c = 0; c < 60; ++c) {
+      std::vector<I64> ext(3);
+      for (auto& x : ext) x = ext_choice[g() % std::size(ext_choice)];
+      std::vector<int> perm = {0, 1, 2};
+      do {
+        CAPTURE(shape_text(ext, perm));
+        check_permute<float>(ext, perm);
+      } while (std::next_permutation(perm.begin(), perm.end()));
+    }
+    for (int c = 0; c < 400; ++c) {
+      const int rank = 1 + int(g() % 5);
+      std::vector<I64> ext(std::size_t(rank), 1);
+      for (auto& x : ext) x = ext_choice[g() % std::size(ext_choice)];
+      while (count(ext) > 40000) ext[g() % ext.size()] = 2;
+      std::vector<int> perm(static_cast<std::size_t>(rank));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), g);
+      CAPTURE(shape_text(ext, perm));
+      if (c % 2 == 0) check_permute<double>(ext, perm);
+      else check_permute<std::int16_t>(ext, perm);
+    }
+  }
+
+  TEST_CASE("permute: transposes that are not square nor tile multiples, batched, identities, rank 0") {
+    const std::vector<std::pair<std::vector<I64>, std::vector<int>>> cases = {
+        {{37, 70}, {1, 0}},          {{70, 37}, {1, 0}},           {{1, 100}, {1, 0}},
+        {{100, 1}, {1, 0}},          {{33, 1}, {1, 0}},            {{3, 45, 33}, {0, 2, 1}},
+        {{2, 31, 65, 3}, {0, 1, 3, 2}}, {{4, 1, 97, 1, 35}, {0, 4, 2, 1, 3}}, {{64, 96}, {1, 0}},
+        {{130, 300}, {1, 0}},        {{2, 129, 257}, {0, 2, 1}},   {{3, 200, 5, 150}, {0, 3, 2, 1}},  // > 1 tile
+        {{5, 6, 7}, {2, 0, 1}},      {{3, 4, 5, 6}, {1, 0, 2, 3}},  // last dim kept: run copies
+        {{40000}, {0}},              {{2, 20000}, {0, 1}},          // identity: contiguous, chunked
+        {{1, 1, 1}, {2, 0, 1}},      {{}, {}},                      // one element
+    };
+    for (const auto& c : cases) {
+      const auto& ext = c.first;  // (clang 14 cannot capture structured bindings in CAPTURE)
+      const auto& perm = c.second;
+      CAPTURE(shape_text(ext, perm));
+      check_permute<float>(ext, perm);
+      check_permute<char>(ext, perm);
+    }
+  }
+
+  TEST_CASE("permute: a bad rank or perm throws before writing") {
+    const std::vector<I64> ext = {2, 3, 4};
+    std::vector<float> in(24, 1), out(24, 0);
+    const int repeat[3] = {0, 1, 1}, outside[3] = {0, 3, 1};
+    CHECK(message_of<std::invalid_argument>([&] { k::permute(exec, in.data(), out.data(), 3, ext.data(), repeat); }) ==
+          "shardlib::kernels::permute: perm[2] = 1 repeats a dim: perm must be a permutation of 0..2");
+    CHECK(message_of<std::invalid_argument>([&] { k::permute(exec, in.data(), out.data(), 3, ext.data(), outside); }) ==
+          "shardlib::kernels::permute: perm[1] = 3 is outside [0, 3): perm must be a permutation of 0..2");
+    CHECK(message_of<std::invalid_argument>([&] { k::permute(exec, in.data(), out.data(), 9, ext.data(), repeat); })
+              .find("rank 9 is outside [0, 8]") != std::string::npos);
+    const I64 neg[2] = {2, -1};
+    const int id2[2] = {0, 1};
+    CHECK(message_of<std::invalid_argument>([&] { k::permute(exec, in.data(), out.data(), 2, neg, id2); })
+              .find("extent -1 of dim 1 is negative") != std::string::npos);
+    CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 0; }));
+  }
+
+  TEST_CASE("copy_sub_box: random boxes of ranks 0..4 match index arithmetic") {
+    std::mt19937_64 g(12);
+    for (int c = 0; c < 500; ++c) {
+      const int rank = int(g() % 5);
+      std::vector<I64> ext(static_cast<std::size_t>(rank)), start(ext.size()), cnt(ext.size());
+      for (int d = 0; d < rank; ++d) {
+        const auto u = std::size_t(d);
+        ext[u] = I64(g() % 12);
+        if (g() % 4 == 0) ext[u] = 40;  // > tile, several runs
+        start[u] = ext[u] == 0 ? 0 : I64(g() % std::uint64_t(ext[u] + 1));
+        cnt[u] = I64(g() % std::uint64_t(ext[u] - start[u] + 1));
+        if (g() % 3 == 0) start[u] = 0, cnt[u] = ext[u];  // whole dims merge into runs
+      }
+      const auto in = iota(count(ext));
+      const I64 n = count(cnt);
+      std::vector<double> out(std::size_t(n) + 1, -7);
+      k::copy_sub_box(exec, in.data(), rank, ext.data(), start.data(), cnt.data(), out.data());
+      for (I64 o = 0; o < n; ++o) {
+        auto idx = unravel(o, cnt);
+        for (std::size_t d = 0; d < idx.size(); ++d) idx[d] += start[d];
+        REQUIRE(out[std::size_t(o)] == in[std::size_t(ravel(idx, ext))]);
+      }
+      REQUIRE(out[std::size_t(n)] == -7);
+    }
+    // Long contiguous runs (chunked copies).
+    const std::vector<I64> ext = {3, 50000}, start = {1, 7}, cnt = {2, 49990};
+    const auto in = iota(count(ext));
+    std::vector<double> out(std::size_t(count(cnt)));
+    k::copy_sub_box(exec, in.data(), 2, ext.data(), start.data(), cnt.data(), out.data());
+    CHECK(out.front() == in[50007]);
+    CHECK(out.back() == in[2 * 50000 + 7 + 49989]);
+    CHECK(out[49990] == in[100007]);
+  }
+
+  TEST_CASE("copy_sub_box: a box leaving the input throws naming the dim") {
+    const std::vector<I64> ext = {4, 5}, cnt = {2, 3};
+    const std::vector<I64> bad = {2, 3};  // 3 + 3 > 5
+    std::vector<float> in(20, 1), out(6, 0);
+    CHECK(message_of<std::out_of_range>([&] { k::copy_sub_box(exec, in.data(), 2, ext.data(), bad.data(), cnt.data(), out.data()); }) ==
+          "shardlib::kernels::copy_sub_box: dim 1: [3, 3 + 3) is not inside [0, 5)");
+    const std::vector<I64> negstart = {-1, 0};
+    CHECK(message_of<std::out_of_range>([&] { k::copy_sub_box(exec, in.data(), 2, ext.data(), negstart.data(), cnt.data(), out.data()); })
+              .find("dim 0") != std::string::npos);
+    const std::vector<I64> negcnt = {2, -1}, zero = {0, 0};
+    CHECK(message_of<std::invalid_argument>([&] { k::copy_sub_box(exec, in.data(), 2, ext.data(), zero.data(), negcnt.data(), out.data()); }) ==
+          "shardlib::kernels::copy_sub_box: dim 1 has a negative count -1");
+    CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 0; }));
+  }
+
+  TEST_CASE("take: blocks of the table, summed over devices, give numpy.take; ids outside a block give zeros") {
+    std::mt19937_64 g(13);
+    for (int c = 0; c < 300; ++c) {
+      const I64 outer = I64(g() % 4), extent = I64(g() % 20), inner = I64(g() % 5);
+      const I64 n_ids = I64(g() % 9);
+      const auto table = iota(outer * extent * inner);
+      std::vector<std::int32_t> ids(static_cast<std::size_t>(n_ids));
+      for (auto& id : ids) id = extent == 0 ? 0 : std::int32_t(g() % std::uint64_t(extent));
+      if (extent == 0) ids.clear();
+      const I64 m_ids = I64(ids.size());
+      // Cut the dim into up to 4 blocks at random points.
+      std::vector<I64> cuts = {0, extent};
+      for (int b = 0; b < 3; ++b) cuts.push_back(extent == 0 ? 0 : I64(g() % std::uint64_t(extent + 1)));
+      std::sort(cuts.begin(), cuts.end());
+      std::vector<double> sum(std::size_t(outer * m_ids * inner), 0.0);
+      for (std::size_t b = 0; b + 1 < cuts.size(); ++b) {
+        const I64 lo = cuts[b], n_local = cuts[b + 1] - cuts[b];
+        std::vector<double> block;
+        for (I64 o = 0; o < outer; ++o)
+          for (I64 j = lo; j < lo + n_local; ++j)
+            for (I64 i = 0; i < inner; ++i) block.push_back(table[std::size_t((o * extent + j) * inner + i)]);
+        std::vector<double> out(sum.size(), -7);
+        k::take(exec, block.data(), outer, n_local, inner, lo, extent, ids.data(), m_ids, out.data(), true);
+        for (I64 o = 0; o < outer; ++o)
+          for (I64 m = 0; m < m_ids; ++m)
+            for (I64 i = 0; i < inner; ++i) {
+              const I64 id = ids[std::size_t(m)];
+              const double v = out[std::size_t((o * m_ids + m) * inner + i)];
+              if (id >= lo && id < lo + n_local) REQUIRE(v == table[std::size_t((o * extent + id) * inner + i)]);
+              else REQUIRE(v == 0.0);
+              sum[std::size_t((o * m_ids + m) * inner + i)] += v;
+            }
+      }
+      for (I64 o = 0; o < outer; ++o)
+        for (I64 m = 0; m < m_ids; ++m)
+          for (I64 i = 0; i < inner; ++i)
+            REQUIRE(sum[std::size_t((o * m_ids + m) * inner + i)] ==
+                    table[std::size_t((o * extent + ids[std::size_t(m)]) * inner + i)]);
+    }
+    // Wide rows (chunked copies), unsigned and 64-bit ids.
+    const I64 inner = 40000;
+    const auto table = iota(3 * inner);
+    const std::uint16_t uids[2] = {2, 0};
+    std::vector<double> out(2 * inner);
+    k::take(exec, table.data(), 1, 3, inner, 0, 3, uids, 2, out.data(), true);
+    CHECK(out[0] == table[2 * inner]);
+    CHECK(out[2 * inner - 1] == table[inner - 1]);
+    CHECK(out[inner - 1] == table[3 * inner - 1]);
+    const std::int64_t lids[3] = {5, 6, 4};  // block holds global rows [5, 8) of 10
+    std::vector<float> t2 = {1, 2, 3}, o2(3, -1);
+    k::take(exec, t2.data(), 1, 3, 1, 5, 10, lids, 3, o2.data(), true);
+    CHECK(o2 == std::vector<float>{1, 2, 0});
+  }
+
+  TEST_CASE("take: out-of-range ids throw with the id, its position and the extent; nothing written") {
+    std::vector<float> table = {1, 2, 3, 4}, out(3, -1);
+    const int neg[3] = {0, -1, 1}, high[3] = {1, 0, 4};
+    CHECK(message_of<std::out_of_range>([&] { k::take(exec, table.data(), 1, 2, 2, 0, 4, neg, 3, out.data(), true); }) ==
+          "shardlib::kernels::take: id -1 at position 1 is outside [0, 4)");
+    CHECK(message_of<std::out_of_range>([&] { k::take(exec, table.data(), 1, 2, 1, 2, 4, high, 3, out.data(), true); }) ==
+          "shardlib::kernels::take: id 4 at position 2 is outside [0, 4)");
+    const std::uint64_t huge[1] = {~std::uint64_t{0}};
+    CHECK(message_of<std::out_of_range>([&] { k::take(exec, table.data(), 1, 4, 1, 0, 4, huge, 1, out.data(), true); }) ==
+          "shardlib::kernels::take: id 18446744073709551615 at position 0 is outside [0, 4)");
+    CHECK(out == std::vector<float>{-1, -1, -1});
+    // Unchecked: such ids give zeros (no wrap-around, no read outside the block).
+    k::take(exec, table.data(), 1, 4, 1, 0, 4, neg, 3, out.data(), false);
+    CHECK(out == std::vector<float>{1, 0, 2});
+    k::take(exec, table.data(), 1, 4, 1, 0, 4, huge, 1, out.data(), false);
+    CHECK(out[0] == 0);
+    CHECK(message_of<std::invalid_argument>([&] { k::take(exec, table.data(), 1, -4, 1, 0, 4, neg, 3, out.data(), true); }) ==
+          "shardlib::kernels::take: negative extent in outer = 1, n_local = -4, inner = 1, n_ids = 3");
+    // A block that does not lie inside the dim.
+    CHECK(message_of<std::invalid_argument>([&] { k::take(exec, table.data(), 1, 4, 1, 2, 5, neg, 0, out.data(), true); }) ==
+          "shardlib::kernels::take: the block [2, 2 + 4) does not lie inside the dim [0, 5)");
+  }
+}
