@@ -1,15 +1,21 @@
 // SPDX-License-Identifier: Apache-2.0
-// shardlib quickstart: a device mesh and partition specs as types, run as an SPMD program.
+// shardlib quickstart: a transformer MLP block (column-parallel, gelu, row-parallel) on a
+// data x model mesh, with specs as types and collectives inserted by the library.
 //
-// A mesh names its axes in its type and takes their sizes at run time; a spec says, per tensor
-// dim, which mesh axes split it. The library checks every spec against its mesh at compile time
-// (try changing "model" below to "pipe"). The program runs once per device, on the threads
-// backend (in-process devices) or under mpirun, and talks to the devices along one mesh axis.
+// Only the inputs are annotated: x splits its batch over "data", w1 its columns and w2 its rows
+// over "model" (Megatron-LM's tensor parallelism). Every intermediate's spec follows from the op
+// rules at compile time: x·w1 is split over "model" along the hidden dim, gelu keeps that, and
+// the row-parallel product leaves a pending sum over "model" - which costs exactly one collective
+// when it is resolved: an all_reduce to a replicated result, or a reduce_scatter when the result
+// is wanted split along the sequence (sequence parallelism). The program prints the specs, the
+// collectives each step emitted (from the counters) and the difference from a one-device result.
 //
 //   build/examples/quickstart [--devices N] [--model M]      (N devices as an (N/M) x M mesh)
 //   mpirun -np 8 build/examples/quickstart
 #include <shardlib/shardlib.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,11 +24,13 @@
 
 namespace sl = shardlib;
 
-using Mesh2D = sl::Mesh<"data", "model">;                          // axis names are types
-using X = sl::Spec<"data", sl::none>;                              // activations: rows over "data"
-using W1 = sl::Spec<sl::none, "model">;                            // column-parallel weight
-using W2 = sl::Spec<"model", sl::none>;                            // row-parallel weight
-using Y = sl::Spec<"data", sl::none, sl::partial_sum<"model">>;    // x·w1·w2 before its all_reduce
+using Mesh2D = sl::Mesh<"data", "model">;  // axis names are types, sizes come at run time
+template <class Spec>
+using Tensor = sl::DistributedTensor<float, Mesh2D, Spec>;
+
+using XSpec = sl::Spec<"data", sl::none, sl::none>;  // [batch, seq, d_model]: batch over "data"
+using W1Spec = sl::Spec<sl::none, "model">;         // [d_model, d_ff]: column-parallel
+using W2Spec = sl::Spec<"model", sl::none>;         // [d_ff, d_model]: row-parallel
 
 namespace {
 int arg(int argc, char** argv, const char* name, int fallback) {
@@ -31,21 +39,38 @@ int arg(int argc, char** argv, const char* name, int fallback) {
   return fallback;
 }
 
-std::string axes_text(const Mesh2D& mesh, const sl::AxisList& axes) {
-  if (axes.empty()) return "-";
-  std::string s;
-  for (int a : axes) s += (s.empty() ? "" : "*") + mesh.shape().name(a).str();
-  return s;
+// What the collectives of one step cost on this device, in one line.
+std::string emitted(const sl::coll::CommRecorder& r) {
+  std::string s = r.to_string();
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  for (auto& c : s)
+    if (c == '\n') c = ';';
+  return s.empty() ? "no collective" : s;
 }
 
-template <class S>
-void show(const char* name, const Mesh2D& mesh) {
-  constexpr sl::Sharding sh = sl::sharding_v<Mesh2D, S>;  // checked at compile time
-  std::printf("  %-3s %-44s dims split over:", name, S::value.to_string().c_str());
-  for (int d = 0; d < sh.rank; ++d) std::printf(" [%s]", axes_text(mesh, sh.dims[static_cast<std::size_t>(d)]).c_str());
-  if (sh.is_partial())
-    std::printf("  pending %s over [%s]", std::string(sl::to_string(sh.op)).c_str(), axes_text(mesh, sh.partial).c_str());
-  std::printf("\n");
+// The same block on one device, in plain loops (the oracle).
+std::vector<float> reference(const std::vector<float>& x, const std::vector<float>& w1, const std::vector<float>& w2,
+                             int rows, int d, int f) {
+  std::vector<float> h(static_cast<std::size_t>(rows) * f), y(static_cast<std::size_t>(rows) * d, 0.0f);
+  for (int r = 0; r < rows; ++r)
+    for (int j = 0; j < f; ++j) {
+      double s = 0;
+      for (int k = 0; k < d; ++k) s += double(x[r * d + k]) * w1[k * f + j];
+      h[r * f + j] = static_cast<float>(0.5 * s * (1 + std::erf(s / std::sqrt(2.0))));
+    }
+  for (int r = 0; r < rows; ++r)
+    for (int j = 0; j < d; ++j) {
+      double s = 0;
+      for (int k = 0; k < f; ++k) s += double(h[r * f + k]) * w2[k * d + j];
+      y[r * d + j] = static_cast<float>(s);
+    }
+  return y;
+}
+
+double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a[i]) - b[i]));
+  return m;
 }
 }  // namespace
 
@@ -58,42 +83,59 @@ int main(int argc, char** argv) {
                   sl::KokkosScope::execution_space_name().c_str());
     rt.spmd([&](sl::Context& ctx) {
       const int n = ctx.num_devices();
-      Mesh2D mesh({model > 0 ? n / model : 0, model}, n);  // checks that the sizes multiply to n
+      const Mesh2D mesh(ctx, {model > 0 ? n / model : 0, model});  // checks that the sizes multiply to n
       const bool printer = ctx.device() == 0;
-      if (printer) {
-        std::printf("mesh %s: %d devices, row-major, last axis fastest\n", mesh.to_string().c_str(), n);
-        std::printf("specs on this mesh:\n");
-        show<X>("x", mesh);
-        show<W1>("w1", mesh);
-        show<W2>("w2", mesh);
-        show<Y>("y", mesh);
-      }
+      const std::int64_t batch = 8, seq = 16, d_model = 64, d_ff = 256;
 
-      // A collective along "model": each device adds its id over its model group (what turns
-      // y's pending sum into a value). The counters say what this device moved.
-      sl::coll::CommRecorder recorder;
-      auto& model_group = ctx.group(mesh, Mesh2D::axes<"model">());
-      int id = ctx.device(), group_sum = 0;
-      model_group.all_reduce(&id, &group_sum, 1, sl::coll::DType::i32, sl::coll::Op::sum);
-      const auto moved = recorder[sl::coll::Kind::all_reduce];
+      // Inputs: the same global tensors whatever the mesh (generated from the global index).
+      auto x = Tensor<XSpec>::random(mesh, {batch, seq, d_model}, 1, -1.0f, 1.0f);
+      auto w1 = Tensor<W1Spec>::random(mesh, {d_model, d_ff}, 2, -0.2f, 0.2f);
+      auto w2 = Tensor<W2Spec>::random(mesh, {d_ff, d_model}, 3, -0.1f, 0.1f);
 
-      // Collect every device's line on device 0, so the output is in device order.
-      std::vector<int> sums(static_cast<std::size_t>(n));
-      ctx.world().all_gather(&group_sum, sums.data(), 1, sl::coll::DType::i32);
+      // The block. Each step's collectives are counted on this device.
+      std::uint64_t block_calls = 0;
+      std::string c1, c2, c3, c4, c5;
+      auto counted = [&](std::string& text, auto&& step) {
+        sl::coll::CommRecorder r;
+        auto result = step();
+        text = emitted(r);
+        block_calls += r.total_calls();
+        return result;
+      };
+      auto h = counted(c1, [&] { return sl::einsum<"bsd,df->bsf">(x, w1); });  // column-parallel
+      auto a = counted(c2, [&] { return sl::gelu(h); });
+      auto y = counted(c3, [&] { return sl::einsum<"bsf,fd->bsd">(a, w2); });  // row-parallel: pending sum
+      auto out = counted(c4, [&] { return Tensor<XSpec>(y); });  // resolve it: one all_reduce
+      const auto in_block = block_calls;
+      // Or resolve it split along the sequence (sequence parallelism): one reduce_scatter.
+      auto seq_out = counted(c5, [&] { return Tensor<sl::Spec<"data", "model", sl::none>>(y); });
+      block_calls = in_block;
+
+      // The one-device oracle (every device takes part in the gathers).
+      const auto xs = x.to_host(), w1s = w1.to_host(), w2s = w2.to_host();
+      const auto got = out.to_host(), got_seq = seq_out.to_host();
       if (printer) {
-        std::printf("all_reduce over \"model\" (each device contributes its id):\n");
-        for (int d = 0; d < n; ++d) {
-          auto c = mesh.coords(d);
-          std::printf("  device %d at (data %d, model %d): group sum %d\n", d, c[0], c[1], sums[static_cast<std::size_t>(d)]);
-        }
-        std::printf("device 0 moved: %llu all_reduce call(s), %llu B sent, %llu B received\n",
-                    static_cast<unsigned long long>(moved.calls), static_cast<unsigned long long>(moved.bytes_sent),
-                    static_cast<unsigned long long>(moved.bytes_received));
-        // The same rules at run time, for specs only known then: a bad one is an exception.
-        sl::PartitionSpec runtime_spec{sl::AxisName::from("model"), sl::none};
-        sl::Sharding r = sl::resolve(runtime_spec, mesh.shape());
-        std::printf("run-time spec %s splits dim 0 over [%s]\n", runtime_spec.to_string().c_str(),
-                    axes_text(mesh, r.dims[0]).c_str());
+        std::printf("mesh %s, %d devices; x [%lld, %lld, %lld], d_ff %lld\n", mesh.to_string().c_str(), n,
+                    static_cast<long long>(batch), static_cast<long long>(seq), static_cast<long long>(d_model),
+                    static_cast<long long>(d_ff));
+        std::printf("  x   %-48s (input)\n", decltype(x)::spec_string().c_str());
+        std::printf("  w1  %-48s (input)\n", decltype(w1)::spec_string().c_str());
+        std::printf("  w2  %-48s (input)\n", decltype(w2)::spec_string().c_str());
+        std::printf("  h   %-48s x·w1: %s\n", decltype(h)::spec_string().c_str(), c1.c_str());
+        std::printf("  a   %-48s gelu(h): %s\n", decltype(a)::spec_string().c_str(), c2.c_str());
+        std::printf("  y   %-48s a·w2: %s\n", decltype(y)::spec_string().c_str(), c3.c_str());
+        std::printf("  out %-48s y resolved: %s\n", decltype(out)::spec_string().c_str(), c4.c_str());
+        std::printf("  seq %-48s y resolved along the sequence: %s\n", decltype(seq_out)::spec_string().c_str(), c5.c_str());
+        const auto want = reference(xs, w1s, w2s, static_cast<int>(batch * seq), static_cast<int>(d_model),
+                                    static_cast<int>(d_ff));
+        std::printf("collectives in the block on device 0: %llu\n", static_cast<unsigned long long>(block_calls));
+        std::printf("max |out - one-device result| = %.3g, sequence-split: %.3g\n", max_diff(got, want),
+                    max_diff(got_seq, want));
+        if (max_diff(got, want) > 1e-4 || max_diff(got_seq, want) > 1e-4)
+          throw std::runtime_error("quickstart: the result differs from the one-device result");
+        if (model > 1 && block_calls != 1)
+          throw std::runtime_error("quickstart: the block emitted " + std::to_string(block_calls) +
+                                   " collectives; the column/row-parallel pair needs exactly one");
       }
     });
   } catch (const std::exception& e) {

@@ -12,6 +12,7 @@ packages=(
   meson ninja-build pkg-config cmake g++ python3   # build tools
   libtrilinos-kokkos-dev                           # Kokkos (3.4, Serial) from Debian
   libeigen3-dev                                    # host linear algebra
+  libopenblas-dev                                  # BLAS under Eigen's host GEMM (optional: -Dblas)
   doctest-dev                                      # tests
   libopenmpi-dev openmpi-bin                       # MPI backend
 )

@@ -10,5 +10,6 @@
 #include <shardlib/sharding/block.hpp>
 #include <shardlib/sharding/reshard.hpp>
 #include <shardlib/spec.hpp>
+#include <shardlib/ops.hpp>
 #include <shardlib/tensor.hpp>
 #include <shardlib/version.hpp>

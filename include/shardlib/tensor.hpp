@@ -767,6 +767,15 @@ class DistributedTensor {
     box_ = shard_box(sharding, mesh_.shape(), shape_, context().device());
     allocate_block();
   }
+  /// Internal (ops): a tensor of `shape` on `mesh` whose block is `data`, kept alive by `owner`
+  /// (which must hold this device's block of `shape` in this spec, row-major).
+  DistributedTensor(const MeshT& mesh, const Shape& shape, std::shared_ptr<void> owner, T* data)
+      : mesh_(mesh), shape_(shape), owner_(std::move(owner)) {
+    box_ = shard_box(sharding, mesh_.shape(), shape_, context().device());
+    local_ = wrap(data, box_, std::make_index_sequence<rank>{});
+  }
+  /// Internal (ops): what keeps the block alive, to share it with a tensor of another shape.
+  const std::shared_ptr<void>& block_owner() const noexcept { return owner_; }
 
  private:
   template <class, class, class, class>

@@ -1,0 +1,269 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// Elementwise ops: `+ - * /` between tensors and with scalars, unary math (exp, log, sqrt, tanh,
+/// relu, gelu, ...), and user functors over one (`map`, tensor.hpp) or several tensors (`zip`),
+/// with numpy broadcasting.
+///
+/// The output spec comes from `elementwise_rule` (sharding/elementwise.hpp) at compile time:
+/// operands align to the right, each dim keeps the more sharded operand's axes, the other operand
+/// is resharded to it (from replicated that is a local slice, no communication). A partial-sum
+/// operand stays partial through linear ops (`a + b` of two partials over the same axes, `-a`,
+/// `a * s`, `a * b` with `b` not partial, `a / b`); every other op reduces it first. An operand
+/// whose extent is 1 along a dim the output is longer in is read with stride 0 (replicated along
+/// that dim first when it was split there: the plan depends on the shapes, the type does not).
+#pragma once
+
+#include <shardlib/kernels/elementwise.hpp>
+#include <shardlib/ops/common.hpp>
+#include <shardlib/sharding/elementwise.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace shardlib {
+namespace detail {
+
+template <class T>
+inline constexpr bool is_scalar_v = std::is_arithmetic_v<T> && !std::is_same_v<T, bool>;
+
+/// The broadcast shape of the operands (numpy rules), or throws std::invalid_argument naming
+/// every operand's shape and spec and the dim that does not match.
+template <std::size_t R, class... Ts>
+std::array<std::int64_t, R> broadcast_shape(const char* op, const Ts&... ts) {
+  std::array<std::int64_t, R> out;
+  out.fill(1);
+  bool ok = true;
+  int bad = -1;
+  auto one = [&](const auto& t) {
+    constexpr std::size_t r = std::remove_cvref_t<decltype(t)>::rank;
+    for (std::size_t d = 0; d < r; ++d) {
+      const std::size_t o = d + (R - r);
+      const std::int64_t e = t.shape()[d];
+      if (e == out[o] || e == 1) continue;
+      if (out[o] == 1) out[o] = e;
+      else if (ok) ok = false, bad = static_cast<int>(o);
+    }
+  };
+  (one(ts), ...);
+  if (!ok) {
+    std::string s = std::string("shardlib: ") + op + ": shapes do not broadcast (output dim " + std::to_string(bad) + "):";
+    ((s += " " + operand_text(ts) + ","), ...);
+    s.pop_back();
+    throw std::invalid_argument(s);
+  }
+  return out;
+}
+
+/// The layout operand `t` is read in: the rule's, replicated along dims of extent 1 that broadcast.
+template <std::size_t R, class Tensor>
+Sharding broadcast_layout(const Tensor& t, Sharding target, const std::array<std::int64_t, R>& out_shape) {
+  constexpr std::size_t r = Tensor::rank;
+  for (std::size_t d = 0; d < r; ++d)
+    if (t.shape()[d] == 1 && out_shape[d + (R - r)] != 1) target.dims[d] = AxisList{};
+  return target;
+}
+
+/// Strides of block `b` of an operand of global shape `shape` (rank r <= R), seen from output
+/// block `out_box`: 0 along dims the operand broadcasts; the pointer is at the output block's first
+/// element.
+template <std::size_t R, class T, std::size_t r>
+kernels::Strided<T, R> strided_view(const Block<T>& b, const std::array<std::int64_t, r>& shape, const ShardBox& out_box,
+                                    const std::array<std::int64_t, R>& out_shape) {
+  kernels::Strided<T, R> s;
+  std::int64_t stride = 1, base = 0;
+  for (std::size_t d = r; d-- > 0;) {
+    const std::size_t o = d + (R - r);
+    const bool broadcast = shape[d] == 1 && out_shape[o] != 1;
+    s.stride[o] = broadcast ? 0 : stride;
+    if (!broadcast) base += (out_box.offset[o] - b.box.offset[d]) * stride;
+    stride *= b.box.extent[d];
+  }
+  s.data = out_box.num_elements() ? b.data + base : b.data;
+  return s;
+}
+
+template <class T>
+using element_t = typename std::remove_cvref_t<T>::value_type;
+
+/// The op: rule at compile time, broadcast shape and operand layouts at run time, one kernel.
+template <OpName Name, Linearity Kind, class F, class Tensor0, class... Tensors>
+auto elementwise_op(F f, const Tensor0& t0, const Tensors&... ts) {
+  using MeshT = typename Tensor0::mesh_type;
+  using Mem = typename Tensor0::memory_space;
+  SHARDLIB_STATIC_REQUIRE(((std::is_same_v<typename Tensors::mesh_type, MeshT> && ...)),
+                          "shardlib: an elementwise op on tensors of different mesh types",
+                          error::op_operands_are_on_different_meshes<Name, MeshT, typename Tensors::mesh_type...>);
+  static constexpr std::array<Sharding, 1 + sizeof...(Tensors)> shardings{Tensor0::sharding, Tensors::sharding...};
+  static constexpr OpRule rule = elementwise_rule(Kind, detail::ArrayRef<Sharding>(shardings.data(), shardings.size()));
+  SHARDLIB_STATIC_REQUIRE((rule.status == OpRule::ok), "shardlib: no sharding rule for this elementwise op and these specs",
+                          error::op_has_no_sharding_rule_for_these_specs<Name, rule.status, typename Tensor0::spec_type,
+                                                                         typename Tensors::spec_type...>);
+  constexpr std::size_t R = static_cast<std::size_t>(rule.out.rank);
+  using U = std::remove_cvref_t<std::invoke_result_t<F, const element_t<Tensor0>&, const element_t<Tensors>&...>>;
+  using Out = DistributedTensor<U, MeshT, spec_t<MeshT, rule.out>, Mem>;
+  (check_same_mesh(Name.text, t0, ts), ...);
+  const std::array<std::int64_t, R> shape = broadcast_shape<R>(Name.text, t0, ts...);
+  Out out(t0.mesh(), shape);
+  std::size_t i = 0;
+  auto block = [&](const auto& t) { return block_as(t, broadcast_layout<R>(t, rule.in[i++], shape)); };
+  const auto b0 = block(t0);
+  const std::tuple blocks{block(ts)...};
+  std::array<std::int64_t, R> extent{};
+  for (std::size_t d = 0; d < R; ++d) extent[d] = out.block().extent[d];
+  auto guard = kernel_guard(out.context(), false);
+  std::apply(
+      [&](const auto&... bs) {
+        kernels::elementwise(out.context().exec(), out.local().data(), extent, f,
+                             strided_view<R>(b0, t0.shape(), out.block(), shape),
+                             strided_view<R>(bs, ts.shape(), out.block(), shape)...);
+      },
+      blocks);
+  return out;
+}
+
+}  // namespace detail
+
+// -- functors (host and device callable, so kernels can inline them) -------------------------------
+namespace fn {
+#define SHARDLIB_FN2(NAME, EXPR)                                                                              \
+  struct NAME {                                                                                              \
+    template <class A, class B>                                                                              \
+    KOKKOS_INLINE_FUNCTION constexpr auto operator()(const A& a, const B& b) const { return EXPR; }           \
+  };
+SHARDLIB_FN2(add, a + b)
+SHARDLIB_FN2(sub, a - b)
+SHARDLIB_FN2(mul, a * b)
+SHARDLIB_FN2(div, a / b)
+SHARDLIB_FN2(max, a < b ? b : a)
+SHARDLIB_FN2(min, b < a ? b : a)
+#undef SHARDLIB_FN2
+/// `f(x, s)` with a scalar bound on the right (or on the left when Left).
+template <class F, class S, bool Left>
+struct bind_scalar {
+  F f;
+  S s;
+  template <class A>
+  KOKKOS_INLINE_FUNCTION constexpr auto operator()(const A& a) const {
+    if constexpr (Left) return f(static_cast<A>(s), a);
+    else return f(a, static_cast<A>(s));
+  }
+};
+struct neg {
+  template <class A>
+  KOKKOS_INLINE_FUNCTION constexpr A operator()(const A& a) const { return -a; }
+};
+#define SHARDLIB_FN1(NAME, EXPR)                                                  \
+  struct NAME {                                                                  \
+    template <class A>                                                           \
+    KOKKOS_INLINE_FUNCTION A operator()(const A& x) const { using std::exp, std::log, std::sqrt, std::tanh, std::abs, std::erf; return EXPR; } \
+  };
+SHARDLIB_FN1(exp, exp(x))
+SHARDLIB_FN1(log, log(x))
+SHARDLIB_FN1(sqrt, sqrt(x))
+SHARDLIB_FN1(rsqrt, A(1) / sqrt(x))
+SHARDLIB_FN1(tanh, tanh(x))
+SHARDLIB_FN1(abs, abs(x))
+SHARDLIB_FN1(square, x * x)
+SHARDLIB_FN1(relu, x > A(0) ? x : A(0))
+SHARDLIB_FN1(sigmoid, A(1) / (A(1) + exp(-x)))
+SHARDLIB_FN1(silu, x / (A(1) + exp(-x)))
+/// GELU, the exact form x/2 (1 + erf(x / sqrt 2)) (torch's default).
+SHARDLIB_FN1(gelu, A(0.5) * x * (A(1) + erf(x * A(0.70710678118654752440))))
+/// GELU, the tanh approximation (torch's approximate="tanh").
+SHARDLIB_FN1(gelu_tanh, A(0.5) * x * (A(1) + tanh(A(0.79788456080286535588) * (x + A(0.044715) * x * x * x))))
+#undef SHARDLIB_FN1
+}  // namespace fn
+
+// -- tensor (op) tensor ----------------------------------------------------------------------------
+#define SHARDLIB_BINARY(OP, NAME, KIND, FN)                                                                         \
+  template <TensorType A, TensorType B>                                                                              \
+  auto operator OP(const A& a, const B& b) {                                                                         \
+    return detail::elementwise_op<NAME, KIND>(FN{}, a, b);                                                           \
+  }                                                                                                                  \
+  template <TensorType A, class S>                                                                                   \
+    requires detail::is_scalar_v<S>                                                                                  \
+  auto operator OP(const A& a, S s) {                                                                                \
+    constexpr Linearity k = KIND == Linearity::scaling ? Linearity::scaling : Linearity::nonlinear;                 \
+    return detail::elementwise_op<NAME, k>(fn::bind_scalar<FN, S, false>{FN{}, s}, a);                              \
+  }                                                                                                                  \
+  template <class S, TensorType B>                                                                                   \
+    requires detail::is_scalar_v<S>                                                                                  \
+  auto operator OP(S s, const B& b) {                                                                                \
+    constexpr Linearity k = std::is_same_v<FN, fn::mul> ? Linearity::scaling : Linearity::nonlinear;                \
+    return detail::elementwise_op<NAME, k>(fn::bind_scalar<FN, S, true>{FN{}, s}, b);                               \
+  }
+/// `a + b`: partial-sum operands over the same axes stay partial; a scalar added to a partial
+/// tensor reduces it first (each addend would get the scalar).
+SHARDLIB_BINARY(+, "add", Linearity::additive, fn::add)
+SHARDLIB_BINARY(-, "sub", Linearity::additive, fn::sub)
+/// `a * b`: linear in each operand: one partial-sum operand stays partial.
+SHARDLIB_BINARY(*, "mul", Linearity::scaling, fn::mul)
+#undef SHARDLIB_BINARY
+
+/// `a / b`: linear in `a` only (a partial divisor is reduced first).
+template <TensorType A, TensorType B>
+auto operator/(const A& a, const B& b) {
+  return detail::elementwise_op<"div", Linearity::quotient>(fn::div{}, a, b);
+}
+template <TensorType A, class S>
+  requires detail::is_scalar_v<S>
+auto operator/(const A& a, S s) {
+  return detail::elementwise_op<"div", Linearity::scaling>(fn::bind_scalar<fn::div, S, false>{fn::div{}, s}, a);
+}
+template <class S, TensorType B>
+  requires detail::is_scalar_v<S>
+auto operator/(S s, const B& b) {
+  return detail::elementwise_op<"div", Linearity::nonlinear>(fn::bind_scalar<fn::div, S, true>{fn::div{}, s}, b);
+}
+/// `-a` (linear: a partial tensor stays partial).
+template <TensorType A>
+auto operator-(const A& a) {
+  return detail::elementwise_op<"neg", Linearity::additive>(fn::neg{}, a);
+}
+
+/// Elementwise maximum / minimum (nonlinear: partial operands are reduced first).
+template <TensorType A, TensorType B>
+auto maximum(const A& a, const B& b) {
+  return detail::elementwise_op<"maximum", Linearity::nonlinear>(fn::max{}, a, b);
+}
+template <TensorType A, TensorType B>
+auto minimum(const A& a, const B& b) {
+  return detail::elementwise_op<"minimum", Linearity::nonlinear>(fn::min{}, a, b);
+}
+
+#define SHARDLIB_UNARY(NAME)                                                           \
+  template <TensorType A>                                                             \
+  auto NAME(const A& a) {                                                             \
+    return detail::elementwise_op<#NAME, Linearity::nonlinear>(fn::NAME{}, a);        \
+  }
+/// Unary math, elementwise (a partial operand is reduced first).
+SHARDLIB_UNARY(exp)
+SHARDLIB_UNARY(log)
+SHARDLIB_UNARY(sqrt)
+SHARDLIB_UNARY(rsqrt)
+SHARDLIB_UNARY(tanh)
+SHARDLIB_UNARY(abs)
+SHARDLIB_UNARY(square)
+SHARDLIB_UNARY(relu)
+SHARDLIB_UNARY(sigmoid)
+SHARDLIB_UNARY(silu)
+SHARDLIB_UNARY(gelu)
+SHARDLIB_UNARY(gelu_tanh)
+#undef SHARDLIB_UNARY
+
+/// `f(a_i, b_i, ...)` elementwise over tensors that broadcast against each other (numpy rules);
+/// `f` is treated as nonlinear (partial operands are reduced first). The element type of the
+/// result is what `f` returns.
+template <class F, TensorType A, TensorType... B>
+auto zip(F f, const A& a, const B&... b) {
+  return detail::elementwise_op<"zip", Linearity::nonlinear>(f, a, b...);
+}
+
+}  // namespace shardlib

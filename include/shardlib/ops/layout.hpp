@@ -1,0 +1,277 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// Layout ops: `permute`/`transpose`, `reshape` (einops-style patterns parsed at compile time),
+/// `slice` and `concat` along a dim, and `take` (gather along a dim; with dim 0 on a
+/// vocabulary-sharded table, Megatron's vocab-parallel embedding).
+///
+/// Rules: sharding/layout.hpp. permute moves specs with their dims and never communicates.
+/// reshape keeps a split dim's axes on the major dim of a merge or split; when the blocks line up
+/// (extents divide evenly) each device reinterprets its own block with no copy, otherwise the
+/// tensor is gathered along its split dims and each device takes its new block. slice and concat
+/// keep the spec; along a split dim, blocks shift between the devices of that dim's group (one
+/// all_to_all of exactly the elements that change owner). take looks each index up in the local
+/// block of the table: when the table is split along the gathered dim, indices held elsewhere give
+/// zeros and the result is partial-sum (one all_reduce when it is resharded).
+#pragma once
+
+#include <shardlib/kernels/layout.hpp>
+#include <shardlib/ops/common.hpp>
+#include <shardlib/sharding/layout.hpp>
+
+#include <array>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace shardlib {
+
+namespace error {
+/// The reshape pattern does not parse: `What` says why, `Position` where.
+template <OpName Pattern, OpName What, int Position>
+struct reshape_pattern_does_not_parse;
+/// take needs integer indices.
+template <class I>
+struct take_needs_integer_indices;
+}  // namespace error
+
+namespace detail {
+
+/// Moves `src` (this device's block `src_box` of a tensor whose dim `d` is shifted by `shift`
+/// into the output's coordinates) into the output block `out_box` at `out`: every output element
+/// that the source holds, from whichever device of dim `d`'s group holds it. Local when the dim
+/// is not split (`axes` empty), else one exchange over the group.
+template <class T, class MeshT>
+void shift_blocks(Context& ctx, const MeshT& mesh, const AxisList& axes, int d, const T* src, ShardBox src_box,
+                  std::int64_t src_extent, std::int64_t shift, T* out, const ShardBox& out_box,
+                  std::int64_t out_extent) {
+  const auto u = static_cast<std::size_t>(d);
+  src_box.offset[u] += shift;
+  if (axes.empty()) {
+    copy_box(ctx, src, src_box, out, out_box, intersect(src_box, out_box));
+    return;
+  }
+  coll::Communicator& g = ctx.group(mesh, axes);
+  const int n = g.size();
+  std::vector<coll::Region> send(static_cast<std::size_t>(n)), recv(send.size());
+  for (int r = 0; r < n; ++r) {  // group rank r holds part r of dim d (only `axes` split it)
+    ShardBox peer_src = src_box, peer_out = out_box;
+    const BlockRange s = block_of(src_extent, n, r), o = block_of(out_extent, n, r);
+    peer_src.offset[u] = s.offset + shift;
+    peer_src.extent[u] = s.size;
+    peer_out.offset[u] = o.offset;
+    peer_out.extent[u] = o.size;
+    send[static_cast<std::size_t>(r)] = region_in(src_box, intersect(src_box, peer_out));
+    recv[static_cast<std::size_t>(r)] = region_in(out_box, intersect(peer_src, out_box));
+  }
+  g.exchange(src, send, out, recv, coll::dtype_of<T>());
+}
+
+}  // namespace detail
+
+/// The tensor with its dims permuted: output dim k is input dim `Perm...[k]` (specs move with
+/// their dims; a local transpose of each block, no communication).
+template <int... Perm, TensorType A>
+auto permute(const A& a) {
+  static constexpr std::array<int, sizeof...(Perm)> perm{Perm...};
+  static constexpr OpRule rule = permute_rule(A::sharding, detail::ArrayRef<int>(perm.data(), perm.size()));
+  SHARDLIB_STATIC_REQUIRE((rule.status == OpRule::ok), "shardlib: permute needs a permutation of 0..rank-1",
+                          error::op_has_no_sharding_rule_for_these_specs<"permute", rule.status, typename A::spec_type>);
+  using T = typename A::value_type;
+  using MeshT = typename A::mesh_type;
+  using Out = DistributedTensor<T, MeshT, spec_t<MeshT, rule.out>, typename A::memory_space>;
+  typename Out::Shape shape{};
+  std::array<std::int64_t, max_tensor_rank> ext{};
+  for (std::size_t k = 0; k < Out::rank; ++k) {
+    shape[k] = a.shape()[static_cast<std::size_t>(perm[k])];
+    ext[k] = a.block().extent[k];
+  }
+  Out out(a.mesh(), shape);
+  auto guard = detail::kernel_guard(out.context(), false);
+  kernels::permute(out.context().exec(), a.local().data(), out.local().data(), static_cast<int>(A::rank), ext.data(),
+                   perm.data());
+  return out;
+}
+
+/// The tensor with dims `D0` and `D1` swapped.
+template <int D0, int D1, TensorType A>
+auto transpose(const A& a) {
+  constexpr int r = static_cast<int>(std::remove_cvref_t<A>::rank);
+  return [&]<int... I>(std::integer_sequence<int, I...>) {
+    return permute<(I == D0 ? D1 : I == D1 ? D0 : I)...>(a);
+  }(std::make_integer_sequence<int, r>{});
+}
+
+namespace detail {
+template <OpName Pattern, std::size_t ROut, class A>
+auto reshape_op(const A& a, const std::array<std::int64_t, ROut>* given) {
+  static constexpr ReshapePattern p = parse_reshape(std::string_view(Pattern.text));
+  SHARDLIB_STATIC_REQUIRE((p.status == OpRule::ok), "shardlib: the reshape pattern does not parse",
+                          error::reshape_pattern_does_not_parse<Pattern, OpName(p.error), p.error_pos>);
+  static constexpr OpRule rule = p.status == OpRule::ok ? reshape_rule(p, A::sharding) : OpRule{};
+  SHARDLIB_STATIC_REQUIRE((p.status != OpRule::ok || rule.status == OpRule::ok),
+                          "shardlib: the reshape pattern's left side does not have the tensor's rank",
+                          error::op_has_no_sharding_rule_for_these_specs<"reshape", rule.status, typename A::spec_type>);
+  using T = typename A::value_type;
+  using MeshT = typename A::mesh_type;
+  using Mem = typename A::memory_space;
+  using Out = DistributedTensor<T, MeshT, spec_t<MeshT, rule.out>, Mem>;
+  static_assert(ROut == 0 || ROut == Out::rank, "shardlib: reshape: the output shape has another rank than the pattern");
+  typename Out::Shape shape{};
+  if (given) {
+    for (std::size_t k = 0; k < Out::rank; ++k) shape[k] = (*given)[k];
+  } else {  // merges only: every output dim is a product of whole input dims
+    for (int d = 0; d < p.in_rank; ++d)
+      if (p.in_first[static_cast<std::size_t>(d) + 1] - p.in_first[static_cast<std::size_t>(d)] != 1)
+        throw std::invalid_argument(std::string("shardlib: reshape \"") + Pattern.text + "\" of " + operand_text(a) +
+                                    " splits input dim " + std::to_string(d) + ": pass the output shape");
+    for (int o = 0; o < p.out_rank; ++o) {
+      std::int64_t e = 1;
+      for (int at = p.out_first[static_cast<std::size_t>(o)]; at < p.out_first[static_cast<std::size_t>(o) + 1]; ++at)
+        e *= a.shape()[static_cast<std::size_t>(at)];  // atom i is input dim i here
+      shape[static_cast<std::size_t>(o)] = e;
+    }
+  }
+  const int bad = check_reshape_shapes(p, a.shape(), shape);
+  if (bad != -1)
+    throw std::invalid_argument(std::string("shardlib: reshape \"") + Pattern.text + "\" of " + operand_text(a) +
+                                " to shape " + shape_text(shape) + (bad >= 0 ? ": output dim " + std::to_string(bad) : std::string(": the shapes")) +
+                                " does not match (a reshape keeps the element count and the pattern's groups)");
+  const Block<T> in = block_as(a, rule.in[0]);
+  if (reshape_blocks_align(p, rule.in[0], rule.out, a.mesh().shape(), a.shape(), shape)) {
+    // Row-major blocks of the same elements in the same order: reinterpret, no copy.
+    std::shared_ptr<void> owner = in.keep ? in.keep : a.block_owner();
+    return Out(a.mesh(), shape, std::move(owner), const_cast<T*>(in.data));
+  }
+  // Uneven blocks: gather the split dims (partial axes stay partial), take the new block.
+  Sharding whole = reduced(rule.in[0]);
+  for (int d = 0; d < whole.rank; ++d) whole.dims[static_cast<std::size_t>(d)] = AxisList{};
+  whole.partial = rule.in[0].partial;
+  whole.op = rule.in[0].op;
+  const Block<T> full = block_as(a, whole);
+  Out out(a.mesh(), shape);
+  ShardBox all;
+  all.rank = static_cast<int>(Out::rank);
+  for (std::size_t k = 0; k < Out::rank; ++k) all.extent[k] = shape[k];
+  copy_box(out.context(), full.data, all, out.local().data(), out.block(), out.block());
+  return out;
+}
+}  // namespace detail
+
+/// Reshape by an einops-style pattern, parsed at compile time: `reshape<"b s h -> (b s) h">(x)`
+/// merges dims (the output shape follows from the input's); a split needs the output shape:
+/// `reshape<"b (n d) -> b n d">(x, {B, N, D})`. The pattern lists the same names in the same
+/// order on both sides (a reshape does not transpose: use permute). A split dim keeps its axes
+/// on the major dim of its group; minor dims of a merge are gathered first when split. Throws
+/// std::invalid_argument when the shapes do not fit the pattern (naming both shapes and the spec).
+template <OpName Pattern, TensorType A>
+auto reshape(const A& a) {
+  return detail::reshape_op<Pattern, 0>(a, nullptr);
+}
+template <OpName Pattern, TensorType A, std::size_t N>
+auto reshape(const A& a, const std::int64_t (&shape)[N]) {
+  std::array<std::int64_t, N> s{};
+  for (std::size_t i = 0; i < N; ++i) s[i] = shape[i];
+  return detail::reshape_op<Pattern, N>(a, &s);
+}
+
+/// Elements [begin, end) along dim `Dim`, in the same spec. Along a split dim the blocks of the
+/// result come from whichever devices of the dim's group hold them (one all_to_all); otherwise a
+/// local copy. Throws std::out_of_range naming the shape, spec and range when it is outside the dim.
+template <int Dim, TensorType A>
+auto slice(const A& a, std::int64_t begin, std::int64_t end) {
+  static constexpr OpRule rule = slice_rule(A::sharding, Dim);
+  SHARDLIB_STATIC_REQUIRE((rule.status == OpRule::ok), "shardlib: slice: the dim is outside the tensor's rank",
+                          error::op_has_no_sharding_rule_for_these_specs<"slice", rule.status, typename A::spec_type>);
+  using Out = DistributedTensor<typename A::value_type, typename A::mesh_type, spec_t<typename A::mesh_type, rule.out>,
+                                typename A::memory_space>;
+  const std::int64_t extent = a.shape()[static_cast<std::size_t>(Dim)];
+  if (begin < 0 || end > extent || begin > end)
+    throw std::out_of_range("shardlib: slice [" + std::to_string(begin) + ", " + std::to_string(end) + ") of dim " +
+                            std::to_string(Dim) + " of " + detail::operand_text(a) + " is outside [0, " +
+                            std::to_string(extent) + "]");
+  const auto in = detail::block_as(a, rule.in[0]);
+  typename Out::Shape shape = a.shape();
+  shape[static_cast<std::size_t>(Dim)] = end - begin;
+  Out out(a.mesh(), shape);
+  detail::shift_blocks(out.context(), a.mesh(), rule.comm, Dim, in.data, in.box, extent, -begin, out.local().data(),
+                       out.block(), end - begin);
+  return out;
+}
+
+/// `a` and `b` joined along dim `Dim` (b is resharded to a's spec first when they differ; two
+/// partial-sum operands over the same axes stay partial). Throws std::invalid_argument naming
+/// both shapes and specs when the other dims differ.
+template <int Dim, TensorType A, TensorType B>
+auto concat(const A& a, const B& b) {
+  static constexpr OpRule rule = concat_rule(A::sharding, B::sharding, Dim);
+  SHARDLIB_STATIC_REQUIRE((rule.status == OpRule::ok), "shardlib: concat needs operands of one rank and a dim inside it",
+                          error::op_has_no_sharding_rule_for_these_specs<"concat", rule.status, typename A::spec_type,
+                                                                         typename B::spec_type>);
+  static_assert(std::is_same_v<typename A::value_type, typename B::value_type>,
+                "shardlib: concat needs operands of one element type");
+  detail::check_same_mesh("concat", a, b);
+  using Out = DistributedTensor<typename A::value_type, typename A::mesh_type, spec_t<typename A::mesh_type, rule.out>,
+                                typename A::memory_space>;
+  typename Out::Shape shape = a.shape();
+  for (std::size_t d = 0; d < Out::rank; ++d)
+    if (static_cast<int>(d) != Dim && a.shape()[d] != b.shape()[d])
+      throw std::invalid_argument("shardlib: concat along dim " + std::to_string(Dim) + " of " + detail::operand_text(a) +
+                                  " and " + detail::operand_text(b) + ": dim " + std::to_string(d) + " differs");
+  const auto u = static_cast<std::size_t>(Dim);
+  shape[u] = a.shape()[u] + b.shape()[u];
+  const auto ba = detail::block_as(a, rule.in[0]);
+  const auto bb = detail::block_as(b, rule.in[1]);
+  Out out(a.mesh(), shape);
+  detail::shift_blocks(out.context(), a.mesh(), rule.comm, Dim, ba.data, ba.box, a.shape()[u], 0, out.local().data(),
+                       out.block(), shape[u]);
+  detail::shift_blocks(out.context(), a.mesh(), rule.comm, Dim, bb.data, bb.box, b.shape()[u], a.shape()[u],
+                       out.local().data(), out.block(), shape[u]);
+  return out;
+}
+
+/// numpy's take(table, indices, axis=Dim): the output has the table's dims before `Dim`, then the
+/// indices' dims, then the table's dims after `Dim`. With the table split along `Dim` (a
+/// vocabulary-parallel embedding) each device looks up the rows it holds and the result is
+/// partial-sum over the split axes. Indices are global; an index outside [0, extent) throws
+/// std::out_of_range naming it (checked unless NDEBUG is defined without SHARDLIB_CHECKED).
+template <int Dim, TensorType Table, TensorType Indices>
+auto take(const Table& table, const Indices& indices) {
+  using I = typename Indices::value_type;
+  SHARDLIB_STATIC_REQUIRE((std::is_integral_v<I>), "shardlib: take needs integer indices",
+                          error::take_needs_integer_indices<I>);
+  static constexpr OpRule rule = take_rule(Table::sharding, Indices::sharding, Dim);
+  SHARDLIB_STATIC_REQUIRE((rule.status == OpRule::ok), "shardlib: no sharding rule for take with these specs",
+                          error::op_has_no_sharding_rule_for_these_specs<"take", rule.status, typename Table::spec_type,
+                                                                         typename Indices::spec_type>);
+  detail::check_same_mesh("take", table, indices);
+  using T = typename Table::value_type;
+  using MeshT = typename Table::mesh_type;
+  using Out = DistributedTensor<T, MeshT, spec_t<MeshT, rule.out>, typename Table::memory_space>;
+  constexpr std::size_t rt = Table::rank, ri = Indices::rank;
+  constexpr auto u = static_cast<std::size_t>(Dim);
+  typename Out::Shape shape{};
+  for (std::size_t d = 0; d < u; ++d) shape[d] = table.shape()[d];
+  for (std::size_t d = 0; d < ri; ++d) shape[u + d] = indices.shape()[d];
+  for (std::size_t d = u + 1; d < rt; ++d) shape[d - 1 + ri] = table.shape()[d];
+  const auto bt = detail::block_as(table, rule.in[0]);
+  const auto bi = detail::block_as(indices, rule.in[1]);
+  Out out(table.mesh(), shape);
+  std::int64_t outer = 1, inner = 1;
+  for (std::size_t d = 0; d < rt; ++d) {
+    if (d < u) outer *= bt.box.extent[d];
+    if (d > u) inner *= bt.box.extent[d];
+  }
+#if !defined(NDEBUG) || defined(SHARDLIB_CHECKED)
+  constexpr bool check = true;
+#else
+  constexpr bool check = false;
+#endif
+  auto guard = detail::kernel_guard(out.context(), false);
+  kernels::take(out.context().exec(), bt.data, outer, bt.box.extent[u], inner, bt.box.offset[u], table.shape()[u], bi.data,
+                bi.box.num_elements(), out.local().data(), check);
+  return out;
+}
+
+}  // namespace shardlib

@@ -1,0 +1,296 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// Contractions: `einsum<"bij,bjk->bik">(a, b)` (subscripts parsed at compile time), `matmul`.
+///
+/// The output spec comes from `einsum_rule` (sharding/einsum.hpp): a contracted dim split over
+/// the same axes in both operands gives a partial-sum output (each device multiplies its blocks;
+/// nothing moves), so Megatron's column-parallel then row-parallel pair costs one all_reduce (or
+/// one reduce_scatter) when the partial result is resharded. The local product is one (batched)
+/// GEMM on the blocks (kernels/gemm.hpp: Eigen, with BLAS underneath when the build found one):
+/// an operand whose dims are already [batch..., rows..., contracted...] (or transposed) is mapped
+/// with no copy; any other order is permuted into that layout first.
+#pragma once
+
+#include <shardlib/kernels/gemm.hpp>
+#include <shardlib/kernels/layout.hpp>
+#include <shardlib/kernels/reduce.hpp>
+#include <shardlib/ops/common.hpp>
+#include <shardlib/sharding/einsum.hpp>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+namespace shardlib {
+
+namespace error {
+/// The einsum subscripts do not parse: `What` says why, `Position` where.
+template <OpName Subscripts, OpName What, int Position>
+struct einsum_subscripts_do_not_parse;
+/// einsum and matmul need both operands to have the same element type.
+template <class A, class B>
+struct einsum_operands_have_different_element_types;
+}  // namespace error
+
+namespace detail {
+
+/// How each operand maps onto one batched GEMM C[b] = A[b] · B[b] (see the file comment).
+/// Canonical orders: A [batch, free_a, summed_a, contracted], B [batch, summed_b, contracted,
+/// free_b], C [batch, free_a, free_b]. perm[k] = the operand dim that goes to canonical position k.
+struct EinsumLayout {
+  int n_batch = 0, n_free_a = 0, n_free_b = 0, n_contract = 0, n_sum_a = 0, n_sum_b = 0;
+  std::array<int, max_tensor_rank> a_perm{}, b_perm{}, c_perm{};  // c_perm: canonical -> output dim
+  bool a_direct = false, a_trans = false;  // A already [batch, free, contracted] / [batch, contracted, free]
+  bool b_direct = false, b_trans = false;  // B already [batch, contracted, free] / [batch, free, contracted]
+  bool c_direct = false, c_trans = false;  // output already [batch, free_a, free_b] / [batch, free_b, free_a]
+};
+
+constexpr int label_pos(const std::array<char, max_tensor_rank>& l, int n, char c) {
+  for (int i = 0; i < n; ++i)
+    if (l[static_cast<std::size_t>(i)] == c) return i;
+  return -1;
+}
+
+constexpr EinsumLayout einsum_layout(const EinsumSubscripts& s) {
+  EinsumLayout L;
+  const auto &la = s.in[0], &lb = s.in[1], &lo = s.out;
+  const int ra = s.rank[0], rb = s.rank[1], ro = s.out_rank;
+  std::array<int, max_tensor_rank> batch{}, fa{}, fb{}, con{}, sa{}, sb{};  // label positions
+  for (int o = 0; o < ro; ++o) {  // output order for batch and free labels
+    const char c = lo[static_cast<std::size_t>(o)];
+    const int ia = label_pos(la, ra, c), ib = label_pos(lb, rb, c);
+    if (ia >= 0 && ib >= 0) batch[static_cast<std::size_t>(L.n_batch++)] = o;
+    else if (ia >= 0) fa[static_cast<std::size_t>(L.n_free_a++)] = o;
+    else fb[static_cast<std::size_t>(L.n_free_b++)] = o;
+  }
+  for (int i = 0; i < ra; ++i) {  // a's order for contracted and summed labels
+    const char c = la[static_cast<std::size_t>(i)];
+    if (label_pos(lo, ro, c) >= 0) continue;
+    if (label_pos(lb, rb, c) >= 0) con[static_cast<std::size_t>(L.n_contract++)] = i;
+    else sa[static_cast<std::size_t>(L.n_sum_a++)] = i;
+  }
+  for (int i = 0; i < rb; ++i) {
+    const char c = lb[static_cast<std::size_t>(i)];
+    if (label_pos(lo, ro, c) < 0 && label_pos(la, ra, c) < 0) sb[static_cast<std::size_t>(L.n_sum_b++)] = i;
+  }
+  auto at = [](const std::array<char, max_tensor_rank>& l, int n, char c) { return label_pos(l, n, c); };
+  auto out_label = [&](int o) { return lo[static_cast<std::size_t>(o)]; };
+  auto a_label = [&](int i) { return la[static_cast<std::size_t>(i)]; };
+  // A: [batch, free_a, summed_a, contracted]
+  int k = 0;
+  for (int i = 0; i < L.n_batch; ++i) L.a_perm[static_cast<std::size_t>(k++)] = at(la, ra, out_label(batch[static_cast<std::size_t>(i)]));
+  for (int i = 0; i < L.n_free_a; ++i) L.a_perm[static_cast<std::size_t>(k++)] = at(la, ra, out_label(fa[static_cast<std::size_t>(i)]));
+  for (int i = 0; i < L.n_sum_a; ++i) L.a_perm[static_cast<std::size_t>(k++)] = sa[static_cast<std::size_t>(i)];
+  for (int i = 0; i < L.n_contract; ++i) L.a_perm[static_cast<std::size_t>(k++)] = con[static_cast<std::size_t>(i)];
+  // B: [batch, summed_b, contracted, free_b]
+  k = 0;
+  for (int i = 0; i < L.n_batch; ++i) L.b_perm[static_cast<std::size_t>(k++)] = at(lb, rb, out_label(batch[static_cast<std::size_t>(i)]));
+  for (int i = 0; i < L.n_sum_b; ++i) L.b_perm[static_cast<std::size_t>(k++)] = sb[static_cast<std::size_t>(i)];
+  for (int i = 0; i < L.n_contract; ++i) L.b_perm[static_cast<std::size_t>(k++)] = at(lb, rb, a_label(con[static_cast<std::size_t>(i)]));
+  for (int i = 0; i < L.n_free_b; ++i) L.b_perm[static_cast<std::size_t>(k++)] = at(lb, rb, out_label(fb[static_cast<std::size_t>(i)]));
+  // C: [batch, free_a, free_b]
+  k = 0;
+  for (int i = 0; i < L.n_batch; ++i) L.c_perm[static_cast<std::size_t>(k++)] = batch[static_cast<std::size_t>(i)];
+  for (int i = 0; i < L.n_free_a; ++i) L.c_perm[static_cast<std::size_t>(k++)] = fa[static_cast<std::size_t>(i)];
+  for (int i = 0; i < L.n_free_b; ++i) L.c_perm[static_cast<std::size_t>(k++)] = fb[static_cast<std::size_t>(i)];
+
+  auto identity = [](const std::array<int, max_tensor_rank>& p, int n) {
+    for (int i = 0; i < n; ++i)
+      if (p[static_cast<std::size_t>(i)] != i) return false;
+    return true;
+  };
+  // Whether p is [0..nb) then the block [nb+x, nb+x+y) then [nb, nb+x): two groups swapped.
+  auto swapped = [](const std::array<int, max_tensor_rank>& p, int nb, int x, int y) {
+    for (int i = 0; i < nb; ++i)
+      if (p[static_cast<std::size_t>(i)] != i) return false;
+    for (int i = 0; i < x; ++i)
+      if (p[static_cast<std::size_t>(nb + i)] != nb + y + i) return false;
+    for (int i = 0; i < y; ++i)
+      if (p[static_cast<std::size_t>(nb + x + i)] != nb + i) return false;
+    return true;
+  };
+  L.a_direct = L.n_sum_a == 0 && identity(L.a_perm, ra);
+  L.a_trans = L.n_sum_a == 0 && !L.a_direct && swapped(L.a_perm, L.n_batch, L.n_free_a, L.n_contract);
+  L.b_direct = L.n_sum_b == 0 && identity(L.b_perm, rb);
+  L.b_trans = L.n_sum_b == 0 && !L.b_direct && swapped(L.b_perm, L.n_batch, L.n_contract, L.n_free_b);
+  L.c_direct = identity(L.c_perm, ro);
+  L.c_trans = !L.c_direct && swapped(L.c_perm, L.n_batch, L.n_free_a, L.n_free_b);
+  return L;
+}
+
+/// One operand as a batch of matrices (rows x cols after its summed labels are added up),
+/// mapped in place or packed into `keep`.
+template <class T, class Exec, class Alloc>
+kernels::MatrixBatch<const T> einsum_operand(const Exec& exec, const T* data, const ShardBox& box, int rank,
+                                             const std::array<int, max_tensor_rank>& perm, bool direct, bool trans,
+                                             int n_batch, int n_rows, int n_sum, int n_cols, bool sum_first,
+                                             std::shared_ptr<void>& keep, Alloc&& alloc) {
+  // canonical extents: batch, rows, summed, cols (for B: rows = summed, then contracted, then free)
+  std::array<std::int64_t, max_tensor_rank> ext{};
+  for (int i = 0; i < rank; ++i) ext[static_cast<std::size_t>(i)] = box.extent[static_cast<std::size_t>(perm[static_cast<std::size_t>(i)])];
+  auto prod = [&](int from, int n) {
+    std::int64_t p = 1;
+    for (int i = from; i < from + n; ++i) p *= ext[static_cast<std::size_t>(i)];
+    return p;
+  };
+  // A: [batch | rows=free | sum | cols=contracted]; B: [batch | sum | rows=contracted | cols=free]
+  const std::int64_t nb = prod(0, n_batch);
+  const std::int64_t ns = sum_first ? prod(n_batch, n_sum) : prod(n_batch + n_rows, n_sum);
+  const std::int64_t rows = sum_first ? prod(n_batch + n_sum, n_rows) : prod(n_batch, n_rows);
+  const std::int64_t cols = sum_first ? prod(n_batch + n_sum + n_rows, n_cols) : prod(n_batch + n_rows + n_sum, n_cols);
+  if (direct) return {data, rows, cols, cols, 1, rows * cols};
+  if (trans) return {data, rows, cols, 1, rows, rows * cols};
+  // Pack: permute into the canonical order, then add up the summed labels.
+  std::array<std::int64_t, max_tensor_rank> in_ext{};
+  for (int i = 0; i < rank; ++i) in_ext[static_cast<std::size_t>(i)] = box.extent[static_cast<std::size_t>(i)];
+  const std::int64_t total = nb * ns * rows * cols;
+  std::shared_ptr<void> packed = alloc(static_cast<std::size_t>(total) * sizeof(T));
+  kernels::permute(exec, data, static_cast<T*>(packed.get()), rank, in_ext.data(), perm.data());
+  if (n_sum == 0) {
+    keep = packed;
+    return {static_cast<const T*>(packed.get()), rows, cols, cols, 1, rows * cols};
+  }
+  keep = alloc(static_cast<std::size_t>(nb * rows * cols) * sizeof(T));
+  T* summed = static_cast<T*>(keep.get());
+  if (sum_first) kernels::reduce_dim(exec, static_cast<const T*>(packed.get()), summed, nb, ns, rows * cols, kernels::ReduceKind::sum);
+  else kernels::reduce_dim(exec, static_cast<const T*>(packed.get()), summed, nb * rows, ns, cols, kernels::ReduceKind::sum);
+  return {summed, rows, cols, cols, 1, rows * cols};
+}
+
+/// The einsum op on tensors `a`, `b` with parsed subscripts `S` (compile-time string).
+template <OpName Name, OpName Sub, class A, class B>
+auto einsum_op(const A& a, const B& b) {
+  static constexpr EinsumSubscripts s = parse_einsum(std::string_view(Sub.text));
+  SHARDLIB_STATIC_REQUIRE((s.status == OpRule::ok), "shardlib: einsum subscripts do not parse",
+                          error::einsum_subscripts_do_not_parse<Sub, OpName(s.error), s.error_pos>);
+  SHARDLIB_STATIC_REQUIRE((std::is_same_v<typename A::mesh_type, typename B::mesh_type>),
+                          "shardlib: einsum operands on different mesh types",
+                          error::op_operands_are_on_different_meshes<Name, typename A::mesh_type, typename B::mesh_type>);
+  using T = typename A::value_type;
+  SHARDLIB_STATIC_REQUIRE((std::is_same_v<T, typename B::value_type>),
+                          "shardlib: einsum operands need the same element type",
+                          error::einsum_operands_have_different_element_types<T, typename B::value_type>);
+  static constexpr OpRule rule = s.status == OpRule::ok && s.n_in == 2 ? einsum_rule(s, A::sharding, B::sharding) : OpRule{};
+  SHARDLIB_STATIC_REQUIRE((s.status != OpRule::ok || s.n_in == 2 || rule.status == OpRule::ok),
+                          "shardlib: einsum of two tensors needs two operands in its subscripts",
+                          error::op_has_no_sharding_rule_for_these_specs<Name, OpRule::rank_mismatch,
+                                                                         typename A::spec_type, typename B::spec_type>);
+  SHARDLIB_STATIC_REQUIRE((rule.status == OpRule::ok), "shardlib: no sharding rule for this contraction and these specs",
+                          error::op_has_no_sharding_rule_for_these_specs<Name, rule.status, typename A::spec_type,
+                                                                         typename B::spec_type>);
+  using MeshT = typename A::mesh_type;
+  using Mem = typename A::memory_space;
+  using Out = DistributedTensor<T, MeshT, spec_t<MeshT, rule.out>, Mem>;
+  static constexpr EinsumLayout L = einsum_layout(s);
+  check_same_mesh(Name.text, a, b);
+
+  // Global extents per label; labels shared by both operands must agree.
+  typename Out::Shape shape{};
+  for (int o = 0; o < s.out_rank; ++o) {
+    const char c = s.out[static_cast<std::size_t>(o)];
+    const int ia = label_pos(s.in[0], s.rank[0], c);
+    shape[static_cast<std::size_t>(o)] = ia >= 0 ? a.shape()[static_cast<std::size_t>(ia)]
+                                                 : b.shape()[static_cast<std::size_t>(label_pos(s.in[1], s.rank[1], c))];
+  }
+  for (int i = 0; i < s.rank[0]; ++i) {
+    const int j = label_pos(s.in[1], s.rank[1], s.in[0][static_cast<std::size_t>(i)]);
+    if (j >= 0 && a.shape()[static_cast<std::size_t>(i)] != b.shape()[static_cast<std::size_t>(j)])
+      throw std::invalid_argument(std::string("shardlib: ") + Name.text + " \"" + Sub.text + "\": label '" +
+                                  s.in[0][static_cast<std::size_t>(i)] + "' has extent " +
+                                  std::to_string(a.shape()[static_cast<std::size_t>(i)]) + " in " + operand_text(a) +
+                                  " but " + std::to_string(b.shape()[static_cast<std::size_t>(j)]) + " in " +
+                                  operand_text(b));
+  }
+  const Block<T> ba = block_as(a, rule.in[0]);
+  const Block<T> bb = block_as(b, rule.in[1]);
+  Out out(a.mesh(), shape);
+  Context& ctx = out.context();
+  auto alloc = [cache = &block_cache<Mem>(ctx)](std::size_t bytes) { return cache->allocate(bytes); };
+  auto guard = kernel_guard(ctx, false);
+  std::shared_ptr<void> keep_a, keep_b, keep_c;
+  const auto ma = einsum_operand<T>(ctx.exec(), ba.data, ba.box, s.rank[0], L.a_perm, L.a_direct, L.a_trans, L.n_batch,
+                                    L.n_free_a, L.n_sum_a, L.n_contract, false, keep_a, alloc);
+  const auto mb = einsum_operand<T>(ctx.exec(), bb.data, bb.box, s.rank[1], L.b_perm, L.b_direct, L.b_trans, L.n_batch,
+                                    L.n_contract, L.n_sum_b, L.n_free_b, true, keep_b, alloc);
+  std::int64_t nb = 1;
+  for (int i = 0; i < L.n_batch; ++i) nb *= out.block().extent[static_cast<std::size_t>(L.c_perm[static_cast<std::size_t>(i)])];
+  const std::int64_t m = ma.rows, n = mb.cols, mn = m * n;
+  if (ma.cols != mb.rows || nb * mn != out.block().num_elements())
+    throw std::logic_error("shardlib: internal error: " + std::string(Name.text) + " blocks do not line up (" +
+                           std::to_string(ma.rows) + "x" + std::to_string(ma.cols) + " times " + std::to_string(mb.rows) +
+                           "x" + std::to_string(mb.cols) + ")");
+  T* c = out.local().data();
+  if (!L.c_direct && !L.c_trans) {
+    keep_c = alloc(static_cast<std::size_t>(nb * mn) * sizeof(T));
+    c = static_cast<T*>(keep_c.get());
+  }
+  const kernels::MatrixBatch<T> mc = L.c_trans ? kernels::MatrixBatch<T>{c, m, n, 1, m, mn}
+                                               : kernels::MatrixBatch<T>{c, m, n, n, 1, mn};
+  kernels::gemm<T>(nb, {ma.data, m, ma.cols, ma.row_stride, ma.col_stride, nb > 1 ? ma.batch_stride : 0},
+                   {mb.data, mb.rows, n, mb.row_stride, mb.col_stride, nb > 1 ? mb.batch_stride : 0}, mc);
+  if (keep_c) {  // canonical [batch, free_a, free_b] -> the output's order
+    std::array<std::int64_t, max_tensor_rank> ext{};
+    std::array<int, max_tensor_rank> inv{};
+    for (int i = 0; i < s.out_rank; ++i) {
+      ext[static_cast<std::size_t>(i)] = out.block().extent[static_cast<std::size_t>(L.c_perm[static_cast<std::size_t>(i)])];
+      inv[static_cast<std::size_t>(L.c_perm[static_cast<std::size_t>(i)])] = i;
+    }
+    kernels::permute(ctx.exec(), static_cast<const T*>(c), out.local().data(), s.out_rank, ext.data(), inv.data());
+  }
+  return out;
+}
+
+/// "ab...yz,..." subscripts for matmul of ranks RA and RB (numpy's matmul on equal batch ranks, or
+/// a rank-2 right operand shared across the left operand's leading dims).
+template <std::size_t RA, std::size_t RB>
+constexpr OpName matmul_subscripts() {
+  OpName s("");
+  std::size_t k = 0;
+  auto put = [&](char c) { s.text[k++] = c; };
+  constexpr const char* batch = "abcdefgh";
+  if constexpr (RA >= 2 && RB == 2) {  // ...ij,jk->...ik
+    for (std::size_t i = 0; i + 2 < RA; ++i) put(batch[i]);
+    put('i'), put('j'), put(','), put('j'), put('k'), put('-'), put('>');
+    for (std::size_t i = 0; i + 2 < RA; ++i) put(batch[i]);
+    put('i'), put('k');
+  } else {  // equal ranks: ...ij,...jk->...ik (other combinations leave the ranks to the rule)
+    for (std::size_t i = 0; i + 2 < RA; ++i) put(batch[i]);
+    put('i'), put('j'), put(',');
+    for (std::size_t i = 0; i + 2 < RB; ++i) put(batch[i]);
+    put('j'), put('k'), put('-'), put('>');
+    for (std::size_t i = 0; i + 2 < RA; ++i) put(batch[i]);
+    put('i'), put('k');
+  }
+  return s;
+}
+
+}  // namespace detail
+
+/// Einstein summation of two tensors: `einsum<"bij,bjk->bik">(a, b)`. Labels are letters; without
+/// "->" the output is the labels that appear once, alphabetically (numpy's implicit mode).
+/// A contracted label split over mesh axes makes the output partial-sum over them; the rule
+/// (sharding/einsum.hpp) picks each label's axes and reshards an operand that disagrees.
+/// Throws std::invalid_argument when a label's extents differ between the operands.
+template <OpName Subscripts, TensorType A, TensorType B>
+auto einsum(const A& a, const B& b) {
+  return detail::einsum_op<"einsum", Subscripts>(a, b);
+}
+
+/// Matrix product (numpy's matmul): rank-2 times rank-2, batched with equal ranks >= 3 (the
+/// leading dims are batch dims), or any rank >= 2 times a rank-2 matrix shared across the leading
+/// dims. Other rank combinations fail to compile, naming the specs.
+template <TensorType A, TensorType B>
+auto matmul(const A& a, const B& b) {
+  constexpr std::size_t ra = std::remove_cvref_t<A>::rank, rb = std::remove_cvref_t<B>::rank;
+  SHARDLIB_STATIC_REQUIRE((ra >= 2 && (rb == 2 || rb == ra)),
+                          "shardlib: matmul needs rank >= 2 operands: equal ranks, or a rank-2 right operand",
+                          error::op_has_no_sharding_rule_for_these_specs<"matmul", OpRule::rank_mismatch,
+                                                                         typename A::spec_type, typename B::spec_type>);
+  if constexpr (ra >= 2 && (rb == 2 || rb == ra))
+    return detail::einsum_op<"matmul", detail::matmul_subscripts<ra, rb>()>(a, b);
+}
+
+}  // namespace shardlib
