@@ -536,6 +536,9 @@ TEST_CASE("take rejects an id outside the table, naming the id and its position"
         const auto ids = sl::DistributedTensor<std::int64_t, M, Spec<none, none>>::from_host(mesh, {2, 3}, bad);
         CHECK_THROWS_WITH_AS(sl::take<0>(table, ids), doctest::Contains("id 10 at position 4 is outside [0, 10)"),
                              std::out_of_range);
+        CHECK_THROWS_WITH_AS(sl::take<0>(table, ids),
+                             doctest::Contains("take<0> of table [10, 3] with Spec<\"y\", none> with indices [2, 3] with Spec<none, none>"),
+                             std::out_of_range);
         const std::vector<std::int32_t> negative = {0, -3};
         const auto neg = sl::DistributedTensor<std::int32_t, M, Spec<none>>::from_host(mesh, {2}, negative);
         CHECK_THROWS_WITH_AS(sl::take<0>(table, neg), doctest::Contains("id -3 at position 1"), std::out_of_range);

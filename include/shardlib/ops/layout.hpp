@@ -269,8 +269,15 @@ auto take(const Table& table, const Indices& indices) {
   constexpr bool check = false;
 #endif
   auto guard = detail::kernel_guard(out.context(), false);
-  kernels::take(out.context().exec(), bt.data, outer, bt.box.extent[u], inner, bt.box.offset[u], table.shape()[u], bi.data,
-                bi.box.num_elements(), out.local().data(), check);
+  try {
+    kernels::take(out.context().exec(), bt.data, outer, bt.box.extent[u], inner, bt.box.offset[u], table.shape()[u],
+                  bi.data, bi.box.num_elements(), out.local().data(), check);
+  } catch (const std::out_of_range& e) {  // name the tensors (the kernel's position is within this block)
+    throw std::out_of_range(std::string("shardlib: take<") + std::to_string(Dim) + "> of table " +
+                            detail::operand_text(table) + " with indices " + detail::operand_text(indices) +
+                            " (this device's block of indices starts at " +
+                            detail::shape_text(detail::ArrayRef<std::int64_t>(bi.box.offset.data(), ri)) + "): " + e.what());
+  }
   return out;
 }
 

@@ -47,7 +47,7 @@ template <std::size_t RO, std::size_t RI>
 std::array<std::int64_t, RO> reduced_shape(const std::array<std::int64_t, RI>& shape, int d, bool keepdim) {
   std::array<std::int64_t, RO> out{};
   std::size_t k = 0;
-  for (std::size_t i = 0; i < RI; ++i) {
+  for (std::size_t i = 0; i < RI && k < RO; ++i) {
     if (static_cast<int>(i) == d) {
       if (keepdim) out[k++] = 1;
     } else {
@@ -80,17 +80,19 @@ auto reduce_op(const A& a) {
       kernels::argmax_dim(ctx.exec(), in.data, best.data(), out.local().data(), r.outer, r.n, r.inner,
                           in.box.offset[static_cast<std::size_t>(Dim)]);
     }
-    if (!rule.comm.empty() && rows > 0) {  // the global maximum, then the first index holding it
-      coll::Communicator& g = ctx.group(a.mesh(), rule.comm);
+    // The group along the dim's axes (a world-wide split: every device asks, even with no rows;
+    // within the group all devices have the same rows).
+    coll::Communicator* g = rule.comm.empty() ? nullptr : &ctx.group(a.mesh(), rule.comm);
+    if (g && rows > 0) {  // the global maximum, then the first index holding it
       if constexpr (std::is_floating_point_v<T>)  // a NaN counts as +inf across devices
         for (auto& v : best)
           if (v != v) v = std::numeric_limits<T>::infinity();
       std::vector<T> top(rows);
-      g.all_reduce(best.data(), top.data(), rows, coll::dtype_of<T>(), coll::Op::max);
+      g->all_reduce(best.data(), top.data(), rows, coll::dtype_of<T>(), coll::Op::max);
       std::int64_t* idx = out.local().data();
       for (std::size_t i = 0; i < rows; ++i)
         if (!(best[i] == top[i]) || idx[i] < 0) idx[i] = std::numeric_limits<std::int64_t>::max();
-      g.all_reduce(idx, idx, rows, coll::dtype_of<std::int64_t>(), coll::Op::min);
+      g->all_reduce(idx, idx, rows, coll::dtype_of<std::int64_t>(), coll::Op::min);
     }
   } else {
     constexpr kernels::ReduceKind k = Kind == Reduction::max   ? kernels::ReduceKind::max
