@@ -6,7 +6,7 @@
 /// An op is three steps: its rule (a constexpr function in sharding/) picks the output spec and
 /// each operand's layout at compile time; operands whose spec differs are resharded (the plan is
 /// cached per shape, see tensor.hpp); the local kernel (kernels/) runs on the blocks. The output
-/// type is `DistributedTensor<U, Mesh, spec_t<Mesh, rule.out>>`: no runtime dispatch.
+/// type is `DistributedTensor<U, Mesh, spec_from_t<Mesh, ...rule.out...>>`: no runtime dispatch.
 #pragma once
 
 #include <shardlib/detail/diagnostics.hpp>

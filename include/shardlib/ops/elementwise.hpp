@@ -107,7 +107,7 @@ auto elementwise_op(F f, const Tensor0& t0, const Tensors&... ts) {
                                                                          typename Tensors::spec_type...>);
   constexpr std::size_t R = static_cast<std::size_t>(rule.out.rank);
   using U = std::remove_cvref_t<std::invoke_result_t<F, const element_t<Tensor0>&, const element_t<Tensors>&...>>;
-  using Out = DistributedTensor<U, MeshT, spec_t<MeshT, rule.out>, Mem>;
+  using Out = DistributedTensor<U, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, Mem>;
   (check_same_mesh(Name.text, t0, ts), ...);
   const std::array<std::int64_t, R> shape = broadcast_shape<R>(Name.text, t0, ts...);
   Out out(t0.mesh(), shape);

@@ -80,7 +80,7 @@ auto permute(const A& a) {
                           error::op_has_no_sharding_rule_for_these_specs<"permute", rule.status, typename A::spec_type>);
   using T = typename A::value_type;
   using MeshT = typename A::mesh_type;
-  using Out = DistributedTensor<T, MeshT, spec_t<MeshT, rule.out>, typename A::memory_space>;
+  using Out = DistributedTensor<T, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, typename A::memory_space>;
   typename Out::Shape shape{};
   std::array<std::int64_t, max_tensor_rank> ext{};
   for (std::size_t k = 0; k < Out::rank; ++k) {
@@ -116,7 +116,7 @@ auto reshape_op(const A& a, const std::array<std::int64_t, ROut>* given) {
   using T = typename A::value_type;
   using MeshT = typename A::mesh_type;
   using Mem = typename A::memory_space;
-  using Out = DistributedTensor<T, MeshT, spec_t<MeshT, rule.out>, Mem>;
+  using Out = DistributedTensor<T, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, Mem>;
   static_assert(ROut == 0 || ROut == Out::rank, "shardlib: reshape: the output shape has another rank than the pattern");
   typename Out::Shape shape{};
   if (given) {
@@ -184,7 +184,7 @@ auto slice(const A& a, std::int64_t begin, std::int64_t end) {
   static constexpr OpRule rule = slice_rule(A::sharding, Dim);
   SHARDLIB_STATIC_REQUIRE((rule.status == OpRule::ok), "shardlib: slice: the dim is outside the tensor's rank",
                           error::op_has_no_sharding_rule_for_these_specs<"slice", rule.status, typename A::spec_type>);
-  using Out = DistributedTensor<typename A::value_type, typename A::mesh_type, spec_t<typename A::mesh_type, rule.out>,
+  using Out = DistributedTensor<typename A::value_type, typename A::mesh_type, spec_from_t<typename A::mesh_type, decltype([] { return rule.out; })>,
                                 typename A::memory_space>;
   const std::int64_t extent = a.shape()[static_cast<std::size_t>(Dim)];
   if (begin < 0 || end > extent || begin > end)
@@ -212,7 +212,7 @@ auto concat(const A& a, const B& b) {
   static_assert(std::is_same_v<typename A::value_type, typename B::value_type>,
                 "shardlib: concat needs operands of one element type");
   detail::check_same_mesh("concat", a, b);
-  using Out = DistributedTensor<typename A::value_type, typename A::mesh_type, spec_t<typename A::mesh_type, rule.out>,
+  using Out = DistributedTensor<typename A::value_type, typename A::mesh_type, spec_from_t<typename A::mesh_type, decltype([] { return rule.out; })>,
                                 typename A::memory_space>;
   typename Out::Shape shape = a.shape();
   for (std::size_t d = 0; d < Out::rank; ++d)
@@ -248,7 +248,7 @@ auto take(const Table& table, const Indices& indices) {
   detail::check_same_mesh("take", table, indices);
   using T = typename Table::value_type;
   using MeshT = typename Table::mesh_type;
-  using Out = DistributedTensor<T, MeshT, spec_t<MeshT, rule.out>, typename Table::memory_space>;
+  using Out = DistributedTensor<T, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, typename Table::memory_space>;
   constexpr std::size_t rt = Table::rank, ri = Indices::rank;
   constexpr auto u = static_cast<std::size_t>(Dim);
   typename Out::Shape shape{};

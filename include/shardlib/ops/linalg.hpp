@@ -183,7 +183,7 @@ auto einsum_op(const A& a, const B& b) {
                                                                          typename B::spec_type>);
   using MeshT = typename A::mesh_type;
   using Mem = typename A::memory_space;
-  using Out = DistributedTensor<T, MeshT, spec_t<MeshT, rule.out>, Mem>;
+  using Out = DistributedTensor<T, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, Mem>;
   static constexpr EinsumLayout L = einsum_layout(s);
   check_same_mesh(Name.text, a, b);
 

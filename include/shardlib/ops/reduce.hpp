@@ -67,7 +67,7 @@ auto reduce_op(const A& a) {
   static_assert(Kind != Reduction::mean || std::is_floating_point_v<T>,
                 "shardlib: mean needs a floating-point element type (as torch.mean)");
   using U = std::conditional_t<Kind == Reduction::argmax, std::int64_t, T>;
-  using Out = DistributedTensor<U, MeshT, spec_t<MeshT, rule.out>, typename A::memory_space>;
+  using Out = DistributedTensor<U, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, typename A::memory_space>;
   const Block<T> in = block_as(a, rule.in[0]);
   Out out(a.mesh(), reduced_shape<Out::rank>(a.shape(), Dim, KeepDim));
   Context& ctx = out.context();
@@ -118,7 +118,7 @@ auto normalize_op(const A& a, double eps) {
   using T = typename A::value_type;
   static_assert(std::is_floating_point_v<T>, "shardlib: softmax and the norms need a floating-point element type");
   using MeshT = typename A::mesh_type;
-  using Out = DistributedTensor<T, MeshT, spec_t<MeshT, rule.out>, typename A::memory_space>;
+  using Out = DistributedTensor<T, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, typename A::memory_space>;
   const Block<T> in = block_as(a, rule.in[0]);
   Out out(a.mesh(), a.shape());
   Context& ctx = out.context();

@@ -116,9 +116,11 @@ constexpr AxisList sorted_axes(const AxisList& l) {
   return r;
 }
 
-template <class MeshT, ShardingCode C>
+/// The Spec type of `Holder::value` (a Sharding): keyed on a type, so that no computed Sharding
+/// is ever a template argument (nvcc 13 cannot re-emit one; g++ 12 confuses some).
+template <class MeshT, class Holder>
 struct spec_of {
-  static constexpr Sharding S = C.decode();
+  static constexpr Sharding S = Holder::value;
   static constexpr std::size_t n = static_cast<std::size_t>(S.rank) + (S.is_partial() ? 1 : 0);
   static constexpr std::array<SpecEntry, n> entries = [] {
     std::array<SpecEntry, n> e{};
@@ -142,13 +144,29 @@ struct spec_of {
   static auto make(std::index_sequence<I...>) -> Spec<entries[I]...>;
   using type = decltype(make(std::make_index_sequence<n>{}));
 };
+template <class MeshT, ShardingCode C>
+struct spec_of_code {
+  struct holder {
+    static constexpr Sharding value = C.decode();
+  };
+  using type = typename spec_of<MeshT, holder>::type;
+};
+template <class F>
+struct fn_holder {
+  static constexpr Sharding value = F{}();
+};
 }  // namespace detail
 
 /// The `Spec<...>` type of sharding `S` on mesh type `MeshT`: the way from a rule's answer back
 /// to a tensor type. `spec_t<M, sharding_v<M, Spec<"x", none>>>` is `Spec<"x", none>` itself.
-/// (nvcc 13 cannot re-emit a computed Sharding as a template argument: code that names spec_t,
-/// the ops included, compiles with g++ and clang but not yet under nvcc.)
+/// For static checks with g++ and clang; nvcc 13 cannot take a computed Sharding as a template
+/// argument: code that must compile under nvcc (the ops) uses `spec_from_t`.
 template <class MeshT, ShardingCode S>
-using spec_t = typename detail::spec_of<MeshT, S>::type;
+using spec_t = typename detail::spec_of_code<MeshT, S>::type;
+
+/// The `Spec<...>` type of the sharding that `F{}()` returns, `F` being a captureless lambda's
+/// type: `spec_from_t<Mesh, decltype([] { return rule.out; })>`. Compiles under nvcc too.
+template <class MeshT, class F>
+using spec_from_t = typename detail::spec_of<MeshT, detail::fn_holder<F>>::type;
 
 }  // namespace shardlib
