@@ -67,14 +67,6 @@ constexpr int find(const std::array<char, max_tensor_rank>& l, int n, char c) no
 constexpr std::size_t slot(char c) noexcept {
   return static_cast<std::size_t>(c >= 'a' ? 26 + (c - 'a') : c - 'A');
 }
-constexpr bool is_partial_sum(const Sharding& s) noexcept { return s.is_partial() && s.op == ReduceOp::sum; }
-/// `l` less the axes in `used` (and less repeats), order kept.
-constexpr AxisList without(const AxisList& l, const AxisList& used) {
-  AxisList r;
-  for (int a : l)
-    if (!used.contains(a) && !r.contains(a)) r.push_back(a);
-  return r;
-}
 }  // namespace detail::einsum_impl
 
 /// Parses einsum subscripts. Never throws: a string that does not parse gives status

@@ -47,25 +47,13 @@ enum class Linearity : std::uint8_t {
   quotient,   ///< a / b: linear in operand 0 only
 };
 
-namespace detail::elementwise_impl {
-constexpr bool is_partial_sum(const Sharding& s) noexcept { return s.is_partial() && s.op == ReduceOp::sum; }
-
-/// `l` less the axes in `used` (and less repeats), order kept.
-constexpr AxisList without(const AxisList& l, const AxisList& used) {
-  AxisList r;
-  for (int a : l)
-    if (!used.contains(a) && !r.contains(a)) r.push_back(a);
-  return r;
-}
-}  // namespace detail::elementwise_impl
-
 /// The sharding rule of an elementwise op of `kind` over 1 to 3 `operands` (see the file
 /// comment). `count` = number of operands; `comm` is always empty. Status `rank_mismatch`
 /// with `operand` = 3 (0 for none) when there are not 1 to 3 operands, or `operand` = i when
 /// operand i has a rank outside 0..max_tensor_rank.
 constexpr OpRule elementwise_rule(Linearity kind, detail::ArrayRef<Sharding> operands) {
-  using detail::elementwise_impl::is_partial_sum;
-  using detail::elementwise_impl::without;
+  using detail::is_partial_sum;
+  using detail::without;
   OpRule r;
   const int n = static_cast<int>(operands.size());
   if (n < 1 || n > 3) {

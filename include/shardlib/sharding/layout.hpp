@@ -42,13 +42,6 @@ constexpr Sharding as_output(Sharding s) {
   if (s.partial.empty()) s.op = ReduceOp::sum;
   return s;
 }
-/// The axes of `l` not in `used`, in `l`'s order.
-constexpr AxisList without(const AxisList& l, const AxisList& used) {
-  AxisList r;
-  for (int a : l)
-    if (!used.contains(a)) r.push_back(a);
-  return r;
-}
 /// `a` followed by the axes of `b` it lacks.
 constexpr AxisList with(AxisList a, const AxisList& b) {
   for (int x : b)
@@ -133,7 +126,7 @@ constexpr OpRule take_rule(const Sharding& table, const Sharding& indices, int d
   const auto ud = static_cast<std::size_t>(dim);
   OpRule r;
   r.count = 2;
-  r.in[0] = table.is_partial() && table.op == ReduceOp::sum ? table : detail::reduced(table);
+  r.in[0] = detail::is_partial_sum(table) ? table : detail::reduced(table);
   Sharding& out = r.out;
   out.partial = detail::sorted_axes(with(r.in[0].partial, table.dims[ud]));
   AxisList used = out.partial;
@@ -141,7 +134,7 @@ constexpr OpRule take_rule(const Sharding& table, const Sharding& indices, int d
     if (d != dim) used = with(used, table.dims[static_cast<std::size_t>(d)]);
   r.in[1] = indices;
   for (int d = 0; d < indices.rank; ++d)
-    r.in[1].dims[static_cast<std::size_t>(d)] = without(indices.dims[static_cast<std::size_t>(d)], used);
+    r.in[1].dims[static_cast<std::size_t>(d)] = detail::without(indices.dims[static_cast<std::size_t>(d)], used);
   for (int d = 0; d < dim; ++d) out.dims[static_cast<std::size_t>(out.rank++)] = table.dims[static_cast<std::size_t>(d)];
   for (int d = 0; d < indices.rank; ++d) out.dims[static_cast<std::size_t>(out.rank++)] = r.in[1].dims[static_cast<std::size_t>(d)];
   for (int d = dim + 1; d < table.rank; ++d) out.dims[static_cast<std::size_t>(out.rank++)] = table.dims[static_cast<std::size_t>(d)];

@@ -108,6 +108,15 @@ constexpr Sharding reduced(Sharding s) noexcept {
   s.op = ReduceOp::sum;
   return s;
 }
+/// Whether `s` holds addends of a sum (the partial clause every linear op can keep).
+constexpr bool is_partial_sum(const Sharding& s) noexcept { return s.is_partial() && s.op == ReduceOp::sum; }
+/// The axes of `l` not in `used` (nor repeated), in `l`'s order.
+constexpr AxisList without(const AxisList& l, const AxisList& used) {
+  AxisList r;
+  for (int a : l)
+    if (!used.contains(a) && !r.contains(a)) r.push_back(a);
+  return r;
+}
 /// Partial axes in mesh order, so that equal sets give equal shardings (and equal types).
 constexpr AxisList sorted_axes(const AxisList& l) {
   AxisList r;
