@@ -62,7 +62,7 @@ template <std::size_t RO, std::size_t R>
 oracle::Idx<RO> reduced_index(const oracle::Idx<R>& i, int d, bool keep) {
   oracle::Idx<RO> o{};
   std::size_t k = 0;
-  for (std::size_t j = 0; j < R; ++j) {
+  for (std::size_t j = 0; j < R && k < RO; ++j) {
     if (static_cast<int>(j) == d) {
       if (keep) o[k++] = 0;
     } else {
