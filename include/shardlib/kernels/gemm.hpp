@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// Host GEMM on one shard: `C[b] = alpha * A[b] * B[b] + beta * C[b]` over a batch of strided
-/// matrices, through Eigen, and through the BLAS underneath Eigen when the build defines
-/// `EIGEN_USE_BLAS` (it does when it finds OpenBLAS, and then also `SHARDLIB_HAVE_OPENBLAS`).
+/// matrices. When the build defines `EIGEN_USE_BLAS` (it does when it finds OpenBLAS, and then
+/// also `SHARDLIB_HAVE_OPENBLAS`), float and double call the BLAS's `sgemm_`/`dgemm_` directly,
+/// one call per matrix (Eigen declares them); other element types, and every type without a
+/// BLAS, go through Eigen's own product kernel.
 ///
 /// Every operand is read in place when one of its two strides is 1 (row- or column-major with
 /// any leading dimension: submatrix views and transposed operands need no copy); an operand with
@@ -224,11 +226,60 @@ void gemm_one(const MA& a, const MB& b, MC& c, T alpha, T beta) {
   }
 }
 
+/// Whether float and double products go straight to the BLAS's ?gemm_ (the build defined
+/// `EIGEN_USE_BLAS`, so Eigen declared them): one call per matrix, no Eigen expression templates
+/// to instantiate (they cost a user's translation unit seconds of compile time per element type).
+template <class T>
+inline constexpr bool direct_blas =
+#if defined(EIGEN_USE_BLAS) && !defined(EIGEN_USE_MKL)
+    std::is_same_v<T, float> || std::is_same_v<T, double>;
+#else
+    false;
+#endif
+
+/// C = beta * C on one rows x cols matrix with BLAS semantics (beta = 0 writes zeros, never
+/// reads C; beta = 1 leaves it).
+template <class T>
+void scale_matrix(T* c, std::int64_t rows, std::int64_t cols, std::int64_t rs, std::int64_t cs, T beta) {
+  if (beta == T(1)) return;
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (std::int64_t j = 0; j < cols; ++j) {
+      T& x = c[i * rs + j * cs];
+      x = beta == T(0) ? T(0) : static_cast<T>(beta * x);
+    }
+}
+
+#if defined(EIGEN_USE_BLAS) && !defined(EIGEN_USE_MKL)
+/// One product through the BLAS (column-major): C (m x n, ldc) = alpha op(A) op(B) + beta C.
+inline void blas_gemm(char ta, char tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
+                      int ldb, float beta, float* c, int ldc) {
+  sgemm_(&ta, &tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
+}
+inline void blas_gemm(char ta, char tb, int m, int n, int k, double alpha, const double* a, int lda, const double* b,
+                      int ldb, double beta, double* c, int ldc) {
+  dgemm_(&ta, &tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
+}
+
+/// One matrix product with operands in place (row- or column-major, leading dimensions as
+/// `la`, `lb`, `lc` say; none packed), through the BLAS. A row-major C is computed as its
+/// transpose, C^T = B^T A^T, which BLAS sees column-major with the same leading dimension.
+template <class T>
+void gemm_blas_one(const T* a, const GemmOperand& la, const T* b, const GemmOperand& lb, T* c, const GemmOperand& lc,
+                   std::int64_t m, std::int64_t n, std::int64_t k, T alpha, T beta) {
+  const auto i = [](std::int64_t v) { return static_cast<int>(v); };
+  const bool a_row = la.layout == GemmLayout::row_major, b_row = lb.layout == GemmLayout::row_major;
+  if (lc.layout == GemmLayout::col_major)
+    blas_gemm(a_row ? 'T' : 'N', b_row ? 'T' : 'N', i(m), i(n), i(k), alpha, a, i(la.ld), b, i(lb.ld), beta, c, i(lc.ld));
+  else
+    blas_gemm(b_row ? 'N' : 'T', a_row ? 'N' : 'T', i(n), i(m), i(k), alpha, b, i(lb.ld), a, i(la.ld), beta, c, i(lc.ld));
+}
+#endif
+
 }  // namespace detail
 
 /// `C[b] = alpha * A[b] * B[b] + beta * C[b]` for b in [0, batch): A[b] is rows x K, B[b] K x cols.
 ///
-/// Operands with a unit stride along one dim are mapped in place (see the file comment), others
+/// Operands with a unit stride along one dim are used in place (see the file comment), others
 /// packed; matrices of the batch run in order on the calling thread, so a C with `batch_stride`
 /// 0 and beta = 1 accumulates over the batch. As in BLAS, beta = 0 never reads C (NaN there is
 /// overwritten) and alpha = 0 or K = 0 never reads A and B. C's elements must not overlap A's or B's.
@@ -242,6 +293,11 @@ void gemm(std::int64_t batch, std::type_identity_t<MatrixBatch<const T>> a,
                 "shardlib: kernels::gemm: the element type must be an arithmetic type other than bool");
   detail::gemm_check(batch, a, b, c);
   if (batch == 0 || c.rows == 0 || c.cols == 0) return;
+  if (alpha == T(0) || a.cols == 0) {  // C = beta C: A and B are not read
+    for (std::int64_t i = 0; i < batch; ++i)
+      detail::scale_matrix(c.data + i * c.batch_stride, c.rows, c.cols, c.row_stride, c.col_stride, T(beta));
+    return;
+  }
   detail::gemm_init_once();
 
   const std::int64_t max_ld = detail::gemm_index_limit<T>();
@@ -259,19 +315,29 @@ void gemm(std::int64_t batch, std::type_identity_t<MatrixBatch<const T>> a,
       tc(pack_c ? static_cast<std::size_t>(c.rows * c.cols) : 0);
 
   for (std::int64_t i = 0; i < batch; ++i) {
-    // (An operand with no elements may have no data: no arithmetic on a null pointer.)
-    const T* pa = a.data ? a.data + i * a.batch_stride : nullptr;
-    const T* pb = b.data ? b.data + i * b.batch_stride : nullptr;
+    const T* pa = a.data + i * a.batch_stride;
+    const T* pb = b.data + i * b.batch_stride;
     T* pc = c.data + i * c.batch_stride;
     if (pack_a && (i == 0 || a.batch_stride != 0)) detail::pack(a, i, ta.data());
     if (pack_b && (i == 0 || b.batch_stride != 0)) detail::pack(b, i, tb.data());
     if (pack_c && beta != T(0)) detail::pack(MatrixBatch<const T>(c), i, tc.data());
-    detail::with_map(pack_a ? ta.data() : pa, a.rows, a.cols, pack_a ? packed_as(a.cols) : la, [&](const auto& ma) {
-      detail::with_map(pack_b ? tb.data() : pb, b.rows, b.cols, pack_b ? packed_as(b.cols) : lb, [&](const auto& mb) {
-        detail::with_map(pack_c ? tc.data() : pc, c.rows, c.cols, pack_c ? packed_as(c.cols) : lc,
-                         [&](auto& mc) { detail::gemm_one(ma, mb, mc, alpha, beta); });
+    const T* ua = pack_a ? ta.data() : pa;
+    const T* ub = pack_b ? tb.data() : pb;
+    T* uc = pack_c ? tc.data() : pc;
+    const auto ma = pack_a ? packed_as(a.cols) : la, mb = pack_b ? packed_as(b.cols) : lb,
+               mc = pack_c ? packed_as(c.cols) : lc;
+#if defined(EIGEN_USE_BLAS) && !defined(EIGEN_USE_MKL)
+    if constexpr (detail::direct_blas<T>) {
+      detail::gemm_blas_one(ua, ma, ub, mb, uc, mc, a.rows, b.cols, a.cols, T(alpha), T(beta));
+    } else
+#endif
+    {
+      detail::with_map(ua, a.rows, a.cols, ma, [&](const auto& ea) {
+        detail::with_map(ub, b.rows, b.cols, mb, [&](const auto& eb) {
+          detail::with_map(uc, c.rows, c.cols, mc, [&](auto& ec) { detail::gemm_one(ea, eb, ec, T(alpha), T(beta)); });
+        });
       });
-    });
+    }
     if (pack_c) detail::unpack(tc.data(), c, i);
   }
 }
