@@ -23,7 +23,9 @@
 #pragma once
 
 #include <shardlib/collectives/communicator.hpp>
+#include <shardlib/detail/attributes.hpp>
 #include <shardlib/detail/diagnostics.hpp>
+#include <shardlib/detail/function_ref.hpp>
 #include <shardlib/mesh.hpp>
 #include <shardlib/runtime/runtime.hpp>
 #include <shardlib/sharding/block.hpp>
@@ -269,6 +271,66 @@ inline std::string shape_text(detail::ArrayRef<std::int64_t> shape) {
   return s + "]";
 }
 
+/// The values creation functions fill a block with, by global linear index (functors rather
+/// than lambdas: one Kokkos kernel per element type and rank, shared by every spec type).
+template <class T>
+struct FullValue {
+  T v;
+  KOKKOS_INLINE_FUNCTION T operator()(std::int64_t) const { return v; }
+};
+template <class T>
+struct IotaValue {
+  KOKKOS_INLINE_FUNCTION T operator()(std::int64_t k) const { return static_cast<T>(k); }
+};
+template <class T>
+struct RandomValue {
+  std::uint64_t seed;
+  T lo, hi;
+  KOKKOS_INLINE_FUNCTION T operator()(std::int64_t k) const { return random_value<T>(seed, k, lo, hi); }
+};
+
+/// Fills block `box` (row-major at `data`) of a tensor of global `shape` with `value(k)` of each
+/// element's global linear index k, as a Kokkos kernel.
+template <std::size_t R, class T, class G>
+SHARDLIB_NOINLINE void generate_block(const Context& ctx, T* data, const ShardBox& box, const std::int64_t* shape, G value) {
+  std::int64_t gshape[R > 0 ? R : 1] = {};
+  for (std::size_t d = 0; d < R; ++d) gshape[d] = shape[d];
+  const BoxWalk<R> walk(box);
+  auto guard = kernel_guard(ctx, false);
+  Kokkos::parallel_for(
+      "shardlib::generate", Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, box.num_elements()),
+      [=](std::int64_t k) {
+        std::int64_t s[R > 0 ? R : 1];
+        for (std::size_t d = 0; d < (R > 0 ? R : 1); ++d) s[d] = gshape[d];
+        data[k] = value(linear_index<R>(walk.global(k), s));
+      });
+  ctx.exec().fence();
+}
+
+/// The global tensor of `shape` with sharding `s` (whose blocks live at `block` on each device)
+/// on device `root`; an empty vector elsewhere (collective: one exchange).
+template <class T>
+SHARDLIB_NOINLINE std::vector<T> gather_block(Context& ctx, const MeshShape& mesh, const Sharding& s,
+                                              ArrayRef<std::int64_t> shape, const T* block, int root) {
+  coll::Communicator& world = ctx.world();
+  const auto n = static_cast<std::size_t>(world.size());
+  std::vector<coll::Region> send(n), recv(n);
+  ShardBox all;
+  all.rank = static_cast<int>(shape.size());
+  std::int64_t size = 1;
+  for (std::size_t d = 0; d < shape.size(); ++d) size *= all.extent[d] = shape[d];
+  const ShardBox mine = shard_box(s, mesh, shape, ctx.device());
+  if (is_primary(s, mesh, ctx.device())) send[static_cast<std::size_t>(root)] = region_in(mine, mine);
+  std::vector<T> out;
+  if (ctx.device() == root) {
+    out.resize(static_cast<std::size_t>(size));
+    for (int d = 0; d < world.size(); ++d)
+      if (is_primary(s, mesh, d)) recv[static_cast<std::size_t>(d)] = region_in(all, shard_box(s, mesh, shape, d));
+  }
+  world.exchange(block, send, out.data(), recv, coll::dtype_of<T>());
+  return out;
+}
+
 /// Per-device cache of blocks (>= 64 KiB), as PyTorch's caching allocator: a block
 /// freed by one tensor is handed to the next of a similar size instead of going back to the OS
 /// (glibc returns blocks above 32 MiB to the OS at once, and touching fresh pages again cost 4x
@@ -450,9 +512,11 @@ inline const CompiledReshard& compiled_reshard(Context& ctx, const MeshShape& me
 /// Runs a compiled reshard on this device: reads the block `src`, writes the new block into
 /// `alloc_final(elements)` (not called when there are no steps). Intermediate blocks come from
 /// `alloc(elements)` (shared_ptr<void> owners). Throws what the collectives throw; `src` is
-/// never written.
-template <class T, class Alloc, class AllocFinal>
-void run_reshard(const Context& ctx, const CompiledReshard& c, const T* src, Alloc&& alloc, AllocFinal&& alloc_final) {
+/// never written. Compiled once per element type (the callbacks are FunctionRefs).
+template <class T>
+void run_reshard(const Context& ctx, const CompiledReshard& c, const T* src,
+                 FunctionRef<std::shared_ptr<void>(std::size_t)> alloc,
+                 std::type_identity_t<FunctionRef<T*(std::size_t)>> alloc_final) {
   const coll::DType dt = coll::dtype_of<T>();
   const T* cur = src;
   std::shared_ptr<void> keep[2];  // the last two intermediate blocks (a step reads one, writes the other)
@@ -536,8 +600,7 @@ class DistributedTensor {
   /// partial axes, zeros elsewhere: the sum is `value`). No communication.
   static DistributedTensor full(const MeshT& mesh, const Shape& shape, T value) {
     DistributedTensor t(mesh, shape);
-    const T v = value;
-    t.generate([=](std::int64_t) { return v; });
+    t.generate(detail::FullValue<T>{value});
     return t;
   }
   template <std::size_t N>
@@ -552,7 +615,7 @@ class DistributedTensor {
   /// Element k (row-major global linear index) = T(k).
   static DistributedTensor iota(const MeshT& mesh, const Shape& shape) {
     DistributedTensor t(mesh, shape);
-    t.generate([](std::int64_t k) { return static_cast<T>(k); });
+    t.generate(detail::IotaValue<T>{});
     return t;
   }
   template <std::size_t N>
@@ -568,7 +631,7 @@ class DistributedTensor {
       throw std::invalid_argument("shardlib: random: the range [" + std::to_string(lo) + ", " + std::to_string(hi) +
                                   ") is empty");
     DistributedTensor t(mesh, shape);
-    t.generate([=](std::int64_t k) { return detail::random_value<T>(seed, k, lo, hi); });
+    t.generate(detail::RandomValue<T>{seed, lo, hi});
     return t;
   }
   template <std::size_t N>
@@ -630,7 +693,7 @@ class DistributedTensor {
     }
     Context& ctx = context();
     const auto& c = detail::compiled_reshard(ctx, mesh_.shape(), sharding, all, shape_);
-    detail::run_reshard(ctx, c, local_.data(), scratch(ctx), [&](std::size_t n) {
+    detail::run_reshard<T>(ctx, c, local_.data(), scratch(ctx), [&](std::size_t n) {
       out.resize(n);
       return out.data();
     });
@@ -649,13 +712,13 @@ class DistributedTensor {
       reduced.op = ReduceOp::sum;
       const auto& c = detail::compiled_reshard(ctx, mesh_.shape(), sharding, reduced, shape_);
       std::shared_ptr<void> block;
-      detail::run_reshard(ctx, c, local_.data(), scratch(ctx), [&](std::size_t n) {
+      detail::run_reshard<T>(ctx, c, local_.data(), scratch(ctx), [&](std::size_t n) {
         block = scratch(ctx)(n);
         return static_cast<T*>(block.get());
       });
-      return gather_block(ctx, reduced, static_cast<const T*>(block.get()), root);
+      return detail::gather_block<T>(ctx, mesh_.shape(), reduced, shape_, static_cast<const T*>(block.get()), root);
     }
-    return gather_block(ctx, sharding, local_.data(), root);
+    return detail::gather_block<T>(ctx, mesh_.shape(), sharding, shape_, local_.data(), root);
   }
 
   // -- shape and block ------------------------------------------------------------------------
@@ -710,7 +773,7 @@ class DistributedTensor {
         owner_ = other.owner_;
         local_ = other.local_;
       } else {
-        detail::run_reshard(ctx, c, other.local_.data(), scratch(ctx), [&](std::size_t) {
+        detail::run_reshard<T>(ctx, c, other.local_.data(), scratch(ctx), [&](std::size_t) {
           allocate_block();
           return local_.data();
         });
@@ -822,22 +885,7 @@ class DistributedTensor {
   /// Fills the block with value(k) of each element's global linear index k, then masks.
   template <class G>
   void generate(G value) {
-    std::int64_t gshape[rank > 0 ? rank : 1] = {};
-    for (std::size_t d = 0; d < rank; ++d) gshape[d] = shape_[d];
-    T* data = local_.data();
-    const detail::BoxWalk<rank> walk(box_);
-    {
-      auto guard = detail::kernel_guard(context(), false);
-      Kokkos::parallel_for(
-          "shardlib::generate",
-          Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(context().exec(), 0, box_.num_elements()),
-          [=](std::int64_t k) {
-            std::int64_t s[rank > 0 ? rank : 1];
-            for (std::size_t d = 0; d < (rank > 0 ? rank : 1); ++d) s[d] = gshape[d];
-            data[k] = value(detail::linear_index<rank>(walk.global(k), s));
-          });
-      context().exec().fence();
-    }
+    detail::generate_block<rank>(context(), local_.data(), box_, shape_.data(), value);
     mask_partial();
   }
   /// A partial-sum tensor made from a global value holds it on coordinate 0 of its partial axes.
@@ -846,23 +894,6 @@ class DistributedTensor {
         detail::off_first_coordinate(mesh_.shape(), context().device(), sharding.partial))
       detail::fill(context(), local_.data(), box_.num_elements(), T{});
   }
-  std::vector<T> gather_block(Context& ctx, const Sharding& s, const T* block, int root) const {
-    coll::Communicator& world = ctx.world();
-    const auto n = static_cast<std::size_t>(world.size());
-    std::vector<coll::Region> send(n), recv(n);
-    const ShardBox all = global_box();
-    if (is_primary(s, mesh_.shape(), ctx.device())) send[static_cast<std::size_t>(root)] = detail::region_in(box_, box_);
-    std::vector<T> out;
-    if (ctx.device() == root) {
-      out.resize(static_cast<std::size_t>(size()));
-      for (int d = 0; d < world.size(); ++d)
-        if (is_primary(s, mesh_.shape(), d))
-          recv[static_cast<std::size_t>(d)] = detail::region_in(all, shard_box(s, mesh_.shape(), shape_, d));
-    }
-    world.exchange(block, send, out.data(), recv, coll::dtype_of<T>());
-    return out;
-  }
-
   MeshT mesh_;
   Shape shape_{};
   ShardBox box_{};

@@ -9,6 +9,7 @@
 /// type is `DistributedTensor<U, Mesh, spec_from_t<Mesh, ...rule.out...>>`: no runtime dispatch.
 #pragma once
 
+#include <shardlib/detail/attributes.hpp>
 #include <shardlib/detail/diagnostics.hpp>
 #include <shardlib/sharding/rule.hpp>
 #include <shardlib/tensor.hpp>
@@ -65,19 +66,37 @@ struct Block {
   ShardBox box{};
 };
 
-/// The block of `t` laid out as `target` (a reshard when it differs from the tensor's spec;
-/// collective then). `target` has the tensor's rank.
+/// An operand as runtime values: what runtime-generic op code needs of a tensor, whatever its
+/// spec type (the sharding is the type's constexpr value). Refers to the tensor: use it during
+/// the call that made it.
+template <class T>
+struct OperandRef {
+  Context* ctx = nullptr;
+  const MeshShape* mesh = nullptr;
+  const Sharding* sharding = nullptr;
+  ArrayRef<std::int64_t> shape;
+  const T* data = nullptr;
+  const ShardBox* box = nullptr;
+};
 template <class T, class MeshT, class SpecT, class Mem>
-Block<T> block_as(const DistributedTensor<T, MeshT, SpecT, Mem>& t, const Sharding& target) {
-  using Tensor = DistributedTensor<T, MeshT, SpecT, Mem>;
-  if (target == Tensor::sharding) return {nullptr, t.local().data(), t.block()};
-  Context& ctx = t.context();
-  const auto& c = compiled_reshard(ctx, t.mesh().shape(), Tensor::sharding, target, t.shape());
-  if (c.steps.empty()) return {nullptr, t.local().data(), t.block()};
+OperandRef<T> ref(const DistributedTensor<T, MeshT, SpecT, Mem>& t) noexcept {
+  return {&t.context(), &t.mesh().shape(), &DistributedTensor<T, MeshT, SpecT, Mem>::sharding, t.shape(),
+          t.local().data(), &t.block()};
+}
+
+/// The block (`data`, `box`) of a tensor of `shape` with sharding `from` on `mesh`, laid out as
+/// `target` (a reshard when it differs; collective then). Runtime-generic: compiled once per
+/// element type and memory space.
+template <class T, class Mem>
+SHARDLIB_NOINLINE Block<T> block_as(Context& ctx, const MeshShape& mesh, const Sharding& from, ArrayRef<std::int64_t> shape,
+                                    const T* data, const ShardBox& box, const Sharding& target) {
+  if (target == from) return {nullptr, data, box};
+  const auto& c = compiled_reshard(ctx, mesh, from, target, shape);
+  if (c.steps.empty()) return {nullptr, data, box};
   Block<T> b;
   b.box = c.steps.back().out_box;
   auto alloc = [cache = &block_cache<Mem>(ctx)](std::size_t n) { return cache->allocate(n * sizeof(T)); };
-  run_reshard(ctx, c, t.local().data(), alloc, [&](std::size_t n) {
+  run_reshard<T>(ctx, c, data, alloc, [&](std::size_t n) {
     b.keep = alloc(n);
     return static_cast<T*>(b.keep.get());
   });
@@ -85,19 +104,46 @@ Block<T> block_as(const DistributedTensor<T, MeshT, SpecT, Mem>& t, const Shardi
   return b;
 }
 
+/// The block of operand `t` laid out as `target` (see above).
+template <class Mem, class T>
+Block<T> block_as(const OperandRef<T>& t, const Sharding& target) {
+  return block_as<T, Mem>(*t.ctx, *t.mesh, *t.sharding, t.shape, t.data, *t.box, target);
+}
+
+/// The block of `t` laid out as `target` (see above). `target` has the tensor's rank.
+template <class T, class MeshT, class SpecT, class Mem>
+Block<T> block_as(const DistributedTensor<T, MeshT, SpecT, Mem>& t, const Sharding& target) {
+  return block_as<T, Mem>(t.context(), t.mesh().shape(), DistributedTensor<T, MeshT, SpecT, Mem>::sharding, t.shape(),
+                          t.local().data(), t.block(), target);
+}
+
+/// What messages say of an operand, whatever its type: its shape, spec and mesh.
+struct OperandInfo {
+  ArrayRef<std::int64_t> shape;
+  const PartitionSpec* spec = nullptr;
+  const MeshShape* mesh = nullptr;
+};
+template <class Tensor>
+OperandInfo info(const Tensor& t) noexcept {
+  return {t.shape(), &Tensor::spec_type::value, &t.mesh().shape()};
+}
+
 /// "[4, 8] with Spec<"x", none>", for messages.
+inline std::string operand_text(const OperandInfo& t) { return shape_text(t.shape) + " with " + t.spec->to_string(); }
 template <class Tensor>
 std::string operand_text(const Tensor& t) {
-  return shape_text(t.shape()) + " with " + t.spec_string();
+  return operand_text(info(t));
+}
+
+[[noreturn]] SHARDLIB_COLD inline void throw_different_meshes(const char* op, const OperandInfo& a, const OperandInfo& b) {
+  throw std::invalid_argument(std::string("shardlib: ") + op + ": operands on different meshes: " + operand_text(a) +
+                              " on " + a.mesh->to_string() + ", " + operand_text(b) + " on " + b.mesh->to_string());
 }
 
 /// Throws std::invalid_argument when `b` lives on another mesh (sizes or context) than `a`.
 template <class A, class B>
 void check_same_mesh(const char* op, const A& a, const B& b) {
-  if (!(a.mesh() == b.mesh()) || &a.context() != &b.context())
-    throw std::invalid_argument(std::string("shardlib: ") + op + ": operands on different meshes: " + operand_text(a) +
-                                " on " + a.mesh().to_string() + ", " + operand_text(b) + " on " +
-                                b.mesh().to_string());
+  if (!(a.mesh() == b.mesh()) || &a.context() != &b.context()) throw_different_meshes(op, info(a), info(b));
 }
 
 /// Kernel launch guard of the tensor's device (see runtime.hpp).

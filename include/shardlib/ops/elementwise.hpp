@@ -33,53 +33,56 @@ namespace detail {
 template <class T>
 inline constexpr bool is_scalar_v = std::is_arithmetic_v<T> && !std::is_same_v<T, bool>;
 
-/// The broadcast shape of the operands (numpy rules), or throws std::invalid_argument naming
-/// every operand's shape and spec and the dim that does not match.
-template <std::size_t R, class... Ts>
-std::array<std::int64_t, R> broadcast_shape(const char* op, const Ts&... ts) {
-  std::array<std::int64_t, R> out;
-  out.fill(1);
-  bool ok = true;
+/// The broadcast shape (rank `rank`, into `out`) of operands `ops` (numpy rules), or throws
+/// std::invalid_argument naming every operand's shape and spec and the dim that does not match.
+SHARDLIB_NOINLINE inline void broadcast_shape(const char* op, ArrayRef<OperandInfo> ops, std::int64_t* out,
+                                              std::size_t rank) {
+  for (std::size_t d = 0; d < rank; ++d) out[d] = 1;
   int bad = -1;
-  auto one = [&](const auto& t) {
-    constexpr std::size_t r = std::remove_cvref_t<decltype(t)>::rank;
+  for (const OperandInfo& t : ops) {
+    const std::size_t r = t.shape.size();
     for (std::size_t d = 0; d < r; ++d) {
-      const std::size_t o = d + (R - r);
-      const std::int64_t e = t.shape()[d];
+      const std::size_t o = d + (rank - r);
+      const std::int64_t e = t.shape[d];
       if (e == out[o] || e == 1) continue;
       if (out[o] == 1) out[o] = e;
-      else if (ok) ok = false, bad = static_cast<int>(o);
+      else if (bad < 0) bad = static_cast<int>(o);
     }
-  };
-  (one(ts), ...);
-  if (!ok) {
+  }
+  if (bad >= 0) {
     std::string s = std::string("shardlib: ") + op + ": shapes do not broadcast (output dim " + std::to_string(bad) + "):";
-    ((s += " " + operand_text(ts) + ","), ...);
+    for (const OperandInfo& t : ops) s += " " + operand_text(t) + ",";
     s.pop_back();
     throw std::invalid_argument(s);
   }
+}
+template <std::size_t R, class... Ts>
+std::array<std::int64_t, R> broadcast_shape(const char* op, const Ts&... ts) {
+  const std::array<OperandInfo, sizeof...(Ts)> infos{info(ts)...};
+  std::array<std::int64_t, R> out;
+  broadcast_shape(op, ArrayRef<OperandInfo>(infos), out.data(), R);
   return out;
 }
 
 /// The layout operand `t` is read in: the rule's, replicated along dims of extent 1 that broadcast.
-template <std::size_t R, class Tensor>
-Sharding broadcast_layout(const Tensor& t, Sharding target, const std::array<std::int64_t, R>& out_shape) {
-  constexpr std::size_t r = Tensor::rank;
+template <std::size_t R, class T>
+Sharding broadcast_layout(const OperandRef<T>& t, Sharding target, const std::array<std::int64_t, R>& out_shape) {
+  const std::size_t r = t.shape.size();
   for (std::size_t d = 0; d < r; ++d)
-    if (t.shape()[d] == 1 && out_shape[d + (R - r)] != 1) target.dims[d] = AxisList{};
+    if (t.shape[d] == 1 && out_shape[d + (R - r)] != 1) target.dims[d] = AxisList{};
   return target;
 }
 
 /// Strides of block `b` of an operand of global shape `shape` (rank r <= R), seen from output
 /// block `out_box`: 0 along dims the operand broadcasts; the pointer is at the output block's first
 /// element.
-template <std::size_t R, class T, std::size_t r>
-kernels::Strided<T, R> strided_view(const Block<T>& b, const std::array<std::int64_t, r>& shape, const ShardBox& out_box,
+template <std::size_t R, class T>
+kernels::Strided<T, R> strided_view(const Block<T>& b, ArrayRef<std::int64_t> shape, const ShardBox& out_box,
                                     const std::array<std::int64_t, R>& out_shape) {
   kernels::Strided<T, R> s;
   std::int64_t stride = 1, base = 0;
-  for (std::size_t d = r; d-- > 0;) {
-    const std::size_t o = d + (R - r);
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    const std::size_t o = d + (R - shape.size());
     const bool broadcast = shape[d] == 1 && out_shape[o] != 1;
     s.stride[o] = broadcast ? 0 : stride;
     if (!broadcast) base += (out_box.offset[o] - b.box.offset[d]) * stride;
@@ -91,6 +94,24 @@ kernels::Strided<T, R> strided_view(const Block<T>& b, const std::array<std::int
 
 template <class T>
 using element_t = typename std::remove_cvref_t<T>::value_type;
+
+/// The runtime part of an elementwise op, compiled once per functor, element types and rank
+/// (whatever the specs): each operand read in its layout (`layouts[i]`, resharded when its own
+/// differs), one kernel writes the output block `out` (`out_box` of global `shape`).
+template <std::size_t R, class Mem, class U, class F, std::size_t... I, class... Ts>
+SHARDLIB_NOINLINE void elementwise_run(Context& ctx, F f, U* out, const ShardBox& out_box,
+                                       const std::array<std::int64_t, R>& shape, const Sharding* layouts,
+                                       std::index_sequence<I...>, const OperandRef<Ts>&... ops) {
+  const std::tuple blocks{block_as<Mem>(ops, broadcast_layout<R>(ops, layouts[I], shape))...};
+  std::array<std::int64_t, R> extent{};
+  for (std::size_t d = 0; d < R; ++d) extent[d] = out_box.extent[d];
+  auto guard = kernel_guard(ctx, false);
+  std::apply(
+      [&](const auto&... bs) {
+        kernels::elementwise(ctx.exec(), out, extent, f, strided_view<R>(bs, ops.shape, out_box, shape)...);
+      },
+      blocks);
+}
 
 /// The op: rule at compile time, broadcast shape and operand layouts at run time, one kernel.
 template <OpName Name, Linearity Kind, class F, class Tensor0, class... Tensors>
@@ -111,20 +132,8 @@ auto elementwise_op(F f, const Tensor0& t0, const Tensors&... ts) {
   (check_same_mesh(Name.text, t0, ts), ...);
   const std::array<std::int64_t, R> shape = broadcast_shape<R>(Name.text, t0, ts...);
   Out out(t0.mesh(), shape);
-  std::size_t i = 0;
-  auto block = [&](const auto& t) { return block_as(t, broadcast_layout<R>(t, rule.in[i++], shape)); };
-  const auto b0 = block(t0);
-  const std::tuple blocks{block(ts)...};
-  std::array<std::int64_t, R> extent{};
-  for (std::size_t d = 0; d < R; ++d) extent[d] = out.block().extent[d];
-  auto guard = kernel_guard(out.context(), false);
-  std::apply(
-      [&](const auto&... bs) {
-        kernels::elementwise(out.context().exec(), out.local().data(), extent, f,
-                             strided_view<R>(b0, t0.shape(), out.block(), shape),
-                             strided_view<R>(bs, ts.shape(), out.block(), shape)...);
-      },
-      blocks);
+  elementwise_run<R, Mem>(out.context(), f, out.local().data(), out.block(), shape, rule.in.data(),
+                          std::index_sequence_for<Tensor0, Tensors...>{}, ref(t0), ref(ts)...);
   return out;
 }
 

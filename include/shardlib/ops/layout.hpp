@@ -42,8 +42,8 @@ namespace detail {
 /// into the output's coordinates) into the output block `out_box` at `out`: every output element
 /// that the source holds, from whichever device of dim `d`'s group holds it. Local when the dim
 /// is not split (`axes` empty), else one exchange over the group.
-template <class T, class MeshT>
-void shift_blocks(Context& ctx, const MeshT& mesh, const AxisList& axes, int d, const T* src, ShardBox src_box,
+template <class T>
+SHARDLIB_NOINLINE void shift_blocks(Context& ctx, const MeshShape& mesh, const AxisList& axes, int d, const T* src, ShardBox src_box,
                   std::int64_t src_extent, std::int64_t shift, T* out, const ShardBox& out_box,
                   std::int64_t out_extent) {
   const auto u = static_cast<std::size_t>(d);
@@ -66,6 +66,23 @@ void shift_blocks(Context& ctx, const MeshT& mesh, const AxisList& axes, int d, 
     recv[static_cast<std::size_t>(r)] = region_in(out_box, intersect(peer_src, out_box));
   }
   g.exchange(src, send, out, recv, coll::dtype_of<T>());
+}
+
+[[noreturn]] SHARDLIB_COLD inline void throw_slice_out_of_range(std::int64_t begin, std::int64_t end, int dim,
+                                                                const OperandInfo& a) {
+  throw std::out_of_range("shardlib: slice [" + std::to_string(begin) + ", " + std::to_string(end) + ") of dim " +
+                          std::to_string(dim) + " of " + operand_text(a) + " is outside [0, " +
+                          std::to_string(a.shape[static_cast<std::size_t>(dim)]) + "]");
+}
+[[noreturn]] SHARDLIB_COLD inline void throw_concat_mismatch(int dim, int bad, const OperandInfo& a, const OperandInfo& b) {
+  throw std::invalid_argument("shardlib: concat along dim " + std::to_string(dim) + " of " + operand_text(a) + " and " +
+                              operand_text(b) + ": dim " + std::to_string(bad) + " differs");
+}
+[[noreturn]] SHARDLIB_COLD inline void throw_take_out_of_range(int dim, const OperandInfo& table, const OperandInfo& indices,
+                                                               ArrayRef<std::int64_t> block_start, const char* what) {
+  throw std::out_of_range(std::string("shardlib: take<") + std::to_string(dim) + "> of table " + operand_text(table) +
+                          " with indices " + operand_text(indices) + " (this device's block of indices starts at " +
+                          shape_text(block_start) + "): " + what);
 }
 
 }  // namespace detail
@@ -104,6 +121,50 @@ auto transpose(const A& a) {
 }
 
 namespace detail {
+/// The output shape of reshape `pattern` (parsed: `p`) of operand `a`: `given`, or (when null)
+/// the merges of the input dims; throws std::invalid_argument naming both shapes and the spec when
+/// it does not fit the pattern.
+SHARDLIB_NOINLINE inline void reshape_shape(const char* pattern, const ReshapePattern& p, const OperandInfo& a,
+                                            const std::int64_t* given, std::int64_t* shape) {
+  const auto out_rank = static_cast<std::size_t>(p.out_rank);
+  if (given) {
+    for (std::size_t k = 0; k < out_rank; ++k) shape[k] = given[k];
+  } else {  // merges only: every output dim is a product of whole input dims
+    for (int d = 0; d < p.in_rank; ++d)
+      if (p.in_first[static_cast<std::size_t>(d) + 1] - p.in_first[static_cast<std::size_t>(d)] != 1)
+        throw std::invalid_argument(std::string("shardlib: reshape \"") + pattern + "\" of " + operand_text(a) +
+                                    " splits input dim " + std::to_string(d) + ": pass the output shape");
+    for (int o = 0; o < p.out_rank; ++o) {
+      std::int64_t e = 1;
+      for (int at = p.out_first[static_cast<std::size_t>(o)]; at < p.out_first[static_cast<std::size_t>(o) + 1]; ++at)
+        e *= a.shape[static_cast<std::size_t>(at)];  // atom i is input dim i here
+      shape[static_cast<std::size_t>(o)] = e;
+    }
+  }
+  const ArrayRef<std::int64_t> out(shape, out_rank);
+  const int bad = check_reshape_shapes(p, a.shape, out);
+  if (bad != -1)
+    throw std::invalid_argument(std::string("shardlib: reshape \"") + pattern + "\" of " + operand_text(a) +
+                                " to shape " + shape_text(out) + (bad >= 0 ? ": output dim " + std::to_string(bad) : std::string(": the shapes")) +
+                                " does not match (a reshape keeps the element count and the pattern's groups)");
+}
+
+/// A reshape whose blocks do not line up: the operand gathered along its split dims (partial axes
+/// stay partial), then each device copies its new block (`out`, `out_box` of global `shape`).
+template <class T, class Mem>
+SHARDLIB_NOINLINE void reshape_gather(const OpRule& rule, const OperandRef<T>& a, T* out, const ShardBox& out_box,
+                                      ArrayRef<std::int64_t> shape) {
+  Sharding whole = reduced(rule.in[0]);
+  for (int d = 0; d < whole.rank; ++d) whole.dims[static_cast<std::size_t>(d)] = AxisList{};
+  whole.partial = rule.in[0].partial;
+  whole.op = rule.in[0].op;
+  const Block<T> full = block_as<Mem>(a, whole);
+  ShardBox all;
+  all.rank = static_cast<int>(shape.size());
+  for (std::size_t k = 0; k < shape.size(); ++k) all.extent[k] = shape[k];
+  copy_box(*a.ctx, full.data, all, out, out_box, out_box);
+}
+
 template <OpName Pattern, std::size_t ROut, class A>
 auto reshape_op(const A& a, const std::array<std::int64_t, ROut>* given) {
   static constexpr ReshapePattern p = parse_reshape(std::string_view(Pattern.text));
@@ -119,42 +180,15 @@ auto reshape_op(const A& a, const std::array<std::int64_t, ROut>* given) {
   using Out = DistributedTensor<T, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, Mem>;
   static_assert(ROut == 0 || ROut == Out::rank, "shardlib: reshape: the output shape has another rank than the pattern");
   typename Out::Shape shape{};
-  if (given) {
-    for (std::size_t k = 0; k < Out::rank; ++k) shape[k] = (*given)[k];
-  } else {  // merges only: every output dim is a product of whole input dims
-    for (int d = 0; d < p.in_rank; ++d)
-      if (p.in_first[static_cast<std::size_t>(d) + 1] - p.in_first[static_cast<std::size_t>(d)] != 1)
-        throw std::invalid_argument(std::string("shardlib: reshape \"") + Pattern.text + "\" of " + operand_text(a) +
-                                    " splits input dim " + std::to_string(d) + ": pass the output shape");
-    for (int o = 0; o < p.out_rank; ++o) {
-      std::int64_t e = 1;
-      for (int at = p.out_first[static_cast<std::size_t>(o)]; at < p.out_first[static_cast<std::size_t>(o) + 1]; ++at)
-        e *= a.shape()[static_cast<std::size_t>(at)];  // atom i is input dim i here
-      shape[static_cast<std::size_t>(o)] = e;
-    }
-  }
-  const int bad = check_reshape_shapes(p, a.shape(), shape);
-  if (bad != -1)
-    throw std::invalid_argument(std::string("shardlib: reshape \"") + Pattern.text + "\" of " + operand_text(a) +
-                                " to shape " + shape_text(shape) + (bad >= 0 ? ": output dim " + std::to_string(bad) : std::string(": the shapes")) +
-                                " does not match (a reshape keeps the element count and the pattern's groups)");
+  reshape_shape(Pattern.text, p, info(a), given ? given->data() : nullptr, shape.data());
   const Block<T> in = block_as(a, rule.in[0]);
   if (reshape_blocks_align(p, rule.in[0], rule.out, a.mesh().shape(), a.shape(), shape)) {
     // Row-major blocks of the same elements in the same order: reinterpret, no copy.
     std::shared_ptr<void> owner = in.keep ? in.keep : a.block_owner();
     return Out(a.mesh(), shape, std::move(owner), const_cast<T*>(in.data));
   }
-  // Uneven blocks: gather the split dims (partial axes stay partial), take the new block.
-  Sharding whole = reduced(rule.in[0]);
-  for (int d = 0; d < whole.rank; ++d) whole.dims[static_cast<std::size_t>(d)] = AxisList{};
-  whole.partial = rule.in[0].partial;
-  whole.op = rule.in[0].op;
-  const Block<T> full = block_as(a, whole);
   Out out(a.mesh(), shape);
-  ShardBox all;
-  all.rank = static_cast<int>(Out::rank);
-  for (std::size_t k = 0; k < Out::rank; ++k) all.extent[k] = shape[k];
-  copy_box(out.context(), full.data, all, out.local().data(), out.block(), out.block());
+  reshape_gather<T, Mem>(rule, ref(a), out.local().data(), out.block(), shape);
   return out;
 }
 }  // namespace detail
@@ -187,15 +221,12 @@ auto slice(const A& a, std::int64_t begin, std::int64_t end) {
   using Out = DistributedTensor<typename A::value_type, typename A::mesh_type, spec_from_t<typename A::mesh_type, decltype([] { return rule.out; })>,
                                 typename A::memory_space>;
   const std::int64_t extent = a.shape()[static_cast<std::size_t>(Dim)];
-  if (begin < 0 || end > extent || begin > end)
-    throw std::out_of_range("shardlib: slice [" + std::to_string(begin) + ", " + std::to_string(end) + ") of dim " +
-                            std::to_string(Dim) + " of " + detail::operand_text(a) + " is outside [0, " +
-                            std::to_string(extent) + "]");
+  if (begin < 0 || end > extent || begin > end) detail::throw_slice_out_of_range(begin, end, Dim, detail::info(a));
   const auto in = detail::block_as(a, rule.in[0]);
   typename Out::Shape shape = a.shape();
   shape[static_cast<std::size_t>(Dim)] = end - begin;
   Out out(a.mesh(), shape);
-  detail::shift_blocks(out.context(), a.mesh(), rule.comm, Dim, in.data, in.box, extent, -begin, out.local().data(),
+  detail::shift_blocks<typename A::value_type>(out.context(), a.mesh().shape(), rule.comm, Dim, in.data, in.box, extent, -begin, out.local().data(),
                        out.block(), end - begin);
   return out;
 }
@@ -217,16 +248,15 @@ auto concat(const A& a, const B& b) {
   typename Out::Shape shape = a.shape();
   for (std::size_t d = 0; d < Out::rank; ++d)
     if (static_cast<int>(d) != Dim && a.shape()[d] != b.shape()[d])
-      throw std::invalid_argument("shardlib: concat along dim " + std::to_string(Dim) + " of " + detail::operand_text(a) +
-                                  " and " + detail::operand_text(b) + ": dim " + std::to_string(d) + " differs");
+      detail::throw_concat_mismatch(Dim, static_cast<int>(d), detail::info(a), detail::info(b));
   const auto u = static_cast<std::size_t>(Dim);
   shape[u] = a.shape()[u] + b.shape()[u];
   const auto ba = detail::block_as(a, rule.in[0]);
   const auto bb = detail::block_as(b, rule.in[1]);
   Out out(a.mesh(), shape);
-  detail::shift_blocks(out.context(), a.mesh(), rule.comm, Dim, ba.data, ba.box, a.shape()[u], 0, out.local().data(),
+  detail::shift_blocks<typename A::value_type>(out.context(), a.mesh().shape(), rule.comm, Dim, ba.data, ba.box, a.shape()[u], 0, out.local().data(),
                        out.block(), shape[u]);
-  detail::shift_blocks(out.context(), a.mesh(), rule.comm, Dim, bb.data, bb.box, b.shape()[u], a.shape()[u],
+  detail::shift_blocks<typename A::value_type>(out.context(), a.mesh().shape(), rule.comm, Dim, bb.data, bb.box, b.shape()[u], a.shape()[u],
                        out.local().data(), out.block(), shape[u]);
   return out;
 }
@@ -273,10 +303,8 @@ auto take(const Table& table, const Indices& indices) {
     kernels::take(out.context().exec(), bt.data, outer, bt.box.extent[u], inner, bt.box.offset[u], table.shape()[u],
                   bi.data, bi.box.num_elements(), out.local().data(), check);
   } catch (const std::out_of_range& e) {  // name the tensors (the kernel's position is within this block)
-    throw std::out_of_range(std::string("shardlib: take<") + std::to_string(Dim) + "> of table " +
-                            detail::operand_text(table) + " with indices " + detail::operand_text(indices) +
-                            " (this device's block of indices starts at " +
-                            detail::shape_text(detail::ArrayRef<std::int64_t>(bi.box.offset.data(), ri)) + "): " + e.what());
+    detail::throw_take_out_of_range(Dim, detail::info(table), detail::info(indices),
+                                    detail::ArrayRef<std::int64_t>(bi.box.offset.data(), ri), e.what());
   }
   return out;
 }

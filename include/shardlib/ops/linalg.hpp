@@ -160,6 +160,71 @@ kernels::MatrixBatch<const T> einsum_operand(const Exec& exec, const T* data, co
   return {summed, rows, cols, cols, 1, rows * cols};
 }
 
+/// The output's global shape (into `shape`) from the operands' extents per label; throws
+/// std::invalid_argument when a label shared by both operands has two extents.
+SHARDLIB_NOINLINE inline void einsum_shape(const char* name, const char* sub, const EinsumSubscripts& s,
+                                           const OperandInfo& a, const OperandInfo& b, std::int64_t* shape) {
+  for (int o = 0; o < s.out_rank; ++o) {
+    const char c = s.out[static_cast<std::size_t>(o)];
+    const int ia = label_pos(s.in[0], s.rank[0], c);
+    shape[o] = ia >= 0 ? a.shape[static_cast<std::size_t>(ia)]
+                       : b.shape[static_cast<std::size_t>(label_pos(s.in[1], s.rank[1], c))];
+  }
+  for (int i = 0; i < s.rank[0]; ++i) {
+    const int j = label_pos(s.in[1], s.rank[1], s.in[0][static_cast<std::size_t>(i)]);
+    if (j >= 0 && a.shape[static_cast<std::size_t>(i)] != b.shape[static_cast<std::size_t>(j)])
+      throw std::invalid_argument(std::string("shardlib: ") + name + " \"" + sub + "\": label '" +
+                                  s.in[0][static_cast<std::size_t>(i)] + "' has extent " +
+                                  std::to_string(a.shape[static_cast<std::size_t>(i)]) + " in " + operand_text(a) +
+                                  " but " + std::to_string(b.shape[static_cast<std::size_t>(j)]) + " in " +
+                                  operand_text(b));
+  }
+}
+
+/// The runtime part of a contraction, compiled once per element type and memory space: the
+/// operands in the rule's layouts (resharded where theirs differ), each mapped or packed into a
+/// matrix batch, one batched GEMM into the output block `c_out` (`c_box`).
+template <class T, class Mem>
+SHARDLIB_NOINLINE void einsum_run(const char* name, const EinsumSubscripts& s, const EinsumLayout& L,
+                                  const OpRule& rule, const OperandRef<T>& a, const OperandRef<T>& b, T* c_out,
+                                  const ShardBox& c_box) {
+  const Block<T> ba = block_as<Mem>(a, rule.in[0]);
+  const Block<T> bb = block_as<Mem>(b, rule.in[1]);
+  Context& ctx = *a.ctx;
+  auto alloc = [cache = &block_cache<Mem>(ctx)](std::size_t bytes) { return cache->allocate(bytes); };
+  auto guard = kernel_guard(ctx, false);
+  std::shared_ptr<void> keep_a, keep_b, keep_c;
+  const auto ma = einsum_operand<T>(ctx.exec(), ba.data, ba.box, s.rank[0], L.a_perm, L.a_direct, L.a_trans, L.n_batch,
+                                    L.n_free_a, L.n_sum_a, L.n_contract, false, keep_a, alloc);
+  const auto mb = einsum_operand<T>(ctx.exec(), bb.data, bb.box, s.rank[1], L.b_perm, L.b_direct, L.b_trans, L.n_batch,
+                                    L.n_contract, L.n_sum_b, L.n_free_b, true, keep_b, alloc);
+  std::int64_t nb = 1;
+  for (int i = 0; i < L.n_batch; ++i) nb *= c_box.extent[static_cast<std::size_t>(L.c_perm[static_cast<std::size_t>(i)])];
+  const std::int64_t m = ma.rows, n = mb.cols, mn = m * n;
+  if (ma.cols != mb.rows || nb * mn != c_box.num_elements())
+    throw std::logic_error("shardlib: internal error: " + std::string(name) + " blocks do not line up (" +
+                           std::to_string(ma.rows) + "x" + std::to_string(ma.cols) + " times " + std::to_string(mb.rows) +
+                           "x" + std::to_string(mb.cols) + ")");
+  T* c = c_out;
+  if (!L.c_direct && !L.c_trans) {
+    keep_c = alloc(static_cast<std::size_t>(nb * mn) * sizeof(T));
+    c = static_cast<T*>(keep_c.get());
+  }
+  const kernels::MatrixBatch<T> mc = L.c_trans ? kernels::MatrixBatch<T>{c, m, n, 1, m, mn}
+                                               : kernels::MatrixBatch<T>{c, m, n, n, 1, mn};
+  kernels::gemm<T>(nb, {ma.data, m, ma.cols, ma.row_stride, ma.col_stride, nb > 1 ? ma.batch_stride : 0},
+                   {mb.data, mb.rows, n, mb.row_stride, mb.col_stride, nb > 1 ? mb.batch_stride : 0}, mc);
+  if (keep_c) {  // canonical [batch, free_a, free_b] -> the output's order
+    std::array<std::int64_t, max_tensor_rank> ext{};
+    std::array<int, max_tensor_rank> inv{};
+    for (int i = 0; i < s.out_rank; ++i) {
+      ext[static_cast<std::size_t>(i)] = c_box.extent[static_cast<std::size_t>(L.c_perm[static_cast<std::size_t>(i)])];
+      inv[static_cast<std::size_t>(L.c_perm[static_cast<std::size_t>(i)])] = i;
+    }
+    kernels::permute(ctx.exec(), static_cast<const T*>(c), c_out, s.out_rank, ext.data(), inv.data());
+  }
+}
+
 /// The einsum op on tensors `a`, `b` with parsed subscripts `S` (compile-time string).
 template <OpName Name, OpName Sub, class A, class B>
 auto einsum_op(const A& a, const B& b) {
@@ -186,60 +251,10 @@ auto einsum_op(const A& a, const B& b) {
   using Out = DistributedTensor<T, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, Mem>;
   static constexpr EinsumLayout L = einsum_layout(s);
   check_same_mesh(Name.text, a, b);
-
-  // Global extents per label; labels shared by both operands must agree.
   typename Out::Shape shape{};
-  for (int o = 0; o < s.out_rank; ++o) {
-    const char c = s.out[static_cast<std::size_t>(o)];
-    const int ia = label_pos(s.in[0], s.rank[0], c);
-    shape[static_cast<std::size_t>(o)] = ia >= 0 ? a.shape()[static_cast<std::size_t>(ia)]
-                                                 : b.shape()[static_cast<std::size_t>(label_pos(s.in[1], s.rank[1], c))];
-  }
-  for (int i = 0; i < s.rank[0]; ++i) {
-    const int j = label_pos(s.in[1], s.rank[1], s.in[0][static_cast<std::size_t>(i)]);
-    if (j >= 0 && a.shape()[static_cast<std::size_t>(i)] != b.shape()[static_cast<std::size_t>(j)])
-      throw std::invalid_argument(std::string("shardlib: ") + Name.text + " \"" + Sub.text + "\": label '" +
-                                  s.in[0][static_cast<std::size_t>(i)] + "' has extent " +
-                                  std::to_string(a.shape()[static_cast<std::size_t>(i)]) + " in " + operand_text(a) +
-                                  " but " + std::to_string(b.shape()[static_cast<std::size_t>(j)]) + " in " +
-                                  operand_text(b));
-  }
-  const Block<T> ba = block_as(a, rule.in[0]);
-  const Block<T> bb = block_as(b, rule.in[1]);
+  einsum_shape(Name.text, Sub.text, s, info(a), info(b), shape.data());
   Out out(a.mesh(), shape);
-  Context& ctx = out.context();
-  auto alloc = [cache = &block_cache<Mem>(ctx)](std::size_t bytes) { return cache->allocate(bytes); };
-  auto guard = kernel_guard(ctx, false);
-  std::shared_ptr<void> keep_a, keep_b, keep_c;
-  const auto ma = einsum_operand<T>(ctx.exec(), ba.data, ba.box, s.rank[0], L.a_perm, L.a_direct, L.a_trans, L.n_batch,
-                                    L.n_free_a, L.n_sum_a, L.n_contract, false, keep_a, alloc);
-  const auto mb = einsum_operand<T>(ctx.exec(), bb.data, bb.box, s.rank[1], L.b_perm, L.b_direct, L.b_trans, L.n_batch,
-                                    L.n_contract, L.n_sum_b, L.n_free_b, true, keep_b, alloc);
-  std::int64_t nb = 1;
-  for (int i = 0; i < L.n_batch; ++i) nb *= out.block().extent[static_cast<std::size_t>(L.c_perm[static_cast<std::size_t>(i)])];
-  const std::int64_t m = ma.rows, n = mb.cols, mn = m * n;
-  if (ma.cols != mb.rows || nb * mn != out.block().num_elements())
-    throw std::logic_error("shardlib: internal error: " + std::string(Name.text) + " blocks do not line up (" +
-                           std::to_string(ma.rows) + "x" + std::to_string(ma.cols) + " times " + std::to_string(mb.rows) +
-                           "x" + std::to_string(mb.cols) + ")");
-  T* c = out.local().data();
-  if (!L.c_direct && !L.c_trans) {
-    keep_c = alloc(static_cast<std::size_t>(nb * mn) * sizeof(T));
-    c = static_cast<T*>(keep_c.get());
-  }
-  const kernels::MatrixBatch<T> mc = L.c_trans ? kernels::MatrixBatch<T>{c, m, n, 1, m, mn}
-                                               : kernels::MatrixBatch<T>{c, m, n, n, 1, mn};
-  kernels::gemm<T>(nb, {ma.data, m, ma.cols, ma.row_stride, ma.col_stride, nb > 1 ? ma.batch_stride : 0},
-                   {mb.data, mb.rows, n, mb.row_stride, mb.col_stride, nb > 1 ? mb.batch_stride : 0}, mc);
-  if (keep_c) {  // canonical [batch, free_a, free_b] -> the output's order
-    std::array<std::int64_t, max_tensor_rank> ext{};
-    std::array<int, max_tensor_rank> inv{};
-    for (int i = 0; i < s.out_rank; ++i) {
-      ext[static_cast<std::size_t>(i)] = out.block().extent[static_cast<std::size_t>(L.c_perm[static_cast<std::size_t>(i)])];
-      inv[static_cast<std::size_t>(L.c_perm[static_cast<std::size_t>(i)])] = i;
-    }
-    kernels::permute(ctx.exec(), static_cast<const T*>(c), out.local().data(), s.out_rank, ext.data(), inv.data());
-  }
+  einsum_run<T, Mem>(Name.text, s, L, rule, ref(a), ref(b), out.local().data(), out.block());
   return out;
 }
 

@@ -57,6 +57,49 @@ std::array<std::int64_t, RO> reduced_shape(const std::array<std::int64_t, RI>& s
   return out;
 }
 
+/// The runtime part of a reduction along `dim`, compiled once per kind, element type and memory
+/// space: the operand in the rule's layout, one kernel into the output block `out` (`out_box`),
+/// and argmax's two all_reduces over the dim's axes.
+template <Reduction Kind, class T, class U, class Mem>
+SHARDLIB_NOINLINE void reduce_run(const OpRule& rule, int dim, const OperandRef<T>& a, U* out, const ShardBox& out_box) {
+  const Block<T> in = block_as<Mem>(a, rule.in[0]);
+  Context& ctx = *a.ctx;
+  const RowSplit r = split_at(in.box, dim);
+  if constexpr (Kind == Reduction::argmax) {
+    const auto rows = static_cast<std::size_t>(r.outer * r.inner);
+    std::vector<T> best(rows);
+    {
+      auto guard = kernel_guard(ctx, false);
+      kernels::argmax_dim(ctx.exec(), in.data, best.data(), out, r.outer, r.n, r.inner,
+                          in.box.offset[static_cast<std::size_t>(dim)]);
+    }
+    // The group along the dim's axes (a world-wide split: every device asks, even with no rows;
+    // within the group all devices have the same rows).
+    coll::Communicator* g = rule.comm.empty() ? nullptr : &ctx.group(*a.mesh, rule.comm);
+    if (g && rows > 0) {  // the global maximum, then the first index holding it
+      if constexpr (std::is_floating_point_v<T>)  // a NaN counts as +inf across devices
+        for (auto& v : best)
+          if (v != v) v = std::numeric_limits<T>::infinity();
+      std::vector<T> top(rows);
+      g->all_reduce(best.data(), top.data(), rows, coll::dtype_of<T>(), coll::Op::max);
+      std::int64_t* idx = out;
+      for (std::size_t i = 0; i < rows; ++i)
+        if (!(best[i] == top[i]) || idx[i] < 0) idx[i] = std::numeric_limits<std::int64_t>::max();
+      g->all_reduce(idx, idx, rows, coll::dtype_of<std::int64_t>(), coll::Op::min);
+    }
+  } else {
+    constexpr kernels::ReduceKind k = Kind == Reduction::max   ? kernels::ReduceKind::max
+                                      : Kind == Reduction::min ? kernels::ReduceKind::min
+                                                               : kernels::ReduceKind::sum;
+    auto guard = kernel_guard(ctx, false);
+    kernels::reduce_dim(ctx.exec(), in.data, out, r.outer, r.n, r.inner, k);
+    if constexpr (Kind == Reduction::mean) {
+      const std::int64_t extent = a.shape[static_cast<std::size_t>(dim)];
+      kernels::scale(ctx.exec(), out, out_box.num_elements(), static_cast<T>(T(1) / static_cast<T>(extent)));
+    }
+  }
+}
+
 template <OpName Name, Reduction Kind, int Dim, bool KeepDim, class A>
 auto reduce_op(const A& a) {
   static constexpr OpRule rule = reduce_rule(Kind, A::sharding, Dim, KeepDim);
@@ -67,65 +110,26 @@ auto reduce_op(const A& a) {
   static_assert(Kind != Reduction::mean || std::is_floating_point_v<T>,
                 "shardlib: mean needs a floating-point element type (as torch.mean)");
   using U = std::conditional_t<Kind == Reduction::argmax, std::int64_t, T>;
-  using Out = DistributedTensor<U, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, typename A::memory_space>;
-  const Block<T> in = block_as(a, rule.in[0]);
+  using Mem = typename A::memory_space;
+  using Out = DistributedTensor<U, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, Mem>;
   Out out(a.mesh(), reduced_shape<Out::rank>(a.shape(), Dim, KeepDim));
-  Context& ctx = out.context();
-  const RowSplit r = split_at(in.box, Dim);
-  if constexpr (Kind == Reduction::argmax) {
-    const auto rows = static_cast<std::size_t>(r.outer * r.inner);
-    std::vector<T> best(rows);
-    {
-      auto guard = kernel_guard(ctx, false);
-      kernels::argmax_dim(ctx.exec(), in.data, best.data(), out.local().data(), r.outer, r.n, r.inner,
-                          in.box.offset[static_cast<std::size_t>(Dim)]);
-    }
-    // The group along the dim's axes (a world-wide split: every device asks, even with no rows;
-    // within the group all devices have the same rows).
-    coll::Communicator* g = rule.comm.empty() ? nullptr : &ctx.group(a.mesh(), rule.comm);
-    if (g && rows > 0) {  // the global maximum, then the first index holding it
-      if constexpr (std::is_floating_point_v<T>)  // a NaN counts as +inf across devices
-        for (auto& v : best)
-          if (v != v) v = std::numeric_limits<T>::infinity();
-      std::vector<T> top(rows);
-      g->all_reduce(best.data(), top.data(), rows, coll::dtype_of<T>(), coll::Op::max);
-      std::int64_t* idx = out.local().data();
-      for (std::size_t i = 0; i < rows; ++i)
-        if (!(best[i] == top[i]) || idx[i] < 0) idx[i] = std::numeric_limits<std::int64_t>::max();
-      g->all_reduce(idx, idx, rows, coll::dtype_of<std::int64_t>(), coll::Op::min);
-    }
-  } else {
-    constexpr kernels::ReduceKind k = Kind == Reduction::max   ? kernels::ReduceKind::max
-                                      : Kind == Reduction::min ? kernels::ReduceKind::min
-                                                               : kernels::ReduceKind::sum;
-    auto guard = kernel_guard(ctx, false);
-    kernels::reduce_dim(ctx.exec(), in.data, out.local().data(), r.outer, r.n, r.inner, k);
-    if constexpr (Kind == Reduction::mean) {
-      const std::int64_t extent = a.shape()[static_cast<std::size_t>(Dim)];
-      kernels::scale(ctx.exec(), out.local().data(), out.block().num_elements(), static_cast<T>(T(1) / static_cast<T>(extent)));
-    }
-  }
+  reduce_run<Kind, T, U, Mem>(rule, Dim, ref(a), out.local().data(), out.block());
   return out;
 }
 
 enum class Normalization : std::uint8_t { softmax, log_softmax, layer_norm, rms_norm };
 
-template <OpName Name, Normalization Kind, int Dim, class A>
-auto normalize_op(const A& a, double eps) {
-  static constexpr OpRule rule = normalize_rule(A::sharding, Dim);
-  SHARDLIB_STATIC_REQUIRE((rule.status == OpRule::ok), "shardlib: no sharding rule for this normalisation (is the dim in range?)",
-                          error::op_has_no_sharding_rule_for_these_specs<Name, rule.status, typename A::spec_type>);
-  using T = typename A::value_type;
-  static_assert(std::is_floating_point_v<T>, "shardlib: softmax and the norms need a floating-point element type");
-  using MeshT = typename A::mesh_type;
-  using Out = DistributedTensor<T, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, typename A::memory_space>;
-  const Block<T> in = block_as(a, rule.in[0]);
-  Out out(a.mesh(), a.shape());
-  Context& ctx = out.context();
-  const RowSplit r = split_at(in.box, Dim);
+/// The runtime part of a normalisation along `dim`, compiled once per kind, element type and
+/// memory space: per-row statistics (all-reduced over the dim's axes when it is split), then the
+/// kernel that writes the output block `out`.
+template <Normalization Kind, class T, class Mem>
+SHARDLIB_NOINLINE void normalize_run(const OpRule& rule, int dim, double eps, const OperandRef<T>& a, T* out) {
+  const Block<T> in = block_as<Mem>(a, rule.in[0]);
+  Context& ctx = *a.ctx;
+  const RowSplit r = split_at(in.box, dim);
   const auto rows = static_cast<std::size_t>(r.outer * r.inner);
-  coll::Communicator* g = rule.comm.empty() ? nullptr : &ctx.group(a.mesh(), rule.comm);
-  const std::int64_t count = a.shape()[static_cast<std::size_t>(Dim)];
+  coll::Communicator* g = rule.comm.empty() ? nullptr : &ctx.group(*a.mesh, rule.comm);
+  const std::int64_t count = a.shape[static_cast<std::size_t>(dim)];
   if constexpr (Kind == Normalization::softmax || Kind == Normalization::log_softmax) {
     std::vector<T> mx(rows), sum(rows);
     {
@@ -139,7 +143,7 @@ auto normalize_op(const A& a, double eps) {
     }
     if (g) g->all_reduce(sum.data(), sum.data(), rows, coll::dtype_of<T>(), coll::Op::sum);
     auto guard = kernel_guard(ctx, false);
-    kernels::softmax_apply(ctx.exec(), in.data, out.local().data(), mx.data(), sum.data(), r.outer, r.n, r.inner,
+    kernels::softmax_apply(ctx.exec(), in.data, out, mx.data(), sum.data(), r.outer, r.n, r.inner,
                            Kind == Normalization::log_softmax);
   } else {
     using Acc = kernels::acc_t<T>;
@@ -154,10 +158,24 @@ auto normalize_op(const A& a, double eps) {
     if (g) g->all_reduce(stats.data(), stats.data(), stats.size(), coll::dtype_of<Acc>(), coll::Op::sum);
     auto guard = kernel_guard(ctx, false);
     if constexpr (layer)
-      kernels::layer_norm_apply(ctx.exec(), in.data, out.local().data(), sum, sumsq, r.outer, r.n, r.inner, count, eps);
+      kernels::layer_norm_apply(ctx.exec(), in.data, out, sum, sumsq, r.outer, r.n, r.inner, count, eps);
     else
-      kernels::rms_norm_apply(ctx.exec(), in.data, out.local().data(), sumsq, r.outer, r.n, r.inner, count, eps);
+      kernels::rms_norm_apply(ctx.exec(), in.data, out, sumsq, r.outer, r.n, r.inner, count, eps);
   }
+}
+
+template <OpName Name, Normalization Kind, int Dim, class A>
+auto normalize_op(const A& a, double eps) {
+  static constexpr OpRule rule = normalize_rule(A::sharding, Dim);
+  SHARDLIB_STATIC_REQUIRE((rule.status == OpRule::ok), "shardlib: no sharding rule for this normalisation (is the dim in range?)",
+                          error::op_has_no_sharding_rule_for_these_specs<Name, rule.status, typename A::spec_type>);
+  using T = typename A::value_type;
+  static_assert(std::is_floating_point_v<T>, "shardlib: softmax and the norms need a floating-point element type");
+  using MeshT = typename A::mesh_type;
+  using Mem = typename A::memory_space;
+  using Out = DistributedTensor<T, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, Mem>;
+  Out out(a.mesh(), a.shape());
+  normalize_run<Kind, T, Mem>(rule, Dim, eps, ref(a), out.local().data());
   return out;
 }
 
