@@ -59,6 +59,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <array>
 #include <climits>
 #include <cstddef>
@@ -67,14 +68,15 @@
 #include <cstring>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #ifndef SHARDLIB_MPI_MAX_COUNT
-/// The most elements one MPI call is given (MPI counts are int). Tests lower it to reach the
-/// paths that split long buffers with small ones; every translation unit must agree on it.
+/// The most elements one MPI call is given at start-up (MPI counts are int); see
+/// `coll::set_mpi_max_count` to change it at run time. Every translation unit must agree on it.
 #define SHARDLIB_MPI_MAX_COUNT INT_MAX
 #endif
 
@@ -82,9 +84,14 @@ namespace shardlib::coll {
 
 namespace detail::mpi {
 
-inline constexpr std::size_t max_count = static_cast<std::size_t>(SHARDLIB_MPI_MAX_COUNT);
 static_assert(SHARDLIB_MPI_MAX_COUNT >= 1 && SHARDLIB_MPI_MAX_COUNT <= INT_MAX,
               "SHARDLIB_MPI_MAX_COUNT must lie in [1, INT_MAX]");
+inline std::atomic<std::size_t>& max_count_setting() noexcept {
+  static std::atomic<std::size_t> n{static_cast<std::size_t>(SHARDLIB_MPI_MAX_COUNT)};
+  return n;
+}
+/// The most elements one MPI call is given now (see set_mpi_max_count).
+inline std::size_t max_count() noexcept { return max_count_setting().load(std::memory_order_relaxed); }
 
 inline MPI_Datatype datatype(DType t) noexcept {
   switch (t) {
@@ -184,6 +191,20 @@ inline MPI_Op half_op(bool bf16, Op op, int& rc) {
 }
 
 }  // namespace detail::mpi
+
+/// Sets the most elements the mpi backend hands one MPI call (at start-up INT_MAX, MPI counts
+/// being int, or `SHARDLIB_MPI_MAX_COUNT`): all_reduce, broadcast, send/recv and permute then send
+/// longer buffers in several calls; the other collectives refuse a buffer over it (MPI's counts
+/// and displacements of one call must hold it). Lower it for an MPI library with trouble above
+/// some message size, or to reach the splitting paths with small buffers (the tests do). Set it
+/// to the same value on every process, between collectives. Throws std::invalid_argument
+/// outside [1, INT_MAX].
+inline void set_mpi_max_count(std::size_t n) {
+  if (n < 1 || n > static_cast<std::size_t>(INT_MAX))
+    throw std::invalid_argument("shardlib: set_mpi_max_count(" + std::to_string(n) +
+                                "): the limit must lie in [1, INT_MAX] (MPI counts are int)");
+  detail::mpi::max_count_setting().store(n, std::memory_order_relaxed);
+}
 
 /// A group of processes over an MPI communicator (see the file comment).
 ///
@@ -332,7 +353,7 @@ class MpiCommunicator final : public Communicator {
     if (count != 0 && send != recv) std::memmove(recv, send, count * es);
     auto* buf = static_cast<unsigned char*>(recv);
     for (std::size_t done = 0; done < count;) {
-      const std::size_t n = std::min(count - done, detail::mpi::max_count);
+      const std::size_t n = std::min(count - done, detail::mpi::max_count());
       ok(MPI_Allreduce(MPI_IN_PLACE, buf + done * es, static_cast<int>(n), detail::mpi::datatype(t), mop, comm_),
          "MPI_Allreduce", call);
       done += n;
@@ -437,7 +458,7 @@ class MpiCommunicator final : public Communicator {
     const std::size_t es = size_of(t);
     auto* p = static_cast<unsigned char*>(buf);
     for (std::size_t done = 0; done < count;) {
-      const std::size_t n = std::min(count - done, detail::mpi::max_count);
+      const std::size_t n = std::min(count - done, detail::mpi::max_count());
       ok(MPI_Bcast(p + done * es, static_cast<int>(n), detail::mpi::datatype(t), root, comm_), "MPI_Bcast", call);
       done += n;
     }
@@ -450,7 +471,7 @@ class MpiCommunicator final : public Communicator {
     const auto* p = static_cast<const unsigned char*>(buf);
     const std::size_t pieces = pieces_of(count);
     for (std::size_t i = 0; i < pieces; ++i) {
-      const std::size_t done = i * detail::mpi::max_count, n = std::min(count - done, detail::mpi::max_count);
+      const std::size_t done = i * detail::mpi::max_count(), n = std::min(count - done, detail::mpi::max_count());
       ok(MPI_Send(p + done * es, static_cast<int>(n), detail::mpi::datatype(t), peer, tag, comm_), "MPI_Send",
          "send");
     }
@@ -462,7 +483,7 @@ class MpiCommunicator final : public Communicator {
     auto* p = static_cast<unsigned char*>(buf);
     const std::size_t pieces = pieces_of(count);
     for (std::size_t i = 0; i < pieces; ++i) {
-      const std::size_t done = i * detail::mpi::max_count, n = std::min(count - done, detail::mpi::max_count);
+      const std::size_t done = i * detail::mpi::max_count(), n = std::min(count - done, detail::mpi::max_count());
       ok(MPI_Recv(p + done * es, static_cast<int>(n), detail::mpi::datatype(t), peer, tag, comm_, MPI_STATUS_IGNORE),
          "MPI_Recv", "recv");
     }
@@ -481,10 +502,10 @@ class MpiCommunicator final : public Communicator {
     const std::size_t in_pieces = source < 0 ? 0 : pieces_of(recv_count);
     const MPI_Datatype dt = detail::mpi::datatype(t);
     for (std::size_t i = 0; i < std::max(out_pieces, in_pieces); ++i) {
-      const std::size_t at = i * detail::mpi::max_count;
+      const std::size_t at = i * detail::mpi::max_count();
       const bool sends = i < out_pieces, receives = i < in_pieces;
-      const std::size_t ns = sends ? std::min(send_count - at, detail::mpi::max_count) : 0;
-      const std::size_t nr = receives ? std::min(recv_count - at, detail::mpi::max_count) : 0;
+      const std::size_t ns = sends ? std::min(send_count - at, detail::mpi::max_count()) : 0;
+      const std::size_t nr = receives ? std::min(recv_count - at, detail::mpi::max_count()) : 0;
       ok(MPI_Sendrecv(sends ? in + at * es : nullptr, static_cast<int>(ns), dt, sends ? dest : MPI_PROC_NULL,
                       permute_tag_, receives ? out + at * es : nullptr, static_cast<int>(nr), dt,
                       receives ? source : MPI_PROC_NULL, permute_tag_, comm_, MPI_STATUS_IGNORE),
@@ -552,16 +573,16 @@ class MpiCommunicator final : public Communicator {
   }
 
   static std::size_t pieces_of(std::size_t count) noexcept {
-    return count == 0 ? 1 : (count - 1) / detail::mpi::max_count + 1;
+    return count == 0 ? 1 : (count - 1) / detail::mpi::max_count() + 1;
   }
 
   /// The whole buffer must fit MPI's int counts and displacements (same verdict on every rank
   /// whose blocks agree).
   void fit_total(std::string_view call, std::size_t total) const {
-    if (total > detail::mpi::max_count)
+    if (total > detail::mpi::max_count())
       throw CollectiveError("shardlib: " + where(call) + ": a buffer of " + std::to_string(total) +
                             " elements is more than the mpi backend can pass to one MPI call (" +
-                            std::to_string(detail::mpi::max_count) +
+                            std::to_string(detail::mpi::max_count()) +
                             "; MPI counts and displacements are int) and this collective is not split");
   }
 

@@ -14,6 +14,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -160,8 +161,25 @@ namespace {
 MpiCommunicator* the_world = nullptr;  // made in main, after MPI_Init_thread
 MpiCommunicator& world() { return *the_world; }
 
-constexpr std::size_t max_count = coll::detail::mpi::max_count;
-std::size_t pieces(std::size_t n) { return n == 0 ? 1 : (n + max_count - 1) / max_count; }
+/// The mpi backend's current limit of elements per MPI call (coll::set_mpi_max_count).
+std::size_t max_count() { return coll::detail::mpi::max_count(); }
+std::size_t pieces(std::size_t n) { return n == 0 ? 1 : (n + max_count() - 1) / max_count(); }
+
+/// Runs `body` with the per-call limit lowered to 5 elements (small buffers then take the paths
+/// that split long ones), then at the default (INT_MAX); restores the default even on failure.
+template <class F>
+void at_small_and_default_limit(F&& body) {
+  const std::size_t initial = max_count();
+  struct Restore {
+    std::size_t n;
+    ~Restore() { coll::set_mpi_max_count(n); }
+  } restore{initial};
+  for (std::size_t limit : {std::size_t{5}, initial}) {
+    coll::set_mpi_max_count(limit);
+    INFO(("per-call limit " + std::to_string(limit)));
+    body();
+  }
+}
 
 template <class T>
 constexpr bool is_half = std::is_same_v<T, coll::f16_bits> || std::is_same_v<T, coll::bf16_bits>;
@@ -1049,126 +1067,142 @@ TEST_CASE("checked mode: disagreements throw on every rank") {
   });
 }
 
-// ---- long buffers (SHARDLIB_MPI_MAX_COUNT lowers the limit so that small ones reach it) -------
+// ---- long buffers (set_mpi_max_count lowers the limit so that small ones reach it) -------------
 
 TEST_SUITE("count_limit") {
+  TEST_CASE("set_mpi_max_count refuses 0 and limits past INT_MAX, and leaves the limit as it was") {
+    const std::size_t before = max_count();
+    for (std::size_t bad : {std::size_t{0}, static_cast<std::size_t>(INT_MAX) + 1}) {
+      const std::string e = error_of([&] { coll::set_mpi_max_count(bad); });
+      CHECK_MESSAGE(has(e, "set_mpi_max_count(" + std::to_string(bad) + ")"), e);
+      CHECK_MESSAGE(has(e, "[1, INT_MAX]"), e);
+      CHECK(max_count() == before);
+    }
+  }
+
   TEST_CASE("long buffers: all_reduce, broadcast, send/recv and permute travel in pieces") {
-    auto& c = world();
-    const int n = c.size(), me = c.rank();
-    const std::size_t count = 23;
-    {
-      std::vector<std::int32_t> v(count), want(count);
-      for (std::size_t i = 0; i < count; ++i) {
-        v[i] = input<std::int32_t>(Op::sum, me, static_cast<long long>(i), 0);
-        want[i] = reduced<std::int32_t>(Op::sum, n, static_cast<long long>(i), 0);
+    at_small_and_default_limit([&] {
+      auto& c = world();
+      const int n = c.size(), me = c.rank();
+      const std::size_t count = 23;
+      {
+        std::vector<std::int32_t> v(count), want(count);
+        for (std::size_t i = 0; i < count; ++i) {
+          v[i] = input<std::int32_t>(Op::sum, me, static_cast<long long>(i), 0);
+          want[i] = reduced<std::int32_t>(Op::sum, n, static_cast<long long>(i), 0);
+        }
+        std::vector<std::int32_t> out(count, -1);
+        reset_calls();
+        c.all_reduce(v.data(), out.data(), count, DType::i32, Op::sum);
+        CHECK(diff(out, want) == "");
+        CHECK(calls("MPI_Allreduce") == static_cast<int>(pieces(count)));
+        std::vector<coll::f16_bits> h(count), hw(count);
+        for (std::size_t i = 0; i < count; ++i) {
+          h[i] = input<coll::f16_bits>(Op::max, me, static_cast<long long>(i), 1);
+          hw[i] = reduced<coll::f16_bits>(Op::max, n, static_cast<long long>(i), 1);
+        }
+        c.all_reduce(h.data(), h.data(), count, DType::f16, Op::max);
+        CHECK(diff(h, hw) == "");
       }
-      std::vector<std::int32_t> out(count, -1);
-      reset_calls();
-      c.all_reduce(v.data(), out.data(), count, DType::i32, Op::sum);
-      CHECK(diff(out, want) == "");
-      CHECK(calls("MPI_Allreduce") == static_cast<int>(pieces(count)));
-      std::vector<coll::f16_bits> h(count), hw(count);
-      for (std::size_t i = 0; i < count; ++i) {
-        h[i] = input<coll::f16_bits>(Op::max, me, static_cast<long long>(i), 1);
-        hw[i] = reduced<coll::f16_bits>(Op::max, n, static_cast<long long>(i), 1);
+      {
+        std::vector<double> b(count, -1.0), want(count);
+        for (std::size_t i = 0; i < count; ++i) want[i] = static_cast<double>(code(n - 1, 9, static_cast<long long>(i)));
+        if (me == n - 1) b = want;
+        reset_calls();
+        c.broadcast(b.data(), count, DType::f64, n - 1);
+        CHECK(diff(b, want) == "");
+        CHECK(calls("MPI_Bcast") == static_cast<int>(pieces(count)));
       }
-      c.all_reduce(h.data(), h.data(), count, DType::f16, Op::max);
-      CHECK(diff(h, hw) == "");
-    }
-    {
-      std::vector<double> b(count, -1.0), want(count);
-      for (std::size_t i = 0; i < count; ++i) want[i] = static_cast<double>(code(n - 1, 9, static_cast<long long>(i)));
-      if (me == n - 1) b = want;
-      reset_calls();
-      c.broadcast(b.data(), count, DType::f64, n - 1);
-      CHECK(diff(b, want) == "");
-      CHECK(calls("MPI_Bcast") == static_cast<int>(pieces(count)));
-    }
-    {  // send/recv of several lengths around the limit
-      const int partner = me % 2 == 0 ? me + 1 : me - 1;
-      if (partner < n) {
-        for (std::size_t len : {std::size_t{0}, std::size_t{4}, std::size_t{5}, std::size_t{6}, count}) {
-          std::vector<std::uint8_t> buf(len, 0), want(len);
-          for (std::size_t i = 0; i < len; ++i) want[i] = static_cast<std::uint8_t>(code(me - me % 2, 4, static_cast<long long>(i)));
-          reset_calls();
-          if (me % 2 == 0) c.send(want.data(), len, DType::u8, partner, 5);
-          else c.recv(buf.data(), len, DType::u8, partner, 5);
-          INFO(("length " + std::to_string(len)));
-          if (me % 2 == 1) CHECK(diff(buf, want) == "");
-          CHECK(calls(me % 2 == 0 ? "MPI_Send" : "MPI_Recv") == static_cast<int>(pieces(len)));
+      {  // send/recv of several lengths around the limit
+        const int partner = me % 2 == 0 ? me + 1 : me - 1;
+        if (partner < n) {
+          for (std::size_t len : {std::size_t{0}, std::size_t{4}, std::size_t{5}, std::size_t{6}, count}) {
+            std::vector<std::uint8_t> buf(len, 0), want(len);
+            for (std::size_t i = 0; i < len; ++i) want[i] = static_cast<std::uint8_t>(code(me - me % 2, 4, static_cast<long long>(i)));
+            reset_calls();
+            if (me % 2 == 0) c.send(want.data(), len, DType::u8, partner, 5);
+            else c.recv(buf.data(), len, DType::u8, partner, 5);
+            INFO(("length " + std::to_string(len)));
+            if (me % 2 == 1) CHECK(diff(buf, want) == "");
+            CHECK(calls(me % 2 == 0 ? "MPI_Send" : "MPI_Recv") == static_cast<int>(pieces(len)));
+          }
         }
       }
-    }
-    {  // ring where each rank sends a different length: 2, 6, 10, ... elements
-      auto len = [](int r) { return static_cast<std::size_t>(2 + 4 * r); };
-      const int dest = (me + 1) % n, source = (me + n - 1) % n;
-      std::vector<std::int16_t> send(len(me)), recv(len(source), -1), want(len(source));
-      for (std::size_t i = 0; i < send.size(); ++i) send[i] = static_cast<std::int16_t>(code(me, 6, static_cast<long long>(i)));
-      for (std::size_t i = 0; i < want.size(); ++i) want[i] = static_cast<std::int16_t>(code(source, 6, static_cast<long long>(i)));
-      reset_calls();
-      c.permute(send.data(), send.size(), dest, recv.data(), recv.size(), source, DType::i16);
-      CHECK(diff(recv, want) == "");
-      CHECK(calls("MPI_Sendrecv") == static_cast<int>(std::max(pieces(send.size()), pieces(recv.size()))));
-    }
+      {  // ring where each rank sends a different length: 2, 6, 10, ... elements
+        auto len = [](int r) { return static_cast<std::size_t>(2 + 4 * r); };
+        const int dest = (me + 1) % n, source = (me + n - 1) % n;
+        std::vector<std::int16_t> send(len(me)), recv(len(source), -1), want(len(source));
+        for (std::size_t i = 0; i < send.size(); ++i) send[i] = static_cast<std::int16_t>(code(me, 6, static_cast<long long>(i)));
+        for (std::size_t i = 0; i < want.size(); ++i) want[i] = static_cast<std::int16_t>(code(source, 6, static_cast<long long>(i)));
+        reset_calls();
+        c.permute(send.data(), send.size(), dest, recv.data(), recv.size(), source, DType::i16);
+        CHECK(diff(recv, want) == "");
+        CHECK(calls("MPI_Sendrecv") == static_cast<int>(std::max(pieces(send.size()), pieces(recv.size()))));
+      }
+    });
   }
 
   TEST_CASE("long buffers: all_gather, reduce_scatter and all_to_all refuse what MPI's int counts cannot hold") {
-    auto& c = world();
-    const int n = c.size();
-    // Nothing is read or written: the check comes before MPI.
-    alignas(8) unsigned char dummy[8] = {};
-    const std::size_t big = max_count + 1;
-    const std::string limit = "(" + std::to_string(max_count) + "; MPI counts and displacements are int)";
-    std::string e = error_of([&] { c.all_gather(dummy, dummy, big, DType::u8); });
-    CHECK_MESSAGE(has(e, "all_gather on world"), e);
-    CHECK_MESSAGE(has(e, limit), e);
-    // Far-apart addresses (never dereferenced): separate buffers of that size pass the overlap check.
-    void* far_a = reinterpret_cast<void*>(std::uintptr_t{1} << 40);
-    void* far_b = reinterpret_cast<void*>(std::uintptr_t{3} << 40);
-    e = error_of([&] { c.reduce_scatter(far_a, far_b, big, DType::f32, Op::sum); });
-    CHECK_MESSAGE(has(e, "reduce_scatter on world"), e);
-    CHECK_MESSAGE(has(e, limit), e);
-    e = error_of([&] { c.all_to_all(far_a, far_b, big, DType::f64); });
-    CHECK_MESSAGE(has(e, "all_to_all on world"), e);
-    CHECK_MESSAGE(has(e, limit), e);
-    std::vector<std::size_t> counts(static_cast<std::size_t>(n), 0);
-    counts[0] = big;
-    e = error_of([&] { c.all_gather(dummy, dummy, counts, DType::i64); });
-    CHECK_MESSAGE(has(e, "a buffer of " + std::to_string(big) + " elements"), e);
+    at_small_and_default_limit([&] {
+      auto& c = world();
+      const int n = c.size();
+      // Nothing is read or written: the check comes before MPI.
+      alignas(8) unsigned char dummy[8] = {};
+      const std::size_t big = max_count() + 1;
+      const std::string limit = "(" + std::to_string(max_count()) + "; MPI counts and displacements are int)";
+      std::string e = error_of([&] { c.all_gather(dummy, dummy, big, DType::u8); });
+      CHECK_MESSAGE(has(e, "all_gather on world"), e);
+      CHECK_MESSAGE(has(e, limit), e);
+      // Far-apart addresses (never dereferenced): separate buffers of that size pass the overlap check.
+      void* far_a = reinterpret_cast<void*>(std::uintptr_t{1} << 40);
+      void* far_b = reinterpret_cast<void*>(std::uintptr_t{3} << 40);
+      e = error_of([&] { c.reduce_scatter(far_a, far_b, big, DType::f32, Op::sum); });
+      CHECK_MESSAGE(has(e, "reduce_scatter on world"), e);
+      CHECK_MESSAGE(has(e, limit), e);
+      e = error_of([&] { c.all_to_all(far_a, far_b, big, DType::f64); });
+      CHECK_MESSAGE(has(e, "all_to_all on world"), e);
+      CHECK_MESSAGE(has(e, limit), e);
+      std::vector<std::size_t> counts(static_cast<std::size_t>(n), 0);
+      counts[0] = big;
+      e = error_of([&] { c.all_gather(dummy, dummy, counts, DType::i64); });
+      CHECK_MESSAGE(has(e, "a buffer of " + std::to_string(big) + " elements"), e);
+    });
   }
 
   TEST_CASE("long buffers: exchange refuses what MPI's int counts cannot hold, the self pair not counted") {
-    auto& c = world();
-    const int n = c.size(), me = c.rank();
-    if (n < 2) return;  // the ring below would be the self pair
-    const auto un = static_cast<std::size_t>(n);
-    const std::size_t big = max_count + 1;
-    const std::string limit = "(" + std::to_string(max_count) + "; MPI counts and displacements are int)";
-    void* far_a = reinterpret_cast<void*>(std::uintptr_t{1} << 40);  // never dereferenced
-    void* far_b = reinterpret_cast<void*>(std::uintptr_t{3} << 40);
-    // Ring: big elements to the next rank, from the previous one.
-    std::vector<coll::Region> sr(un), rr(un);
-    sr[static_cast<std::size_t>((me + 1) % n)] = coll::Region::contiguous(0, big);
-    rr[static_cast<std::size_t>((me + n - 1) % n)] = coll::Region::contiguous(0, big);
-    std::string e = error_of([&] { c.exchange(far_a, sr, far_b, rr, DType::u8); });
-    CHECK_MESSAGE(has(e, "exchange on world"), e);
-    CHECK_MESSAGE(has(e, "a buffer of " + std::to_string(big) + " elements"), e);
-    CHECK_MESSAGE(has(e, limit), e);
-    // Just below the limit, with real buffers: max_count elements to others (when that is small).
-    if (max_count < 1000) {
-      std::vector<std::int16_t> send(big * un), recv(big * un, -1);
-      std::vector<coll::Region> s2(un), r2(un);
-      const std::size_t each = max_count / std::max<std::size_t>(un - 1, 1);
-      for (std::size_t p = 0; p < un; ++p) {
-        s2[p] = coll::Region::contiguous(p * big, p == static_cast<std::size_t>(me) ? big : each);  // self: over the limit alone
-        r2[p] = coll::Region::contiguous(p * big, p == static_cast<std::size_t>(me) ? big : each);
-        for (std::size_t i = 0; i < big; ++i) send[p * big + i] = static_cast<std::int16_t>(code(me, static_cast<long long>(p), static_cast<long long>(i)));
+    at_small_and_default_limit([&] {
+      auto& c = world();
+      const int n = c.size(), me = c.rank();
+      if (n < 2) return;  // the ring below would be the self pair
+      const auto un = static_cast<std::size_t>(n);
+      const std::size_t big = max_count() + 1;
+      const std::string limit = "(" + std::to_string(max_count()) + "; MPI counts and displacements are int)";
+      void* far_a = reinterpret_cast<void*>(std::uintptr_t{1} << 40);  // never dereferenced
+      void* far_b = reinterpret_cast<void*>(std::uintptr_t{3} << 40);
+      // Ring: big elements to the next rank, from the previous one.
+      std::vector<coll::Region> sr(un), rr(un);
+      sr[static_cast<std::size_t>((me + 1) % n)] = coll::Region::contiguous(0, big);
+      rr[static_cast<std::size_t>((me + n - 1) % n)] = coll::Region::contiguous(0, big);
+      std::string e = error_of([&] { c.exchange(far_a, sr, far_b, rr, DType::u8); });
+      CHECK_MESSAGE(has(e, "exchange on world"), e);
+      CHECK_MESSAGE(has(e, "a buffer of " + std::to_string(big) + " elements"), e);
+      CHECK_MESSAGE(has(e, limit), e);
+      // Just below the limit, with real buffers: max_count elements to others (when that is small).
+      if (max_count() < 1000) {
+        std::vector<std::int16_t> send(big * un), recv(big * un, -1);
+        std::vector<coll::Region> s2(un), r2(un);
+        const std::size_t each = max_count() / std::max<std::size_t>(un - 1, 1);
+        for (std::size_t p = 0; p < un; ++p) {
+          s2[p] = coll::Region::contiguous(p * big, p == static_cast<std::size_t>(me) ? big : each);  // self: over the limit alone
+          r2[p] = coll::Region::contiguous(p * big, p == static_cast<std::size_t>(me) ? big : each);
+          for (std::size_t i = 0; i < big; ++i) send[p * big + i] = static_cast<std::int16_t>(code(me, static_cast<long long>(p), static_cast<long long>(i)));
+        }
+        CHECK(error_of([&] { c.exchange(send.data(), s2, recv.data(), r2, DType::i16); }) == "no exception");
+        for (std::size_t p = 0; p < un; ++p)
+          for (std::size_t i = 0; i < (p == static_cast<std::size_t>(me) ? big : each); ++i)
+            CHECK(recv[p * big + i] == static_cast<std::int16_t>(code(static_cast<long long>(p), me, static_cast<long long>(i))));
       }
-      CHECK(error_of([&] { c.exchange(send.data(), s2, recv.data(), r2, DType::i16); }) == "no exception");
-      for (std::size_t p = 0; p < un; ++p)
-        for (std::size_t i = 0; i < (p == static_cast<std::size_t>(me) ? big : each); ++i)
-          CHECK(recv[p * big + i] == static_cast<std::int16_t>(code(static_cast<long long>(p), me, static_cast<long long>(i))));
-    }
+    });
   }
 }
 
