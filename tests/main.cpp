@@ -1,12 +1,41 @@
 // SPDX-License-Identifier: Apache-2.0
-// The one doctest main. Kokkos is initialised here, once per process, by the library's own
-// entry point (KokkosScope), never by a test.
+// The one doctest main, for both backends. Started by mpirun (in a build with MPI), it runs the
+// test bodies once per process on the MPI runtime: each rank is one device, and the job fails
+// when any rank saw a failure (`meson test` passes the suites that make sense under MPI).
+// Otherwise the bodies run on threads runtimes of several device counts (harness.hpp). Kokkos
+// is initialised here, once per process, by the library's own entry points (the Runtime or a
+// KokkosScope), never by a test.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include "collectives/harness.hpp"
+
 #include <shardlib/runtime/kokkos_scope.hpp>
+#include <shardlib/runtime/runtime.hpp>
+
+namespace {
+#if defined(SHARDLIB_HAVE_MPI)
+int run_under_mpi(int argc, char** argv) {
+  auto rt = shardlib::Runtime::mpi(&argc, &argv);
+  shardlib::test::mpi_runtime() = &rt;
+  doctest::Context context(argc, argv);
+  if (rt.first_local_device() != 0) {  // rank 0 reports; the others only their failures
+    context.setOption("minimal", true);
+    context.setOption("no-colors", true);
+  }
+  int failed = context.run();
+  shardlib::test::mpi_runtime() = nullptr;
+  // Every process's verdict counts: fail the job if any process failed.
+  MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return failed;
+}
+#endif
+}  // namespace
 
 int main(int argc, char** argv) {
+#if defined(SHARDLIB_HAVE_MPI)
+  if (shardlib::Runtime::launched_by_mpirun()) return run_under_mpi(argc, argv);
+#endif
   shardlib::KokkosScope kokkos(argc, argv);
   doctest::Context context(argc, argv);
   return context.run();

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Runs a test body on every configuration this test executable covers: threads runtimes of
-// several device counts, or, in the MPI test executable, once on the MPI runtime.
+// several device counts, or, when the executable runs under mpirun (main.cpp), once on the MPI
+// runtime.
 #pragma once
 
 #include <shardlib/runtime/runtime.hpp>
@@ -11,7 +12,7 @@
 
 namespace shardlib::test {
 
-/// Set by the MPI test main: then bodies run once, on it.
+/// Set by the test main under mpirun: then bodies run once, on it.
 inline Runtime*& mpi_runtime() {
   static Runtime* rt = nullptr;
   return rt;

@@ -7,7 +7,12 @@ A snippet states its phrases in comments:
     // expect-gcc: words only g++ prints (e.g. the axis name inside a template argument)
     // expect-clang: words only clang prints
 
-usage: run.py --compiler-id ID --include DIR -- CXX [ARGS...] -- SNIPPET...
+The compiler and its flags (include directories, defines) are those of a reference translation
+unit of the build, read from compile_commands.json (tests/compile_flags.py). With g++, the
+library's umbrella header is precompiled once and included first in every snippet (parsing it is
+most of a snippet's compile time); the errors are the same.
+
+usage: run.py --compiler-id ID --compile-commands FILE --reference SOURCE_NAME -- SNIPPET...
 """
 import argparse
 import concurrent.futures
@@ -15,6 +20,10 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from compile_flags import reference_flags  # noqa: E402
 
 
 def expectations(path, compiler_id):
@@ -27,22 +36,22 @@ def expectations(path, compiler_id):
     return words
 
 
-def compile_snippet(cxx, include, path, should_fail, flags=()):
-    cmd = cxx + ["-std=c++20", "-fsyntax-only", "-I" + include, *flags, path]
+def compile_snippet(compiler, cwd, flags, path, should_fail):
+    cmd = compiler + flags + ["-fsyntax-only", path]
     if should_fail:
-        cmd.insert(len(cxx), "-DSHARDLIB_SHOULD_FAIL")
-    return subprocess.run(cmd, capture_output=True, text=True)
+        cmd.insert(len(compiler), "-DSHARDLIB_SHOULD_FAIL")
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
 
 
-def check(cxx, include, compiler_id, path, flags=()):
+def check(compiler, cwd, flags, compiler_id, path):
     name = os.path.basename(path)
     words = expectations(path, compiler_id)
     if not words:
         return False, f"{name}: states no '// expect:' phrase"
-    good = compile_snippet(cxx, include, path, should_fail=False, flags=flags)
+    good = compile_snippet(compiler, cwd, flags, path, should_fail=False)
     if good.returncode != 0:
         return False, f"{name}: does not compile even without SHARDLIB_SHOULD_FAIL:\n{good.stderr[-3000:]}"
-    bad = compile_snippet(cxx, include, path, should_fail=True, flags=flags)
+    bad = compile_snippet(compiler, cwd, flags, path, should_fail=True)
     if bad.returncode == 0:
         return False, f"{name}: compiled with SHARDLIB_SHOULD_FAIL, but must not"
     missing = [w for w in words if w not in bad.stderr]
@@ -53,24 +62,42 @@ def check(cxx, include, compiler_id, path, flags=()):
 
 def main():
     argv = sys.argv[1:]
-    first = argv.index("--")
-    second = argv.index("--", first + 1)
+    sep = argv.index("--")
     parser = argparse.ArgumentParser()
     parser.add_argument("--compiler-id", required=True)
-    parser.add_argument("--include", required=True)
-    parser.add_argument("--flag", action="append", default=[], help="an extra compiler flag (e.g. Kokkos' include directory)")
-    opts = parser.parse_args(argv[:first])
-    cxx, snippets = argv[first + 1:second], argv[second + 1:]
+    parser.add_argument("--compile-commands", required=True)
+    parser.add_argument("--reference", required=True, help="the source whose flags the snippets get")
+    opts = parser.parse_args(argv[:sep])
+    snippets = [os.path.abspath(p) for p in argv[sep + 1:]]
     if not snippets:
         print("no snippets given")
         return 1
+    cwd, compiler, flags = reference_flags(opts.compile_commands, opts.reference)
+    print("flags of " + opts.reference + ": " + " ".join(compiler + flags))
     failed = 0
-    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        for ok, message in pool.map(lambda p: check(cxx, opts.include, opts.compiler_id, p, opts.flag), snippets):
-            print(("PASS " if ok else "FAIL ") + message)
-            failed += not ok
+    with tempfile.TemporaryDirectory() as tmp:
+        flags = flags + precompiled_umbrella(compiler, cwd, flags, opts.compiler_id, tmp)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+            for ok, message in pool.map(lambda p: check(compiler, cwd, flags, opts.compiler_id, p), snippets):
+                print(("PASS " if ok else "FAIL ") + message)
+                failed += not ok
     print(f"{len(snippets) - failed} passed, {failed} failed")
     return 1 if failed else 0
+
+
+def precompiled_umbrella(compiler, cwd, flags, compiler_id, tmp):
+    """Flags that include <shardlib/shardlib.hpp> precompiled (g++ only; none when it fails)."""
+    if compiler_id != "gcc":
+        return []
+    header = os.path.join(tmp, "umbrella.hpp")
+    with open(header, "w") as f:
+        f.write("#include <shardlib/shardlib.hpp>\n")
+    r = subprocess.run(compiler + flags + ["-x", "c++-header", header, "-o", header + ".gch"],
+                       capture_output=True, text=True, cwd=cwd)
+    if r.returncode != 0:
+        print("note: the umbrella header did not precompile; compiling each snippet in full:\n" + r.stderr[-2000:])
+        return []
+    return ["-include", header]
 
 
 if __name__ == "__main__":

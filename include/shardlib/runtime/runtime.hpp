@@ -222,6 +222,13 @@ class Runtime {
   }
 #endif
 
+  /// Whether this process was started by an MPI launcher (mpirun/mpiexec of Open MPI, MPICH and
+  /// others, srun with PMI/PMIx): what `from_args` picks the mpi backend by.
+  static bool launched_by_mpirun() noexcept {
+    return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK") ||
+           std::getenv("MPI_LOCALNRANKS");
+  }
+
   /// The backend and device count from the arguments (`--backend B`, `--devices N`, which are
   /// removed from argv) or the environment (SHARDLIB_BACKEND, SHARDLIB_DEVICES); see the file
   /// comment. `default_devices` is the threads device count when neither says.
@@ -372,10 +379,6 @@ class Runtime {
       throw std::invalid_argument(std::string("shardlib: ") + what + " must be a whole number from 1 to " +
                                   std::to_string(max) + ", got '" + s + "'");
     return static_cast<int>(v);
-  }
-  static bool launched_by_mpirun() noexcept {
-    return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK") ||
-           std::getenv("MPI_LOCALNRANKS");
   }
 
   Backend backend_;
