@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # shardlib, from a fresh clone to a built, running example:
 #   1. installs the Debian packages the build needs that are missing (sudo when not root);
-#   2. configures the build in build/ (or reconfigures it), and builds;
+#   2. configures the build in build/ (or reconfigures it), and builds (through ccache);
 #   3. runs the flagship example, examples/quickstart.
 # Then `meson test -C build --print-errorlogs` runs the whole test suite.
 # Extra arguments go to `meson setup` (e.g. -Dmpi=disabled, -Dcmake_prefix_path=/opt/kokkos).
@@ -15,6 +15,7 @@ packages=(
   libopenblas-dev                                  # BLAS under Eigen's host GEMM (optional: -Dblas)
   doctest-dev                                      # tests
   libopenmpi-dev openmpi-bin                       # MPI backend
+  ccache                                           # compiler cache (Meson uses it when present)
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -27,6 +28,11 @@ if ((${#missing[@]})); then
   "${sudo[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}"
 fi
+
+# ccache: a second build of the same sources (another clone, CI after you) compiles only what
+# changed. With debug info ccache keys on the build directory too, by default; let clones share
+# objects (only the compile directory recorded in their debug info differs).
+export CCACHE_NOHASHDIR=true
 
 if [ -f build/build.ninja ]; then
   meson setup --reconfigure build "$@"
