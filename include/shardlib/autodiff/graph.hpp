@@ -1,0 +1,413 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// The recorded graph of reverse mode, per device, and the gradient blocks that flow through it.
+///
+/// Each op on a `Var` that needs a gradient records a node: what it must know to run its
+/// backward rule (the tensors it saved, its inputs' nodes). `backward()` visits the nodes reached
+/// from the loss in reverse topological order. A node's gradient arrives as *contributions*:
+/// blocks with a runtime sharding, one per distinct sharding (contributions of the same sharding
+/// are added locally as they arrive). A contribution may be partial-sum (a weight's gradient
+/// from a batch split over "data" is pending over "data"): nothing moves until the node resolves
+/// its contributions into its gradient spec (its value's spec without a partial clause), one
+/// reshard each: the all_reduce of data parallelism, or a reduce_scatter when the target is
+/// split (FSDP). A reshard node does not resolve: it hands its contributions to its input
+/// unchanged, which is how the transpose of an all_gather becomes a reduce_scatter.
+///
+/// Runtime-generic: compiled once per element type and memory space, whatever the specs.
+#pragma once
+
+#include <shardlib/detail/attributes.hpp>
+#include <shardlib/ops/common.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+namespace shardlib {
+
+/// How `backward()` resolves and checks gradients (see docs/05_gradients.md).
+struct BackwardOptions {
+  /// Resolve the parameters' pending sums now (one collective per bucket or parameter). False
+  /// keeps them pending on the parameters, added up locally over several backward calls, until
+  /// `sync_grads(params...)` (gradient accumulation over micro-batches: one reduction for N).
+  bool sync = true;
+  /// Parameters whose gradients resolve by the same all_reduce share one collective per bucket of
+  /// at most this many bytes (DDP's 25 MB); 0: one collective per parameter.
+  std::size_t bucket_bytes = std::size_t{25} << 20;
+  /// Check every gradient block a backward rule produces for NaN or infinity and throw naming
+  /// the op. Costs one small all_reduce per op (so that every device throws together).
+  bool check_finite = false;
+  /// Keep the graph for another backward through it (otherwise each node's saved tensors are
+  /// freed once its rule ran).
+  bool keep_graph = false;
+};
+
+namespace autodiff {
+
+/// A gradient block with its runtime sharding: this device's block (`box`) of a tensor of the
+/// node's shape, laid out by `sharding` (possibly partial-sum), kept alive by `keep`.
+struct Contribution {
+  Sharding sharding{};
+  ShardBox box{};
+  std::shared_ptr<void> keep;
+  void* data = nullptr;
+};
+
+class Node;
+
+/// What a parameter's node does for the pass that resolves its gradient (see resolve_leaves).
+class LeafGrad {
+ public:
+  virtual ~LeafGrad() = default;
+  virtual std::size_t elem_size() const noexcept = 0;
+  virtual coll::DType dtype() const noexcept = 0;
+  virtual Context& context() const = 0;
+  virtual const MeshShape& mesh_shape() const noexcept = 0;
+  virtual bool has_pending_grad() const noexcept = 0;
+  /// Whether the pending contributions resolve by one all_reduce over `axes` of a block laid out
+  /// as the parameter (then `only_pending()` is that block).
+  virtual bool resolves_by_all_reduce(AxisList& axes) const = 0;
+  virtual const Contribution& only_pending() const = 0;
+  /// The pending contributions resolved into the parameter's spec (collective when one is
+  /// partial or laid out otherwise): a type-erased tensor for commit().
+  virtual std::shared_ptr<void> resolve_alone() = 0;
+  /// A resolved block (laid out as the parameter) as a type-erased tensor for commit().
+  virtual std::shared_ptr<void> from_block(std::shared_ptr<void> keep, void* data) = 0;
+  /// Forgets the pending contributions and adds the resolved gradient (local).
+  virtual void commit(const std::shared_ptr<void>& resolved) = 0;
+};
+
+/// State of one backward pass, passed to the nodes' rules.
+struct BackwardPass {
+  BackwardOptions options;
+  const Node* current = nullptr;  ///< the node whose rule runs
+};
+
+/// A node of the graph (see the file comment): an op's output, or a parameter (a leaf).
+class Node {
+ public:
+  Node(const char* op, std::vector<std::shared_ptr<Node>> inputs) : op_(op), inputs_(std::move(inputs)) {}
+  virtual ~Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  /// The op that made this node ("matmul", "param").
+  const char* op() const noexcept { return op_; }
+  const std::vector<std::shared_ptr<Node>>& inputs() const noexcept { return inputs_; }
+  bool has_pending() const noexcept { return !pending_.empty(); }
+  /// Whether the rule's saved tensors were freed by a backward pass.
+  bool freed() const noexcept { return freed_; }
+  /// A parameter's node, or null.
+  virtual LeafGrad* as_leaf() noexcept { return nullptr; }
+  /// "[8, 16] with Spec<"data", none>", for messages.
+  virtual std::string describe() const = 0;
+
+  /// Runs the backward rule: resolves this node's contributions and adds its inputs'.
+  virtual void backward(BackwardPass& pass) = 0;
+  /// Frees what the rule saved (and the edges to the inputs).
+  void release() {
+    release_saved();
+    inputs_.clear();
+    freed_ = true;
+  }
+  /// Forgets the contributions received (a failed backward pass).
+  void drop_pending() noexcept { pending_.clear(); }
+  /// The contributions received (shared blocks), to restore after a failed pass.
+  const std::vector<Contribution>& pending() const noexcept { return pending_; }
+  void set_pending(std::vector<Contribution> p) noexcept { pending_ = std::move(p); }
+
+ protected:
+  virtual void release_saved() = 0;
+  std::vector<Contribution> pending_;
+
+ private:
+  const char* op_;
+  std::vector<std::shared_ptr<Node>> inputs_;
+  bool freed_ = false;
+};
+
+namespace detail {
+using namespace shardlib::detail;  // NOLINT: the ops' runtime helpers
+
+/// The nodes reached from `root`, in the order their rules run (reverse topological); `keep`
+/// holds them alive while the pass frees the edges.
+SHARDLIB_NOINLINE inline std::vector<Node*> backward_order(Node* root, std::vector<std::shared_ptr<Node>>& keep) {
+  std::vector<Node*> post;
+  std::unordered_set<Node*> seen;
+  std::vector<std::pair<Node*, std::size_t>> stack{{root, 0}};
+  seen.insert(root);
+  while (!stack.empty()) {
+    auto& [n, next] = stack.back();
+    if (next < n->inputs().size()) {
+      const std::shared_ptr<Node>& in = n->inputs()[next++];
+      if (in && seen.insert(in.get()).second) {
+        keep.push_back(in);
+        stack.push_back({in.get(), 0});
+      }
+    } else {
+      post.push_back(n);
+      stack.pop_back();
+    }
+  }
+  std::reverse(post.begin(), post.end());
+  return post;
+}
+
+/// `out = a + b` over `n` elements on the device's execution space.
+template <class T>
+void add_blocks(const Context& ctx, T* out, const T* a, const T* b, std::int64_t n) {
+  if (n == 0) return;
+  auto guard = kernel_guard(ctx, false);
+  Kokkos::parallel_for("shardlib::autodiff::add",
+                       Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, n),
+                       [=](std::int64_t k) { out[k] = a[k] + b[k]; });
+  ctx.exec().fence();
+}
+
+/// Whether a block holds a NaN or an infinity.
+template <class T>
+bool has_non_finite(const T* p, std::int64_t n) {
+  if constexpr (std::is_floating_point_v<T>) {
+    for (std::int64_t k = 0; k < n; ++k)
+      if (!std::isfinite(p[k])) return true;
+  }
+  return false;
+}
+
+/// Adds contribution `c` to `pending`: summed locally into one of the same sharding, else
+/// appended. The sum is out of place (a contribution may share its block with a saved tensor).
+template <class T, class Mem>
+void add_contribution(Context& ctx, std::vector<Contribution>& pending, Contribution c) {
+  for (Contribution& p : pending) {
+    if (p.sharding != c.sharding) continue;
+    const std::int64_t n = p.box.num_elements();
+    std::shared_ptr<void> keep = block_cache<Mem>(ctx).allocate(static_cast<std::size_t>(n) * sizeof(T));
+    add_blocks(ctx, static_cast<T*>(keep.get()), static_cast<const T*>(p.data), static_cast<const T*>(c.data), n);
+    p.data = keep.get();
+    p.keep = std::move(keep);
+    return;
+  }
+  pending.push_back(std::move(c));
+}
+
+/// The sum of `pending` (blocks of a tensor of `shape` on `mesh`) laid out as `target`: each
+/// resharded to it (collective when it differs), then added. One contribution already in the
+/// target layout is returned as it is.
+template <class T, class Mem>
+SHARDLIB_NOINLINE Block<T> resolve(Context& ctx, const MeshShape& mesh, ArrayRef<std::int64_t> shape,
+                                   const std::vector<Contribution>& pending, const Sharding& target) {
+  Block<T> sum;
+  for (const Contribution& c : pending) {
+    Block<T> b = block_as<T, Mem>(ctx, mesh, c.sharding, shape, static_cast<const T*>(c.data), c.box, target);
+    if (!b.keep && b.data == c.data) b.keep = c.keep;
+    if (!sum.data) {
+      sum = std::move(b);
+      continue;
+    }
+    const std::int64_t n = b.box.num_elements();
+    std::shared_ptr<void> keep = block_cache<Mem>(ctx).allocate(static_cast<std::size_t>(n) * sizeof(T));
+    add_blocks(ctx, static_cast<T*>(keep.get()), sum.data, b.data, n);
+    sum.keep = std::move(keep);
+    sum.data = static_cast<const T*>(sum.keep.get());
+  }
+  return sum;
+}
+
+/// `sharding` without its partial clause: the sharding of a gradient.
+constexpr Sharding without_partial(Sharding s) noexcept {
+  s.partial = AxisList{};
+  s.op = ReduceOp::sum;
+  return s;
+}
+
+/// Sorted union of two axis lists.
+constexpr AxisList axis_union(const AxisList& a, const AxisList& b) noexcept {
+  AxisList u;
+  for (int x = 0; x < static_cast<int>(max_mesh_rank); ++x)
+    if (a.contains(x) || b.contains(x)) u.push_back(x);
+  return u;
+}
+
+/// The gradient `g` (a block of a tensor of global shape `g_shape`, non-partial sharding `gs`)
+/// summed down to `shape` (numpy's broadcasting, undone): over the leading dims `shape` lacks and
+/// over dims where `shape` has extent 1 and `g_shape` not. Dims that were split become partial-sum
+/// over their axes (each device adds up its block; nothing moves).
+template <class T, class Mem>
+SHARDLIB_NOINLINE Contribution sum_to_shape(Context& ctx, const MeshShape& mesh, const Sharding& gs,
+                                            ArrayRef<std::int64_t> g_shape, const ShardBox& g_box, const T* g,
+                                            const std::shared_ptr<void>& g_keep, ArrayRef<std::int64_t> shape) {
+  const int R = gs.rank, r = static_cast<int>(shape.size()), lead = R - r;
+  Sharding s;
+  s.rank = r;
+  std::array<bool, max_tensor_rank> summed{};
+  bool any = lead > 0;
+  for (int d = 0; d < R; ++d) {
+    const auto u = static_cast<std::size_t>(d);
+    summed[u] = d < lead || (shape[static_cast<std::size_t>(d - lead)] == 1 && g_shape[u] != 1);
+    any = any || summed[u];
+    if (summed[u]) s.partial = axis_union(s.partial, gs.dims[u]);
+    else s.dims[static_cast<std::size_t>(d - lead)] = gs.dims[u];
+  }
+  if (!any) return {gs, g_box, g_keep, const_cast<T*>(g)};
+  Contribution c;
+  c.sharding = s;
+  c.box = shard_box(s, mesh, shape, ctx.device());
+  const std::int64_t n = c.box.num_elements();
+  c.keep = block_cache<Mem>(ctx).allocate(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(T));
+  c.data = c.keep.get();
+  T* out = static_cast<T*>(c.data);
+  // Output element k: its kept dims' local indices give a base offset into g's block; the summed
+  // dims are walked with their strides.
+  std::array<std::int64_t, max_tensor_rank> g_stride{}, kept_ext{}, kept_stride{}, sum_ext{}, sum_stride{};
+  int nk = 0, ns = 0;
+  std::int64_t m = 1, st = 1;
+  for (int d = R - 1; d >= 0; --d) {
+    const auto u = static_cast<std::size_t>(d);
+    g_stride[u] = st;
+    st *= g_box.extent[u];
+  }
+  for (int d = 0; d < R; ++d) {
+    const auto u = static_cast<std::size_t>(d);
+    if (summed[u]) {
+      sum_ext[static_cast<std::size_t>(ns)] = g_box.extent[u];
+      sum_stride[static_cast<std::size_t>(ns++)] = g_stride[u];
+      m *= g_box.extent[u];
+    } else {
+      kept_ext[static_cast<std::size_t>(nk)] = g_box.extent[u];
+      kept_stride[static_cast<std::size_t>(nk++)] = g_stride[u];
+    }
+  }
+  auto guard = kernel_guard(ctx, false);
+  Kokkos::parallel_for("shardlib::autodiff::sum_to_shape",
+                       Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, n), [=](std::int64_t k) {
+                         std::int64_t rest = k, base = 0;
+                         for (int i = nk - 1; i >= 0; --i) {
+                           const auto u = static_cast<std::size_t>(i);
+                           base += (rest % kept_ext[u]) * kept_stride[u];
+                           rest /= kept_ext[u];
+                         }
+                         T acc{};
+                         for (std::int64_t j = 0; j < m; ++j) {
+                           std::int64_t rj = j, off = base;
+                           for (int i = ns - 1; i >= 0; --i) {
+                             const auto u = static_cast<std::size_t>(i);
+                             off += (rj % sum_ext[u]) * sum_stride[u];
+                             rj /= sum_ext[u];
+                           }
+                           acc += g[off];
+                         }
+                         out[k] = acc;
+                       });
+  ctx.exec().fence();
+  return c;
+}
+
+/// The gradient `g` of a reduction along dim `dim` (a block of non-partial sharding `gs`, the
+/// dim dropped unless `keepdim`), spread back over that dim of a tensor of `shape`, times `scale`
+/// (1 for sum, 1/n for mean). The dim is whole on every device (unsplit in the result).
+template <class T, class Mem>
+SHARDLIB_NOINLINE Contribution expand_dim(Context& ctx, const MeshShape& mesh, const Sharding& gs, const ShardBox& g_box,
+                                          const T* g, int dim, bool keepdim, ArrayRef<std::int64_t> shape, T scale) {
+  const int r = static_cast<int>(shape.size());
+  Contribution c;
+  c.sharding.rank = r;
+  for (int d = 0, k = 0; d < r; ++d) {
+    if (d == dim) {
+      if (keepdim) ++k;
+      continue;
+    }
+    c.sharding.dims[static_cast<std::size_t>(d)] = gs.dims[static_cast<std::size_t>(k++)];
+  }
+  c.box = shard_box(c.sharding, mesh, shape, ctx.device());
+  const std::int64_t n = c.box.num_elements();
+  c.keep = block_cache<Mem>(ctx).allocate(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(T));
+  c.data = c.keep.get();
+  T* out = static_cast<T*>(c.data);
+  std::int64_t inner = 1;
+  for (int d = dim + 1; d < r; ++d) inner *= c.box.extent[static_cast<std::size_t>(d)];
+  const std::int64_t len = c.box.extent[static_cast<std::size_t>(dim)];
+  (void)g_box;
+  auto guard = kernel_guard(ctx, false);
+  Kokkos::parallel_for("shardlib::autodiff::expand_dim",
+                       Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, n), [=](std::int64_t k) {
+                         const std::int64_t o = k / (len * inner), i = k % inner;
+                         out[k] = scale * g[o * inner + i];
+                       });
+  ctx.exec().fence();
+  return c;
+}
+
+/// Resolves the pending gradients of `leaves` (every device passes the same leaves in the same
+/// order): those that resolve by an all_reduce over the same axes (data parallelism) share one per
+/// bucket of at most `bucket_bytes`; the others (a reduce_scatter for a split parameter) take one
+/// reshard each. Strong guarantee: nothing is added before everything resolved, so when a
+/// collective throws no gradient changed (the contributions stay pending).
+SHARDLIB_NOINLINE inline void resolve_leaves(const std::vector<LeafGrad*>& leaves, std::size_t bucket_bytes) {
+  std::vector<std::shared_ptr<void>> resolved(leaves.size());
+  std::size_t i = 0;
+  while (i < leaves.size()) {
+    AxisList axes;
+    LeafGrad& first = *leaves[i];
+    if (bucket_bytes == 0 || !first.resolves_by_all_reduce(axes) || axes.empty()) {
+      resolved[i] = first.resolve_alone();
+      ++i;
+      continue;
+    }
+    std::size_t j = i, bytes = 0;
+    while (j < leaves.size()) {
+      AxisList a;
+      LeafGrad& l = *leaves[j];
+      if (l.dtype() != first.dtype() || !(l.mesh_shape() == first.mesh_shape()) || !l.resolves_by_all_reduce(a) ||
+          !(a == axes))
+        break;
+      const std::size_t b = static_cast<std::size_t>(l.only_pending().box.num_elements()) * l.elem_size();
+      if (j > i && bytes + b > bucket_bytes) break;
+      bytes += b;
+      ++j;
+    }
+    std::shared_ptr<void> buffer(new char[std::max<std::size_t>(bytes, 1)], std::default_delete<char[]>());
+    char* buf = static_cast<char*>(buffer.get());
+    std::size_t off = 0;
+    for (std::size_t k = i; k < j; ++k) {
+      const Contribution& c = leaves[k]->only_pending();
+      const std::size_t b = static_cast<std::size_t>(c.box.num_elements()) * leaves[k]->elem_size();
+      if (b) std::memcpy(buf + off, c.data, b);
+      off += b;
+    }
+    if (bytes && first.mesh_shape().group_size(axes) > 1)  // a group of one device adds nothing
+      first.context().group(first.mesh_shape(), axes).all_reduce(buf, buf, bytes / first.elem_size(), first.dtype(),
+                                                                  coll::Op::sum);
+    off = 0;
+    for (std::size_t k = i; k < j; ++k) {  // each gradient views its part of the bucket
+      const std::size_t b =
+          static_cast<std::size_t>(leaves[k]->only_pending().box.num_elements()) * leaves[k]->elem_size();
+      resolved[k] = leaves[k]->from_block(buffer, buf + off);
+      off += b;
+    }
+    i = j;
+  }
+  for (std::size_t k = 0; k < leaves.size(); ++k) leaves[k]->commit(resolved[k]);
+}
+
+/// Throws, on every device together, when a device's contribution holds a NaN or infinity.
+template <class T>
+void check_finite(Context& ctx, const Contribution& c, const Node& node, int input, const Node& target) {
+  int bad = has_non_finite(static_cast<const T*>(c.data), c.box.num_elements()) ? 1 : 0;
+  ctx.world().all_reduce(&bad, &bad, 1, coll::dtype_of<int>(), coll::Op::max);
+  if (bad)
+    throw std::runtime_error(std::string("shardlib: backward: a NaN or infinity in the gradient that op '") +
+                             node.op() + "' (output " + node.describe() + ") passes to its input " +
+                             std::to_string(input) + " (" + target.describe() + ")");
+}
+
+}  // namespace detail
+}  // namespace autodiff
+}  // namespace shardlib

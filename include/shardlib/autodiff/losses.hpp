@@ -1,0 +1,165 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// Losses: mean squared error, and cross-entropy over logits whose vocabulary dim may be split
+/// (Megatron's vocab-parallel cross-entropy: no gather of the logits).
+#pragma once
+
+#include <shardlib/autodiff/reduce.hpp>
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace shardlib {
+
+namespace error {
+/// cross_entropy needs logits of rank 2 ([rows, classes]) and integer targets of rank 1.
+template <class LogitsSpec, class TargetsSpec>
+struct cross_entropy_needs_rank_2_logits_and_rank_1_integer_targets;
+}  // namespace error
+
+/// Mean over every element of (pred - target)^2: a scalar (partial-sum over the axes that split
+/// the operands' dims, resolved when read). Either operand may be a Var.
+template <class P, class T>
+  requires DifferentiableOperands<P, T>
+auto mse_loss(const P& pred, const T& target) {
+  return mean_all(square(pred - target));
+}
+
+namespace autodiff::detail {
+
+/// The sharding of cross_entropy's scalar: partial-sum over the axes that split the logits.
+constexpr Sharding cross_entropy_sharding(const Sharding& logits) {
+  Sharding s;
+  s.partial = axis_union(logits.dims[0], logits.dims[1]);
+  return s;
+}
+
+/// What the backward of cross_entropy keeps: per local row, log-sum-exp, and the row's target.
+template <class T>
+struct CrossEntropySaved {
+  std::vector<T> lse;
+  std::vector<std::int64_t> target;
+};
+
+/// The runtime part of cross_entropy, compiled once per element and index type: the logits'
+/// block (rows and a range of classes), targets laid out as the rows; the row max and the sum of
+/// exponentials all-reduced over the class dim's axes (two small all_reduces when it is split);
+/// this device's addend of the mean loss into `out`.
+template <class T, class I, class Mem>
+SHARDLIB_NOINLINE void cross_entropy_run(Context& ctx, const MeshShape& mesh, const Sharding& layout,
+                                         ArrayRef<std::int64_t> shape, const Block<T>& z, const Block<I>& t,
+                                         const OperandInfo& logits_info, const OperandInfo& targets_info, T* out,
+                                         CrossEntropySaved<T>& saved) {
+  const std::int64_t rows = z.box.extent[0], cols = z.box.extent[1], col0 = z.box.offset[1];
+  const std::int64_t n = shape[0], classes = shape[1];
+  for (std::int64_t r = 0; r < rows; ++r)
+    if (t.data[r] < 0 || t.data[r] >= classes)
+      throw std::out_of_range("shardlib: cross_entropy: target " + std::to_string(static_cast<long long>(t.data[r])) +
+                              " of row " + std::to_string(z.box.offset[0] + r) + " is outside [0, " +
+                              std::to_string(classes) + ") (logits " + operand_text(logits_info) + ", targets " +
+                              operand_text(targets_info) + ")");
+  std::vector<T> m(static_cast<std::size_t>(rows), -std::numeric_limits<T>::infinity());
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) m[static_cast<std::size_t>(r)] = std::max(m[static_cast<std::size_t>(r)], z.data[r * cols + c]);
+  const AxisList& vaxes = layout.dims[1];
+  const bool split = mesh.group_size(vaxes) > 1;
+  coll::Communicator* comm = split ? &ctx.group(mesh, vaxes) : nullptr;
+  if (comm && rows) comm->all_reduce(m.data(), m.data(), m.size(), coll::dtype_of<T>(), coll::Op::max);
+  std::vector<T> s(static_cast<std::size_t>(rows), T(0));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T mr = m[static_cast<std::size_t>(r)];
+    T acc = 0;
+    for (std::int64_t c = 0; c < cols; ++c) acc += std::exp(z.data[r * cols + c] - mr);
+    s[static_cast<std::size_t>(r)] = acc;
+  }
+  if (comm && rows) comm->all_reduce(s.data(), s.data(), s.size(), coll::dtype_of<T>(), coll::Op::sum);
+  const bool first = mesh.group_rank(ctx.device(), vaxes) == 0;
+  saved.lse.resize(static_cast<std::size_t>(rows));
+  saved.target.resize(static_cast<std::size_t>(rows));
+  T total = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const auto u = static_cast<std::size_t>(r);
+    const T lse = m[u] + std::log(s[u]);
+    saved.lse[u] = lse;
+    saved.target[u] = static_cast<std::int64_t>(t.data[r]);
+    const std::int64_t c = saved.target[u] - col0;
+    const T zt = c >= 0 && c < cols ? z.data[r * cols + c] : T(0);
+    total += (first ? lse : T(0)) - zt;
+  }
+  *out = n > 0 ? total / static_cast<T>(n) : T(0);
+}
+
+/// The gradient of the logits' block: g / n * (softmax - one_hot(target)).
+template <class T>
+SHARDLIB_NOINLINE void cross_entropy_grad(const Block<T>& z, std::int64_t n, const CrossEntropySaved<T>& saved, T g,
+                                          T* out) {
+  const std::int64_t rows = z.box.extent[0], cols = z.box.extent[1], col0 = z.box.offset[1];
+  const T scale = n > 0 ? g / static_cast<T>(n) : T(0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const auto u = static_cast<std::size_t>(r);
+    for (std::int64_t c = 0; c < cols; ++c)
+      out[r * cols + c] = scale * (std::exp(z.data[r * cols + c] - saved.lse[u]) - (col0 + c == saved.target[u] ? T(1) : T(0)));
+  }
+}
+
+}  // namespace autodiff::detail
+
+/// Mean cross-entropy of `logits` ([rows, classes], a Var or tensor) against integer `targets`
+/// ([rows], class indices): mean over rows of log(sum_c exp(z_c)) - z_target. With the class dim
+/// split over mesh axes (a vocabulary-parallel output layer), each device works on its classes:
+/// the row max and the sum of exponentials are all-reduced over those axes (two small
+/// all_reduces), the logits are never gathered, and the loss is a scalar partial-sum over the
+/// axes that split the logits (one all_reduce of one element when read). Its backward is local:
+/// softmax minus one-hot on each device's block. Throws std::out_of_range naming the row of a
+/// target outside [0, classes) (on the devices that hold that row).
+template <VarOrTensor L, TensorType Targets>
+auto cross_entropy(const L& logits0, const Targets& targets) {
+  using namespace autodiff::detail;
+  using LT = tensor_of_t<L>;
+  using I = typename Targets::value_type;
+  SHARDLIB_STATIC_REQUIRE((LT::rank == 2 && Targets::rank == 1 && std::is_integral_v<I>),
+                          "shardlib: cross_entropy needs rank-2 logits [rows, classes] and rank-1 integer targets",
+                          error::cross_entropy_needs_rank_2_logits_and_rank_1_integer_targets<
+                              typename LT::spec_type, typename Targets::spec_type>);
+  if constexpr (LT::rank == 2 && Targets::rank == 1 && std::is_integral_v<I>) {
+    const auto& logits = resolved(logits0);
+    using Z = tensor_of_t<std::remove_cvref_t<decltype(logits)>>;
+    using T = typename Z::value_type;
+    using Mem = typename Z::memory_space;
+    using MeshT = typename Z::mesh_type;
+    static constexpr Sharding layout = Z::sharding;
+    static constexpr Sharding out_sharding = cross_entropy_sharding(layout);
+    using Out = DistributedTensor<T, MeshT, spec_from_t<MeshT, decltype([] { return out_sharding; })>, Mem>;
+    const Z& z = value(logits);
+    check_same_mesh("cross_entropy", z, targets);
+    if (targets.shape()[0] != z.shape()[0])
+      throw std::invalid_argument("shardlib: cross_entropy: logits " + operand_text(z) + " and targets " +
+                                  operand_text(targets) + " have different row counts");
+    Sharding rows;
+    rows.rank = 1;
+    rows.dims[0] = layout.dims[0];
+    const Block<I> t = block_as(targets, rows);
+    const Block<T> zb{nullptr, z.local().data(), z.block()};
+    Out out(z.mesh(), {});
+    auto saved = std::make_shared<CrossEntropySaved<T>>();
+    cross_entropy_run<T, I, Mem>(z.context(), z.mesh().shape(), layout, z.shape(), zb, t, info(z), info(targets),
+                                 out.local().data(), *saved);
+    if constexpr (VarType<std::remove_cvref_t<decltype(logits)>>) {
+      return record("cross_entropy", std::move(out),
+                    [nz = logits.node(), z, saved](const auto& g, autodiff::BackwardPass& p) {
+                      Z gz(z.mesh(), z.shape());
+                      cross_entropy_grad<T>({nullptr, z.local().data(), z.block()}, z.shape()[0], *saved,
+                                            g.local().data()[0], gz.local().data());
+                      give(p, 0, *nz, gz);
+                    },
+                    logits.node());
+    } else {
+      return out;
+    }
+  }
+}
+
+}  // namespace shardlib

@@ -1,0 +1,152 @@
+// SPDX-License-Identifier: Apache-2.0
+// Gradients of whole small models on sharded layouts equal the one-device gradients (the same
+// model on a mesh of one device's worth of layout: everything replicated), and the backward
+// pass's collectives are exactly the transposes of the forward's plus one reduction per
+// parameter bucket: data parallelism (one all_reduce per bucket), FSDP (one reduce_scatter per
+// parameter), Megatron's column/row-parallel pair (one all_reduce in the backward as in the
+// forward). Runs on 1..8 threads devices and under mpirun.
+#include <doctest/doctest.h>
+#include <shardlib/autodiff.hpp>
+
+#include "../collectives/harness.hpp"
+#include "../ops/oracle.hpp"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace sl = shardlib;
+namespace oracle = shardlib::test::oracle;
+using sl::none;
+using sl::Spec;
+using Kind = sl::coll::Kind;
+
+namespace {
+using M = sl::Mesh<"data", "model">;
+template <class S, class T = float>
+using Ten = sl::DistributedTensor<T, M, S>;
+
+/// Checks that two tensors hold the same global values within `tol` (relative).
+template <class A, class B>
+void expect_close(const A& a, const B& b, double tol, const std::string& what) {
+  const auto x = a.to_host();
+  const auto y = b.to_host();
+  REQUIRE(x.size() == y.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < x.size(); ++i)
+    worst = std::max(worst, std::abs(double(x[i]) - double(y[i])) / (1e-3 + std::abs(double(y[i]))));
+  CHECK_MESSAGE(worst <= tol, what << ": relative difference " << worst);
+}
+
+/// A two-layer MLP with biases: mean((relu(x w1 + b1) w2 + b2 - y)^2).
+template <class X, class W1, class B1, class W2, class B2, class Y>
+auto mlp_loss(const X& x, const W1& w1, const B1& b1, const W2& w2, const B2& b2, const Y& y) {
+  auto h = sl::relu(sl::matmul(x, w1) + b1);
+  return sl::mse_loss(sl::matmul(h, w2) + b2, y);
+}
+
+TEST_SUITE("autodiff_models") {
+TEST_CASE("data parallel MLP: one-device gradients, one all_reduce per bucket") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    M mesh(ctx, {ctx.num_devices(), 1});
+    using Rep2 = Spec<none, none>;
+    using Rep1 = Spec<none>;
+    using Batch = Spec<"data", none>;
+    const auto x = Ten<Batch>::random(mesh, {16, 8}, 1, -1.f, 1.f);
+    const auto y = Ten<Batch>::random(mesh, {16, 4}, 2, -1.f, 1.f);
+    sl::Param w1(Ten<Rep2>::random(mesh, {8, 12}, 3, -0.5f, 0.5f));
+    sl::Param b1(Ten<Rep1>::random(mesh, {12}, 4, -0.1f, 0.1f));
+    sl::Param w2(Ten<Rep2>::random(mesh, {12, 4}, 5, -0.5f, 0.5f));
+    sl::Param b2(Ten<Rep1>::random(mesh, {4}, 6, -0.1f, 0.1f));
+    sl::coll::CommRecorder fwd;
+    auto loss = mlp_loss(x, w1, b1, w2, b2, y);
+    const auto forward_calls = fwd.total_calls();
+    CHECK(forward_calls == 0);  // the loss stays partial over "data"
+    {
+      sl::coll::CommRecorder rec;
+      sl::backward(loss);
+      const bool many = ctx.num_devices() > 1;
+      CHECK(rec[Kind::all_reduce].calls == (many ? 1u : 0u));  // the four gradients in one bucket
+      CHECK(rec.total_calls() == rec[Kind::all_reduce].calls);
+    }
+    {  // bucket_bytes = 0: one all_reduce per parameter
+      auto l2 = mlp_loss(x, w1, b1, w2, b2, y);
+      sl::coll::CommRecorder rec;
+      sl::backward(l2, {.bucket_bytes = 0});
+      CHECK(rec[Kind::all_reduce].calls == (ctx.num_devices() > 1 ? 4u : 0u));
+    }
+    // One device's worth: the same model replicated (no mesh axis splits anything).
+    const auto xr = sl::reshard<Rep2>(x);
+    const auto yr = sl::reshard<Rep2>(y);
+    sl::Param v1(w1.value().clone()), v2(w2.value().clone());
+    sl::Param c1(b1.value().clone()), c2(b2.value().clone());
+    sl::backward(mlp_loss(xr, v1, c1, v2, c2, yr));
+    sl::backward(mlp_loss(xr, v1, c1, v2, c2, yr));
+    expect_close(w1.grad(), v1.grad(), 1e-4, "w1");
+    expect_close(b1.grad(), c1.grad(), 1e-4, "b1");
+    expect_close(w2.grad(), v2.grad(), 1e-4, "w2");
+    expect_close(b2.grad(), c2.grad(), 1e-4, "b2");
+  });
+}
+
+TEST_CASE("FSDP: the all_gather of a split weight transposes to one reduce_scatter per parameter") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    M mesh(ctx, {ctx.num_devices(), 1});
+    using Rep2 = Spec<none, none>;
+    using Shard = Spec<"data", none>;
+    using Batch = Spec<"data", none>;
+    const auto x = Ten<Batch>::random(mesh, {12, 8}, 1, -1.f, 1.f);
+    const auto y = Ten<Batch>::random(mesh, {12, 4}, 2, -1.f, 1.f);
+    sl::Param w1(Ten<Shard>::random(mesh, {8, 10}, 3, -0.5f, 0.5f));
+    sl::Param w2(Ten<Shard>::random(mesh, {10, 4}, 5, -0.5f, 0.5f));
+    auto loss_of = [&](const auto& a, const auto& b, const auto& xs, const auto& ys) {
+      auto h = sl::tanh(sl::matmul(xs, sl::reshard<Rep2>(a)));  // all_gather of the weight
+      return sl::mse_loss(sl::matmul(h, sl::reshard<Rep2>(b)), ys);
+    };
+    sl::coll::CommRecorder fwd;
+    auto loss = loss_of(w1, w2, x, y);
+    const bool many = ctx.num_devices() > 1;
+    CHECK(fwd[Kind::all_gather].calls + fwd[Kind::all_to_all].calls == (many ? 2u : 0u));
+    sl::coll::CommRecorder rec;
+    sl::backward(loss);
+    CHECK(rec[Kind::reduce_scatter].calls == (many ? 2u : 0u));
+    CHECK(rec.total_calls() == rec[Kind::reduce_scatter].calls);
+    CHECK(std::is_same_v<decltype(w1.grad()), Ten<Shard>>);
+    sl::Param v1(sl::reshard<Rep2>(w1.value())), v2(sl::reshard<Rep2>(w2.value()));
+    sl::backward(loss_of(v1, v2, sl::reshard<Rep2>(x), sl::reshard<Rep2>(y)));
+    expect_close(w1.grad(), v1.grad(), 1e-4, "w1");
+    expect_close(w2.grad(), v2.grad(), 1e-4, "w2");
+  });
+}
+
+TEST_CASE("Megatron MLP: one all_reduce in the forward, one in the backward") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    M mesh(ctx, {1, ctx.num_devices()});
+    using Rep2 = Spec<none, none>;
+    sl::Param x(Ten<Rep2>::random(mesh, {6, 8}, 1, -1.f, 1.f));
+    const auto y = Ten<Rep2>::random(mesh, {6, 8}, 2, -1.f, 1.f);
+    sl::Param w1(Ten<Spec<none, "model">>::random(mesh, {8, 16}, 3, -0.5f, 0.5f));
+    sl::Param w2(Ten<Spec<"model", none>>::random(mesh, {16, 8}, 4, -0.5f, 0.5f));
+    auto loss_of = [&](const auto& xs, const auto& a, const auto& b) {
+      auto h = sl::gelu(sl::matmul(xs, a));           // column-parallel: no communication
+      auto out = sl::reshard<Rep2>(sl::matmul(h, b));  // row-parallel: the all_reduce
+      return sl::mse_loss(out, y);
+    };
+    const bool many = ctx.num_devices() > 1;
+    sl::coll::CommRecorder fwd;
+    auto loss = loss_of(x, w1, w2);
+    CHECK(fwd[Kind::all_reduce].calls == (many ? 1u : 0u));
+    CHECK(fwd.total_calls() == fwd[Kind::all_reduce].calls);
+    sl::coll::CommRecorder rec;
+    sl::backward(loss);
+    CHECK(rec[Kind::all_reduce].calls == (many ? 1u : 0u));  // the input's gradient
+    CHECK(rec.total_calls() == rec[Kind::all_reduce].calls);
+    sl::Param x1(x.value().clone()), v1(sl::reshard<Rep2>(w1.value())), v2(sl::reshard<Rep2>(w2.value()));
+    sl::backward(loss_of(x1, v1, v2));
+    expect_close(x.grad(), x1.grad(), 1e-4, "x");
+    expect_close(w1.grad(), v1.grad(), 1e-4, "w1");
+    expect_close(w2.grad(), v2.grad(), 1e-4, "w2");
+  });
+}
+}
+}  // namespace
