@@ -9,6 +9,7 @@
 
 #include <shardlib/autodiff/elementwise.hpp>
 #include <shardlib/autodiff/graph.hpp>
+#include <shardlib/autodiff/layout.hpp>
 #include <shardlib/autodiff/linalg.hpp>
 #include <shardlib/autodiff/losses.hpp>
 #include <shardlib/autodiff/record.hpp>

@@ -148,5 +148,91 @@ TEST_CASE("Megatron MLP: one all_reduce in the forward, one in the backward") {
     expect_close(w2.grad(), v2.grad(), 1e-4, "w2");
   });
 }
+
+TEST_CASE("backward: accumulation, deferred resolution, buckets, value_and_grad") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    M mesh(ctx, {ctx.num_devices(), 1});
+    using Rep2 = Spec<none, none>;
+    using Rep1 = Spec<none>;
+    using Batch = Spec<"data", none>;
+    const bool many = ctx.num_devices() > 1;
+    const auto x = Ten<Batch>::random(mesh, {16, 8}, 1, -1.f, 1.f);
+    const auto y = Ten<Batch>::random(mesh, {16, 4}, 2, -1.f, 1.f);
+    sl::Param w1(Ten<Rep2>::random(mesh, {8, 12}, 3, -0.5f, 0.5f));
+    sl::Param b1(Ten<Rep1>::random(mesh, {12}, 4, -0.1f, 0.1f));
+    sl::Param w2(Ten<Rep2>::random(mesh, {12, 4}, 5, -0.5f, 0.5f));
+    sl::Param b2(Ten<Rep1>::random(mesh, {4}, 6, -0.1f, 0.1f));
+    sl::backward(mlp_loss(x, w1, b1, w2, b2, y));
+    const auto once = w1.grad().to_host();
+    // Two micro-batches with the resolution deferred: no collective until sync_grads, then one.
+    w1.zero_grad(), b1.zero_grad(), w2.zero_grad(), b2.zero_grad();
+    {
+      sl::coll::CommRecorder rec;
+      sl::backward(mlp_loss(x, w1, b1, w2, b2, y), {.sync = false});
+      sl::backward(mlp_loss(x, w1, b1, w2, b2, y), {.sync = false});
+      CHECK(rec.total_calls() == 0);
+      CHECK_THROWS_WITH_AS(w1.grad(), doctest::Contains("call sync_grads first"), std::logic_error);
+      sl::sync_grads(w1, b1, w2, b2);
+      CHECK(rec[Kind::all_reduce].calls == (many ? 1u : 0u));
+    }
+    const auto twice = w1.grad().to_host();
+    for (std::size_t i = 0; i < once.size(); ++i) CHECK(twice[i] == doctest::Approx(2 * once[i]).epsilon(1e-5));
+    // Buckets of at most the size of w1's gradient: w1 alone, then b1 + w2 + b2 do not fit one.
+    {
+      auto l = mlp_loss(x, w1, b1, w2, b2, y);
+      sl::coll::CommRecorder rec;
+      sl::backward(l, {.bucket_bytes = 8 * 12 * sizeof(float)});
+      CHECK(rec[Kind::all_reduce].calls == (many ? 2u : 0u));
+    }
+    // keep_graph: a second backward through the same graph; without it, a clear error.
+    {
+      w1.zero_grad();
+      auto l = mlp_loss(x, w1, b1, w2, b2, y);
+      sl::backward(l, {.keep_graph = true});
+      sl::backward(l);
+      const auto g = w1.grad().to_host();
+      for (std::size_t i = 0; i < once.size(); ++i) CHECK(g[i] == doctest::Approx(2 * once[i]).epsilon(1e-5));
+      CHECK_THROWS_WITH_AS(sl::backward(l), doctest::Contains("whose saved tensors a previous backward freed"),
+                           std::logic_error);
+    }
+    // value_and_grad: JAX's functional form.
+    auto [loss, grads] = sl::value_and_grad(
+        [&](const auto& a, const auto& b) { return mlp_loss(x, a, b1.value(), b, b2.value(), y); }, w1.value(),
+        w2.value());
+    CHECK(std::is_same_v<std::remove_cvref_t<decltype(std::get<0>(grads))>, Ten<Rep2>>);
+    const auto g0 = std::get<0>(grads).to_host();
+    for (std::size_t i = 0; i < once.size(); ++i) CHECK(g0[i] == doctest::Approx(once[i]).epsilon(1e-5));
+    CHECK(loss.to_host()[0] > 0);
+    // Nothing recorded for constants.
+    const sl::Var<Ten<Rep2>> c(w1.value());
+    CHECK(!(sl::exp(c) * 2.f).requires_grad());
+    CHECK((sl::exp(c) * w1).requires_grad());
+  });
+}
+
+TEST_CASE("backward: errors leave the gradients as they were") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    M mesh(ctx, {ctx.num_devices(), 1});
+    using Rows = Spec<"data", none>;
+    sl::Param w(Ten<Rows>::random(mesh, {6, 4}, 1, 0.5f, 1.f));
+    sl::backward(sl::sum_all(sl::log(w)));
+    const auto before = w.grad().to_host();
+    // A NaN in a gradient, found by check_finite, names the op; the gradient did not change.
+    auto bad = sl::sum_all(sl::sqrt(w - 1.f));  // sqrt(negative) = NaN, its derivative too
+    CHECK_THROWS_WITH_AS(sl::backward(bad, {.check_finite = true}), doctest::Contains("op 'sqrt'"), std::runtime_error);
+    CHECK(w.grad().to_host() == before);
+    // A seed of another shape.
+    auto v = sl::exp(w);
+    const auto seed = Ten<Rows>::zeros(mesh, {6, 3});
+    CHECK_THROWS_WITH_AS(sl::backward(v, seed), doctest::Contains("does not have the shape of y"),
+                         std::invalid_argument);
+    // A seed of the right shape: d/dw sum(seed * exp(w)) = seed * exp(w).
+    w.zero_grad();
+    sl::backward(v, Ten<Rows>::full(mesh, {6, 4}, 2.f));
+    const auto g = w.grad().to_host();
+    const auto e = sl::exp(w.value()).to_host();
+    for (std::size_t i = 0; i < g.size(); ++i) CHECK(g[i] == doctest::Approx(2 * e[i]));
+  });
+}
 }
 }  // namespace
