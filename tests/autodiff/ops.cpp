@@ -80,6 +80,8 @@ TEST_CASE("reductions and normalisations along split and whole dims") {
       gc::check([&](const auto& x) { return sl::sum_all(sl::square(sl::mean<1, true>(x) - x)); }, rng,
                 "mean<1, keepdim>", 1e-6, 3, a);
       gc::check([&](const auto& x) { return sl::sum_all(sl::exp(sl::sum<0>(x))); }, rng, "sum<0>", 1e-6, 3, a);
+      gc::check([&](const auto& x) { return sl::sum_all(sl::exp(sl::max<1>(x))) + sl::sum_all(sl::min<0, true>(x) * 3.0); }, rng,
+                "max<1>, min<0, keepdim>", 1e-6, 3, a);
       gc::check([&](const auto& x, const auto& y) { return sl::sum_all(sl::maximum(x, y) - sl::minimum(x, y) * 2.0); },
                 rng, "maximum, minimum", 1e-6, 3, a, w);
       gc::check([&](const auto& x) { return sl::sum_all((2.0 - x) / (3.0 + x) + 1.0 / (x + 2.0)); }, rng,
@@ -130,6 +132,37 @@ TEST_CASE("einsum of rank 3, reshard in the graph, layout ops") {
       auto s0 = sl::slice<0>(a, 0, 2);
       return sl::sum_all(sl::exp(s1) * 0.5) + sl::sum_all(sl::square(sl::concat<0>(s0, sl::slice<0>(a, 1, 3))));
     }, rng, "slice, concat", 1e-6, 4, x);
+  }, DEVICE_COUNTS);
+}
+
+TEST_CASE("take and index_add: embeddings split along the vocabulary or replicated") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    auto rng = oracle::rng_for(ctx, 17);
+    using Ids = sl::DistributedTensor<std::int64_t, M2, Spec<"x", none>>;
+    oracle::for_each_type(oracle::List<Spec<"y", none>, Rep, Spec<none, "y">>{}, [&](auto st) {
+      using Table = D<typename decltype(st)::type>;
+      const auto mesh = oracle::random_mesh<M2>(ctx, rng);
+      const auto table = Table::random(mesh, {7, 5}, 14, -1.0, 1.0);
+      const auto ids = Ids::random(mesh, {3, 4}, 15, 0, 7);
+      const auto w = sl::DistributedTensor<double, M2, Spec<"x", none, none>>::random(mesh, {3, 4, 5}, 16, -1.0, 1.0);
+      gc::check([&](const auto& t) { return sl::sum_all(sl::tanh(sl::take<0>(t, ids)) * w); }, rng, "take<0>", 1e-6,
+                5, table);
+      gc::check([&](const auto& t, const auto& v) { return sl::sum_all(sl::square(sl::index_add<0>(t, ids, v))); }, rng,
+                "index_add<0>", 1e-6, 5, table, w);
+      // The forward against plain loops; a vocabulary-split table's gradient needs no communication.
+      const auto got = sl::index_add<0>(table, ids, w).to_host();
+      auto want = table.to_host();
+      const auto hi = ids.to_host();
+      const auto hw = w.to_host();
+      for (std::size_t j = 0; j < hi.size(); ++j)
+        for (std::size_t k = 0; k < 5; ++k) want[static_cast<std::size_t>(hi[j]) * 5 + k] += hw[j * 5 + k];
+      for (std::size_t i = 0; i < want.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]));
+      sl::Param tp(table);
+      auto loss = sl::sum_all(sl::take<0>(tp, sl::reshard<Spec<none, none>>(ids)) * sl::reshard<Spec<none, none, none>>(w));
+      sl::coll::CommRecorder rec;
+      sl::backward(loss);
+      if constexpr (std::is_same_v<Table, D<Spec<"y", none>>>) CHECK(rec.total_calls() == 0);
+    });
   }, DEVICE_COUNTS);
 }
 

@@ -131,4 +131,32 @@ auto concat(const A& a, const B& b) {
                 node(a), node(b));
 }
 
+/// take of a Var table (the indices are integers: no gradient). Backward: the gradient
+/// scatter-added into zeros of the table's shape (index_add): a vocabulary-split table gets its
+/// rows' gradient with no communication; indices split over axes leave it partial over them
+/// (resolved at the table: the all_reduce of a data-parallel embedding).
+template <int Dim, VarType Table, TensorType Indices>
+auto take(const Table& table, const Indices& indices) {
+  using Tn = autodiff::detail::tensor_of_t<Table>;
+  return autodiff::detail::record("take", shardlib::take<Dim>(table.value(), indices),
+                                  [nt = table.node(), indices](const auto& g, autodiff::BackwardPass& p) {
+                                    using Z = grad_tensor_t<Tn>;
+                                    give(p, 0, *nt, shardlib::index_add<Dim>(Z::zeros(nt->mesh(), nt->shape()), indices, g));
+                                  },
+                                  table.node());
+}
+
+/// index_add with a Var base or values: backward g for the base, take(g, indices) for the values.
+template <int Dim, class Base, TensorType Indices, class Values>
+  requires DifferentiableOperands<Base, Values>
+auto index_add(const Base& base, const Indices& indices, const Values& values) {
+  using namespace autodiff::detail;
+  return record("index_add", shardlib::index_add<Dim>(value(base), indices, value(values)),
+                [nb = node(base), nv = node(values), indices](const auto& g, autodiff::BackwardPass& p) {
+                  if (nb) give(p, 0, *nb, g);
+                  if (nv) give(p, 1, *nv, shardlib::take<Dim>(g, indices));
+                },
+                node(base), node(values));
+}
+
 }  // namespace shardlib

@@ -44,6 +44,65 @@ template <int Dim, bool KeepDim = false, VarType A>
 auto mean(const A& a) {
   return autodiff::detail::reduce_var<Dim, KeepDim, true>(a);
 }
+namespace fn::grad {
+/// 1 where x equals the row's extremum m, else 0.
+struct is_extremum {
+  template <class A>
+  KOKKOS_INLINE_FUNCTION A operator()(const A& x, const A& m) const {
+    return x == m ? A(1) : A(0);
+  }
+};
+}  // namespace fn::grad
+
+namespace autodiff::detail {
+/// max or min along `Dim` of a Var. Backward: the gradient goes to the elements equal to the
+/// extremum, split evenly between ties (the extremum and the tie count are all-reduced over the
+/// dim's axes when it is split).
+template <int Dim, bool KeepDim, bool Max, class A0>
+auto extremum_var(const A0& a0) {
+  const auto& a = resolved(a0);
+  using X = tensor_of_t<std::remove_cvref_t<decltype(a)>>;
+  auto out = [&] {
+    if constexpr (Max) return shardlib::max<Dim, KeepDim>(a.value());
+    else return shardlib::min<Dim, KeepDim>(a.value());
+  }();
+  return record(Max ? "max" : "min", std::move(out),
+                [na = a.node(), x = a.value()](const auto& g, BackwardPass& p) {
+                  auto mk = [&] {
+                    if constexpr (Max) return shardlib::max<Dim, true>(x);
+                    else return shardlib::min<Dim, true>(x);
+                  }();
+                  using GK = grad_tensor_t<decltype(mk)>;
+                  static_assert(GK::sharding.dims[static_cast<std::size_t>(Dim)].empty(),
+                                "shardlib: internal: a keepdim reduction's dim is replicated");
+                  const GK m(mk);  // the extremum, resolved
+                  using G = std::remove_cvref_t<decltype(g)>;
+                  // g with the dim kept (extent 1): the same block, read with one more dim.
+                  auto gk = [&] {
+                    if constexpr (KeepDim) {
+                      return g;
+                    } else {
+                      return GK(g.mesh(), m.shape(), g.block_owner(), const_cast<typename G::value_type*>(g.local().data()));
+                    }
+                  }();
+                  const auto mask = zip(fn::grad::is_extremum{}, x, m);
+                  give(p, 0, *na, mask * gk / shardlib::sum<Dim, true>(mask));
+                },
+                a.node());
+}
+}  // namespace autodiff::detail
+
+/// Maximum along `Dim` of a Var (the gradient goes to the maximum, shared between ties).
+template <int Dim, bool KeepDim = false, VarType A>
+auto max(const A& a) {
+  return autodiff::detail::extremum_var<Dim, KeepDim, true>(a);
+}
+/// Minimum along `Dim` of a Var.
+template <int Dim, bool KeepDim = false, VarType A>
+auto min(const A& a) {
+  return autodiff::detail::extremum_var<Dim, KeepDim, false>(a);
+}
+
 /// Sum of every element: a scalar (partial-sum over the axes that split the dims).
 template <VarOrTensor A>
 auto sum_all(const A& a) {

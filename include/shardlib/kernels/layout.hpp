@@ -289,4 +289,35 @@ void take(const Exec& exec, const T* table, std::int64_t outer, std::int64_t n_l
   exec.fence();
 }
 
+/// The transpose of take: `out` (the block [outer, n_local, inner] of a tensor whose dim of
+/// `extent` rows starts at `row_offset` in this block) gets `values` ([outer, n_ids, inner]) added
+/// at the rows `ids` names; ids outside the block are skipped (another device holds them), ids
+/// outside [0, extent) throw std::out_of_range when `check`. Repeated ids add up (each output
+/// element is owned by one work item, which walks the ids in order: deterministic).
+template <class Exec, class T, class I>
+void index_add(const Exec& exec, T* out, std::int64_t outer, std::int64_t n_local, std::int64_t inner,
+               std::int64_t row_offset, std::int64_t extent, const I* ids, std::int64_t n_ids, const T* values,
+               bool check) {
+  static_assert(std::is_integral_v<I> && !std::is_same_v<I, bool>, "shardlib::kernels::index_add: ids must be integers");
+  if (check) {
+    for (std::int64_t m = 0; m < n_ids; ++m)
+      if (std::cmp_less(ids[m], 0) || std::cmp_greater_equal(ids[m], extent))
+        throw std::out_of_range("shardlib::kernels::index_add: id " + std::to_string(ids[m]) + " at position " +
+                                std::to_string(m) + " is outside [0, " + std::to_string(extent) + ")");
+  }
+  if (outer == 0 || inner == 0 || n_ids == 0 || n_local == 0) return;
+  const std::int64_t hi = row_offset + n_local;
+  Kokkos::parallel_for("shardlib::kernels::index_add", Kokkos::RangePolicy<Exec>(exec, 0, outer * inner),
+                       [=](std::int64_t item) {
+                         const std::int64_t o = item / inner, k = item % inner;
+                         for (std::int64_t m = 0; m < n_ids; ++m) {
+                           const I id = ids[m];
+                           if (std::cmp_greater_equal(id, row_offset) && std::cmp_less(id, hi))
+                             out[(o * n_local + (static_cast<std::int64_t>(id) - row_offset)) * inner + k] +=
+                                 values[(o * n_ids + m) * inner + k];
+                         }
+                       });
+  exec.fence();
+}
+
 }  // namespace shardlib::kernels

@@ -309,4 +309,69 @@ auto take(const Table& table, const Indices& indices) {
   return out;
 }
 
+/// The transpose of take: `base` with `values` added at `indices` along `Dim` (torch's
+/// index_add, for any rank of indices): `values` has take(base, indices)'s shape, and row
+/// indices[j] of the result gets the values of position j (repeated indices add up). Rule:
+/// sharding/layout.hpp `index_add_rule`: each device scatters its block of indices into its
+/// block of the base; a base split along `Dim` (vocabulary-parallel) takes only the rows it holds
+/// (no communication); the result is partial-sum over the axes that split the indices. Throws
+/// std::invalid_argument when `values` does not have take's shape, std::out_of_range for an
+/// index outside the dim (checked as take checks).
+template <int Dim, TensorType Base, TensorType Indices, TensorType Values>
+auto index_add(const Base& base, const Indices& indices, const Values& values) {
+  using I = typename Indices::value_type;
+  SHARDLIB_STATIC_REQUIRE((std::is_integral_v<I>), "shardlib: index_add needs integer indices",
+                          error::take_needs_integer_indices<I>);
+  static_assert(std::is_same_v<typename Base::value_type, typename Values::value_type>,
+                "shardlib: index_add needs base and values of one element type");
+  static constexpr OpRule rule = index_add_rule(Base::sharding, Indices::sharding, Values::sharding, Dim);
+  SHARDLIB_STATIC_REQUIRE((rule.status == OpRule::ok), "shardlib: no sharding rule for index_add with these specs",
+                          error::op_has_no_sharding_rule_for_these_specs<"index_add", rule.status, typename Base::spec_type,
+                                                                         typename Indices::spec_type, typename Values::spec_type>);
+  detail::check_same_mesh("index_add", base, indices);
+  detail::check_same_mesh("index_add", base, values);
+  using T = typename Base::value_type;
+  using MeshT = typename Base::mesh_type;
+  using Out = DistributedTensor<T, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, typename Base::memory_space>;
+  constexpr std::size_t rt = Base::rank, ri = Indices::rank;
+  constexpr auto u = static_cast<std::size_t>(Dim);
+  bool fits = Values::rank == rt - 1 + ri;
+  for (std::size_t d = 0; fits && d < Values::rank; ++d) {
+    const std::int64_t want = d < u ? base.shape()[d] : d < u + ri ? indices.shape()[d - u] : base.shape()[d + 1 - ri];
+    fits = values.shape()[d] == want;
+  }
+  if (!fits)
+    throw std::invalid_argument("shardlib: index_add<" + std::to_string(Dim) + ">: values " + detail::operand_text(values) +
+                                " do not have the shape of take(base, indices) for base " + detail::operand_text(base) +
+                                " and indices " + detail::operand_text(indices));
+  const auto bb = detail::block_as(base, rule.in[0]);
+  const auto bi = detail::block_as(indices, rule.in[1]);
+  const auto bv = detail::block_as(values, rule.in[2]);
+  Out out(base.mesh(), base.shape());
+  Context& ctx = out.context();
+  if (detail::off_first_coordinate(base.mesh().shape(), ctx.device(), rule.out.partial))
+    detail::fill(ctx, out.local().data(), out.block().num_elements(), T{});
+  else
+    detail::copy_box(ctx, bb.data, bb.box, out.local().data(), out.block(), out.block());
+  std::int64_t outer = 1, inner = 1;
+  for (std::size_t d = 0; d < rt; ++d) {
+    if (d < u) outer *= out.block().extent[d];
+    if (d > u) inner *= out.block().extent[d];
+  }
+#if !defined(NDEBUG) || defined(SHARDLIB_CHECKED)
+  constexpr bool check = true;
+#else
+  constexpr bool check = false;
+#endif
+  auto guard = detail::kernel_guard(ctx, false);
+  try {
+    kernels::index_add(ctx.exec(), out.local().data(), outer, out.block().extent[u], inner, out.block().offset[u],
+                       base.shape()[u], bi.data, bi.box.num_elements(), bv.data, check);
+  } catch (const std::out_of_range& e) {
+    detail::throw_take_out_of_range(Dim, detail::info(base), detail::info(indices),
+                                    detail::ArrayRef<std::int64_t>(bi.box.offset.data(), ri), e.what());
+  }
+  return out;
+}
+
 }  // namespace shardlib

@@ -141,6 +141,37 @@ constexpr OpRule take_rule(const Sharding& table, const Sharding& indices, int d
   return r;
 }
 
+/// The rule of index_add(base, indices, values, dim) (count 3), the transpose of take: `values`
+/// (shaped as take(base, indices)'s output) added into `base` at the indices along `dim`. Each
+/// device scatters the values of its block of indices into its block of the base (laid out as
+/// take lays out the table: a base split along `dim` over vocabulary axes takes only the indices
+/// it holds, with no communication); the output has the base's layout and is partial-sum over the
+/// axes that split the indices (each device adds its own positions; the base counts once, on
+/// coordinate 0 of those axes). A partial base is reduced first; `values` is read in take's
+/// output layout without its partial clause. Statuses: as take_rule; rank_mismatch (operand 2)
+/// when values does not have take's output rank.
+constexpr OpRule index_add_rule(const Sharding& base, const Sharding& indices, const Sharding& values, int dim) {
+  const Sharding b = base.is_partial() ? detail::reduced(base) : base;
+  OpRule t = take_rule(b, indices, dim);
+  if (!t) {
+    t.count = 3;
+    return t;
+  }
+  if (values.rank != t.out.rank) return detail::layout_rules::failure(OpRule::rank_mismatch, 2, -1, 3);
+  OpRule r;
+  r.count = 3;
+  r.in[0] = t.in[0];
+  r.in[1] = t.in[1];
+  r.in[2] = t.out;
+  r.in[2].partial = AxisList{};
+  r.in[2].op = ReduceOp::sum;
+  r.out = t.in[0];
+  AxisList p;
+  for (int d = 0; d < indices.rank; ++d) p = detail::layout_rules::with(p, t.in[1].dims[static_cast<std::size_t>(d)]);
+  r.out.partial = detail::sorted_axes(p);
+  return r;
+}
+
 // ---- reshape -------------------------------------------------------------------------------
 
 /// Most atoms (names) in a reshape pattern.
