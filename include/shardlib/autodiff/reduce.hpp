@@ -61,7 +61,6 @@ namespace autodiff::detail {
 template <int Dim, bool KeepDim, bool Max, class A0>
 auto extremum_var(const A0& a0) {
   const auto& a = resolved(a0);
-  using X = tensor_of_t<std::remove_cvref_t<decltype(a)>>;
   auto out = [&] {
     if constexpr (Max) return shardlib::max<Dim, KeepDim>(a.value());
     else return shardlib::min<Dim, KeepDim>(a.value());
