@@ -141,36 +141,101 @@ auto log_softmax(const A& a0) {
                 },
                 a.node());
 }
-/// (x - mean) / sqrt(var + eps) along `Dim` of a Var: backward
-/// rstd * (g - mean(g) - y * mean(g * y)).
-template <int Dim, VarType A>
-auto layer_norm(const A& a0, double eps = 1e-5) {
-  using namespace autodiff::detail;
+namespace autodiff::detail {
+/// The backward of layer_norm (`layer`) or rms_norm along `dim`: the input's gradient block
+/// (laid out as y) from the blocks of x, y and g. The row sums it needs (layer_norm: of x, x^2,
+/// g and g y; rms_norm: of x^2 and g y) are all-reduced in one call over the dim's axes when it
+/// is split; the forward's statistics are recomputed from x, in double.
+template <class T, class Mem>
+SHARDLIB_NOINLINE Contribution norm_backward(Context& ctx, const MeshShape& mesh, const Sharding& layout,
+                                             ArrayRef<std::int64_t> shape, int dim, double eps, bool layer,
+                                             const OperandRef<T>& x, const OperandRef<T>& y, const OperandRef<T>& g) {
+  const Block<T> bx = block_as<Mem>(x, layout), by = block_as<Mem>(y, layout), bg = block_as<Mem>(g, layout);
+  Contribution c;
+  c.sharding = layout;
+  c.box = by.box;
+  const std::int64_t total = c.box.num_elements();
+  c.keep = block_cache<Mem>(ctx).allocate(static_cast<std::size_t>(std::max<std::int64_t>(total, 1)) * sizeof(T));
+  c.data = c.keep.get();
+  T* out = static_cast<T*>(c.data);
+  const RowSplit r = split_at(c.box, dim);
+  const std::int64_t rows = r.outer * r.inner, n = r.n, inner = r.inner;
+  const int k = layer ? 4 : 2;
+  std::vector<double> stats(static_cast<std::size_t>(k * rows));
+  double* st = stats.data();
+  const T *px = bx.data, *py = by.data, *pg = bg.data;
+  {
+    auto guard = kernel_guard(ctx, true);
+    Kokkos::parallel_for("shardlib::autodiff::norm_backward_sums",
+                         Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, rows), [=](std::int64_t row) {
+                           const std::int64_t base = (row / inner) * n * inner + row % inner;
+                           double sx = 0, sxx = 0, sg = 0, sgy = 0;
+                           for (std::int64_t j = 0; j < n; ++j) {
+                             const std::int64_t e = base + j * inner;
+                             const double xv = px[e], gv = pg[e];
+                             sx += xv, sxx += xv * xv, sg += gv, sgy += gv * static_cast<double>(py[e]);
+                           }
+                           double* s = st + row * k;
+                           if (layer) s[0] = sx, s[1] = sxx, s[2] = sg, s[3] = sgy;
+                           else s[0] = sxx, s[1] = sgy;
+                         });
+    ctx.exec().fence();
+  }
+  const AxisList& axes = layout.dims[static_cast<std::size_t>(dim)];
+  if (rows && mesh.group_size(axes) > 1)
+    ctx.group(mesh, axes).all_reduce(st, st, stats.size(), coll::dtype_of<double>(), coll::Op::sum);
+  const double count = static_cast<double>(shape[static_cast<std::size_t>(dim)]);
+  auto guard = kernel_guard(ctx, false);
+  Kokkos::parallel_for("shardlib::autodiff::norm_backward",
+                       Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, rows), [=](std::int64_t row) {
+                         const std::int64_t base = (row / inner) * n * inner + row % inner;
+                         const double* s = st + row * k;
+                         double scale, mg, mgy;
+                         if (layer) {
+                           const double mu = s[0] / count, var = s[1] / count - mu * mu;
+                           scale = 1.0 / std::sqrt(var + eps), mg = s[2] / count, mgy = s[3] / count;
+                         } else {
+                           scale = 1.0 / std::sqrt(s[0] / count + eps), mg = 0, mgy = s[1] / count;
+                         }
+                         for (std::int64_t j = 0; j < n; ++j) {
+                           const std::int64_t e = base + j * inner;
+                           out[e] = static_cast<T>(scale * (static_cast<double>(pg[e]) - mg - static_cast<double>(py[e]) * mgy));
+                         }
+                       });
+  ctx.exec().fence();
+  return c;
+}
+
+template <int Dim, bool Layer, class A0>
+auto norm_var(const A0& a0, double eps) {
   const auto& a = resolved(a0);
-  using T = typename tensor_of_t<decltype(a)>::value_type;
-  auto y = shardlib::layer_norm<Dim>(a.value(), eps);
-  return record("layer_norm", y,
-                [na = a.node(), x = a.value(), y, eps](const auto& g, autodiff::BackwardPass& p) {
-                  const auto centred = x - shardlib::mean<Dim, true>(x);
-                  const auto rstd = shardlib::rsqrt(shardlib::mean<Dim, true>(shardlib::square(centred)) + T(eps));
+  auto y = [&] {
+    if constexpr (Layer) return shardlib::layer_norm<Dim>(a.value(), eps);
+    else return shardlib::rms_norm<Dim>(a.value(), eps);
+  }();
+  using Y = decltype(y);
+  return record(Layer ? "layer_norm" : "rms_norm", y,
+                [na = a.node(), x = a.value(), y, eps](const auto& g, BackwardPass& p) {
+                  using T = typename Y::value_type;
                   give(p, 0, *na,
-                       rstd * (g - shardlib::mean<Dim, true>(g) - y * shardlib::mean<Dim, true>(g * y)));
+                       norm_backward<T, typename Y::memory_space>(g.context(), g.mesh().shape(), Y::sharding, y.shape(), Dim,
+                                                                  eps, Layer, ref(x), ref(y), ref(g)));
                 },
                 a.node());
 }
-/// x / sqrt(mean(x^2) + eps) along `Dim` of a Var: backward r * (g - y * mean(g * y)).
+}  // namespace autodiff::detail
+
+/// (x - mean) / sqrt(var + eps) along `Dim` of a Var: backward rstd * (g - mean(g) - y mean(g y)),
+/// its four row sums in one all_reduce when `Dim` is split.
 template <int Dim, VarType A>
-auto rms_norm(const A& a0, double eps = 1e-6) {
-  using namespace autodiff::detail;
-  const auto& a = resolved(a0);
-  using T = typename tensor_of_t<decltype(a)>::value_type;
-  auto y = shardlib::rms_norm<Dim>(a.value(), eps);
-  return record("rms_norm", y,
-                [na = a.node(), x = a.value(), y, eps](const auto& g, autodiff::BackwardPass& p) {
-                  const auto r = shardlib::rsqrt(shardlib::mean<Dim, true>(shardlib::square(x)) + T(eps));
-                  give(p, 0, *na, r * (g - y * shardlib::mean<Dim, true>(g * y)));
-                },
-                a.node());
+auto layer_norm(const A& a, double eps = 1e-5) {
+  return autodiff::detail::norm_var<Dim, true>(a, eps);
+}
+/// x / sqrt(mean(x^2) + eps) along `Dim` of a Var: backward r (g - y mean(g y)), its row sums in
+/// one all_reduce when `Dim` is split.
+template <int Dim, VarType A>
+auto rms_norm(const A& a, double eps = 1e-6) {
+  return autodiff::detail::norm_var<Dim, false>(a, eps);
 }
 
 }  // namespace shardlib
