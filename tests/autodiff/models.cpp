@@ -296,6 +296,12 @@ TEST_CASE("backward: errors leave the gradients as they were") {
     const auto g = w.grad().to_host();
     const auto e = sl::exp(w.value()).to_host();
     for (std::size_t i = 0; i < g.size(); ++i) CHECK(g[i] == doctest::Approx(2 * e[i]));
+    // A parameter used with a tensor on another mesh (of the same type): the op names both.
+    if (ctx.num_devices() > 1) {
+      M other(ctx, {1, ctx.num_devices()});
+      const auto t = Ten<Rows>::random(other, {6, 4}, 2);
+      CHECK_THROWS_WITH_AS((void)(w * t), doctest::Contains("operands on different meshes"), std::invalid_argument);
+    }
   });
 }
 }

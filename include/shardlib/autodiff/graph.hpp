@@ -286,6 +286,24 @@ SHARDLIB_NOINLINE Contribution sum_to_shape(Context& ctx, const MeshShape& mesh,
     }
   }
   auto guard = kernel_guard(ctx, false);
+  bool leading = true;  // summed dims first, kept dims after: out[k] = sum over rows j of g[j * n + k]
+  for (int d = 1; d < R; ++d)
+    if (summed[static_cast<std::size_t>(d)] && !summed[static_cast<std::size_t>(d - 1)]) leading = false;
+  if (leading) {
+    constexpr std::int64_t chunk = 64;
+    Kokkos::parallel_for("shardlib::autodiff::sum_rows",
+                         Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, (n + chunk - 1) / chunk),
+                         [=](std::int64_t b) {
+                           const std::int64_t k0 = b * chunk, k1 = k0 + chunk < n ? k0 + chunk : n;
+                           for (std::int64_t k = k0; k < k1; ++k) out[k] = T{};
+                           for (std::int64_t j = 0; j < m; ++j) {
+                             const T* row = g + j * n;
+                             for (std::int64_t k = k0; k < k1; ++k) out[k] += row[k];
+                           }
+                         });
+    ctx.exec().fence();
+    return c;
+  }
   Kokkos::parallel_for("shardlib::autodiff::sum_to_shape",
                        Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, n), [=](std::int64_t k) {
                          std::int64_t rest = k, base = 0;
@@ -312,16 +330,18 @@ SHARDLIB_NOINLINE Contribution sum_to_shape(Context& ctx, const MeshShape& mesh,
 
 /// The gradient `g` of a reduction along dim `dim` (a block of non-partial sharding `gs`, the
 /// dim dropped unless `keepdim`), spread back over that dim of a tensor of `shape`, times `scale`
-/// (1 for sum, 1/n for mean). The dim is whole on every device (unsplit in the result).
+/// (1 for sum, 1/n for mean). The result is split along `dim` over `dim_axes` (the reduced
+/// tensor's axes there): each device writes only its part of the dim, from its rows of g.
 template <class T, class Mem>
-SHARDLIB_NOINLINE Contribution expand_dim(Context& ctx, const MeshShape& mesh, const Sharding& gs, const ShardBox& g_box,
-                                          const T* g, int dim, bool keepdim, ArrayRef<std::int64_t> shape, T scale) {
+SHARDLIB_NOINLINE Contribution expand_dim(Context& ctx, const MeshShape& mesh, const Sharding& gs, const T* g, int dim,
+                                          bool keepdim, const AxisList& dim_axes, ArrayRef<std::int64_t> shape, T scale) {
   const int r = static_cast<int>(shape.size());
   Contribution c;
   c.sharding.rank = r;
   for (int d = 0, k = 0; d < r; ++d) {
     if (d == dim) {
       if (keepdim) ++k;
+      c.sharding.dims[static_cast<std::size_t>(d)] = dim_axes;
       continue;
     }
     c.sharding.dims[static_cast<std::size_t>(d)] = gs.dims[static_cast<std::size_t>(k++)];
@@ -334,7 +354,6 @@ SHARDLIB_NOINLINE Contribution expand_dim(Context& ctx, const MeshShape& mesh, c
   std::int64_t inner = 1;
   for (int d = dim + 1; d < r; ++d) inner *= c.box.extent[static_cast<std::size_t>(d)];
   const std::int64_t len = c.box.extent[static_cast<std::size_t>(dim)];
-  (void)g_box;
   auto guard = kernel_guard(ctx, false);
   Kokkos::parallel_for("shardlib::autodiff::expand_dim",
                        Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, n), [=](std::int64_t k) {

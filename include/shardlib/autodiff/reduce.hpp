@@ -27,8 +27,9 @@ auto reduce_var(const A& a) {
                 [na = a.node(), scale](const auto& g, autodiff::BackwardPass& p) {
                   using G = std::remove_cvref_t<decltype(g)>;
                   give(p, 0, *na,
-                       expand_dim<T, typename In::memory_space>(g.context(), g.mesh().shape(), G::sharding, g.block(),
-                                                                g.local().data(), Dim, KeepDim, na->shape(), scale));
+                       expand_dim<T, typename In::memory_space>(
+                           g.context(), g.mesh().shape(), G::sharding, g.local().data(), Dim, KeepDim,
+                           In::sharding.dims[static_cast<std::size_t>(Dim)], na->shape(), scale));
                 },
                 a.node());
 }
