@@ -1,0 +1,429 @@
+// SPDX-License-Identifier: Apache-2.0
+// Gradients benchmark: one JSON record per case on stdout, progress on stderr. Driven by
+// `benchmarks/run grad`; run alone as
+//   bench_grad --part block --devices 1 [--layout dp]   a pre-LN transformer block, 1 device
+//   bench_grad --part block --devices 8 --layout dp     data parallel on a {8, 1} mesh
+//   bench_grad --part block --devices 8 --layout tp     Megatron tensor parallel on a {4, 2} mesh
+//   bench_grad --part tape --devices 1                  per-op cost of the tape
+// Shapes: --batch 8 --seq 128 --dmodel 512 --heads 8 --dff 2048 (the defaults); --quick: small
+// shapes (batch 8, seq 16, dmodel 64, 2 heads, dff 256) and fewer repetitions, a run of seconds.
+// --reps N: repetitions (median; 7, --quick 3), --warmup N: untimed steps first (2, --quick 1),
+// --model N: the "model" axis of tp (2), --size N: the tape's tensors (32), --chain N: the length
+// of the chain of the backward-per-op case (64, --quick 16).
+//
+// block: forward + backward of a pre-LN transformer block (x -> layer_norm (gain, bias) -> q, k, v
+//   projections -> attention over 'heads' heads: scores = q k^T / sqrt(head dim) by einsum, softmax
+//   over the keys, weighted sum of v -> output projection -> residual -> layer_norm (gain, bias) ->
+//   MLP with gelu -> residual; loss = sum_all(out * r), r a fixed tensor), every weight, gain, bias
+//   and the input x a Param (the block as one layer in the middle of a stack: x needs its gradient),
+//   next to the same block and loss on plain tensors (no tape): `baseline` "forward". One step of
+//   the gradient pass is zero_grad of every Param, the recorded forward and backward(loss) (which
+//   resolves the parameters' gradients: DP's all_reduce). ratio = seconds / baseline_seconds;
+//   every contraction's backward runs two of its size, so the FLOP ratio is 3 (the target is
+//   <= 3.2). Also timed: the recorded forward alone (the step without backward: graph built and
+//   freed), so backward_seconds = seconds - recorded_forward_seconds. Times are the slowest
+//   device's, medians over repetitions that rotate the three.
+//   dp: batch over "data", weights replicated. tp: batch over "data"; Wq, Wk, Wv and W1 split by
+//   columns over "model", Wo and W2 by rows; the row-parallel products' partial sums resolved by
+//   sl::reshard to the replicated hidden spec (Megatron: one all_reduce each in the forward, and
+//   one each at the layer norms' outputs in the backward).
+// tape: a small op (float [32, 32] on 1 device) on Params, so a node is recorded (forward only;
+//   the graph freed when the result goes) next to the same op on the plain tensors; overhead_us =
+//   the difference. "backward per op": the backward pass of a chain of --chain ops from one Param,
+//   seeded with ones, divided by the chain's length (the graph built outside the timed region), next
+//   to the kernel that each node's rule runs (tanh chain: one elementwise kernel; add-a-constant
+//   chain: none, the pass's own bookkeeping alone).
+#include <shardlib/autodiff.hpp>
+#include <shardlib/shardlib.hpp>
+
+#include "common.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace sl = shardlib;
+using sl::none;
+
+namespace {
+
+using MD = sl::Mesh<"data", "model">;
+template <class Spec, class T = float>
+using Ten = sl::DistributedTensor<T, MD, Spec>;
+
+std::string str_arg(int argc, char** argv, const char* name, const char* fallback) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
+  return fallback;
+}
+
+bool flag(int argc, char** argv, const char* name) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return true;
+  return false;
+}
+
+std::string num(double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.6g", v);
+  return b;
+}
+
+void record(sl::Context& ctx, const std::string& fields) {
+  if (ctx.device() == 0)
+    std::printf("{\"bench\": \"grad\", \"backend\": \"%s\", \"devices\": %d, %s}\n", std::string(ctx.backend()).c_str(),
+                ctx.num_devices(), fields.c_str());
+  std::fflush(stdout);
+}
+
+double now_s() { return std::chrono::duration<double>(bench::Clock::now().time_since_epoch()).count(); }
+
+/// Seconds per call of `a` and of `b`, the slowest device's, median over `reps` repetitions that
+/// alternate the two (odd repetitions: `b` first); each repetition runs enough calls for ~`min_s`.
+/// Progress lines on stderr (device 0) when a repetition takes longer than a second.
+template <class A, class B>
+std::pair<double, double> time_pair(sl::Context& ctx, const char* label, A&& a, B&& b, int reps, int warmup,
+                                    double min_s) {
+  auto& comm = ctx.world();
+  for (int i = 0; i < warmup; ++i) a(), b();
+  comm.barrier();
+  auto once = [&](auto& f) {
+    comm.barrier();
+    const double s = now_s();
+    f();
+    double t = now_s() - s;
+    comm.all_reduce(&t, &t, 1, bench::DType::f64, bench::Op::max);
+    return t;
+  };
+  const double ta = once(a), tb = once(b);
+  const int ia = std::clamp(static_cast<int>(min_s / std::max(ta, 1e-9)), 1, 20000);
+  const int ib = std::clamp(static_cast<int>(min_s / std::max(tb, 1e-9)), 1, 20000);
+  auto rep = [&](auto& f, int iters) {
+    comm.barrier();
+    const double s = now_s();
+    for (int i = 0; i < iters; ++i) f();
+    double t = (now_s() - s) / iters;
+    comm.all_reduce(&t, &t, 1, bench::DType::f64, bench::Op::max);
+    return t;
+  };
+  std::vector<double> va, vb;
+  const double start = now_s();
+  const bool verbose = ta + tb > 0.2;
+  for (int r = 0; r < reps; ++r) {
+    if (r % 2) vb.push_back(rep(b, ib));
+    va.push_back(rep(a, ia));
+    if (r % 2 == 0) vb.push_back(rep(b, ib));
+    if (verbose && ctx.device() == 0)
+      std::fprintf(stderr, "    %s: rep %d/%d  %9.2f ms  baseline %9.2f ms  elapsed %5.1f s\n", label, r + 1, reps,
+                   va.back() * 1e3, vb.back() * 1e3, now_s() - start);
+  }
+  return {bench::median(va), bench::median(vb)};
+}
+
+/// Seconds per call of each of `fs`, the slowest device's, median over `reps` repetitions; within a
+/// repetition the functions run in an order rotated by one each time (drift and order effects hit
+/// all alike), each enough calls for ~`min_s`. A progress line per repetition on stderr (device 0).
+std::vector<double> time_rotating(sl::Context& ctx, const std::string& label, const std::vector<std::function<void()>>& fs,
+                                  const std::vector<const char*>& names, int reps, int warmup, double min_s) {
+  auto& comm = ctx.world();
+  const std::size_t n = fs.size();
+  for (int i = 0; i < warmup; ++i)
+    for (const auto& f : fs) f();
+  auto rep = [&](const std::function<void()>& f, int iters) {
+    comm.barrier();
+    const double s = now_s();
+    for (int i = 0; i < iters; ++i) f();
+    double t = (now_s() - s) / iters;
+    comm.all_reduce(&t, &t, 1, bench::DType::f64, bench::Op::max);
+    return t;
+  };
+  std::vector<int> iters(n);
+  for (std::size_t k = 0; k < n; ++k) iters[k] = std::clamp(static_cast<int>(min_s / std::max(rep(fs[k], 1), 1e-9)), 1, 20000);
+  std::vector<std::vector<double>> t(n);
+  const double start = now_s();
+  for (int r = 0; r < reps; ++r) {
+    for (std::size_t j = 0; j < n; ++j) {
+      const std::size_t k = (j + static_cast<std::size_t>(r)) % n;
+      t[k].push_back(rep(fs[k], iters[k]));
+    }
+    if (ctx.device() == 0) {
+      std::string line = "    " + label + ": rep " + std::to_string(r + 1) + "/" + std::to_string(reps);
+      char b[96];
+      for (std::size_t k = 0; k < n; ++k) {
+        std::snprintf(b, sizeof b, "  %s %.2f ms", names[k], t[k].back() * 1e3);
+        line += b;
+      }
+      std::snprintf(b, sizeof b, "  elapsed %.1f s", now_s() - start);
+      std::fprintf(stderr, "%s%s\n", line.c_str(), b);
+    }
+  }
+  std::vector<double> med(n);
+  for (std::size_t k = 0; k < n; ++k) med[k] = bench::median(t[k]);
+  return med;
+}
+
+// ---- the transformer block -----------------------------------------------------------------------
+struct Dims {
+  std::int64_t batch, seq, d, heads, ff;
+  std::int64_t head_dim() const { return d / heads; }
+  /// FLOPs of the forward's contractions (2 per multiply-add).
+  double forward_flops() const {
+    const double tokens = double(batch) * double(seq);
+    return 2 * tokens * d * (3 * d)                                     // q, k, v
+           + 2 * 2 * double(batch) * heads * seq * seq * head_dim()     // scores and weighted sum
+           + 2 * tokens * d * d                                          // output projection
+           + 2 * 2 * tokens * d * ff;                                    // MLP
+  }
+};
+
+/// The layouts: the hidden activations' spec (batch over "data") and the weights'.
+struct DataParallel {
+  static constexpr const char* name = "dp";
+  using Hidden = sl::Spec<"data", none, none>;
+  using Vec = sl::Spec<none>;
+  using Col = sl::Spec<none, none>;  // Wq, Wk, Wv [d, d], W1 [d, ff]
+  using Row = sl::Spec<none, none>;  // Wo [d, d], W2 [ff, d]
+};
+struct TensorParallel {
+  static constexpr const char* name = "tp";
+  using Hidden = sl::Spec<"data", none, none>;
+  using Vec = sl::Spec<none>;
+  using Col = sl::Spec<none, "model">;
+  using Row = sl::Spec<"model", none>;
+};
+
+/// The block and its loss, on Params/Vars (recorded) or on plain tensors (the same ops, no tape).
+template <class L, class X, class V, class C, class Rw, class R>
+auto block_loss(const Dims& dm, const X& x, const V& g1, const V& b1, const C& wq, const C& wk, const C& wv,
+                const Rw& wo, const V& g2, const V& b2, const C& w1, const Rw& w2, const R& r) {
+  const std::int64_t B = dm.batch, S = dm.seq, H = dm.heads, E = dm.head_dim();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(E));
+  auto h = sl::layer_norm<2>(x) * g1 + b1;
+  auto q = sl::reshape<"b s (h e) -> b s h e">(sl::einsum<"bsd,de->bse">(h, wq), {B, S, H, E});
+  auto k = sl::reshape<"b s (h e) -> b s h e">(sl::einsum<"bsd,de->bse">(h, wk), {B, S, H, E});
+  auto v = sl::reshape<"b s (h e) -> b s h e">(sl::einsum<"bsd,de->bse">(h, wv), {B, S, H, E});
+  auto scores = sl::einsum<"bqhe,bkhe->bhqk">(q, k) * scale;
+  auto att = sl::softmax<3>(scores);
+  auto o = sl::reshape<"b s h e -> b s (h e)">(sl::einsum<"bhqk,bkhe->bqhe">(att, v));
+  auto x1 = x + sl::reshard<typename L::Hidden>(sl::einsum<"bsd,de->bse">(o, wo));
+  auto h2 = sl::layer_norm<2>(x1) * g2 + b2;
+  auto f = sl::gelu(sl::einsum<"bsd,df->bsf">(h2, w1));
+  auto out = x1 + sl::reshard<typename L::Hidden>(sl::einsum<"bsf,fd->bsd">(f, w2));
+  return sl::sum_all(out * r);
+}
+
+template <class L>
+void block_case(sl::Context& ctx, const Dims& dm, int model, int reps, int warmup) {
+  const int devices = ctx.num_devices();
+  if (devices % model) throw std::invalid_argument("bench_grad: --devices is not a multiple of the model axis");
+  MD mesh(ctx, {devices / model, model});
+  const std::int64_t B = dm.batch, S = dm.seq, D = dm.d, F = dm.ff;
+  if (D % dm.heads) throw std::invalid_argument("bench_grad: --dmodel is not a multiple of --heads");
+  using Hid = Ten<typename L::Hidden>;
+  using Vec = Ten<typename L::Vec>;
+  using Col = Ten<typename L::Col>;
+  using Row = Ten<typename L::Row>;
+  const float wd = 1.0f / std::sqrt(static_cast<float>(D)), wf = 1.0f / std::sqrt(static_cast<float>(F));
+  sl::Param x(Hid::random(mesh, {B, S, D}, 1, -1.f, 1.f));
+  sl::Param g1(Vec::full(mesh, {D}, 1.f)), b1(Vec::zeros(mesh, {D}));
+  sl::Param g2(Vec::full(mesh, {D}, 1.f)), b2(Vec::zeros(mesh, {D}));
+  sl::Param wq(Col::random(mesh, {D, D}, 2, -wd, wd)), wk(Col::random(mesh, {D, D}, 3, -wd, wd));
+  sl::Param wv(Col::random(mesh, {D, D}, 4, -wd, wd)), w1(Col::random(mesh, {D, F}, 6, -wd, wd));
+  sl::Param wo(Row::random(mesh, {D, D}, 5, -wd, wd)), w2(Row::random(mesh, {F, D}, 7, -wf, wf));
+  const auto r = Hid::random(mesh, {B, S, D}, 8, -1.f, 1.f);
+
+  auto forward = [&] {
+    return block_loss<L>(dm, x.value(), g1.value(), b1.value(), wq.value(), wk.value(), wv.value(), wo.value(),
+                         g2.value(), b2.value(), w1.value(), w2.value(), r);
+  };
+  auto recorded = [&] { return block_loss<L>(dm, x, g1, b1, wq, wk, wv, wo, g2, b2, w1, w2, r); };
+  auto zero = [&] {
+    x.zero_grad(), g1.zero_grad(), b1.zero_grad(), g2.zero_grad(), b2.zero_grad();
+    wq.zero_grad(), wk.zero_grad(), wv.zero_grad(), wo.zero_grad(), w1.zero_grad(), w2.zero_grad();
+  };
+  auto step = [&] {
+    zero();
+    auto loss = recorded();
+    sl::backward(loss);
+  };
+  auto fwd = [&] { auto loss = forward(); };
+  auto recorded_fwd = [&] {  // the step without backward: the graph is built, then freed
+    zero();
+    auto loss = recorded();
+  };
+
+  // Once, outside the timing: the collectives of each pass, and the recorded loss against the plain one.
+  std::uint64_t calls_fwd = 0, calls_recorded_fwd = 0, calls_bwd = 0;
+  double loss_plain = 0, loss_recorded = 0;
+  {
+    sl::coll::CommRecorder rec;
+    auto l = forward();
+    calls_fwd = rec.total_calls();
+    loss_plain = static_cast<double>(l.to_host()[0]);
+  }
+  {
+    zero();
+    sl::coll::CommRecorder rec;
+    auto l = recorded();
+    calls_recorded_fwd = rec.total_calls();
+    sl::coll::CommRecorder rb;
+    sl::backward(l);
+    calls_bwd = rb.total_calls();
+    loss_recorded = static_cast<double>(l.value().to_host()[0]);
+  }
+  const std::string label = std::string(L::name) + " on " + mesh.to_string();
+  if (ctx.device() == 0)
+    std::fprintf(stderr, "  block %s [B %lld, S %lld, D %lld, %lld heads, ff %lld]: %d warm-up step(s), %d repetitions\n",
+                 label.c_str(), static_cast<long long>(B), static_cast<long long>(S), static_cast<long long>(D),
+                 static_cast<long long>(dm.heads), static_cast<long long>(F), warmup, reps);
+  const auto t = time_rotating(ctx, label, {step, fwd, recorded_fwd}, {"fwd+bwd", "forward", "recorded forward"}, reps,
+                               warmup, 0.05);
+  const double secs = t[0], base = t[1], rec_fwd = t[2];
+  const double ff = dm.forward_flops();
+  const std::string name = devices == 1 ? "1 device" : std::string(L::name) + " " + mesh.to_string();
+  record(ctx, "\"part\": \"block\", \"name\": \"" + name + "\", \"layout\": \"" + L::name + "\", \"mesh\": \"" +
+                  mesh.to_string() + "\", \"shape\": {\"batch\": " + std::to_string(B) + ", \"seq\": " +
+                  std::to_string(S) + ", \"d_model\": " + std::to_string(D) + ", \"heads\": " + std::to_string(dm.heads) +
+                  ", \"head_dim\": " + std::to_string(dm.head_dim()) + ", \"d_ff\": " + std::to_string(F) +
+                  "}, \"dtype\": \"float32\", \"seconds\": " + num(secs) + ", \"baseline\": \"forward\", \"baseline_seconds\": " +
+                  num(base) + ", \"ratio\": " + num(secs / base) + ", \"target_ratio\": 3.2, \"recorded_forward_seconds\": " + num(rec_fwd) +
+                  ", \"backward_seconds\": " + num(secs - rec_fwd) + ", \"backward_over_forward\": " +
+                  num((secs - rec_fwd) / base) + ", \"flops\": " + num(3 * ff) +
+                  ", \"baseline_flops\": " + num(ff) + ", \"flop_ratio\": 3, \"gflops\": " + num(3 * ff / secs * 1e-9) +
+                  ", \"baseline_gflops\": " + num(ff / base * 1e-9) + ", \"collectives_forward\": " +
+                  std::to_string(calls_fwd) + ", \"collectives_recorded_forward\": " + std::to_string(calls_recorded_fwd) +
+                  ", \"collectives_backward\": " + std::to_string(calls_bwd) + ", \"loss_relative_difference\": " +
+                  num(std::abs(loss_recorded - loss_plain) / std::max(1e-30, std::abs(loss_plain))) +
+                  ", \"reps\": " + std::to_string(reps) + ", \"gemm_backend\": \"" + sl::kernels::gemm_backend() + "\"");
+  if (ctx.device() == 0)
+    std::fprintf(stderr,
+                 "  block %s: fwd+bwd %.2f ms (%.1f GFLOP/s), forward %.2f ms (%.1f GFLOP/s), ratio %.3f; recorded "
+                 "forward %.2f ms, backward %.2f ms (%.3f x forward); collectives: forward %llu, recorded forward %llu, "
+                 "backward %llu\n",
+                 label.c_str(), secs * 1e3, 3 * ff / secs * 1e-9, base * 1e3, ff / base * 1e-9, secs / base, rec_fwd * 1e3,
+                 (secs - rec_fwd) * 1e3, (secs - rec_fwd) / base,
+                 static_cast<unsigned long long>(calls_fwd), static_cast<unsigned long long>(calls_recorded_fwd),
+                 static_cast<unsigned long long>(calls_bwd));
+}
+
+// ---- the tape's cost per op ------------------------------------------------------------------------
+template <class Op, class Plain>
+void tape_case(sl::Context& ctx, const char* name, std::int64_t n, Op&& op, Plain&& plain, int reps) {
+  const auto [ours, base] = time_pair(ctx, name, op, plain, reps, 2, 0.02);
+  record(ctx, "\"part\": \"tape\", \"name\": \"" + std::string(name) + "\", \"shape\": [" + std::to_string(n) + ", " +
+                  std::to_string(n) + "], \"seconds\": " + num(ours) + ", \"baseline\": \"the op on plain tensors\"" +
+                  ", \"baseline_seconds\": " + num(base) + ", \"overhead_us\": " + num((ours - base) * 1e6) +
+                  ", \"ratio\": " + num(ours / base) + ", \"target_overhead_us\": 1");
+  if (ctx.device() == 0)
+    std::fprintf(stderr, "  %-28s recorded %8.3f us  plain %8.3f us  overhead %7.3f us\n", name, ours * 1e6, base * 1e6,
+                 (ours - base) * 1e6);
+}
+
+/// The backward pass of `chain` (a Var built from Param `a` by `len` ops), per node, over `reps`
+/// repetitions of ~20 ms each (the graph built outside the timed region).
+template <class P, class Build, class Seed>
+double backward_per_node(sl::Context& ctx, P& a, Build&& chain, const Seed& seed, int len, int reps) {
+  auto& comm = ctx.world();
+  auto one = [&] {
+    a.zero_grad();
+    auto y = chain();
+    comm.barrier();
+    const double s = now_s();
+    sl::backward(y, seed);
+    return now_s() - s;
+  };
+  for (int i = 0; i < 3; ++i) one();
+  double t1 = one();
+  comm.all_reduce(&t1, &t1, 1, bench::DType::f64, bench::Op::max);
+  const int iters = std::clamp(static_cast<int>(0.02 / std::max(t1, 1e-9)), 1, 20000);
+  std::vector<double> v;
+  for (int r = 0; r < reps; ++r) {
+    double t = 0;
+    for (int i = 0; i < iters; ++i) t += one();
+    t /= iters;
+    comm.all_reduce(&t, &t, 1, bench::DType::f64, bench::Op::max);
+    v.push_back(t / len);
+  }
+  return bench::median(v);
+}
+
+void tape(sl::Context& ctx, std::int64_t n, int len, int reps) {
+  MD mesh(ctx, {ctx.num_devices(), 1});
+  using T2 = Ten<sl::Spec<none, none>>;
+  sl::Param a(T2::random(mesh, {n, n}, 1, -1.f, 1.f)), b(T2::random(mesh, {n, n}, 2, -1.f, 1.f));
+  const T2 av = a.value(), bv = b.value();
+  const sl::Var<T2> ca(av), cb(bv);  // constants: nothing recorded
+  tape_case(ctx, "add", n, [&] { auto c = a + b; }, [&] { auto c = av + bv; }, reps);
+  tape_case(ctx, "mul", n, [&] { auto c = a * b; }, [&] { auto c = av * bv; }, reps);
+  tape_case(ctx, "exp", n, [&] { auto c = sl::exp(a); }, [&] { auto c = sl::exp(av); }, reps);
+  tape_case(ctx, "scale", n, [&] { auto c = a * 2.0f; }, [&] { auto c = av * 2.0f; }, reps);
+  tape_case(ctx, "matmul", n, [&] { auto c = sl::matmul(a, b); }, [&] { auto c = sl::matmul(av, bv); }, reps);
+  tape_case(ctx, "add (constant Vars)", n, [&] { auto c = ca + cb; }, [&] { auto c = av + bv; }, reps);
+
+  // Backward per node: a chain of `len` ops from Param a, seeded with ones.
+  const T2 seed = T2::full(mesh, {n, n}, 1.f);
+  auto tanh_chain = [&] {
+    sl::Var<T2> y = sl::tanh(a);
+    for (int i = 1; i < len; ++i) y = sl::tanh(y);
+    return y;
+  };
+  auto add_chain = [&] {
+    sl::Var<T2> y = a + bv;
+    for (int i = 1; i < len; ++i) y = y + bv;
+    return y;
+  };
+  const double tanh_node = backward_per_node(ctx, a, tanh_chain, seed, len, reps);
+  const double add_node = backward_per_node(ctx, a, add_chain, seed, len, reps);
+  // The kernel a tanh node's rule runs: g * (1 - y^2), one elementwise kernel of two operands.
+  auto kernel = [&] { auto c = sl::zip(sl::fn::grad::tanh{}, av, bv); };
+  const auto [kern, unused] = bench::time_ops(ctx.world(), kernel, static_cast<decltype(kernel)*>(nullptr));
+  (void)unused;
+  const std::string shape = "\"shape\": [" + std::to_string(n) + ", " + std::to_string(n) + "], \"chain\": " + std::to_string(len);
+  record(ctx, "\"part\": \"tape\", \"name\": \"backward per op (tanh chain)\", " + shape + ", \"seconds\": " + num(tanh_node) +
+                  ", \"baseline\": \"zip(fn::grad::tanh, g, y) on plain tensors (the rule's kernel)\", \"baseline_seconds\": " +
+                  num(kern) + ", \"overhead_us\": " + num((tanh_node - kern) * 1e6) + ", \"ratio\": " + num(tanh_node / kern));
+  record(ctx, "\"part\": \"tape\", \"name\": \"backward per op (add-constant chain)\", " + shape + ", \"seconds\": " +
+                  num(add_node) + ", \"baseline\": \"none (the rule runs no kernel)\", \"baseline_seconds\": 0" +
+                  ", \"overhead_us\": " + num(add_node * 1e6));
+  if (ctx.device() == 0) {
+    std::fprintf(stderr, "  backward per op, tanh chain of %d: %8.3f us per node (kernel %7.3f us, overhead %7.3f us)\n", len,
+                 tanh_node * 1e6, kern * 1e6, (tanh_node - kern) * 1e6);
+    std::fprintf(stderr, "  backward per op, add-constant chain of %d: %8.3f us per node (no kernel)\n", len, add_node * 1e6);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (bench::answered_backends_query(argc, argv, sl::has_mpi())) return 0;
+  auto rt = sl::Runtime::from_args(argc, argv, 1);
+  const std::string part = str_arg(argc, argv, "--part", "block");
+  const std::string layout = str_arg(argc, argv, "--layout", "dp");
+  const bool quick = flag(argc, argv, "--quick");
+  Dims dm{bench::arg(argc, argv, "--batch", 8), bench::arg(argc, argv, "--seq", quick ? 16 : 128),
+          bench::arg(argc, argv, "--dmodel", quick ? 64 : 512), bench::arg(argc, argv, "--heads", quick ? 2 : 8),
+          bench::arg(argc, argv, "--dff", quick ? 256 : 2048)};
+  const int reps = static_cast<int>(bench::arg(argc, argv, "--reps", quick ? 3 : 7));
+  const int warmup = static_cast<int>(bench::arg(argc, argv, "--warmup", quick ? 1 : 2));
+  const int model = static_cast<int>(bench::arg(argc, argv, "--model", 2));
+  const auto n = static_cast<std::int64_t>(bench::arg(argc, argv, "--size", 32));
+  const int chain = static_cast<int>(bench::arg(argc, argv, "--chain", quick ? 16 : 64));
+  rt.spmd([&](sl::Context& ctx) {
+    bench::warm_up(ctx.world());
+    if (part == "block") {
+      if (layout == "dp") block_case<DataParallel>(ctx, dm, 1, reps, warmup);
+      else if (layout == "tp") block_case<TensorParallel>(ctx, dm, model, reps, warmup);
+      else throw std::invalid_argument("bench_grad: --layout is dp or tp, not " + layout);
+    } else if (part == "tape") {
+      tape(ctx, n, chain, reps);
+    } else {
+      throw std::invalid_argument("bench_grad: --part is block or tape, not " + part);
+    }
+  });
+  return 0;
+}
