@@ -1,8 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Gradient checks for the autodiff tests: a function of parameters (a generic lambda returning a
 // scalar Var) is differentiated by backward(), and the gradient of some elements of each
-// parameter is compared with central finite differences of the function evaluated on constants
-// (float64). Every call is collective: all devices call it in the same order with the same
+// parameter is compared with central finite differences of the function (float64). Every call is collective: all devices call it in the same order with the same
 // arguments (the elements checked are drawn from a generator seeded the same on every device).
 #pragma once
 
@@ -50,7 +49,9 @@ void check(F f, oracle::Rng& rng, const std::string& what, double tol, int per_p
   backward(loss);
   const std::tuple<Tensors...> grads = std::apply([](const auto&... p) { return std::tuple{p.grad()...}; }, params);
   const std::tuple<Tensors...> values{tensors...};
-  auto eval = [&](const auto&... ts) { return scalar(f(Var<std::remove_cvref_t<decltype(ts)>>(ts)...)); };
+  // The function at perturbed values, on parameters again: the same instantiation of f as the
+  // backward pass above (constant Vars would compile every op of f a second time).
+  auto eval = [&](const auto&... ts) { return scalar(f(Param<std::remove_cvref_t<decltype(ts)>>(ts)...)); };
   constexpr double h = 1e-6;
   auto check_one = [&]<std::size_t I>(std::integral_constant<std::size_t, I>) {
     const auto& t = std::get<I>(values);

@@ -97,16 +97,16 @@ TEST_CASE("transformer block: data and tensor parallel gradients equal the one-d
     sl::Param r1(sl::reshard<Spec<none, none>>(w1.value())), r2(sl::reshard<Spec<none, none>>(w2.value()));
     sl::Param rg1(g1.value().clone()), rb1(b1.value().clone()), rg2(g2.value().clone()), rb2(b2.value().clone());
     sl::backward(block_loss<Rep3>(sl::reshard<Rep3>(x), rq, rk, rv, ro, r1, r2, rg1, rb1, rg2, rb2, sl::reshard<Rep3>(y)));
-    expect_close(wq.grad(), rq.grad(), 1e-3, "wq");
-    expect_close(wk.grad(), rk.grad(), 1e-3, "wk");
-    expect_close(wv.grad(), rv.grad(), 1e-3, "wv");
-    expect_close(wo.grad(), ro.grad(), 1e-3, "wo");
-    expect_close(w1.grad(), r1.grad(), 1e-3, "w1");
-    expect_close(w2.grad(), r2.grad(), 1e-3, "w2");
-    expect_close(g1.grad(), rg1.grad(), 1e-3, "g1");
-    expect_close(b1.grad(), rb1.grad(), 1e-3, "b1");
-    expect_close(g2.grad(), rg2.grad(), 1e-3, "g2");
-    expect_close(b2.grad(), rb2.grad(), 1e-3, "b2");
+    expect_close(wq.grad(), rq.grad(), 5e-5, "wq");
+    expect_close(wk.grad(), rk.grad(), 5e-5, "wk");
+    expect_close(wv.grad(), rv.grad(), 5e-5, "wv");
+    expect_close(wo.grad(), ro.grad(), 5e-5, "wo");
+    expect_close(w1.grad(), r1.grad(), 5e-5, "w1");
+    expect_close(w2.grad(), r2.grad(), 5e-5, "w2");
+    expect_close(g1.grad(), rg1.grad(), 5e-5, "g1");
+    expect_close(b1.grad(), rb1.grad(), 5e-5, "b1");
+    expect_close(g2.grad(), rg2.grad(), 5e-5, "g2");
+    expect_close(b2.grad(), rb2.grad(), 5e-5, "b2");
   });
 }
 
@@ -146,10 +146,10 @@ TEST_CASE("data parallel MLP: one-device gradients, one all_reduce per bucket") 
     sl::Param c1(b1.value().clone()), c2(b2.value().clone());
     sl::backward(mlp_loss(xr, v1, c1, v2, c2, yr));
     sl::backward(mlp_loss(xr, v1, c1, v2, c2, yr));
-    expect_close(w1.grad(), v1.grad(), 1e-4, "w1");
-    expect_close(b1.grad(), c1.grad(), 1e-4, "b1");
-    expect_close(w2.grad(), v2.grad(), 1e-4, "w2");
-    expect_close(b2.grad(), c2.grad(), 1e-4, "b2");
+    expect_close(w1.grad(), v1.grad(), 5e-5, "w1");
+    expect_close(b1.grad(), c1.grad(), 5e-5, "b1");
+    expect_close(w2.grad(), v2.grad(), 5e-5, "w2");
+    expect_close(b2.grad(), c2.grad(), 5e-5, "b2");
   });
 }
 
@@ -178,8 +178,8 @@ TEST_CASE("FSDP: the all_gather of a split weight transposes to one reduce_scatt
     CHECK(std::is_same_v<decltype(w1.grad()), Ten<Shard>>);
     sl::Param v1(sl::reshard<Rep2>(w1.value())), v2(sl::reshard<Rep2>(w2.value()));
     sl::backward(loss_of(v1, v2, sl::reshard<Rep2>(x), sl::reshard<Rep2>(y)));
-    expect_close(w1.grad(), v1.grad(), 1e-4, "w1");
-    expect_close(w2.grad(), v2.grad(), 1e-4, "w2");
+    expect_close(w1.grad(), v1.grad(), 5e-5, "w1");
+    expect_close(w2.grad(), v2.grad(), 5e-5, "w2");
   });
 }
 
@@ -207,9 +207,9 @@ TEST_CASE("Megatron MLP: one all_reduce in the forward, one in the backward") {
     CHECK(rec.total_calls() == rec[Kind::all_reduce].calls);
     sl::Param x1(x.value().clone()), v1(sl::reshard<Rep2>(w1.value())), v2(sl::reshard<Rep2>(w2.value()));
     sl::backward(loss_of(x1, v1, v2));
-    expect_close(x.grad(), x1.grad(), 1e-4, "x");
-    expect_close(w1.grad(), v1.grad(), 1e-4, "w1");
-    expect_close(w2.grad(), v2.grad(), 1e-4, "w2");
+    expect_close(x.grad(), x1.grad(), 5e-5, "x");
+    expect_close(w1.grad(), v1.grad(), 5e-5, "w1");
+    expect_close(w2.grad(), v2.grad(), 5e-5, "w2");
   });
 }
 

@@ -63,33 +63,6 @@ TEST_CASE("matmul: data-parallel and Megatron layouts") {
   }, DEVICE_COUNTS);
 }
 
-TEST_CASE("reductions and normalisations along split and whole dims") {
-  sl::test::for_each_run([](sl::Context& ctx) {
-    auto rng = oracle::rng_for(ctx, 13);
-    oracle::for_each_type(oracle::List<Rows, ColsY, Grid, Both>{}, [&](auto sa) {
-      using A = D<typename decltype(sa)::type>;
-      const auto mesh = oracle::random_mesh<M2>(ctx, rng);
-      auto shape = oracle::random_shape<2>(rng, 6, false);
-      const auto a = A::random(mesh, shape, 5, -1.0, 1.0);
-      const auto w = A::random(mesh, shape, 6, -1.0, 1.0);
-      gc::check([&](const auto& x) { return sl::sum_all(sl::softmax<1>(x) * w); }, rng, "softmax<1>", 1e-6, 3, a);
-      gc::check([&](const auto& x) { return sl::sum_all(sl::softmax<0>(x) * w); }, rng, "softmax<0>", 1e-6, 3, a);
-      gc::check([&](const auto& x) { return sl::sum_all(sl::log_softmax<1>(x) * w); }, rng, "log_softmax<1>", 1e-6, 3, a);
-      gc::check([&](const auto& x) { return sl::sum_all(sl::layer_norm<1>(x) * w); }, rng, "layer_norm<1>", 1e-5, 3, a);
-      gc::check([&](const auto& x) { return sl::sum_all(sl::rms_norm<0>(x) * w); }, rng, "rms_norm<0>", 1e-5, 3, a);
-      gc::check([&](const auto& x) { return sl::sum_all(sl::square(sl::mean<1, true>(x) - x)); }, rng,
-                "mean<1, keepdim>", 1e-6, 3, a);
-      gc::check([&](const auto& x) { return sl::sum_all(sl::exp(sl::sum<0>(x))); }, rng, "sum<0>", 1e-6, 3, a);
-      gc::check([&](const auto& x) { return sl::sum_all(sl::exp(sl::max<1>(x))) + sl::sum_all(sl::min<0, true>(x) * 3.0); }, rng,
-                "max<1>, min<0, keepdim>", 1e-6, 3, a);
-      gc::check([&](const auto& x, const auto& y) { return sl::sum_all(sl::maximum(x, y) - sl::minimum(x, y) * 2.0); },
-                rng, "maximum, minimum", 1e-6, 3, a, w);
-      gc::check([&](const auto& x) { return sl::sum_all((2.0 - x) / (3.0 + x) + 1.0 / (x + 2.0)); }, rng,
-                "scalar on the left", 1e-6, 3, a);
-    });
-  }, DEVICE_COUNTS);
-}
-
 TEST_CASE("partial operands: linear ops keep them partial, nonlinear ones resolve them") {
   sl::test::for_each_run([](sl::Context& ctx) {
     auto rng = oracle::rng_for(ctx, 14);
@@ -135,65 +108,5 @@ TEST_CASE("einsum of rank 3, reshard in the graph, layout ops") {
   }, DEVICE_COUNTS);
 }
 
-TEST_CASE("take and index_add: embeddings split along the vocabulary or replicated") {
-  sl::test::for_each_run([](sl::Context& ctx) {
-    auto rng = oracle::rng_for(ctx, 17);
-    using Ids = sl::DistributedTensor<std::int64_t, M2, Spec<"x", none>>;
-    oracle::for_each_type(oracle::List<Spec<"y", none>, Rep, Spec<none, "y">>{}, [&](auto st) {
-      using Table = D<typename decltype(st)::type>;
-      const auto mesh = oracle::random_mesh<M2>(ctx, rng);
-      const auto table = Table::random(mesh, {7, 5}, 14, -1.0, 1.0);
-      const auto ids = Ids::random(mesh, {3, 4}, 15, 0, 7);
-      const auto w = sl::DistributedTensor<double, M2, Spec<"x", none, none>>::random(mesh, {3, 4, 5}, 16, -1.0, 1.0);
-      gc::check([&](const auto& t) { return sl::sum_all(sl::tanh(sl::take<0>(t, ids)) * w); }, rng, "take<0>", 1e-6,
-                5, table);
-      gc::check([&](const auto& t, const auto& v) { return sl::sum_all(sl::square(sl::index_add<0>(t, ids, v))); }, rng,
-                "index_add<0>", 1e-6, 5, table, w);
-      // The forward against plain loops; a vocabulary-split table's gradient needs no communication.
-      const auto got = sl::index_add<0>(table, ids, w).to_host();
-      auto want = table.to_host();
-      const auto hi = ids.to_host();
-      const auto hw = w.to_host();
-      for (std::size_t j = 0; j < hi.size(); ++j)
-        for (std::size_t k = 0; k < 5; ++k) want[static_cast<std::size_t>(hi[j]) * 5 + k] += hw[j * 5 + k];
-      for (std::size_t i = 0; i < want.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]));
-      sl::Param tp(table);
-      auto loss = sl::sum_all(sl::take<0>(tp, sl::reshard<Spec<none, none>>(ids)) * sl::reshard<Spec<none, none, none>>(w));
-      sl::coll::CommRecorder rec;
-      sl::backward(loss);
-      if constexpr (std::is_same_v<Table, D<Spec<"y", none>>>) CHECK(rec.total_calls() == 0);
-    });
-  }, DEVICE_COUNTS);
-}
-
-TEST_CASE("cross_entropy: vocab-parallel, against finite differences and with two all_reduces") {
-  sl::test::for_each_run([](sl::Context& ctx) {
-    auto rng = oracle::rng_for(ctx, 16);
-    const auto mesh = oracle::random_mesh<M2>(ctx, rng);
-    using L = D<Spec<"x", "y">>;
-    using Tg = sl::DistributedTensor<std::int64_t, M2, Spec<"x">>;
-    const auto logits = L::random(mesh, {7, 9}, 12, -2.0, 2.0);
-    const auto targets = Tg::random(mesh, {7}, 13, 0, 9);
-    gc::check([&](const auto& z) { return sl::cross_entropy(z, targets); }, rng, "cross_entropy", 1e-6, 6, logits);
-    // Against the composition: mean over rows of -log_softmax at the target.
-    const auto z = sl::reshard<Rep>(logits).to_host();
-    const auto t = targets.to_host();
-    double want = 0;
-    for (int r = 0; r < 7; ++r) {
-      double m = -1e300, s = 0;
-      for (int c = 0; c < 9; ++c) m = std::max(m, z[r * 9 + c]);
-      for (int c = 0; c < 9; ++c) s += std::exp(z[r * 9 + c] - m);
-      want += (m + std::log(s) - z[r * 9 + t[r]]) / 7;
-    }
-    sl::coll::CommRecorder rec;
-    const auto loss = sl::cross_entropy(logits, targets);
-    const bool split = mesh.shape().group_size(sl::AxisList{1}) > 1;
-    CHECK(rec[sl::coll::Kind::all_reduce].calls == (split ? 2u : 0u));
-    CHECK(rec.total_calls() == rec[sl::coll::Kind::all_reduce].calls);
-    CHECK(gc::scalar(loss) == doctest::Approx(want).epsilon(1e-12));
-    const auto bad = Tg::full(mesh, {7}, 9);
-    CHECK_THROWS_WITH_AS(sl::cross_entropy(logits, bad), doctest::Contains("target 9 of row"), std::out_of_range);
-  }, DEVICE_COUNTS);
-}
 }
 }  // namespace

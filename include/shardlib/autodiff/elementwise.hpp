@@ -194,38 +194,38 @@ auto operator-(const A& a) {
                                   [na = a.node()](const auto& g, autodiff::BackwardPass& p) { give(p, 0, *na, -g); }, a.node());
 }
 
-/// Elementwise maximum / minimum; ties split the gradient in halves.
-template <class A, class B>
-  requires DifferentiableOperands<A, B>
-auto maximum(const A& a0, const B& b0) {
-  using namespace autodiff::detail;
-  require_same_element_type<tensor_of_t<A>, tensor_of_t<B>>();
+namespace autodiff::detail {
+/// maximum (`Max`) or minimum of two operands; `D` gives d/da from (g, a, b).
+template <bool Max, class D, class A0, class B0>
+auto extremum2(const A0& a0, const B0& b0) {
+  require_same_element_type<tensor_of_t<A0>, tensor_of_t<B0>>();
   const auto& a = resolved(a0);
   const auto& b = resolved(b0);
   const auto& av = value(a);
   const auto& bv = value(b);
-  return record("maximum", maximum(av, bv),
-                [na = node(a), nb = node(b), av, bv](const auto& g, autodiff::BackwardPass& p) {
-                  if (na) give(p, 0, *na, zip(fn::grad::max_a{}, g, av, bv));
-                  if (nb) give(p, 1, *nb, zip(fn::grad::max_a{}, g, bv, av));
+  auto out = [&] {
+    if constexpr (Max) return shardlib::maximum(av, bv);
+    else return shardlib::minimum(av, bv);
+  }();
+  return record(Max ? "maximum" : "minimum", std::move(out),
+                [na = node(a), nb = node(b), av, bv](const auto& g, BackwardPass& p) {
+                  if (na) give(p, 0, *na, zip(D{}, g, av, bv));
+                  if (nb) give(p, 1, *nb, zip(D{}, g, bv, av));
                 },
                 node(a), node(b));
 }
+}  // namespace autodiff::detail
+
+/// Elementwise maximum / minimum; ties split the gradient in halves.
 template <class A, class B>
   requires DifferentiableOperands<A, B>
-auto minimum(const A& a0, const B& b0) {
-  using namespace autodiff::detail;
-  require_same_element_type<tensor_of_t<A>, tensor_of_t<B>>();
-  const auto& a = resolved(a0);
-  const auto& b = resolved(b0);
-  const auto& av = value(a);
-  const auto& bv = value(b);
-  return record("minimum", minimum(av, bv),
-                [na = node(a), nb = node(b), av, bv](const auto& g, autodiff::BackwardPass& p) {
-                  if (na) give(p, 0, *na, zip(fn::grad::min_a{}, g, av, bv));
-                  if (nb) give(p, 1, *nb, zip(fn::grad::min_a{}, g, bv, av));
-                },
-                node(a), node(b));
+auto maximum(const A& a, const B& b) {
+  return autodiff::detail::extremum2<true, fn::grad::max_a>(a, b);
+}
+template <class A, class B>
+  requires DifferentiableOperands<A, B>
+auto minimum(const A& a, const B& b) {
+  return autodiff::detail::extremum2<false, fn::grad::min_a>(a, b);
 }
 
 // -- unary math --------------------------------------------------------------------------------------
