@@ -248,47 +248,41 @@ auto unary(const A& a0) {
 }
 }  // namespace autodiff::detail
 
+/// The unary ops on Vars: X(name, whether the derivative reads the output).
+#define SHARDLIB_VAR_UNARY_OPS(X) \
+  X(exp, true)                    \
+  X(log, false)                   \
+  X(sqrt, true)                   \
+  X(rsqrt, true)                  \
+  X(tanh, true)                   \
+  X(abs, false)                   \
+  X(square, false)                \
+  X(relu, false)                  \
+  X(sigmoid, true)                \
+  X(silu, false)                  \
+  X(gelu, false)                  \
+  X(gelu_tanh, false)
+
 namespace autodiff::detail::forward {
-#define SHARDLIB_VAR_UNARY(NAME, ON_OUTPUT)   \
+#define SHARDLIB_VAR_FORWARD(NAME, ON_OUTPUT) \
   struct NAME {                               \
     template <class X>                        \
     auto operator()(const X& x) const {       \
       return shardlib::NAME(x);               \
     }                                         \
   };
-SHARDLIB_VAR_UNARY(exp, true)
-SHARDLIB_VAR_UNARY(log, false)
-SHARDLIB_VAR_UNARY(sqrt, true)
-SHARDLIB_VAR_UNARY(rsqrt, true)
-SHARDLIB_VAR_UNARY(tanh, true)
-SHARDLIB_VAR_UNARY(abs, false)
-SHARDLIB_VAR_UNARY(square, false)
-SHARDLIB_VAR_UNARY(relu, false)
-SHARDLIB_VAR_UNARY(sigmoid, true)
-SHARDLIB_VAR_UNARY(silu, false)
-SHARDLIB_VAR_UNARY(gelu, false)
-SHARDLIB_VAR_UNARY(gelu_tanh, false)
-#undef SHARDLIB_VAR_UNARY
+SHARDLIB_VAR_UNARY_OPS(SHARDLIB_VAR_FORWARD)
+#undef SHARDLIB_VAR_FORWARD
 }  // namespace autodiff::detail::forward
 
+/// Unary math on Vars (the forward of ops/elementwise.hpp; derivatives in fn::grad).
 #define SHARDLIB_VAR_UNARY(NAME, ON_OUTPUT)                                                                       \
   template <VarType A>                                                                                           \
   auto NAME(const A& a) {                                                                                        \
     return autodiff::detail::unary<#NAME, ON_OUTPUT, autodiff::detail::forward::NAME, fn::grad::NAME>(a);        \
   }
-/// Unary math on Vars (the forward of ops/elementwise.hpp; derivatives in fn::grad).
-SHARDLIB_VAR_UNARY(exp, true)
-SHARDLIB_VAR_UNARY(log, false)
-SHARDLIB_VAR_UNARY(sqrt, true)
-SHARDLIB_VAR_UNARY(rsqrt, true)
-SHARDLIB_VAR_UNARY(tanh, true)
-SHARDLIB_VAR_UNARY(abs, false)
-SHARDLIB_VAR_UNARY(square, false)
-SHARDLIB_VAR_UNARY(relu, false)
-SHARDLIB_VAR_UNARY(sigmoid, true)
-SHARDLIB_VAR_UNARY(silu, false)
-SHARDLIB_VAR_UNARY(gelu, false)
-SHARDLIB_VAR_UNARY(gelu_tanh, false)
+SHARDLIB_VAR_UNARY_OPS(SHARDLIB_VAR_UNARY)
 #undef SHARDLIB_VAR_UNARY
+#undef SHARDLIB_VAR_UNARY_OPS
 
 }  // namespace shardlib

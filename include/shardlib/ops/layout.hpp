@@ -78,6 +78,24 @@ SHARDLIB_NOINLINE void shift_blocks(Context& ctx, const MeshShape& mesh, const A
   throw std::invalid_argument("shardlib: concat along dim " + std::to_string(dim) + " of " + operand_text(a) + " and " +
                               operand_text(b) + ": dim " + std::to_string(bad) + " differs");
 }
+/// Whether take and index_add check their indices (unless NDEBUG without SHARDLIB_CHECKED).
+#if !defined(NDEBUG) || defined(SHARDLIB_CHECKED)
+inline constexpr bool check_indices = true;
+#else
+inline constexpr bool check_indices = false;
+#endif
+
+/// The shape of take<dim>(table, indices): the table's dims before `dim`, the indices' dims, the
+/// table's dims after `dim`.
+template <std::size_t R>
+std::array<std::int64_t, R> take_shape(ArrayRef<std::int64_t> table, ArrayRef<std::int64_t> indices, std::size_t dim) {
+  std::array<std::int64_t, R> shape{};
+  const std::size_t ri = indices.size();
+  for (std::size_t d = 0; d < dim; ++d) shape[d] = table[d];
+  for (std::size_t d = 0; d < ri; ++d) shape[dim + d] = indices[d];
+  for (std::size_t d = dim + 1; d < table.size(); ++d) shape[d - 1 + ri] = table[d];
+  return shape;
+}
 [[noreturn]] SHARDLIB_COLD inline void throw_take_out_of_range(int dim, const OperandInfo& table, const OperandInfo& indices,
                                                                ArrayRef<std::int64_t> block_start, const char* what) {
   throw std::out_of_range(std::string("shardlib: take<") + std::to_string(dim) + "> of table " + operand_text(table) +
@@ -281,10 +299,7 @@ auto take(const Table& table, const Indices& indices) {
   using Out = DistributedTensor<T, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, typename Table::memory_space>;
   constexpr std::size_t rt = Table::rank, ri = Indices::rank;
   constexpr auto u = static_cast<std::size_t>(Dim);
-  typename Out::Shape shape{};
-  for (std::size_t d = 0; d < u; ++d) shape[d] = table.shape()[d];
-  for (std::size_t d = 0; d < ri; ++d) shape[u + d] = indices.shape()[d];
-  for (std::size_t d = u + 1; d < rt; ++d) shape[d - 1 + ri] = table.shape()[d];
+  const typename Out::Shape shape = detail::take_shape<Out::rank>(table.shape(), indices.shape(), u);
   const auto bt = detail::block_as(table, rule.in[0]);
   const auto bi = detail::block_as(indices, rule.in[1]);
   Out out(table.mesh(), shape);
@@ -293,11 +308,7 @@ auto take(const Table& table, const Indices& indices) {
     if (d < u) outer *= bt.box.extent[d];
     if (d > u) inner *= bt.box.extent[d];
   }
-#if !defined(NDEBUG) || defined(SHARDLIB_CHECKED)
-  constexpr bool check = true;
-#else
-  constexpr bool check = false;
-#endif
+  constexpr bool check = detail::check_indices;
   auto guard = detail::kernel_guard(out.context(), false);
   try {
     kernels::take(out.context().exec(), bt.data, outer, bt.box.extent[u], inner, bt.box.offset[u], table.shape()[u],
@@ -336,10 +347,8 @@ auto index_add(const Base& base, const Indices& indices, const Values& values) {
   constexpr std::size_t rt = Base::rank, ri = Indices::rank;
   constexpr auto u = static_cast<std::size_t>(Dim);
   bool fits = Values::rank == rt - 1 + ri;
-  for (std::size_t d = 0; fits && d < Values::rank; ++d) {
-    const std::int64_t want = d < u ? base.shape()[d] : d < u + ri ? indices.shape()[d - u] : base.shape()[d + 1 - ri];
-    fits = values.shape()[d] == want;
-  }
+  if constexpr (Values::rank == rt - 1 + ri)
+    fits = values.shape() == detail::take_shape<Values::rank>(base.shape(), indices.shape(), u);
   if (!fits)
     throw std::invalid_argument("shardlib: index_add<" + std::to_string(Dim) + ">: values " + detail::operand_text(values) +
                                 " do not have the shape of take(base, indices) for base " + detail::operand_text(base) +
@@ -358,11 +367,7 @@ auto index_add(const Base& base, const Indices& indices, const Values& values) {
     if (d < u) outer *= out.block().extent[d];
     if (d > u) inner *= out.block().extent[d];
   }
-#if !defined(NDEBUG) || defined(SHARDLIB_CHECKED)
-  constexpr bool check = true;
-#else
-  constexpr bool check = false;
-#endif
+  constexpr bool check = detail::check_indices;
   auto guard = detail::kernel_guard(ctx, false);
   try {
     kernels::index_add(ctx.exec(), out.local().data(), outer, out.block().extent[u], inner, out.block().offset[u],
