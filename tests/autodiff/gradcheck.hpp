@@ -41,9 +41,10 @@ Tensor bumped(const Tensor& t, std::int64_t k, double delta) {
 }
 
 /// Compares the gradients of `f(params...)` from backward() with central differences at
-/// `per_param` random elements of each parameter. `what` names the case in failures.
+/// `per_param` random elements of each parameter; whether all agree (each disagreement is also
+/// reported, naming the case `what`, the parameter and the element).
 template <class F, class... Tensors>
-void check(F f, oracle::Rng& rng, const std::string& what, double tol, int per_param, const Tensors&... tensors) {
+bool check(F f, oracle::Rng& rng, const std::string& what, double tol, int per_param, const Tensors&... tensors) {
   std::tuple<Param<Tensors>...> params{Param<Tensors>(tensors)...};
   auto loss = std::apply(f, params);
   backward(loss);
@@ -53,6 +54,7 @@ void check(F f, oracle::Rng& rng, const std::string& what, double tol, int per_p
   // backward pass above (constant Vars would compile every op of f a second time).
   auto eval = [&](const auto&... ts) { return scalar(f(Param<std::remove_cvref_t<decltype(ts)>>(ts)...)); };
   constexpr double h = 1e-6;
+  bool all = true;
   auto check_one = [&]<std::size_t I>(std::integral_constant<std::size_t, I>) {
     const auto& t = std::get<I>(values);
     const std::vector<double> g = [&] {
@@ -70,13 +72,36 @@ void check(F f, oracle::Rng& rng, const std::string& what, double tol, int per_p
       const double fd = (at(h) - at(-h)) / (2 * h);
       const double got = g[static_cast<std::size_t>(k)];
       const bool ok = std::abs(got - fd) <= tol * (1 + std::abs(fd));
+      all = all && ok;
       if (!ok)
-        FAIL_CHECK(what << ": d/d param " << I << " [" << k << "] = " << got << ", finite differences " << fd);
+        MESSAGE(what << ": d/d param " << I << " [" << k << "] = " << got << ", finite differences " << fd);
     }
   };
   [&]<std::size_t... I>(std::index_sequence<I...>) {
     (check_one(std::integral_constant<std::size_t, I>{}), ...);
   }(std::index_sequence_for<Tensors...>{});
+  return all;
 }
 
+/// The float64 tensors and spec types the op tests draw from, on oracle::M2 = Mesh<"x", "y">.
+namespace specs {
+namespace sl = shardlib;
+namespace oracle = shardlib::test::oracle;
+namespace gc = shardlib::test::grad;
+using oracle::M2;
+using sl::axes;
+using sl::none;
+using sl::Spec;
+template <class S>
+using D = sl::DistributedTensor<double, M2, S>;
+using Rep = Spec<none, none>;
+using Rows = Spec<"x", none>;
+using ColsY = Spec<none, "y">;
+using Grid = Spec<"y", "x">;
+using Both = Spec<axes<"x", "y">, none>;
+}  // namespace specs
+
 }  // namespace shardlib::test::grad
+
+/// Device counts of the op tests.
+#define DEVICE_COUNTS {1, 2, 3, 4, 6, 8}

@@ -8,24 +8,8 @@
 #include "../collectives/harness.hpp"
 #include "gradcheck.hpp"
 
-namespace sl = shardlib;
-namespace oracle = shardlib::test::oracle;
-namespace gc = shardlib::test::grad;
-using oracle::M2;
-using sl::axes;
-using sl::none;
-using sl::partial_sum;
-using sl::Spec;
-
 namespace {
-template <class S>
-using D = sl::DistributedTensor<double, M2, S>;
-using Rep = Spec<none, none>;
-using Rows = Spec<"x", none>;
-using ColsY = Spec<none, "y">;
-using Grid = Spec<"y", "x">;
-using Both = Spec<axes<"x", "y">, none>;
-#define DEVICE_COUNTS {1, 2, 3, 4, 6, 8}
+using namespace shardlib::test::grad::specs;
 
 TEST_SUITE("autodiff_ops") {
 TEST_CASE("elementwise: binary ops with broadcasting, scalars and unary math") {
@@ -38,10 +22,10 @@ TEST_CASE("elementwise: binary ops with broadcasting, scalars and unary math") {
       auto shape = oracle::random_shape<2>(rng, 6, false);
       const auto a = A::random(mesh, shape, 1, -1.0, 1.0);
       const auto b = B::random(mesh, shape, 2, 0.5, 1.5);
-      gc::check([](const auto& x, const auto& y) { return sl::sum_all(x * y + x / y - sl::exp(x) * 0.5); }, rng,
-                "a * b + a / b - exp(a) / 2", 1e-6, 3, a, b);
-      gc::check([](const auto& x, const auto& y) { return sl::sum_all(sl::tanh(x - y) + sl::gelu(x) * sl::sqrt(y)); },
-                rng, "tanh(a - b) + gelu(a) sqrt(b)", 1e-6, 3, a, b);
+      CHECK(gc::check([](const auto& x, const auto& y) { return sl::sum_all(x * y + x / y - sl::exp(x) * 0.5); }, rng,
+                "a * b + a / b - exp(a) / 2", 1e-6, 3, a, b));
+      CHECK(gc::check([](const auto& x, const auto& y) { return sl::sum_all(sl::tanh(x - y) + sl::gelu(x) * sl::sqrt(y)); },
+                rng, "tanh(a - b) + gelu(a) sqrt(b)", 1e-6, 3, a, b));
     });
   }, DEVICE_COUNTS);
 }
@@ -55,10 +39,10 @@ TEST_CASE("matmul: data-parallel and Megatron layouts") {
       const auto mesh = oracle::random_mesh<M2>(ctx, rng);
       const auto a = A::random(mesh, {5, 4}, 3, -1.0, 1.0);
       const auto b = B::random(mesh, {4, 3}, 4, -1.0, 1.0);
-      gc::check([](const auto& x, const auto& w) { return sl::sum_all(sl::relu(sl::matmul(x, w)) * sl::matmul(x, w)); },
-                rng, "relu(x w) * (x w)", 1e-6, 4, a, b);
-      gc::check([](const auto& x, const auto& w) { return sl::mse_loss(sl::softmax<1>(sl::matmul(x, w)), sl::square(sl::matmul(x, w))); },
-                rng, "mse(softmax(x w), (x w)^2)", 1e-6, 4, a, b);
+      CHECK(gc::check([](const auto& x, const auto& w) { return sl::sum_all(sl::relu(sl::matmul(x, w)) * sl::matmul(x, w)); },
+                rng, "relu(x w) * (x w)", 1e-6, 4, a, b));
+      CHECK(gc::check([](const auto& x, const auto& w) { return sl::mse_loss(sl::softmax<1>(sl::matmul(x, w)), sl::square(sl::matmul(x, w))); },
+                rng, "mse(softmax(x w), (x w)^2)", 1e-6, 4, a, b));
     });
   }, DEVICE_COUNTS);
 }
@@ -71,10 +55,10 @@ TEST_CASE("partial operands: linear ops keep them partial, nonlinear ones resolv
     const auto b = D<Spec<"y", none>>::random(mesh, {6, 4}, 8, -1.0, 1.0);
     const auto c = D<Rep>::random(mesh, {5, 4}, 9, -1.0, 1.0);
     // matmul over the split dim is partial over "y"; +, * scalar stay partial; exp resolves.
-    gc::check([&](const auto& x, const auto& w) { return sl::sum_all(sl::exp((sl::matmul(x, w) * 0.5 + c) * 0.3)); },
-              rng, "exp(matmul partial)", 1e-6, 4, a, b);
-    gc::check([&](const auto& x, const auto& w) { return sl::sum_all(sl::square(sl::matmul(x, w) - sl::matmul(x, w) * c)); },
-              rng, "partial * tensor", 1e-6, 4, a, b);
+    CHECK(gc::check([&](const auto& x, const auto& w) { return sl::sum_all(sl::exp((sl::matmul(x, w) * 0.5 + c) * 0.3)); },
+              rng, "exp(matmul partial)", 1e-6, 4, a, b));
+    CHECK(gc::check([&](const auto& x, const auto& w) { return sl::sum_all(sl::square(sl::matmul(x, w) - sl::matmul(x, w) * c)); },
+              rng, "partial * tensor", 1e-6, 4, a, b));
   }, DEVICE_COUNTS);
 }
 
@@ -86,25 +70,25 @@ TEST_CASE("einsum of rank 3, reshard in the graph, layout ops") {
     const auto mesh = oracle::random_mesh<M2>(ctx, rng);
     const auto x = X3::random(mesh, {3, 4, 6}, 10, -1.0, 1.0);
     const auto w = W::random(mesh, {6, 5}, 11, -1.0, 1.0);
-    gc::check([](const auto& a, const auto& b) {
+    CHECK(gc::check([](const auto& a, const auto& b) {
       auto h = sl::einsum<"bsd,df->bsf">(a, b);
       return sl::sum_all(sl::tanh(sl::reshard<Spec<none, "x", none>>(h)));
-    }, rng, "einsum bsd,df->bsf then reshard", 1e-6, 4, x, w);
-    gc::check([](const auto& a) {
+    }, rng, "einsum bsd,df->bsf then reshard", 1e-6, 4, x, w));
+    CHECK(gc::check([](const auto& a) {
       auto t = sl::transpose<0, 2>(a);
       auto r = sl::reshape<"d s b -> d (s b)">(t);
       return sl::sum_all(sl::sigmoid(r) * sl::silu(r));
-    }, rng, "transpose, reshape", 1e-6, 4, x);
-    gc::check([](const auto& a) {
+    }, rng, "transpose, reshape", 1e-6, 4, x));
+    CHECK(gc::check([](const auto& a) {
       auto r = sl::reshape<"b s d -> (b s) d">(a);
       auto back = sl::reshape<"(b s) d -> b s d">(sl::square(r), {3, 4, 6});
       return sl::sum_all(sl::gelu_tanh(back));
-    }, rng, "reshape merge and split", 1e-6, 4, x);
-    gc::check([](const auto& a) {
+    }, rng, "reshape merge and split", 1e-6, 4, x));
+    CHECK(gc::check([](const auto& a) {
       auto s1 = sl::slice<1>(a, 1, 4);
       auto s0 = sl::slice<0>(a, 0, 2);
       return sl::sum_all(sl::exp(s1) * 0.5) + sl::sum_all(sl::square(sl::concat<0>(s0, sl::slice<0>(a, 1, 3))));
-    }, rng, "slice, concat", 1e-6, 4, x);
+    }, rng, "slice, concat", 1e-6, 4, x));
   }, DEVICE_COUNTS);
 }
 
