@@ -612,6 +612,9 @@ class DistributedTensor {
   static DistributedTensor zeros(const MeshT& mesh, const std::int64_t (&shape)[N]) {
     return full(mesh, checked_shape(shape), T{});
   }
+  /// A tensor of `shape` whose blocks are allocated but not initialised: for code that writes
+  /// every element of its block before anything reads it (a checkpoint load, a kernel's output).
+  static DistributedTensor uninitialized(const MeshT& mesh, const Shape& shape) { return DistributedTensor(mesh, shape); }
   /// Element k (row-major global linear index) = T(k).
   static DistributedTensor iota(const MeshT& mesh, const Shape& shape) {
     DistributedTensor t(mesh, shape);

@@ -1,0 +1,412 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// The definitions of io/checkpoint.hpp's save, load, list and read (see that file's comment).
+#pragma once
+#include <shardlib/io/checkpoint.hpp>
+
+namespace shardlib::io {
+namespace detail {
+
+/// "name" is usable as a dataset path: non-empty, no leading, trailing or doubled '/', not ".".
+inline void check_name(const std::string& name, const char* fn) {
+  const bool bad = name.empty() || name.front() == '/' || name.back() == '/' || name.find("//") != std::string::npos ||
+                   name == "." || name.find("/./") != std::string::npos || name.rfind("./", 0) == 0;
+  if (bad)
+    throw std::invalid_argument(std::string("shardlib::io::") + fn + ": tensor name '" + name +
+                                "' is not usable (names are non-empty, '/'-separated groups, no empty or '.' parts)");
+}
+
+inline void check_names_unique(const std::vector<std::string>& names, const char* fn) {
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    check_name(names[i], fn);
+    for (std::size_t j = 0; j < i; ++j)
+      if (names[i] == names[j])
+        throw std::invalid_argument(std::string("shardlib::io::") + fn + ": tensor name '" + names[i] +
+                                    "' appears twice in one call");
+  }
+}
+
+/// A fresh temporary name next to `path`, the same on every device (device 0 picks it).
+inline std::string temp_name(const std::string& path) {
+  std::random_device rd;
+  const std::uint64_t r = (std::uint64_t{rd()} << 32) ^ rd() ^ static_cast<std::uint64_t>(::getpid());
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(r));
+  return path + ".tmp-" + hex;
+}
+
+/// Device 0's part of a save: creates `tmp` with every dataset (space allocated, not
+/// written) and its attributes; returns each dataset's file offset.
+inline std::vector<std::uint64_t> write_metadata(const std::string& path, const std::string& tmp,
+                                                 const std::vector<std::vector<ShardBox>>& blocks,
+                                                 const std::vector<std::vector<std::uint64_t>>& sums,
+                                                 const std::vector<std::string>& names,
+                                                 const std::vector<std::vector<std::int64_t>>& shapes,
+                                                 const std::vector<coll::DType>& dtypes,
+                                                 const std::vector<std::string>& specs,
+                                                 const std::vector<std::string>& meshes) {
+  h5::quiet();
+  auto lock = h5::hdf5_lock();
+  {  // created here first: a clear errno message for a missing directory or no permission
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      const int err = errno;
+      throw Error("shardlib::io::save: cannot create checkpoint '" + path + "' (in directory '" + parent_dir(path) +
+                  "'): " + std::strerror(err));
+    }
+    ::close(fd);
+  }
+  h5::Handle fapl = file_access();
+  h5::Handle file = h5::check(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose,
+                              "shardlib::io::save: creating HDF5 file '" + tmp + "'");
+  h5::write_attr(file.get(), "shardlib_format", std::vector<std::int64_t>{format_version});
+  h5::write_attr(file.get(), "shardlib_version", std::string(SHARDLIB_VERSION_STRING));
+  h5::Handle lcpl = h5::check(H5Pcreate(H5P_LINK_CREATE), H5Pclose, "H5Pcreate");
+  h5::check(H5Pset_create_intermediate_group(lcpl.get(), 1), "H5Pset_create_intermediate_group");
+  h5::Handle dcpl = h5::check(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, "H5Pcreate");
+  h5::check(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS), "H5Pset_layout");
+  h5::check(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), "H5Pset_alloc_time");
+  h5::check(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), "H5Pset_fill_time");
+  std::vector<std::uint64_t> offsets(names.size(), 0);
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const std::string where = "shardlib::io::save: tensor '" + names[i] + "' in '" + path + "'";
+    const auto& shape = shapes[i];
+    std::vector<hsize_t> dims(shape.begin(), shape.end());
+    h5::Handle space = h5::check(dims.empty() ? H5Screate(H5S_SCALAR)
+                                              : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                                 H5Sclose, where);
+    h5::Handle ds = h5::check(H5Dcreate2(file.get(), names[i].c_str(), h5::file_type(dtypes[i]), space.get(), lcpl.get(),
+                                         dcpl.get(), H5P_DEFAULT),
+                              H5Dclose, where + ": creating its dataset");
+    h5::write_attr(ds.get(), "shardlib_dtype", std::string(coll::name(dtypes[i])));
+    h5::write_attr(ds.get(), "shardlib_spec", specs[i]);
+    h5::write_attr(ds.get(), "shardlib_mesh", meshes[i]);
+    std::vector<std::int64_t> table;
+    for (const ShardBox& b : blocks[i]) {
+      for (int d = 0; d < b.rank; ++d) table.push_back(b.offset[static_cast<std::size_t>(d)]);
+      for (int d = 0; d < b.rank; ++d) table.push_back(b.extent[static_cast<std::size_t>(d)]);
+    }
+    h5::write_attr(ds.get(), "shardlib_blocks", table);
+    h5::write_attr(ds.get(), "shardlib_checksums", sums[i]);
+    if (!blocks[i].empty()) {
+      const haddr_t at = H5Dget_offset(ds.get());
+      if (at == HADDR_UNDEF) throw Error(where + ": HDF5 allocated no space for its data: " + h5::last_error());
+      offsets[i] = at;
+    }
+  }
+  if (!file.close()) throw Error("shardlib::io::save: writing the metadata of '" + tmp + "': " + h5::last_error());
+  return offsets;
+}
+
+}  // namespace detail
+
+inline void save(const std::string& path, std::initializer_list<Entry> tensors, const SaveOptions& opts) {
+  if (path.empty()) throw std::invalid_argument("shardlib::io::save: the path is empty");
+  if (tensors.size() == 0) throw std::invalid_argument("shardlib::io::save: no tensors to save to '" + path + "'");
+  std::vector<const Entry*> es;
+  std::vector<std::string> names;
+  for (const Entry& e : tensors) {
+    es.push_back(&e);
+    names.push_back(e.name_);
+  }
+  detail::check_names_unique(names, "save");
+  Context& ctx = *es[0]->ctx_;
+  for (const Entry* e : es)
+    if (e->ctx_ != &ctx)
+      throw std::invalid_argument("shardlib::io::save: tensor '" + e->name_ + "' belongs to another run than '" +
+                                  es[0]->name_ + "'");
+  coll::Communicator& world = ctx.world();
+  const int dev = ctx.device(), ndev = world.size();
+  const std::size_t n = es.size();
+
+  // 1. Each device's checksum of the block it holds first-hand; all devices learn them all.
+  std::vector<std::uint64_t> mine(n, 0), all(n * static_cast<std::size_t>(ndev), 0);
+  std::vector<char> writes(n, 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    const Entry& e = *es[i];
+    writes[i] = is_primary(e.sharding_, e.mesh_, dev) && e.box_.num_elements() > 0;
+    if (writes[i])
+      mine[i] = box_checksum(e.data_, coll::size_of(e.dtype_), e.box_, e.box_,
+                             shardlib::detail::ArrayRef<std::int64_t>(e.shape_.data(), e.shape_.size()));
+  }
+  world.all_gather(mine.data(), all.data(), n, coll::DType::u64);
+
+  // 2. Device 0 writes the metadata to a temporary file.
+  std::string tmp;
+  bool created = false;
+  auto cleanup = [&] {
+    if (dev == 0 && created) detail::remove_quietly(tmp);
+  };
+  std::vector<unsigned char> blob;
+  detail::agree(world, [&] {
+    if (dev != 0) return;
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+      throw Error("shardlib::io::save: '" + path + "' is a directory");
+    std::vector<std::vector<ShardBox>> blocks(n);
+    std::vector<std::vector<std::uint64_t>> sums(n);
+    std::vector<std::vector<std::int64_t>> shapes(n);
+    std::vector<coll::DType> dtypes(n);
+    std::vector<std::string> specs(n), meshes(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const Entry& e = *es[i];
+      shapes[i] = e.shape_;
+      dtypes[i] = e.dtype_;
+      specs[i] = e.spec_;
+      meshes[i] = e.mesh_.to_string();
+      for (int d = 0; d < ndev; ++d) {
+        if (!is_primary(e.sharding_, e.mesh_, d)) continue;
+        const ShardBox b = shard_box(e.sharding_, e.mesh_, e.shape_, d);
+        if (b.num_elements() == 0) continue;
+        blocks[i].push_back(b);
+        sums[i].push_back(all[static_cast<std::size_t>(d) * n + i]);
+      }
+    }
+    tmp = detail::temp_name(path);
+    created = true;
+    const auto offsets = detail::write_metadata(path, tmp, blocks, sums, names, shapes, dtypes, specs, meshes);
+    detail::fault_point("metadata_written");
+    detail::Writer w;
+    w.str(tmp);
+    for (auto o : offsets) w.u64(o);
+    blob = std::move(w.bytes);
+  }, cleanup);
+  detail::broadcast_bytes(world, blob, 0);
+  std::vector<std::uint64_t> offsets(n);
+  {
+    detail::Reader r{blob};
+    tmp = r.str();
+    for (auto& o : offsets) o = r.u64();
+  }
+
+  // 3. Every device writes the blocks it holds first-hand into the datasets.
+  std::uint64_t written = 0;
+  detail::agree(world, [&] {
+#if defined(SHARDLIB_HAVE_MPI)
+    if (MPI_Comm comm = detail::mpi_comm_of(world); comm != MPI_COMM_NULL) {
+      detail::MpiFile f(comm, tmp, MPI_MODE_WRONLY);
+      for (std::size_t i = 0; i < n; ++i) {
+        const Entry& e = *es[i];
+        ShardBox none = e.box_;
+        if (!writes[i]) none.extent.fill(0);
+        detail::mpi_box(f, true, offsets[i], shardlib::detail::ArrayRef<std::int64_t>(e.shape_.data(), e.shape_.size()),
+                        coll::size_of(e.dtype_), const_cast<void*>(e.data_), writes[i] ? e.box_ : none);
+        if (writes[i]) written += static_cast<std::uint64_t>(e.box_.num_elements()) * coll::size_of(e.dtype_);
+      }
+      if (opts.durable) f.sync();
+      f.close();
+      return;
+    }
+#endif
+    if (std::find(writes.begin(), writes.end(), 1) == writes.end()) return;
+    detail::PosixFile f(tmp, O_WRONLY);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!writes[i]) continue;
+      const Entry& e = *es[i];
+      detail::write_box(f, offsets[i], shardlib::detail::ArrayRef<std::int64_t>(e.shape_.data(), e.shape_.size()),
+                        coll::size_of(e.dtype_), e.data_, e.box_, e.box_);
+      written += static_cast<std::uint64_t>(e.box_.num_elements()) * coll::size_of(e.dtype_);
+    }
+    f.close();
+  }, cleanup);
+
+  // 4. Device 0 makes it durable and renames it over `path`.
+  detail::agree(world, [&] {
+    if (dev != 0) return;
+    detail::fault_point("data_written");
+    if (opts.durable) {
+      detail::PosixFile f(tmp, O_RDONLY);
+      f.sync();
+      f.close();
+    }
+    if (::rename(tmp.c_str(), path.c_str()) != 0)
+      throw Error(detail::errno_text("shardlib::io::save: cannot rename the finished checkpoint to", path, errno));
+    created = false;
+    if (opts.durable) detail::sync_dir(detail::parent_dir(path));
+  }, cleanup);
+  Stats& s = stats(ctx);
+  s.bytes_written += written;
+  ++s.saves;
+}
+
+namespace detail {
+
+inline void load_slots(const std::string& path, std::span<Slot> slots, const LoadOptions& opts) {
+  if (slots.empty()) throw std::invalid_argument("shardlib::io::load: no tensors to load from '" + path + "'");
+  std::vector<std::string> names;
+  for (const Slot& s : slots) names.push_back(s.name);
+  check_names_unique(names, "load");
+  Context& ctx = *slots[0].ctx;
+  for (const Slot& s : slots)
+    if (s.ctx != &ctx)
+      throw std::invalid_argument("shardlib::io::load: tensor '" + s.name + "' belongs to another run than '" +
+                                  slots[0].name + "'");
+  coll::Communicator& world = ctx.world();
+  const int dev = ctx.device();
+  const std::size_t n = slots.size();
+
+  // 1. Device 0 reads the descriptions; every device gets them.
+  std::vector<unsigned char> blob;
+  agree(world, [&] {
+    if (dev != 0) return;
+    auto lock = h5::hdf5_lock();
+    h5::Handle file = open_checkpoint(path);
+    const std::uint64_t size = file_size(path);
+    Writer w;
+    for (const Slot& s : slots) read_stored(file.get(), path, s.name, size).write(w);
+    blob = std::move(w.bytes);
+  });
+  broadcast_bytes(world, blob, 0);
+  std::vector<Stored> stored;
+  {
+    Reader r{blob};
+    for (std::size_t i = 0; i < n; ++i) stored.push_back(Stored::read(r));
+  }
+
+  // 2. Checks every device makes alike (so all throw alike), and fresh blocks.
+  for (std::size_t i = 0; i < n; ++i)
+    if (stored[i].info.dtype != slots[i].dtype)
+      throw std::invalid_argument("shardlib::io::load: tensor '" + slots[i].name + "' is " +
+                                  std::string(coll::name(stored[i].info.dtype)) + " in checkpoint '" + path +
+                                  "' but the tensor to load it into is " + std::string(coll::name(slots[i].dtype)));
+  std::vector<Slot::Block> blocks(n);
+  std::exception_ptr bad_input;
+  agree(world, [&] {
+    for (std::size_t i = 0; i < n; ++i) {
+      try {
+        blocks[i] = slots[i].prepare(stored[i].info.shape);
+      } catch (const std::invalid_argument&) {
+        bad_input = std::current_exception();  // the same on every device: rethrown below
+        return;
+      }
+    }
+  });
+  if (bad_input) std::rethrow_exception(bad_input);
+
+  // 3. The devices that hold a block first-hand read it; partial sums of the saved checksums.
+  std::vector<char> reads(n, 0);
+  std::vector<std::size_t> first_sum(n + 1, 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    reads[i] = is_primary(slots[i].sharding, slots[i].mesh, dev);
+    first_sum[i + 1] = first_sum[i] + stored[i].blocks.size();
+  }
+  std::vector<std::uint64_t> parts(first_sum[n], 0);
+  std::uint64_t read_bytes = 0;
+  auto shape_of = [&](std::size_t i) {
+    return shardlib::detail::ArrayRef<std::int64_t>(stored[i].info.shape.data(), stored[i].info.shape.size());
+  };
+  agree(world, [&] {
+#if defined(SHARDLIB_HAVE_MPI)
+    if (MPI_Comm comm = mpi_comm_of(world); comm != MPI_COMM_NULL) {
+      MpiFile f(comm, path, MPI_MODE_RDONLY);
+      for (std::size_t i = 0; i < n; ++i) {
+        if (stored[i].blocks.empty()) continue;  // an empty tensor: no data, on every device
+        ShardBox none = blocks[i].box;
+        none.extent.fill(0);
+        const bool r = reads[i] && blocks[i].box.num_elements() > 0;
+        mpi_box(f, false, stored[i].offset, shape_of(i), coll::size_of(slots[i].dtype), blocks[i].data,
+                r ? blocks[i].box : none);
+      }
+      f.close();
+    } else
+#endif
+    {
+      std::optional<PosixFile> f;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (!reads[i] || blocks[i].box.num_elements() == 0) continue;
+        if (!f) f.emplace(path, O_RDONLY);
+        read_box(*f, stored[i].offset, shape_of(i), coll::size_of(slots[i].dtype), blocks[i].data, blocks[i].box,
+                 blocks[i].box);
+      }
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::size_t elem = coll::size_of(slots[i].dtype);
+      const ShardBox& box = blocks[i].box;
+      if (!reads[i]) {
+        if (shardlib::detail::off_first_coordinate(slots[i].mesh, dev, slots[i].sharding.partial))  // zeros: the sum is the value
+          std::memset(blocks[i].data, 0, static_cast<std::size_t>(box.num_elements()) * elem);
+        continue;
+      }
+      read_bytes += static_cast<std::uint64_t>(box.num_elements()) * elem;
+      if (opts.verify_checksums)
+        for (std::size_t b = 0; b < stored[i].blocks.size(); ++b)
+          parts[first_sum[i] + b] = box_checksum(blocks[i].data, elem, box, shardlib::intersect(stored[i].blocks[b], box), shape_of(i));
+    }
+  });
+
+  // 4. One all_reduce completes every saved block's checksum.
+  if (opts.verify_checksums && !parts.empty()) {
+    std::vector<std::uint64_t> sums(parts.size());
+    world.all_reduce(parts.data(), sums.data(), parts.size(), coll::DType::u64, coll::Op::sum);
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t b = 0; b < stored[i].blocks.size(); ++b)
+        if (sums[first_sum[i] + b] != stored[i].checksums[b])
+          throw Error("shardlib::io::load: checkpoint '" + path + "' is corrupt: tensor '" + slots[i].name + "', " +
+                      stored[i].block_text(b) + " (saved with " + stored[i].info.spec + " on " + stored[i].info.mesh +
+                      ") does not match its checksum");
+  }
+
+  // 5. Replicas get their block from the device that read it.
+  for (std::size_t i = 0; i < n; ++i) {
+    const AxisList axes = slots[i].sharding.replicated_axes(slots[i].mesh.rank());
+    if (slots[i].mesh.group_size(axes) == 1) continue;
+    coll::Communicator& g = ctx.group(slots[i].mesh, axes);
+    if (shardlib::detail::off_first_coordinate(slots[i].mesh, dev, slots[i].sharding.partial)) continue;  // zeros, whole group alike
+    const auto bytes = static_cast<std::size_t>(blocks[i].box.num_elements()) * coll::size_of(slots[i].dtype);
+    if (bytes) g.broadcast(blocks[i].data, bytes, coll::DType::u8, 0);
+  }
+  Stats& s = stats(ctx);
+  s.bytes_read += read_bytes;
+  ++s.loads;
+}
+
+}  // namespace detail
+
+inline void load(const std::string& path, std::initializer_list<Target> targets, const LoadOptions& opts) {
+  std::vector<detail::Slot> slots;
+  for (const Target& t : targets) slots.push_back(t.slot_);
+  detail::load_slots(path, slots, opts);
+  for (const Target& t : targets) t.commit_();  // noexcept moves: all or nothing
+}
+
+inline std::vector<TensorInfo> list(const std::string& path) {
+  auto lock = h5::hdf5_lock();
+  h5::Handle file = detail::open_checkpoint(path);
+  const std::uint64_t size = detail::file_size(path);
+  std::vector<TensorInfo> out;
+  for (const auto& name : detail::dataset_names(file.get())) out.push_back(detail::read_stored(file.get(), path, name, size).info);
+  return out;
+}
+
+template <class T>
+HostArray<T> read(const std::string& path, const std::string& name, const LoadOptions& opts) {
+  detail::check_name(name, "read");
+  detail::Stored s;
+  {
+    auto lock = h5::hdf5_lock();
+    h5::Handle file = detail::open_checkpoint(path);
+    s = detail::read_stored(file.get(), path, name, detail::file_size(path));
+  }
+  if (s.info.dtype != coll::dtype_of<T>())
+    throw std::invalid_argument("shardlib::io::read: tensor '" + name + "' is " + std::string(coll::name(s.info.dtype)) +
+                                " in checkpoint '" + path + "', not " + std::string(coll::name(coll::dtype_of<T>())));
+  HostArray<T> out;
+  out.shape = s.info.shape;
+  out.data.resize(static_cast<std::size_t>(s.num_elements()));
+  if (out.data.empty()) return out;
+  detail::PosixFile f(path, O_RDONLY);
+  f.pread_all(out.data.data(), out.data.size() * sizeof(T), s.offset);
+  if (opts.verify_checksums) {
+    ShardBox whole;
+    whole.rank = static_cast<int>(s.info.shape.size());
+    for (int d = 0; d < whole.rank; ++d) whole.extent[static_cast<std::size_t>(d)] = s.info.shape[static_cast<std::size_t>(d)];
+    const shardlib::detail::ArrayRef<std::int64_t> shape(s.info.shape.data(), s.info.shape.size());
+    for (std::size_t b = 0; b < s.blocks.size(); ++b)
+      if (box_checksum(out.data.data(), sizeof(T), whole, s.blocks[b], shape) != s.checksums[b])
+        throw Error("shardlib::io::read: checkpoint '" + path + "' is corrupt: tensor '" + name + "', " + s.block_text(b) +
+                    " (saved with " + s.info.spec + " on " + s.info.mesh + ") does not match its checksum");
+  }
+  return out;
+}
+
+}  // namespace shardlib::io

@@ -1,0 +1,245 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// Moving one block of a tensor between memory and its dataset in a file: the dataset is the
+/// global tensor, row-major and contiguous at byte `base` of the file, and the block is a box
+/// of it. POSIX `pwrite`/`pread` of the block's contiguous runs (threads backend: one writer per
+/// device, in parallel), or one MPI-IO collective call with a subarray file view (mpi backend).
+///
+/// Knows files and boxes only: no tensors, no communicator beyond the MPI file handle.
+#pragma once
+#include <shardlib/io/hdf5.hpp>
+#include <shardlib/sharding/block.hpp>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#if defined(SHARDLIB_HAVE_MPI)
+#include <mpi.h>
+#endif
+
+namespace shardlib::io::detail {
+
+/// Calls f(file_byte, buffer_byte, bytes) for each contiguous run of box `part` of a tensor of
+/// global `shape` (elements of `elem` bytes), file offsets relative to the dataset and buffer
+/// offsets in a row-major buffer holding box `layout`. Trailing dims that `part` covers whole,
+/// in the file and in the buffer, merge into one run.
+template <class F>
+void for_each_run(const ShardBox& layout, const ShardBox& part, shardlib::detail::ArrayRef<std::int64_t> shape,
+                  std::size_t elem, F f) {
+  const std::int64_t n = part.num_elements();
+  if (n == 0) return;
+  const int r = part.rank;
+  if (r == 0) {
+    f(std::uint64_t{0}, std::uint64_t{0}, static_cast<std::uint64_t>(elem));
+    return;
+  }
+  int m = r - 1;  // dims m..r-1 form one run
+  std::int64_t run = part.extent[static_cast<std::size_t>(m)];
+  while (m > 0 && part.extent[static_cast<std::size_t>(m)] == shape[static_cast<std::size_t>(m)] &&
+         part.extent[static_cast<std::size_t>(m)] == layout.extent[static_cast<std::size_t>(m)]) {
+    --m;
+    run *= part.extent[static_cast<std::size_t>(m)];
+  }
+  std::int64_t idx[max_tensor_rank] = {};  // multi-index of the run inside `part`, dims 0..m-1
+  for (std::int64_t done = 0; done < n; done += run) {
+    std::int64_t fk = 0, bk = 0;
+    for (int d = 0; d < r; ++d) {
+      const auto u = static_cast<std::size_t>(d);
+      const std::int64_t g = part.offset[u] + (d < m ? idx[d] : 0);
+      fk = fk * shape[u] + g;
+      bk = bk * layout.extent[u] + (g - layout.offset[u]);
+    }
+    f(static_cast<std::uint64_t>(fk) * elem, static_cast<std::uint64_t>(bk) * elem, static_cast<std::uint64_t>(run) * elem);
+    for (int d = m - 1; d >= 0; --d) {
+      if (++idx[d] < part.extent[static_cast<std::size_t>(d)]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+/// "what 'path': strerror(errno)".
+inline std::string errno_text(const std::string& what, const std::string& path, int err) {
+  return what + " '" + path + "': " + std::strerror(err);
+}
+
+/// An open POSIX file, closed on destruction.
+class PosixFile {
+ public:
+  PosixFile(std::string path, int flags, mode_t mode = 0644) : path_(std::move(path)) {
+    do fd_ = ::open(path_.c_str(), flags | O_CLOEXEC, mode);
+    while (fd_ < 0 && errno == EINTR);
+    if (fd_ < 0) throw Error(errno_text((flags & (O_WRONLY | O_RDWR)) ? "cannot open for writing" : "cannot open", path_, errno));
+  }
+  PosixFile(const PosixFile&) = delete;
+  PosixFile& operator=(const PosixFile&) = delete;
+  ~PosixFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  const std::string& path() const noexcept { return path_; }
+
+  void pwrite_all(const void* buf, std::uint64_t bytes, std::uint64_t offset) {
+    auto* p = static_cast<const unsigned char*>(buf);
+    while (bytes > 0) {
+      const ssize_t w = ::pwrite(fd_, p, bytes, static_cast<off_t>(offset));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) throw Error(errno_text("writing " + std::to_string(bytes) + " bytes at byte " + std::to_string(offset) + " of", path_, w < 0 ? errno : ENOSPC));
+      p += w;
+      bytes -= static_cast<std::uint64_t>(w);
+      offset += static_cast<std::uint64_t>(w);
+    }
+  }
+  void pread_all(void* buf, std::uint64_t bytes, std::uint64_t offset) {
+    auto* p = static_cast<unsigned char*>(buf);
+    while (bytes > 0) {
+      const ssize_t r = ::pread(fd_, p, bytes, static_cast<off_t>(offset));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) throw Error(errno_text("reading " + std::to_string(bytes) + " bytes at byte " + std::to_string(offset) + " of", path_, errno));
+      if (r == 0)
+        throw Error("'" + path_ + "' ends before byte " + std::to_string(offset + bytes) + " (the file is truncated)");
+      p += r;
+      bytes -= static_cast<std::uint64_t>(r);
+      offset += static_cast<std::uint64_t>(r);
+    }
+  }
+  /// Writes the file's data to the disk (fsync).
+  void sync() {
+    if (::fsync(fd_) != 0) throw Error(errno_text("fsync of", path_, errno));
+  }
+  /// Closes now, reporting a failed close (a delayed write error).
+  void close() {
+    const int fd = std::exchange(fd_, -1);
+    if (fd >= 0 && ::close(fd) != 0 && errno != EINTR) throw Error(errno_text("closing", path_, errno));
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+/// Writes box `part` of a buffer holding box `layout` to the dataset at byte `base`.
+inline void write_box(PosixFile& f, std::uint64_t base, shardlib::detail::ArrayRef<std::int64_t> shape, std::size_t elem,
+                      const void* buf, const ShardBox& layout, const ShardBox& part) {
+  for_each_run(layout, part, shape, elem, [&](std::uint64_t fo, std::uint64_t bo, std::uint64_t bytes) {
+    f.pwrite_all(static_cast<const unsigned char*>(buf) + bo, bytes, base + fo);
+  });
+}
+/// Reads box `part` of the dataset at byte `base` into a buffer holding box `layout`.
+inline void read_box(PosixFile& f, std::uint64_t base, shardlib::detail::ArrayRef<std::int64_t> shape, std::size_t elem,
+                     void* buf, const ShardBox& layout, const ShardBox& part) {
+  for_each_run(layout, part, shape, elem, [&](std::uint64_t fo, std::uint64_t bo, std::uint64_t bytes) {
+    f.pread_all(static_cast<unsigned char*>(buf) + bo, bytes, base + fo);
+  });
+}
+
+/// Removes `path` if it exists, ignoring errors (cleanup after a failure).
+inline void remove_quietly(const std::string& path) noexcept { (void)::unlink(path.c_str()); }
+
+/// The directory part of `path` ("." when it has none).
+inline std::string parent_dir(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+/// Makes a rename in `dir` durable (fsync of the directory); errors are reported.
+inline void sync_dir(const std::string& dir) {
+  PosixFile d(dir, O_RDONLY | O_DIRECTORY);
+  d.sync();
+}
+
+#if defined(SHARDLIB_HAVE_MPI)
+/// MPI's message for an error code.
+inline std::string mpi_error_text(int code) {
+  char s[MPI_MAX_ERROR_STRING];
+  int n = 0;
+  MPI_Error_string(code, s, &n);
+  return std::string(s, static_cast<std::size_t>(n));
+}
+
+/// An MPI file open on a communicator, closed on destruction. Errors are returned by MPI-IO
+/// (MPI_ERRORS_RETURN is the default for files) and thrown as Error.
+class MpiFile {
+ public:
+  MpiFile(MPI_Comm comm, std::string path, int amode) : path_(std::move(path)) {
+    check(MPI_File_open(comm, path_.c_str(), amode, MPI_INFO_NULL, &fh_), "MPI_File_open of");
+  }
+  MpiFile(const MpiFile&) = delete;
+  MpiFile& operator=(const MpiFile&) = delete;
+  ~MpiFile() {
+    if (fh_ != MPI_FILE_NULL) MPI_File_close(&fh_);
+  }
+  MPI_File get() const noexcept { return fh_; }
+  const std::string& path() const noexcept { return path_; }
+  void check(int code, const std::string& what) const {
+    if (code != MPI_SUCCESS) throw Error(what + " '" + path_ + "': " + mpi_error_text(code));
+  }
+  /// Collective: every rank of the file's communicator calls it, in the same order.
+  void sync() { check(MPI_File_sync(fh_), "MPI_File_sync of"); }
+  void close() {
+    if (fh_ != MPI_FILE_NULL) check(MPI_File_close(&fh_), "MPI_File_close of");
+  }
+
+ private:
+  std::string path_;
+  MPI_File fh_ = MPI_FILE_NULL;
+};
+
+/// An owned MPI datatype.
+struct MpiType {
+  MPI_Datatype t = MPI_DATATYPE_NULL;
+  MpiType() = default;
+  MpiType(const MpiType&) = delete;
+  MpiType& operator=(const MpiType&) = delete;
+  ~MpiType() {
+    if (t != MPI_DATATYPE_NULL) MPI_Type_free(&t);
+  }
+};
+
+/// Collective over the file's communicator: every rank moves its `box` (row-major at `buf`;
+/// an empty box moves nothing) between memory and the dataset at byte `base`, in one
+/// MPI_File_write_all / read_all through a subarray view.
+inline void mpi_box(MpiFile& f, bool write, std::uint64_t base, shardlib::detail::ArrayRef<std::int64_t> shape,
+                    std::size_t elem, void* buf, const ShardBox& box) {
+  const std::int64_t n = box.num_elements();
+  if (n > INT32_MAX) throw Error("a block of " + std::to_string(n) + " elements is more than MPI-IO's count limit (2^31 - 1) for '" + f.path() + "'");
+  MpiType etype, ftype;
+  f.check(MPI_Type_contiguous(static_cast<int>(elem), MPI_BYTE, &etype.t), "MPI_Type_contiguous for");
+  f.check(MPI_Type_commit(&etype.t), "MPI_Type_commit for");
+  MPI_Datatype view = etype.t;
+  if (n > 0 && box.rank > 0) {
+    int sizes[max_tensor_rank], sub[max_tensor_rank], start[max_tensor_rank];
+    for (int d = 0; d < box.rank; ++d) {
+      const auto u = static_cast<std::size_t>(d);
+      if (shape[u] > INT32_MAX) throw Error("dim " + std::to_string(d) + " of extent " + std::to_string(shape[u]) + " is more than MPI-IO's limit (2^31 - 1) for '" + f.path() + "'");
+      sizes[d] = static_cast<int>(shape[u]);
+      sub[d] = static_cast<int>(box.extent[u]);
+      start[d] = static_cast<int>(box.offset[u]);
+    }
+    f.check(MPI_Type_create_subarray(box.rank, sizes, sub, start, MPI_ORDER_C, etype.t, &ftype.t), "MPI_Type_create_subarray for");
+    f.check(MPI_Type_commit(&ftype.t), "MPI_Type_commit for");
+    view = ftype.t;
+  }
+  char native[] = "native";
+  f.check(MPI_File_set_view(f.get(), static_cast<MPI_Offset>(base), etype.t, view, native, MPI_INFO_NULL), "MPI_File_set_view of");
+  MPI_Status st;
+  const int count = static_cast<int>(n);
+  if (write) {
+    f.check(MPI_File_write_all(f.get(), buf, count, etype.t, &st), "MPI_File_write_all to");
+  } else {
+    f.check(MPI_File_read_all(f.get(), buf, count, etype.t, &st), "MPI_File_read_all from");
+    int got = 0;
+    MPI_Get_count(&st, etype.t, &got);
+    if (got != count)
+      throw Error("'" + f.path() + "' ends before the block's last element (read " + std::to_string(got) + " of " +
+                  std::to_string(count) + " elements; the file is truncated)");
+  }
+}
+#endif
+
+}  // namespace shardlib::io::detail

@@ -1,0 +1,402 @@
+// SPDX-License-Identifier: Apache-2.0
+// Distributed checkpoints: round trips across meshes, specs, shapes and element types (saved on
+// one mesh, loaded on another, compared with the one-device values), reads into host memory,
+// what the file holds, bytes read once, bad input, corruption, interrupted and failed saves.
+// The bodies run on threads devices and under mpirun; the fault tests that fork or change
+// process limits run on threads only.
+#include <doctest/doctest.h>
+#include <shardlib/io.hpp>
+
+#include "../collectives/harness.hpp"
+
+#include <hdf5.h>
+
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace sl = shardlib;
+namespace fs = std::filesystem;
+using sl::none;
+
+namespace {
+using M2 = sl::Mesh<"x", "y">;
+using M1 = sl::Mesh<"d">;
+template <class S, class T = float, class M = M2>
+using Tensor = sl::DistributedTensor<T, M, S>;
+using Rows = sl::Spec<"x", none>;
+using Cols = sl::Spec<none, "y">;
+using Rep = sl::Spec<none, none>;
+using Grid = sl::Spec<"x", "y">;
+using GridT = sl::Spec<"y", "x">;
+using Both = sl::Spec<sl::axes<"x", "y">, none>;
+using PSum = sl::Spec<none, "x", sl::partial_sum<"y">>;
+using D0 = sl::Spec<"d", none>;
+using D1 = sl::Spec<none, "d">;
+
+M2 mesh_of(sl::Context& ctx) {
+  const int n = ctx.num_devices();
+  return n % 2 == 0 ? M2(ctx, {n / 2, 2}) : M2(ctx, {n, 1});
+}
+// Another mesh of the same devices: {2, n/2} when n is even, else {1, n}.
+M2 other_mesh_of(sl::Context& ctx) {
+  const int n = ctx.num_devices();
+  return n % 2 == 0 ? M2(ctx, {2, n / 2}) : M2(ctx, {1, n});
+}
+
+// A fresh directory, the same on every device of the run (device 0 makes it), removed at the end.
+struct SharedDir {
+  sl::Context& ctx;
+  std::string path;
+  explicit SharedDir(sl::Context& c) : ctx(c) {
+    std::vector<unsigned char> bytes(256, 0);
+    if (ctx.device() == 0) {
+      std::string tmpl = (fs::temp_directory_path() / "shardlib_io_XXXXXX").string();
+      REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+      std::copy(tmpl.begin(), tmpl.end(), bytes.begin());
+    }
+    ctx.world().broadcast(bytes.data(), bytes.size(), sl::coll::DType::u8, 0);
+    path = reinterpret_cast<const char*>(bytes.data());
+  }
+  ~SharedDir() {
+    ctx.world().barrier();
+    if (ctx.device() == 0) fs::remove_all(path);
+  }
+  std::string operator/(const std::string& name) const { return path + "/" + name; }
+};
+
+// The global values of test tensors: a function of the global index, so every mesh agrees.
+template <class T>
+T value_at(std::int64_t k, int salt) {
+  if constexpr (std::is_floating_point_v<T>) return static_cast<T>(k) * T(0.25) + static_cast<T>(salt);
+  else return static_cast<T>((k * 7 + salt) % 120);
+}
+template <class T>
+std::vector<T> values(std::int64_t n, int salt) {
+  std::vector<T> v(static_cast<std::size_t>(n));
+  for (std::int64_t k = 0; k < n; ++k) v[static_cast<std::size_t>(k)] = value_at<T>(k, salt);
+  return v;
+}
+template <class S, class T, class M>
+Tensor<S, T, M> make(const M& mesh, std::array<std::int64_t, 2> shape, int salt) {
+  return Tensor<S, T, M>::from_host(mesh, shape, values<T>(shape[0] * shape[1], salt));
+}
+
+// All devices' sum of a counter.
+std::uint64_t total(sl::Context& ctx, std::uint64_t mine) {
+  std::uint64_t all = 0;
+  ctx.world().all_reduce(&mine, &all, 1, sl::coll::DType::u64, sl::coll::Op::sum);
+  return all;
+}
+
+// Saves a T tensor of `shape` with spec S on mesh_of, then loads it with every other spec, on
+// both meshes, and as a host array; all must equal the one-device values.
+template <class T, class S>
+void round_trip(sl::Context& ctx, const SharedDir& dir, std::array<std::int64_t, 2> shape) {
+  const M2 mesh = mesh_of(ctx), other = other_mesh_of(ctx);
+  M1 line(ctx, {ctx.num_devices()});
+  const int salt = static_cast<int>(shape[0] * 3 + shape[1]);
+  const auto want = values<T>(shape[0] * shape[1], salt);
+  const std::string file = dir / "rt.h5";
+  auto src = make<S, T>(mesh, shape, salt);
+  sl::io::save(file, {{"t", src}});
+  CAPTURE(S::value.to_string());
+  CAPTURE(shape[0]);
+  CAPTURE(shape[1]);
+  auto check = [&](const auto& t) {
+    CAPTURE(std::remove_cvref_t<decltype(t)>::spec_string());
+    CHECK(t.to_host() == want);
+  };
+  check(sl::io::load<Tensor<Rows, T>>(other, file, "t"));
+  check(sl::io::load<Tensor<Cols, T>>(other, file, "t"));
+  check(sl::io::load<Tensor<Rep, T>>(mesh, file, "t"));
+  check(sl::io::load<Tensor<GridT, T>>(mesh, file, "t"));
+  check(sl::io::load<Tensor<Both, T>>(other, file, "t"));
+  check(sl::io::load<Tensor<D0, T, M1>>(line, file, "t"));
+  check(sl::io::load<Tensor<D1, T, M1>>(line, file, "t"));
+  auto host = sl::io::read<T>(file, "t");
+  CHECK(host.shape == std::vector<std::int64_t>{shape[0], shape[1]});
+  CHECK(host.data == want);
+}
+}  // namespace
+
+TEST_SUITE("io") {
+TEST_CASE("save on one mesh and spec, load onto others: the one-device values, any element type and shape") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    SharedDir dir(ctx);
+    std::mt19937 rng(42);  // the same shapes on every device
+    for (int trial = 0; trial < 6; ++trial) {
+      std::array<std::int64_t, 2> shape{static_cast<std::int64_t>(rng() % 13), static_cast<std::int64_t>(1 + rng() % 11)};
+      if (trial == 0) shape = {0, 5};  // empty
+      switch (trial % 6) {
+        case 0: round_trip<float, Grid>(ctx, dir, shape); break;
+        case 1: round_trip<double, Rows>(ctx, dir, shape); break;
+        case 2: round_trip<std::int32_t, Both>(ctx, dir, shape); break;
+        case 3: round_trip<std::int64_t, Rep>(ctx, dir, shape); break;
+        case 4: round_trip<std::int8_t, GridT>(ctx, dir, shape); break;
+        default: round_trip<std::uint16_t, Cols>(ctx, dir, shape); break;
+      }
+    }
+  });
+}
+
+TEST_CASE("a checkpoint from one device count loads onto another (threads runtimes of 8, 3, 4 and 1 devices)") {
+  if (sl::test::mpi_runtime()) return;  // needs runtimes of several sizes in one process
+  const std::string file = (fs::temp_directory_path() / ("shardlib_io_counts_" + std::to_string(::getpid()) + ".h5")).string();
+  const auto want = values<float>(30 * 17, 1);
+  sl::Runtime::threads(8).spmd([&](sl::Context& ctx) {
+    M2 mesh(ctx, {4, 2});
+    auto w = make<Grid, float>(mesh, {30, 17}, 1);
+    auto b = make<Rows, double>(mesh, {5, 3}, 2);
+    sl::io::save(file, {{"layer0/w", w}, {"layer0/b", b}});
+  });
+  for (int n : {3, 4, 1}) {
+    sl::Runtime::threads(n).spmd([&](sl::Context& ctx) {
+      const M2 mesh = mesh_of(ctx);
+      auto w = Tensor<GridT>::zeros(mesh, {30, 17});
+      auto b = Tensor<Rep, double>::zeros(mesh, {5, 3});
+      sl::io::load(file, {{"layer0/w", w}, {"layer0/b", b}});
+      CHECK(w.to_host() == want);
+      CHECK(b.to_host() == values<double>(15, 2));
+    });
+  }
+  const auto info = sl::io::list(file);
+  REQUIRE(info.size() == 2);
+  CHECK(info[0].name == "layer0/b");
+  CHECK(info[0].dtype == sl::coll::DType::f64);
+  CHECK(info[0].spec == "Spec<\"x\", none>");
+  CHECK(info[1].name == "layer0/w");
+  CHECK(info[1].shape == std::vector<std::int64_t>{30, 17});
+  CHECK(info[1].mesh == "{x: 4, y: 2}");
+  fs::remove(file);
+}
+
+TEST_CASE("a load reads each byte once; replicas get theirs by broadcast; partial targets hold the value") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    SharedDir dir(ctx);
+    const M2 mesh = mesh_of(ctx);
+    auto src = make<Grid, float>(mesh, {13, 6}, 3);
+    const auto want = values<float>(13 * 6, 3);
+    sl::io::save(dir / "a.h5", {{"a", src}});
+    sl::io::Stats& st = sl::io::stats(ctx);
+    const std::uint64_t before = st.bytes_read;
+    auto rep = sl::io::load<Tensor<Rep>>(mesh, dir / "a.h5", "a");
+    CHECK(total(ctx, st.bytes_read - before) == 13 * 6 * sizeof(float));
+    CHECK(rep.to_host() == want);
+    const std::uint64_t before2 = st.bytes_read;
+    auto p = sl::io::load<Tensor<PSum>>(mesh, dir / "a.h5", "a");
+    CHECK(total(ctx, st.bytes_read - before2) == 13 * 6 * sizeof(float));
+    CHECK(p.to_host() == want);
+    // Saving wrote each byte once too: replicas write nothing.
+    const std::uint64_t w0 = st.bytes_written;
+    sl::io::save(dir / "b.h5", {{"rep", rep}});
+    CHECK(total(ctx, st.bytes_written - w0) == 13 * 6 * sizeof(float));
+  });
+}
+
+TEST_CASE("bad input: clear errors, the same on every device, and the tensors unchanged") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    SharedDir dir(ctx);
+    const M2 mesh = mesh_of(ctx);
+    auto a = make<Grid, float>(mesh, {6, 4}, 0);
+    const std::string file = dir / "ck.h5";
+    sl::io::save(file, {{"a", a}, {"g/b", a}});
+    auto x = Tensor<Rows>::full(mesh, {6, 4}, 9.0f);
+    const auto nines = std::vector<float>(24, 9.0f);
+    // Missing file, missing name, wrong shape, wrong element type: x keeps its values.
+    CHECK_THROWS_WITH_AS(sl::io::load(dir / "nope.h5", {{"a", x}}), doctest::Contains("No such file or directory"),
+                         sl::io::Error);
+    CHECK_THROWS_WITH_AS(sl::io::load(file, {{"a", x}, {"c", x}}),
+                         doctest::Contains("has no tensor 'c' (it has: a, g/b)"), sl::io::Error);
+    CHECK_THROWS_WITH_AS(sl::io::load(file, {{"g", x}}), doctest::Contains("has no tensor 'g'"), sl::io::Error);
+    auto wrong = Tensor<Rows>::full(mesh, {4, 6}, 1.0f);
+    CHECK_THROWS_WITH_AS(sl::io::load(file, {{"a", x}, {"g/b", wrong}}),
+                         "shardlib::io::load: tensor 'g/b' has shape [6, 4] in the checkpoint but the tensor to load "
+                         "it into has shape [4, 6]",
+                         std::invalid_argument);
+    auto ints = Tensor<Rows, std::int32_t>::zeros(mesh, {6, 4});
+    CHECK_THROWS_WITH_AS(sl::io::load(file, {{"a", ints}}),
+                         ("shardlib::io::load: tensor 'a' is f32 in checkpoint '" + file +
+                          "' but the tensor to load it into is i32").c_str(),
+                         std::invalid_argument);
+    CHECK(x.to_host() == nines);
+    CHECK_THROWS_WITH_AS(sl::io::read<double>(file, "a"), doctest::Contains("is f32"), std::invalid_argument);
+    // Names.
+    CHECK_THROWS_WITH_AS(sl::io::save(file, {{"a", a}, {"a", a}}), doctest::Contains("'a' appears twice"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(sl::io::save(file, {{"", a}}), doctest::Contains("is not usable"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(sl::io::save(file, {{"x//y", a}}), doctest::Contains("is not usable"), std::invalid_argument);
+    // A path in a missing directory, a directory, something that is not a checkpoint.
+    CHECK_THROWS_WITH_AS(sl::io::save(dir / "missing/ck.h5", {{"a", a}}),
+                         doctest::Contains(("cannot create checkpoint '" + (dir / "missing/ck.h5") + "' (in directory '" +
+                                            (dir / "missing") + "'): No such file or directory").c_str()),
+                         sl::io::Error);
+    CHECK_THROWS_WITH_AS(sl::io::save(dir.path, {{"a", a}}), doctest::Contains("is a directory"), sl::io::Error);
+    CHECK_THROWS_WITH_AS(sl::io::load(dir.path, {{"a", x}}), doctest::Contains("is a directory"), sl::io::Error);
+    if (ctx.device() == 0) std::ofstream(dir / "text.h5") << "not hdf5\n";
+    ctx.world().barrier();
+    CHECK_THROWS_WITH_AS(sl::io::load(dir / "text.h5", {{"a", x}}), doctest::Contains("is not an HDF5 file"), sl::io::Error);
+    if (ctx.device() == 0) {
+      const hid_t f = H5Fcreate((dir / "plain.h5").c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+      H5Fclose(f);
+    }
+    ctx.world().barrier();
+    CHECK_THROWS_WITH_AS(sl::io::load(dir / "plain.h5", {{"a", x}}), doctest::Contains("not a shardlib checkpoint"),
+                         sl::io::Error);
+    CHECK(x.to_host() == nines);
+    // No write permission (root may write anywhere: then a path under /proc stands in).
+    const std::string denied = ::geteuid() == 0 ? "/proc/shardlib_ck.h5" : dir / "ro/ck.h5";
+    if (::geteuid() != 0 && ctx.device() == 0) fs::create_directory(dir / "ro"), fs::permissions(dir / "ro", fs::perms::owner_read | fs::perms::owner_exec);
+    ctx.world().barrier();
+    CHECK_THROWS_WITH_AS(sl::io::save(denied, {{"a", a}}), doctest::Contains("cannot create checkpoint"), sl::io::Error);
+    // After all this, the checkpoint is still whole.
+    sl::io::load(file, {{"a", x}});
+    CHECK(x.to_host() == values<float>(24, 0));
+  });
+}
+
+TEST_CASE("corruption: a flipped data byte names the tensor and block; a truncated file is refused; never garbage") {
+  if (sl::test::mpi_runtime()) return;  // rewrites files from one process
+  const std::string file = (fs::temp_directory_path() / ("shardlib_io_bad_" + std::to_string(::getpid()) + ".h5")).string();
+  const std::string bad = file + ".bad";
+  const auto want = values<float>(40 * 9, 5);
+  sl::Runtime::threads(4).spmd([&](sl::Context& ctx) {
+    M2 mesh(ctx, {2, 2});
+    sl::io::save(file, {{"w", make<Grid, float>(mesh, {40, 9}, 5)}});
+  });
+  std::vector<char> bytes;
+  {
+    std::ifstream in(file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  haddr_t data_at = 0;
+  {
+    const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    const hid_t d = H5Dopen2(f, "w", H5P_DEFAULT);
+    data_at = H5Dget_offset(d);
+    H5Dclose(d);
+    H5Fclose(f);
+  }
+  auto write_bad = [&](const std::vector<char>& b) { std::ofstream(bad, std::ios::binary).write(b.data(), static_cast<std::streamsize>(b.size())); };
+  // Element (20, 4) lies in block 2 of the 2x2 grid ([20:40, 0:5]).
+  auto flipped = bytes;
+  flipped[data_at + (20 * 9 + 4) * sizeof(float) + 1] ^= 0x10;
+  write_bad(flipped);
+  CHECK_THROWS_WITH_AS(sl::io::read<float>(bad, "w"),
+                       doctest::Contains("is corrupt: tensor 'w', block 2 [20:40, 0:5] (saved with Spec<\"x\", \"y\"> on "
+                                         "{x: 2, y: 2}) does not match its checksum"),
+                       sl::io::Error);
+  sl::Runtime::threads(3).spmd([&](sl::Context& ctx) {
+    auto t = Tensor<Rows>::zeros(mesh_of(ctx), {40, 9});
+    CHECK_THROWS_WITH_AS(sl::io::load(bad, {{"w", t}}), doctest::Contains("tensor 'w', block 2 [20:40, 0:5]"), sl::io::Error);
+    CHECK(t.to_host() == std::vector<float>(360, 0.0f));
+    sl::io::load(bad, {{"w", t}}, {.verify_checksums = false});  // the option skips the check
+    CHECK(t.to_host() != want);
+  });
+  // Truncated anywhere: refused.
+  for (std::size_t keep : {std::size_t{0}, std::size_t{100}, bytes.size() / 2, bytes.size() - 1}) {
+    write_bad(std::vector<char>(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(keep)));
+    CAPTURE(keep);
+    CHECK_THROWS_AS(sl::io::read<float>(bad, "w"), sl::io::Error);
+  }
+  // A byte flipped anywhere in the file: an error, or (in bytes nothing reads) the exact values.
+  std::mt19937 rng(7);
+  int errors = 0, intact = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    auto b = bytes;
+    const std::size_t at = trial < static_cast<int>(b.size()) && trial < 64 ? static_cast<std::size_t>(trial) * b.size() / 64
+                                                                          : rng() % b.size();
+    b[at] = static_cast<char>(b[at] ^ static_cast<char>(1 + rng() % 255));
+    write_bad(b);
+    try {
+      const auto h = sl::io::read<float>(bad, "w");
+      CAPTURE(at);
+      CHECK(h.data == want);
+      ++intact;
+    } catch (const std::exception&) {
+      ++errors;
+    }
+  }
+  MESSAGE("flipped bytes: " << errors << " refused, " << intact << " harmless (unread bytes), none silent");
+  CHECK(errors > 0);
+  fs::remove(file);
+  fs::remove(bad);
+}
+
+TEST_CASE("an interrupted or failed save leaves the previous checkpoint intact and no temporary file") {
+  if (sl::test::mpi_runtime()) return;  // fault injection, fork and process limits: one process
+  const fs::path dir = fs::temp_directory_path() / ("shardlib_io_faults_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string file = (dir / "ck.h5").string();
+  const auto old_values = values<float>(64 * 64, 1);
+  auto run = [&](int devices, int salt, const std::function<void()>& before) {
+    sl::Runtime::threads(devices).spmd([&](sl::Context& ctx) {
+      M2 mesh(ctx, {devices, 1});
+      auto t = make<Grid, float>(mesh, {64, 64}, salt);
+      if (ctx.device() == 0 && before) before();
+      ctx.world().barrier();
+      sl::io::save(file, {{"w", t}});
+    });
+  };
+  auto files_in_dir = [&] {
+    int n = 0;
+    for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++n;
+    return n;
+  };
+  run(2, 1, {});
+  for (const char* point : {"metadata_written", "data_written"}) {
+    CAPTURE(point);
+    sl::io::detail::fault_hook() = [point](const char* where) {
+      if (std::string(where) == point) throw std::runtime_error(std::string("injected failure at ") + where);
+    };
+    CHECK_THROWS_WITH_AS(run(2, 2, {}), doctest::Contains("injected failure"), sl::io::Error);
+    sl::io::detail::fault_hook() = nullptr;
+    CHECK(sl::io::read<float>(file, "w").data == old_values);
+    CHECK(files_in_dir() == 1);
+  }
+  // Disk full part way (the file size limit stands in): an error, the old checkpoint intact.
+  {
+    rlimit old{};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+    auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    CHECK_THROWS_AS(run(2, 3, [&] {
+                      rlimit small = old;
+                      small.rlim_cur = 4096;
+                      ::setrlimit(RLIMIT_FSIZE, &small);
+                    }),
+                    sl::io::Error);
+    ::setrlimit(RLIMIT_FSIZE, &old);
+    std::signal(SIGXFSZ, old_handler);
+    CHECK(sl::io::read<float>(file, "w").data == old_values);
+    CHECK(files_in_dir() == 1);
+  }
+  // A writer killed before the rename: the old checkpoint is intact (its temporary file stays).
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    sl::io::detail::fault_hook() = [](const char* where) {
+      if (std::string(where) == "data_written") std::_Exit(3);
+    };
+    run(2, 4, {});
+    std::_Exit(0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 3));
+  CHECK(sl::io::read<float>(file, "w").data == old_values);
+  CHECK(files_in_dir() == 2);  // ck.h5 and the killed save's ck.h5.tmp-*
+  // The next save replaces it.
+  run(2, 5, {});
+  CHECK(sl::io::read<float>(file, "w").data == values<float>(64 * 64, 5));
+  fs::remove_all(dir);
+}
+}
