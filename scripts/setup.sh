@@ -15,6 +15,7 @@ packages=(
   libopenblas-dev                                  # BLAS under Eigen's host GEMM (optional: -Dblas)
   doctest-dev                                      # tests
   libopenmpi-dev openmpi-bin                       # MPI backend
+  libhdf5-dev python3-h5py                         # checkpoints (HDF5), and h5py for their test
   ccache                                           # compiler cache (Meson uses it when present)
 )
 missing=()

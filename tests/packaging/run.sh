@@ -20,6 +20,13 @@ ln -s "$src" "$work/sub/subprojects/shardlib"
 meson setup "$work/sub/build" "$work/sub" >"$work/sub.log" 2>&1 || { cat "$work/sub.log"; exit 1; }
 meson compile -C "$work/sub/build" >>"$work/sub.log" 2>&1 || { cat "$work/sub.log"; exit 1; }
 "$work/sub/build/consumer"
+run_io() {  # the checkpoint consumer, required when this build has HDF5
+  if [ -x "$1/consumer_io" ]; then (cd "$1" && ./consumer_io)
+  elif [ "$need_io" = 1 ]; then echo "consumer_io was not built through $2"; exit 1; fi
+}
+need_io=0
+if pkg-config --exists hdf5-serial 2>/dev/null || pkg-config --exists hdf5 2>/dev/null; then need_io=1; fi
+run_io "$work/sub/build" "the subproject"
 
 step "2. installed shardlib through pkg-config"
 prefix=$work/prefix
@@ -34,10 +41,12 @@ PKG_CONFIG_PATH=$pcdir meson setup "$work/pc/build" "$work/pc" -Duse_subproject=
   >"$work/pc.log" 2>&1 || { cat "$work/pc.log"; exit 1; }
 meson compile -C "$work/pc/build" >>"$work/pc.log" 2>&1 || { cat "$work/pc.log"; exit 1; }
 "$work/pc/build/consumer"
+run_io "$work/pc/build" pkg-config
 
 step "3. installed shardlib through CMake find_package"
 cmake -S "$consumer" -B "$work/cmake" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release \
   >"$work/cmake.log" 2>&1 || { cat "$work/cmake.log"; exit 1; }
 cmake --build "$work/cmake" >>"$work/cmake.log" 2>&1 || { cat "$work/cmake.log"; exit 1; }
 "$work/cmake/consumer"
+run_io "$work/cmake" CMake
 echo "packaging: subproject, pkg-config and CMake consumers all built and ran"

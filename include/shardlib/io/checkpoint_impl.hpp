@@ -370,6 +370,7 @@ inline void load(const std::string& path, std::initializer_list<Target> targets,
 }
 
 inline std::vector<TensorInfo> list(const std::string& path) {
+  h5::quiet();
   auto lock = h5::hdf5_lock();
   h5::Handle file = detail::open_checkpoint(path);
   const std::uint64_t size = detail::file_size(path);
@@ -382,6 +383,7 @@ template <class T>
 HostArray<T> read(const std::string& path, const std::string& name, const LoadOptions& opts) {
   detail::check_name(name, "read");
   detail::Stored s;
+  h5::quiet();
   {
     auto lock = h5::hdf5_lock();
     h5::Handle file = detail::open_checkpoint(path);

@@ -32,13 +32,26 @@ constexpr std::uint64_t element_hash(std::uint64_t k, std::uint64_t bits) noexce
 namespace detail {
 template <std::size_t Size>
 std::uint64_t run_checksum(const unsigned char* p, std::int64_t n, std::uint64_t k) noexcept {
-  std::uint64_t sum = 0;
-  for (std::int64_t i = 0; i < n; ++i, p += Size) {
+  // element_hash with k·φ stepped by additions, four independent sums (one multiply per element).
+  constexpr std::uint64_t phi = 0x9E3779B97F4A7C15ull;
+  auto h = [](const unsigned char* q, std::uint64_t kphi) {
     std::uint64_t bits = 0;
-    std::memcpy(&bits, p, Size);  // little-endian: the stored bytes, zero-extended
-    sum += element_hash(k + static_cast<std::uint64_t>(i), bits);
+    std::memcpy(&bits, q, Size);  // little-endian: the stored bytes, zero-extended
+    std::uint64_t x = bits + kphi;
+    x ^= x >> 29;
+    x *= 0xBF58476D1CE4E5B9ull;
+    return x ^ (x >> 32);
+  };
+  std::uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0, kp = k * phi;
+  std::int64_t i = 0;
+  for (; i + 4 <= n; i += 4, p += 4 * Size, kp += 4 * phi) {
+    s0 += h(p, kp);
+    s1 += h(p + Size, kp + phi);
+    s2 += h(p + 2 * Size, kp + 2 * phi);
+    s3 += h(p + 3 * Size, kp + 3 * phi);
   }
-  return sum;
+  for (; i < n; ++i, p += Size, kp += phi) s0 += h(p, kp);
+  return (s0 + s1) + (s2 + s3);
 }
 }  // namespace detail
 

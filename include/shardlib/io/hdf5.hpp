@@ -51,9 +51,13 @@ inline std::string last_error() {
   return out.empty() ? std::string("unknown HDF5 error") : out;
 }
 
-/// Turns HDF5's automatic error printing off for this process (once).
+/// Turns HDF5's automatic error printing off for this process, and its clean-up at exit (once,
+/// before any other HDF5 call of ours). HDF5 1.10 keeps the identifier of a file whose H5Fclose
+/// failed (a write error while flushing) after freeing the file, and its exit handler then
+/// crashes on it; every file we open is closed by us, so the exit handler has nothing to do.
 inline void quiet() {
   static const bool done = [] {
+    H5dont_atexit();
     H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
     return true;
   }();
