@@ -3,15 +3,16 @@
 // the same bytes with plain write()/read() of one file by one thread (this disk's limit as a
 // program would reach it). One JSON record per case on stdout, progress on stderr.
 // Driven by `benchmarks/run io`; run alone as
-//   bench_io --backend threads --devices 8 [--bytes 268435456] [--reps 3] [--dir DIR]
+//   bench_io --backend threads --devices 8 [--bytes 268435456] [--reps 5] [--cold] [--dir DIR]
 //   mpirun -np 8 bench_io --backend mpi
 // Cases (a float tensor of --bytes, 1024 columns):
 //   save S0            Spec<"d", none> saved (durable: fsync)  | plain write + fsync of one file
 //   load S0->S0        loaded with the spec it was saved with  | plain read of one file
 //   load S0->S1        loaded split by columns (strided reads) | plain read of one file
 //   load S0->R         loaded replicated (one read, broadcast) | plain read of one file
-// Loads read from the page cache when the file is in it (as after a save); with --cold, the
-// file's cached pages are dropped (posix_fadvise DONTNEED) before every load and plain read.
+// Loads read from the page cache when the file is in it (as after a save); with --cold, both
+// files' cached pages are dropped (posix_fadvise DONTNEED) before every save, load, plain write
+// and plain read, so each starts from the same page-cache state. Medians of --reps (5).
 #include <shardlib/io.hpp>
 #include <shardlib/shardlib.hpp>
 
@@ -73,7 +74,7 @@ int main(int argc, char** argv) {
   if (bench::answered_backends_query(argc, argv, sl::has_mpi())) return 0;
   auto rt = sl::Runtime::from_args(argc, argv, 8);
   const long long bytes = bench::arg(argc, argv, "--bytes", 256ll << 20);
-  const int reps = static_cast<int>(bench::arg(argc, argv, "--reps", 3));
+  const int reps = static_cast<int>(bench::arg(argc, argv, "--reps", 5));
   bool cold = false;
   std::string dir = "/tmp";
   for (int i = 1; i < argc; ++i) {
@@ -111,7 +112,6 @@ int main(int argc, char** argv) {
       }
       return bench::median(ts);
     };
-    auto nothing = [] {};
     auto drop = [&] {
       if (cold && ctx.device() == 0) {
         drop_cache(ck);
@@ -133,8 +133,8 @@ int main(int argc, char** argv) {
                    base_s * 1e3, base_gbps, base_s / ours);
     };
 
-    const double base_w = timed([&] { if (ctx.device() == 0) plain_write(plain, buf.data(), total); }, nothing);
-    const double save = timed([&] { sl::io::save(ck, {{"t", t}}); }, nothing);
+    const double base_w = timed([&] { if (ctx.device() == 0) plain_write(plain, buf.data(), total); }, drop);
+    const double save = timed([&] { sl::io::save(ck, {{"t", t}}); }, drop);
     report("save", "save S0", save, "plain write+fsync, 1 thread", base_w);
 
     const double base_r = timed([&] { if (ctx.device() == 0) plain_read(plain, buf.data(), total); }, drop);

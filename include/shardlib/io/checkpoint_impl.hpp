@@ -98,6 +98,101 @@ inline std::vector<std::uint64_t> write_metadata(const std::string& path, const 
   return offsets;
 }
 
+/// The size of the slabs a device writes or reads at a time (8 MiB; tests make it small).
+inline std::int64_t& slab_bytes() {
+  static std::int64_t bytes = std::int64_t{8} << 20;
+  return bytes;
+}
+
+/// Device 0, after the data: sets each dataset's saved-block checksums in the temporary file.
+inline void write_checksums(const std::string& tmp, const std::vector<std::string>& names,
+                            const std::vector<std::vector<std::uint64_t>>& sums) {
+  auto lock = h5::hdf5_lock();
+  h5::Handle fapl = file_access();
+  h5::Handle file = h5::check(H5Fopen(tmp.c_str(), H5F_ACC_RDWR, fapl.get()), H5Fclose,
+                              "shardlib::io::save: reopening '" + tmp + "'");
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (sums[i].empty()) continue;
+    h5::Handle ds = h5::check(H5Dopen2(file.get(), names[i].c_str(), H5P_DEFAULT), H5Dclose,
+                              "shardlib::io::save: tensor '" + names[i] + "'");
+    h5::Handle attr = h5::check(H5Aopen(ds.get(), "shardlib_checksums", H5P_DEFAULT), H5Aclose,
+                                "shardlib::io::save: tensor '" + names[i] + "'");
+    h5::check(H5Awrite(attr.get(), H5T_NATIVE_UINT64, sums[i].data()), "shardlib::io::save: tensor '" + names[i] + "'");
+  }
+  if (!file.close()) throw Error("shardlib::io::save: writing the checksums to '" + tmp + "': " + h5::last_error());
+}
+
+/// Writes `box` (a device's whole block, row-major at `data`) into the dataset at byte `base`
+/// in slabs of about 8 MiB along dim 0, and returns its checksum: each slab is summed right
+/// after its write, while it is in the cache and (with `writeback`) the disk writes it.
+inline std::uint64_t write_and_checksum(PosixFile& f, std::uint64_t base, shardlib::detail::ArrayRef<std::int64_t> shape,
+                                        std::size_t elem, const void* data, const ShardBox& box, bool writeback) {
+  if (box.rank == 0) {
+    write_box(f, base, shape, elem, data, box, box);
+    return box_checksum(data, elem, box, box, shape);
+  }
+  const std::int64_t row = box.num_elements() / box.extent[0];  // elements per index of dim 0
+  const std::int64_t step = std::max<std::int64_t>(1, slab_bytes() / std::max<std::int64_t>(1, row * static_cast<std::int64_t>(elem)));
+  std::uint64_t sum = 0;
+  for (std::int64_t r = 0; r < box.extent[0]; r += step) {
+    ShardBox slab = box;
+    slab.offset[0] = box.offset[0] + r;
+    slab.extent[0] = std::min(step, box.extent[0] - r);
+    write_box(f, base, shape, elem, data, box, slab);
+    if (writeback) {  // the file range from the slab's first element to its last
+      std::int64_t lo = 0, hi = 0;
+      for (int d = 0; d < box.rank; ++d) {
+        const auto u = static_cast<std::size_t>(d);
+        lo = lo * shape[u] + slab.offset[u];
+        hi = hi * shape[u] + slab.offset[u] + slab.extent[u] - 1;
+      }
+      f.start_writeback(base + static_cast<std::uint64_t>(lo) * elem, static_cast<std::uint64_t>(hi - lo + 1) * elem);
+    }
+    sum += box_checksum(data, elem, box, slab, shape);
+  }
+  return sum;
+}
+
+/// Reads `box` (a device's whole block, row-major at `data`) from the dataset at byte `base` in
+/// slabs of about 8 MiB along dim 0; after each slab, adds to parts[b] its share of each saved
+/// block's checksum (when `parts` is not empty), while the next slab is read ahead by the
+/// kernel.
+inline void read_and_checksum(PosixFile& f, std::uint64_t base, shardlib::detail::ArrayRef<std::int64_t> shape,
+                              std::size_t elem, void* data, const ShardBox& box, const std::vector<ShardBox>& saved,
+                              std::uint64_t* parts) {
+  auto range = [&](const ShardBox& b) {  // file bytes from the box's first element to its last
+    std::int64_t lo = 0, hi = 0;
+    for (int d = 0; d < b.rank; ++d) {
+      const auto u = static_cast<std::size_t>(d);
+      lo = lo * shape[u] + b.offset[u];
+      hi = hi * shape[u] + b.offset[u] + b.extent[u] - 1;
+    }
+    return std::pair<std::uint64_t, std::uint64_t>(base + static_cast<std::uint64_t>(lo) * elem,
+                                                   static_cast<std::uint64_t>(hi - lo + 1) * elem);
+  };
+  const std::int64_t rows = box.rank == 0 ? 1 : box.extent[0];
+  const std::int64_t row = box.rank == 0 ? 1 : box.num_elements() / box.extent[0];
+  const std::int64_t step = std::max<std::int64_t>(1, slab_bytes() / std::max<std::int64_t>(1, row * static_cast<std::int64_t>(elem)));
+  auto slab_at = [&](std::int64_t r) {
+    ShardBox slab = box;
+    if (box.rank > 0) {
+      slab.offset[0] = box.offset[0] + r;
+      slab.extent[0] = std::min(step, box.extent[0] - r);
+    }
+    return slab;
+  };
+  for (std::int64_t r = 0; r < rows; r += step) {
+    const ShardBox slab = slab_at(r);
+    if (r + step < rows) {
+      const auto [at, bytes] = range(slab_at(r + step));
+      f.read_ahead(at, bytes);
+    }
+    read_box(f, base, shape, elem, data, box, slab);
+    if (parts)
+      for (std::size_t b = 0; b < saved.size(); ++b) parts[b] += box_checksum(data, elem, box, shardlib::intersect(saved[b], slab), shape);
+  }
+}
+
 }  // namespace detail
 
 inline void save(const std::string& path, std::initializer_list<Entry> tensors, const SaveOptions& opts) {
@@ -119,24 +214,20 @@ inline void save(const std::string& path, std::initializer_list<Entry> tensors, 
   const int dev = ctx.device(), ndev = world.size();
   const std::size_t n = es.size();
 
-  // 1. Each device's checksum of the block it holds first-hand; all devices learn them all.
-  std::vector<std::uint64_t> mine(n, 0), all(n * static_cast<std::size_t>(ndev), 0);
-  std::vector<char> writes(n, 0);
-  for (std::size_t i = 0; i < n; ++i) {
-    const Entry& e = *es[i];
-    writes[i] = is_primary(e.sharding_, e.mesh_, dev) && e.box_.num_elements() > 0;
-    if (writes[i])
-      mine[i] = box_checksum(e.data_, coll::size_of(e.dtype_), e.box_, e.box_,
-                             shardlib::detail::ArrayRef<std::int64_t>(e.shape_.data(), e.shape_.size()));
-  }
-  world.all_gather(mine.data(), all.data(), n, coll::DType::u64);
+  std::vector<char> writes(n, 0);  // whether this device writes tensor i's block
+  for (std::size_t i = 0; i < n; ++i)
+    writes[i] = is_primary(es[i]->sharding_, es[i]->mesh_, dev) && es[i]->box_.num_elements() > 0;
+  auto shape_of = [&](std::size_t i) {
+    return shardlib::detail::ArrayRef<std::int64_t>(es[i]->shape_.data(), es[i]->shape_.size());
+  };
 
-  // 2. Device 0 writes the metadata to a temporary file.
+  // 1. Device 0 writes the metadata to a temporary file (checksums as zeros until step 3).
   std::string tmp;
   bool created = false;
   auto cleanup = [&] {
     if (dev == 0 && created) detail::remove_quietly(tmp);
   };
+  std::vector<std::vector<int>> block_device(n);  // device 0: which device wrote each saved block
   std::vector<unsigned char> blob;
   detail::agree(world, [&] {
     if (dev != 0) return;
@@ -159,8 +250,9 @@ inline void save(const std::string& path, std::initializer_list<Entry> tensors, 
         const ShardBox b = shard_box(e.sharding_, e.mesh_, e.shape_, d);
         if (b.num_elements() == 0) continue;
         blocks[i].push_back(b);
-        sums[i].push_back(all[static_cast<std::size_t>(d) * n + i]);
+        block_device[i].push_back(d);
       }
+      sums[i].assign(blocks[i].size(), 0);
     }
     tmp = detail::temp_name(path);
     created = true;
@@ -179,8 +271,9 @@ inline void save(const std::string& path, std::initializer_list<Entry> tensors, 
     for (auto& o : offsets) o = r.u64();
   }
 
-  // 3. Every device writes the blocks it holds first-hand into the datasets.
+  // 2. Every device writes the blocks it holds first-hand into the datasets, and their checksums.
   std::uint64_t written = 0;
+  std::vector<std::uint64_t> mine(n, 0), all(n * static_cast<std::size_t>(ndev), 0);
   detail::agree(world, [&] {
 #if defined(SHARDLIB_HAVE_MPI)
     if (MPI_Comm comm = detail::mpi_comm_of(world); comm != MPI_COMM_NULL) {
@@ -189,9 +282,11 @@ inline void save(const std::string& path, std::initializer_list<Entry> tensors, 
         const Entry& e = *es[i];
         ShardBox none = e.box_;
         if (!writes[i]) none.extent.fill(0);
-        detail::mpi_box(f, true, offsets[i], shardlib::detail::ArrayRef<std::int64_t>(e.shape_.data(), e.shape_.size()),
-                        coll::size_of(e.dtype_), const_cast<void*>(e.data_), writes[i] ? e.box_ : none);
-        if (writes[i]) written += static_cast<std::uint64_t>(e.box_.num_elements()) * coll::size_of(e.dtype_);
+        detail::mpi_box(f, true, offsets[i], shape_of(i), coll::size_of(e.dtype_), const_cast<void*>(e.data_),
+                        writes[i] ? e.box_ : none);
+        if (!writes[i]) continue;
+        written += static_cast<std::uint64_t>(e.box_.num_elements()) * coll::size_of(e.dtype_);
+        mine[i] = box_checksum(e.data_, coll::size_of(e.dtype_), e.box_, e.box_, shape_of(i));
       }
       if (opts.durable) f.sync();
       f.close();
@@ -203,16 +298,21 @@ inline void save(const std::string& path, std::initializer_list<Entry> tensors, 
     for (std::size_t i = 0; i < n; ++i) {
       if (!writes[i]) continue;
       const Entry& e = *es[i];
-      detail::write_box(f, offsets[i], shardlib::detail::ArrayRef<std::int64_t>(e.shape_.data(), e.shape_.size()),
-                        coll::size_of(e.dtype_), e.data_, e.box_, e.box_);
+      mine[i] = detail::write_and_checksum(f, offsets[i], shape_of(i), coll::size_of(e.dtype_), e.data_, e.box_,
+                                           opts.durable);
       written += static_cast<std::uint64_t>(e.box_.num_elements()) * coll::size_of(e.dtype_);
     }
     f.close();
   }, cleanup);
+  world.all_gather(mine.data(), all.data(), n, coll::DType::u64);
 
-  // 4. Device 0 makes it durable and renames it over `path`.
+  // 3. Device 0 records the checksums, makes the file durable and renames it over `path`.
   detail::agree(world, [&] {
     if (dev != 0) return;
+    std::vector<std::vector<std::uint64_t>> sums(n);
+    for (std::size_t i = 0; i < n; ++i)
+      for (int d : block_device[i]) sums[i].push_back(all[static_cast<std::size_t>(d) * n + i]);
+    detail::write_checksums(tmp, names, sums);
     detail::fault_point("data_written");
     if (opts.durable) {
       detail::PosixFile f(tmp, O_RDONLY);
@@ -308,6 +408,13 @@ inline void load_slots(const std::string& path, std::span<Slot> slots, const Loa
                 r ? blocks[i].box : none);
       }
       f.close();
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::size_t elem = coll::size_of(slots[i].dtype);
+        if (!reads[i] || !opts.verify_checksums) continue;
+        for (std::size_t b = 0; b < stored[i].blocks.size(); ++b)
+          parts[first_sum[i] + b] = box_checksum(blocks[i].data, elem, blocks[i].box,
+                                                 shardlib::intersect(stored[i].blocks[b], blocks[i].box), shape_of(i));
+      }
     } else
 #endif
     {
@@ -315,22 +422,16 @@ inline void load_slots(const std::string& path, std::span<Slot> slots, const Loa
       for (std::size_t i = 0; i < n; ++i) {
         if (!reads[i] || blocks[i].box.num_elements() == 0) continue;
         if (!f) f.emplace(path, O_RDONLY);
-        read_box(*f, stored[i].offset, shape_of(i), coll::size_of(slots[i].dtype), blocks[i].data, blocks[i].box,
-                 blocks[i].box);
+        read_and_checksum(*f, stored[i].offset, shape_of(i), coll::size_of(slots[i].dtype), blocks[i].data,
+                          blocks[i].box, stored[i].blocks, opts.verify_checksums ? parts.data() + first_sum[i] : nullptr);
       }
     }
     for (std::size_t i = 0; i < n; ++i) {
       const std::size_t elem = coll::size_of(slots[i].dtype);
       const ShardBox& box = blocks[i].box;
-      if (!reads[i]) {
-        if (shardlib::detail::off_first_coordinate(slots[i].mesh, dev, slots[i].sharding.partial))  // zeros: the sum is the value
-          std::memset(blocks[i].data, 0, static_cast<std::size_t>(box.num_elements()) * elem);
-        continue;
-      }
-      read_bytes += static_cast<std::uint64_t>(box.num_elements()) * elem;
-      if (opts.verify_checksums)
-        for (std::size_t b = 0; b < stored[i].blocks.size(); ++b)
-          parts[first_sum[i] + b] = box_checksum(blocks[i].data, elem, box, shardlib::intersect(stored[i].blocks[b], box), shape_of(i));
+      if (reads[i]) read_bytes += static_cast<std::uint64_t>(box.num_elements()) * elem;
+      else if (shardlib::detail::off_first_coordinate(slots[i].mesh, dev, slots[i].sharding.partial))
+        std::memset(blocks[i].data, 0, static_cast<std::size_t>(box.num_elements()) * elem);  // zeros: the sum is the value
     }
   });
 

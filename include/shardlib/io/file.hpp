@@ -107,6 +107,17 @@ class PosixFile {
       offset += static_cast<std::uint64_t>(r);
     }
   }
+  /// Starts writing `bytes` at `offset` to the disk without waiting (a hint; Linux only: the
+  /// fsync that follows reports any error).
+  void start_writeback([[maybe_unused]] std::uint64_t offset, [[maybe_unused]] std::uint64_t bytes) noexcept {
+#if defined(__linux__) && defined(SYNC_FILE_RANGE_WRITE)
+    (void)::sync_file_range(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes), SYNC_FILE_RANGE_WRITE);
+#endif
+  }
+  /// Asks the kernel to read `bytes` at `offset` ahead (a hint).
+  void read_ahead(std::uint64_t offset, std::uint64_t bytes) noexcept {
+    (void)::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes), POSIX_FADV_WILLNEED);
+  }
   /// Writes the file's data to the disk (fsync).
   void sync() {
     if (::fsync(fd_) != 0) throw Error(errno_text("fsync of", path_, errno));
@@ -166,7 +177,7 @@ inline std::string mpi_error_text(int code) {
 /// (MPI_ERRORS_RETURN is the default for files) and thrown as Error.
 class MpiFile {
  public:
-  MpiFile(MPI_Comm comm, std::string path, int amode) : path_(std::move(path)) {
+  MpiFile(MPI_Comm comm, std::string path, int amode) : path_(std::move(path)), comm_(comm) {
     check(MPI_File_open(comm, path_.c_str(), amode, MPI_INFO_NULL, &fh_), "MPI_File_open of");
   }
   MpiFile(const MpiFile&) = delete;
@@ -175,6 +186,7 @@ class MpiFile {
     if (fh_ != MPI_FILE_NULL) MPI_File_close(&fh_);
   }
   MPI_File get() const noexcept { return fh_; }
+  MPI_Comm comm() const noexcept { return comm_; }
   const std::string& path() const noexcept { return path_; }
   void check(int code, const std::string& what) const {
     if (code != MPI_SUCCESS) throw Error(what + " '" + path_ + "': " + mpi_error_text(code));
@@ -187,6 +199,7 @@ class MpiFile {
 
  private:
   std::string path_;
+  MPI_Comm comm_;
   MPI_File fh_ = MPI_FILE_NULL;
 };
 
@@ -225,14 +238,31 @@ inline void mpi_box(MpiFile& f, bool write, std::uint64_t base, shardlib::detail
     f.check(MPI_Type_commit(&ftype.t), "MPI_Type_commit for");
     view = ftype.t;
   }
+  // Where every rank's box is one contiguous run of the file (a split of dim 0), an explicit
+  // offset with a byte view: Open MPI's OMPIO wrote 256 MiB through a subarray view at a third
+  // of the speed of ROMIO, and at the speed of a plain write this way. Decided by all ranks
+  // alike (the two collective calls must match).
+  std::uint64_t run_at = 0, runs = 0;
+  for_each_run(box, box, shape, elem, [&](std::uint64_t fo, std::uint64_t, std::uint64_t) {
+    run_at = fo;
+    ++runs;
+  });
+  int contiguous = runs <= 1;
+  MPI_Allreduce(MPI_IN_PLACE, &contiguous, 1, MPI_INT, MPI_LAND, f.comm());
   char native[] = "native";
-  f.check(MPI_File_set_view(f.get(), static_cast<MPI_Offset>(base), etype.t, view, native, MPI_INFO_NULL), "MPI_File_set_view of");
   MPI_Status st;
   const int count = static_cast<int>(n);
-  if (write) {
-    f.check(MPI_File_write_all(f.get(), buf, count, etype.t, &st), "MPI_File_write_all to");
+  if (contiguous) {
+    f.check(MPI_File_set_view(f.get(), 0, MPI_BYTE, MPI_BYTE, native, MPI_INFO_NULL), "MPI_File_set_view of");
+    const auto at = static_cast<MPI_Offset>(base + run_at);
+    if (write) f.check(MPI_File_write_at_all(f.get(), at, buf, count, etype.t, &st), "MPI_File_write_at_all to");
+    else f.check(MPI_File_read_at_all(f.get(), at, buf, count, etype.t, &st), "MPI_File_read_at_all from");
   } else {
-    f.check(MPI_File_read_all(f.get(), buf, count, etype.t, &st), "MPI_File_read_all from");
+    f.check(MPI_File_set_view(f.get(), static_cast<MPI_Offset>(base), etype.t, view, native, MPI_INFO_NULL), "MPI_File_set_view of");
+    if (write) f.check(MPI_File_write_all(f.get(), buf, count, etype.t, &st), "MPI_File_write_all to");
+    else f.check(MPI_File_read_all(f.get(), buf, count, etype.t, &st), "MPI_File_read_all from");
+  }
+  if (!write) {
     int got = 0;
     MPI_Get_count(&st, etype.t, &got);
     if (got != count)
