@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -168,20 +169,28 @@ TEST_CASE("a checkpoint from one device count loads onto another (threads runtim
     M2 mesh(ctx, {4, 2});
     auto w = make<Grid, float>(mesh, {30, 17}, 1);
     auto b = make<Rows, double>(mesh, {5, 3}, 2);
-    sl::io::save(file, {{"layer0/w", w}, {"layer0/b", b}});
+    auto c = sl::DistributedTensor<std::int64_t, M2, sl::Spec<"x", none, "y">>::iota(mesh, {5, 3, 7});
+    sl::io::save(file, {{"layer0/w", w}, {"layer0/b", b}, {"cube", c}});
   });
   for (int n : {3, 4, 1}) {
     sl::Runtime::threads(n).spmd([&](sl::Context& ctx) {
       const M2 mesh = mesh_of(ctx);
       auto w = Tensor<GridT>::zeros(mesh, {30, 17});
       auto b = Tensor<Rep, double>::zeros(mesh, {5, 3});
-      sl::io::load(file, {{"layer0/w", w}, {"layer0/b", b}});
+      auto c = sl::DistributedTensor<std::int64_t, M2, sl::Spec<none, sl::axes<"y", "x">, none>>::zeros(mesh, {5, 3, 7});
+      sl::io::load(file, {{"layer0/w", w}, {"layer0/b", b}, {"cube", c}});
       CHECK(w.to_host() == want);
       CHECK(b.to_host() == values<double>(15, 2));
+      std::vector<std::int64_t> iota(105);
+      std::iota(iota.begin(), iota.end(), std::int64_t{0});
+      CHECK(c.to_host() == iota);
     });
   }
-  const auto info = sl::io::list(file);
-  REQUIRE(info.size() == 2);
+  auto info = sl::io::list(file);
+  REQUIRE(info.size() == 3);
+  CHECK(info[0].name == "cube");
+  CHECK(info[0].shape == std::vector<std::int64_t>{5, 3, 7});
+  info.erase(info.begin());
   CHECK(info[0].name == "layer0/b");
   CHECK(info[0].dtype == sl::coll::DType::f64);
   CHECK(info[0].spec == "Spec<\"x\", none>");
