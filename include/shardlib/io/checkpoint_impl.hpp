@@ -430,7 +430,7 @@ inline void load_slots(const std::string& path, std::span<Slot> slots, const Loa
       const std::size_t elem = coll::size_of(slots[i].dtype);
       const ShardBox& box = blocks[i].box;
       if (reads[i]) read_bytes += static_cast<std::uint64_t>(box.num_elements()) * elem;
-      else if (shardlib::detail::off_first_coordinate(slots[i].mesh, dev, slots[i].sharding.partial))
+      else if (box.num_elements() > 0 && shardlib::detail::off_first_coordinate(slots[i].mesh, dev, slots[i].sharding.partial))
         std::memset(blocks[i].data, 0, static_cast<std::size_t>(box.num_elements()) * elem);  // zeros: the sum is the value
     }
   });
