@@ -33,15 +33,18 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <future>
 #include <initializer_list>
 #include <memory>
 #include <optional>
 #include <random>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <sys/stat.h>

@@ -122,75 +122,130 @@ inline void write_checksums(const std::string& tmp, const std::vector<std::strin
   if (!file.close()) throw Error("shardlib::io::save: writing the checksums to '" + tmp + "': " + h5::last_error());
 }
 
-/// Writes `box` (a device's whole block, row-major at `data`) into the dataset at byte `base`
-/// in slabs of about 8 MiB along dim 0, and returns its checksum: each slab is summed right
-/// after its write, while it is in the cache and (with `writeback`) the disk writes it.
-inline std::uint64_t write_and_checksum(PosixFile& f, std::uint64_t base, shardlib::detail::ArrayRef<std::int64_t> shape,
-                                        std::size_t elem, const void* data, const ShardBox& box, bool writeback) {
-  if (box.rank == 0) {
-    write_box(f, base, shape, elem, data, box, box);
-    return box_checksum(data, elem, box, box, shape);
+/// The file bytes from the first element of `b` to its last, for a dataset of `shape` at `base`.
+inline std::pair<std::uint64_t, std::uint64_t> file_range(std::uint64_t base, shardlib::detail::ArrayRef<std::int64_t> shape,
+                                                          std::size_t elem, const ShardBox& b) {
+  std::int64_t lo = 0, hi = 0;
+  for (int d = 0; d < b.rank; ++d) {
+    const auto u = static_cast<std::size_t>(d);
+    lo = lo * shape[u] + b.offset[u];
+    hi = hi * shape[u] + b.offset[u] + b.extent[u] - 1;
   }
-  const std::int64_t row = box.num_elements() / box.extent[0];  // elements per index of dim 0
-  const std::int64_t step = std::max<std::int64_t>(1, slab_bytes() / std::max<std::int64_t>(1, row * static_cast<std::int64_t>(elem)));
-  std::uint64_t sum = 0;
-  for (std::int64_t r = 0; r < box.extent[0]; r += step) {
-    ShardBox slab = box;
-    slab.offset[0] = box.offset[0] + r;
-    slab.extent[0] = std::min(step, box.extent[0] - r);
-    write_box(f, base, shape, elem, data, box, slab);
-    if (writeback) {  // the file range from the slab's first element to its last
-      std::int64_t lo = 0, hi = 0;
-      for (int d = 0; d < box.rank; ++d) {
-        const auto u = static_cast<std::size_t>(d);
-        lo = lo * shape[u] + slab.offset[u];
-        hi = hi * shape[u] + slab.offset[u] + slab.extent[u] - 1;
+  return {base + static_cast<std::uint64_t>(lo) * elem, static_cast<std::uint64_t>(hi - lo + 1) * elem};
+}
+
+/// The threads a device may sum checksums on: its share of the machine's cores (the cores over
+/// the devices of this process under threads, over the MPI ranks of this node under mpi), at
+/// least 1.
+inline int checksum_lanes(const Context& ctx) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int per_node = ctx.num_devices();
+  if (ctx.backend() != "threads") {
+    per_node = 1;
+    for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"})
+      if (const char* s = std::getenv(v)) {
+        per_node = std::max(1, std::atoi(s));
+        break;
       }
-      f.start_writeback(base + static_cast<std::uint64_t>(lo) * elem, static_cast<std::uint64_t>(hi - lo + 1) * elem);
-    }
-    sum += box_checksum(data, elem, box, slab, shape);
   }
+  return std::max(1, cores / per_node);
+}
+
+/// Cuts `box` into slabs of about slab_bytes() along dim 0 and runs `move(slab, next)` on each
+/// in order on this thread (`next`: the following slab, or an empty box). After a slab has
+/// moved, `sum(part, lane)` runs on each of `lanes` parts of it (row ranges), on helper threads,
+/// while the next slab moves: the file's bytes move while the checksums are summed. Each lane
+/// is used by one thread at a time (a caller accumulates per lane). A single slab with one lane
+/// runs all on this thread.
+template <class Move, class Sum>
+void pipelined_slabs(const ShardBox& box, std::size_t elem, int lanes, Move move, Sum sum) {
+  const std::int64_t rows = box.rank == 0 ? 1 : box.extent[0];
+  const std::int64_t row = rows == 0 ? 0 : box.num_elements() / rows;  // elements per index of dim 0
+  const std::int64_t step =
+      std::max<std::int64_t>(1, slab_bytes() / std::max<std::int64_t>(1, row * static_cast<std::int64_t>(elem)));
+  auto rows_of = [&](std::int64_t r, std::int64_t n) {
+    ShardBox part = box;
+    if (box.rank > 0) {
+      part.offset[0] = box.offset[0] + r;
+      part.extent[0] = r < rows ? std::min(n, rows - r) : 0;
+    }
+    return part;
+  };
+  if (box.rank == 0 || (step >= rows && lanes == 1)) {
+    move(box, rows_of(rows, 0));
+    sum(box, 0);
+    return;
+  }
+  std::vector<std::future<void>> pending;
+  auto join = [&] {
+    for (auto& p : pending) p.get();
+    pending.clear();
+  };
+  try {
+    for (std::int64_t r = 0; r < rows; r += step) {
+      const ShardBox slab = rows_of(r, step);
+      move(slab, rows_of(r + step, step));
+      join();
+      const std::int64_t each = (slab.extent[0] + lanes - 1) / lanes;
+      for (int l = 0; l < lanes && l * each < slab.extent[0]; ++l) {
+        const ShardBox part = rows_of(r + l * each, std::min(each, slab.extent[0] - l * each));
+        pending.push_back(std::async(std::launch::async, [&sum, part, l] { sum(part, l); }));
+      }
+    }
+    join();
+  } catch (...) {
+    for (auto& p : pending)
+      if (p.valid()) p.wait();
+    throw;
+  }
+}
+
+/// Writes `box` (a device's whole block, row-major at `data`) into the dataset at byte `base`
+/// and returns its checksum; each slab is summed (on `lanes` threads) while the next is
+/// written, and (with `writeback`) the disk starts writing each slab once it is in the page cache.
+inline std::uint64_t write_and_checksum(PosixFile& f, std::uint64_t base, shardlib::detail::ArrayRef<std::int64_t> shape,
+                                        std::size_t elem, const void* data, const ShardBox& box, bool writeback,
+                                        int lanes) {
+  std::vector<std::uint64_t> total(static_cast<std::size_t>(lanes), 0);
+  pipelined_slabs(
+      box, elem, lanes,
+      [&](const ShardBox& slab, const ShardBox&) {
+        write_box(f, base, shape, elem, data, box, slab);
+        if (writeback) {
+          const auto [at, bytes] = file_range(base, shape, elem, slab);
+          f.start_writeback(at, bytes);
+        }
+      },
+      [&](const ShardBox& part, int lane) { total[static_cast<std::size_t>(lane)] += box_checksum(data, elem, box, part, shape); });
+  std::uint64_t sum = 0;
+  for (auto t : total) sum += t;
   return sum;
 }
 
-/// Reads `box` (a device's whole block, row-major at `data`) from the dataset at byte `base` in
-/// slabs of about 8 MiB along dim 0; after each slab, adds to parts[b] its share of each saved
-/// block's checksum (when `parts` is not empty), while the next slab is read ahead by the
-/// kernel.
+/// Reads `box` (a device's whole block, row-major at `data`) from the dataset at byte `base`;
+/// adds to parts[b] its share of saved block b's checksum (when `parts` is not null), each slab
+/// summed (on `lanes` threads) while the next is read (and the one after is read ahead).
 inline void read_and_checksum(PosixFile& f, std::uint64_t base, shardlib::detail::ArrayRef<std::int64_t> shape,
                               std::size_t elem, void* data, const ShardBox& box, const std::vector<ShardBox>& saved,
-                              std::uint64_t* parts) {
-  auto range = [&](const ShardBox& b) {  // file bytes from the box's first element to its last
-    std::int64_t lo = 0, hi = 0;
-    for (int d = 0; d < b.rank; ++d) {
-      const auto u = static_cast<std::size_t>(d);
-      lo = lo * shape[u] + b.offset[u];
-      hi = hi * shape[u] + b.offset[u] + b.extent[u] - 1;
-    }
-    return std::pair<std::uint64_t, std::uint64_t>(base + static_cast<std::uint64_t>(lo) * elem,
-                                                   static_cast<std::uint64_t>(hi - lo + 1) * elem);
-  };
-  const std::int64_t rows = box.rank == 0 ? 1 : box.extent[0];
-  const std::int64_t row = box.rank == 0 ? 1 : box.num_elements() / box.extent[0];
-  const std::int64_t step = std::max<std::int64_t>(1, slab_bytes() / std::max<std::int64_t>(1, row * static_cast<std::int64_t>(elem)));
-  auto slab_at = [&](std::int64_t r) {
-    ShardBox slab = box;
-    if (box.rank > 0) {
-      slab.offset[0] = box.offset[0] + r;
-      slab.extent[0] = std::min(step, box.extent[0] - r);
-    }
-    return slab;
-  };
-  for (std::int64_t r = 0; r < rows; r += step) {
-    const ShardBox slab = slab_at(r);
-    if (r + step < rows) {
-      const auto [at, bytes] = range(slab_at(r + step));
-      f.read_ahead(at, bytes);
-    }
-    read_box(f, base, shape, elem, data, box, slab);
-    if (parts)
-      for (std::size_t b = 0; b < saved.size(); ++b) parts[b] += box_checksum(data, elem, box, shardlib::intersect(saved[b], slab), shape);
-  }
+                              std::uint64_t* parts, int lanes) {
+  std::vector<std::vector<std::uint64_t>> acc(static_cast<std::size_t>(lanes), std::vector<std::uint64_t>(saved.size(), 0));
+  pipelined_slabs(
+      box, elem, lanes,
+      [&](const ShardBox& slab, const ShardBox& next) {
+        if (next.num_elements() > 0) {
+          const auto [at, bytes] = file_range(base, shape, elem, next);
+          f.read_ahead(at, bytes);
+        }
+        read_box(f, base, shape, elem, data, box, slab);
+      },
+      [&](const ShardBox& part, int lane) {
+        if (!parts) return;
+        for (std::size_t b = 0; b < saved.size(); ++b)
+          acc[static_cast<std::size_t>(lane)][b] += box_checksum(data, elem, box, shardlib::intersect(saved[b], part), shape);
+      });
+  if (parts)
+    for (const auto& a : acc)
+      for (std::size_t b = 0; b < saved.size(); ++b) parts[b] += a[b];
 }
 
 }  // namespace detail
@@ -282,11 +337,21 @@ inline void save(const std::string& path, std::initializer_list<Entry> tensors, 
         const Entry& e = *es[i];
         ShardBox none = e.box_;
         if (!writes[i]) none.extent.fill(0);
-        detail::mpi_box(f, true, offsets[i], shape_of(i), coll::size_of(e.dtype_), const_cast<void*>(e.data_),
-                        writes[i] ? e.box_ : none);
+        std::future<std::uint64_t> sum;  // summed on a helper thread while MPI-IO writes the block
+        if (writes[i])
+          sum = std::async(std::launch::async, [&e, &shape_of, i] {
+            return box_checksum(e.data_, coll::size_of(e.dtype_), e.box_, e.box_, shape_of(i));
+          });
+        try {
+          detail::mpi_box(f, true, offsets[i], shape_of(i), coll::size_of(e.dtype_), const_cast<void*>(e.data_),
+                          writes[i] ? e.box_ : none);
+        } catch (...) {
+          if (sum.valid()) sum.wait();
+          throw;
+        }
         if (!writes[i]) continue;
         written += static_cast<std::uint64_t>(e.box_.num_elements()) * coll::size_of(e.dtype_);
-        mine[i] = box_checksum(e.data_, coll::size_of(e.dtype_), e.box_, e.box_, shape_of(i));
+        mine[i] = sum.get();
       }
       if (opts.durable) f.sync();
       f.close();
@@ -299,7 +364,7 @@ inline void save(const std::string& path, std::initializer_list<Entry> tensors, 
       if (!writes[i]) continue;
       const Entry& e = *es[i];
       mine[i] = detail::write_and_checksum(f, offsets[i], shape_of(i), coll::size_of(e.dtype_), e.data_, e.box_,
-                                           opts.durable);
+                                           opts.durable, detail::checksum_lanes(ctx));
       written += static_cast<std::uint64_t>(e.box_.num_elements()) * coll::size_of(e.dtype_);
     }
     f.close();
@@ -423,7 +488,8 @@ inline void load_slots(const std::string& path, std::span<Slot> slots, const Loa
         if (!reads[i] || blocks[i].box.num_elements() == 0) continue;
         if (!f) f.emplace(path, O_RDONLY);
         read_and_checksum(*f, stored[i].offset, shape_of(i), coll::size_of(slots[i].dtype), blocks[i].data,
-                          blocks[i].box, stored[i].blocks, opts.verify_checksums ? parts.data() + first_sum[i] : nullptr);
+                          blocks[i].box, stored[i].blocks, opts.verify_checksums ? parts.data() + first_sum[i] : nullptr,
+                          checksum_lanes(ctx));
       }
     }
     for (std::size_t i = 0; i < n; ++i) {
