@@ -114,10 +114,6 @@ class PosixFile {
     (void)::sync_file_range(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes), SYNC_FILE_RANGE_WRITE);
 #endif
   }
-  /// Asks the kernel to read `bytes` at `offset` ahead (a hint).
-  void read_ahead(std::uint64_t offset, std::uint64_t bytes) noexcept {
-    (void)::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes), POSIX_FADV_WILLNEED);
-  }
   /// Writes the file's data to the disk (fsync).
   void sync() {
     if (::fsync(fd_) != 0) throw Error(errno_text("fsync of", path_, errno));
