@@ -16,9 +16,10 @@
 /// Save: one device creates the file's metadata (HDF5, serial), then every device writes the
 /// blocks it is the primary holder of straight into the datasets (replicas write nothing):
 /// one POSIX writer per device under the threads backend, one MPI-IO collective write per
-/// tensor under mpi. The file is written under a temporary name in the same directory and
-/// renamed over `path` once every device has finished (and the data is on disk): a checkpoint
-/// is complete or absent, and a failed save leaves the previous one intact.
+/// tensor under mpi; each block's checksum is summed while it is written. The file is written
+/// under a temporary name in the same directory and renamed over `path` once every device has
+/// finished (and the data is on disk): a checkpoint is complete or absent, and a failed save
+/// leaves the previous one intact.
 ///
 /// Load: each device that holds a block of the new spec first-hand reads exactly that box of
 /// the dataset (no gather, no full read), its replicas get it by one broadcast, and one

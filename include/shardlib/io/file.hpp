@@ -211,8 +211,9 @@ struct MpiType {
 };
 
 /// Collective over the file's communicator: every rank moves its `box` (row-major at `buf`;
-/// an empty box moves nothing) between memory and the dataset at byte `base`, in one
-/// MPI_File_write_all / read_all through a subarray view.
+/// an empty box moves nothing) between memory and the dataset at byte `base`: one collective
+/// call at an explicit offset where every rank's box is one run of the file, else through a
+/// subarray view (collective write, independent read).
 inline void mpi_box(MpiFile& f, bool write, std::uint64_t base, shardlib::detail::ArrayRef<std::int64_t> shape,
                     std::size_t elem, void* buf, const ShardBox& box) {
   const std::int64_t n = box.num_elements();
@@ -254,9 +255,12 @@ inline void mpi_box(MpiFile& f, bool write, std::uint64_t base, shardlib::detail
     if (write) f.check(MPI_File_write_at_all(f.get(), at, buf, count, etype.t, &st), "MPI_File_write_at_all to");
     else f.check(MPI_File_read_at_all(f.get(), at, buf, count, etype.t, &st), "MPI_File_read_at_all from");
   } else {
+    // Strided boxes: a collective write (two-phase aggregation), an independent read (measured
+    // here with 8 ranks on 2 cores: a column-split 256 MiB load took 0.99 s collectively, 0.44 s
+    // independently).
     f.check(MPI_File_set_view(f.get(), static_cast<MPI_Offset>(base), etype.t, view, native, MPI_INFO_NULL), "MPI_File_set_view of");
     if (write) f.check(MPI_File_write_all(f.get(), buf, count, etype.t, &st), "MPI_File_write_all to");
-    else f.check(MPI_File_read_all(f.get(), buf, count, etype.t, &st), "MPI_File_read_all from");
+    else f.check(MPI_File_read(f.get(), buf, count, etype.t, &st), "MPI_File_read from");
   }
   if (!write) {
     int got = 0;
