@@ -227,15 +227,15 @@ inline std::uint64_t write_and_checksum(PosixFile& f, std::uint64_t base, shardl
 /// Reads `box` (a device's whole block, row-major at `data`) from the dataset at byte `base`;
 /// adds to parts[b] its share of saved block b's checksum (when `parts` is not null), each slab
 /// summed (on `lanes` threads) while the next is read.
-inline void read_and_checksum(PosixFile& f, std::uint64_t base, shardlib::detail::ArrayRef<std::int64_t> shape,
-                              std::size_t elem, void* data, const ShardBox& box, const std::vector<ShardBox>& saved,
-                              std::uint64_t* parts, int lanes) {
+/// `read_slab(slab)` fills box `slab` of the buffer. No read-ahead hint: the kernel's own
+/// read-ahead of sequential reads measured faster (a posix_fadvise(WILLNEED) per 8 MiB slab made
+/// a cold 256 MiB read 1.4x slower).
+template <class ReadSlab>
+void read_and_checksum(ReadSlab read_slab, shardlib::detail::ArrayRef<std::int64_t> shape, std::size_t elem, void* data,
+                       const ShardBox& box, const std::vector<ShardBox>& saved, std::uint64_t* parts, int lanes) {
   std::vector<std::vector<std::uint64_t>> acc(static_cast<std::size_t>(lanes), std::vector<std::uint64_t>(saved.size(), 0));
   pipelined_slabs(
-      box, elem, lanes,
-      // No read-ahead hint: the kernel's own read-ahead of sequential preads measured faster
-      // (a posix_fadvise(WILLNEED) per 8 MiB slab made a cold 256 MiB read 1.4x slower).
-      [&](const ShardBox& slab, const ShardBox&) { read_box(f, base, shape, elem, data, box, slab); },
+      box, elem, lanes, [&](const ShardBox& slab, const ShardBox&) { read_slab(slab); },
       [&](const ShardBox& part, int lane) {
         if (!parts) return;
         for (std::size_t b = 0; b < saved.size(); ++b)
@@ -462,22 +462,31 @@ inline void load_slots(const std::string& path, std::span<Slot> slots, const Loa
 #if defined(SHARDLIB_HAVE_MPI)
     if (MPI_Comm comm = mpi_comm_of(world); comm != MPI_COMM_NULL) {
       MpiFile f(comm, path, MPI_MODE_RDONLY);
-      for (std::size_t i = 0; i < n; ++i) {
+      for (std::size_t i = 0; i < n; ++i) {  // every rank, in order: the branch below is collective
         if (stored[i].blocks.empty()) continue;  // an empty tensor: no data, on every device
+        const std::size_t elem = coll::size_of(slots[i].dtype);
         ShardBox none = blocks[i].box;
         none.extent.fill(0);
         const bool r = reads[i] && blocks[i].box.num_elements() > 0;
-        mpi_box(f, false, stored[i].offset, shape_of(i), coll::size_of(slots[i].dtype), blocks[i].data,
-                r ? blocks[i].box : none);
+        const ShardBox& mine = r ? blocks[i].box : none;
+        std::uint64_t* sums = opts.verify_checksums ? parts.data() + first_sum[i] : nullptr;
+        if (mpi_all_one_run(f, mine, shape_of(i), elem)) {  // independent reads, slab by slab
+          if (r)
+            read_and_checksum(
+                [&](const ShardBox& slab) {
+                  for_each_run(mine, slab, shape_of(i), elem, [&](std::uint64_t fo, std::uint64_t bo, std::uint64_t bytes) {
+                    f.read_at(stored[i].offset + fo, static_cast<unsigned char*>(blocks[i].data) + bo, bytes);
+                  });
+                },
+                shape_of(i), elem, blocks[i].data, mine, stored[i].blocks, sums, checksum_lanes(ctx));
+        } else {
+          mpi_box(f, false, stored[i].offset, shape_of(i), elem, blocks[i].data, mine);
+          if (r && sums)
+            for (std::size_t b = 0; b < stored[i].blocks.size(); ++b)
+              sums[b] = box_checksum(blocks[i].data, elem, mine, shardlib::intersect(stored[i].blocks[b], mine), shape_of(i));
+        }
       }
       f.close();
-      for (std::size_t i = 0; i < n; ++i) {
-        const std::size_t elem = coll::size_of(slots[i].dtype);
-        if (!reads[i] || !opts.verify_checksums) continue;
-        for (std::size_t b = 0; b < stored[i].blocks.size(); ++b)
-          parts[first_sum[i] + b] = box_checksum(blocks[i].data, elem, blocks[i].box,
-                                                 shardlib::intersect(stored[i].blocks[b], blocks[i].box), shape_of(i));
-      }
     } else
 #endif
     {
@@ -485,9 +494,11 @@ inline void load_slots(const std::string& path, std::span<Slot> slots, const Loa
       for (std::size_t i = 0; i < n; ++i) {
         if (!reads[i] || blocks[i].box.num_elements() == 0) continue;
         if (!f) f.emplace(path, O_RDONLY);
-        read_and_checksum(*f, stored[i].offset, shape_of(i), coll::size_of(slots[i].dtype), blocks[i].data,
-                          blocks[i].box, stored[i].blocks, opts.verify_checksums ? parts.data() + first_sum[i] : nullptr,
-                          checksum_lanes(ctx));
+        const std::size_t elem = coll::size_of(slots[i].dtype);
+        read_and_checksum(
+            [&](const ShardBox& slab) { read_box(*f, stored[i].offset, shape_of(i), elem, blocks[i].data, blocks[i].box, slab); },
+            shape_of(i), elem, blocks[i].data, blocks[i].box, stored[i].blocks,
+            opts.verify_checksums ? parts.data() + first_sum[i] : nullptr, checksum_lanes(ctx));
       }
     }
     for (std::size_t i = 0; i < n; ++i) {

@@ -12,6 +12,7 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -187,6 +188,23 @@ class MpiFile {
   void check(int code, const std::string& what) const {
     if (code != MPI_SUCCESS) throw Error(what + " '" + path_ + "': " + mpi_error_text(code));
   }
+  /// Reads `bytes` at byte `offset` of the file (independent; the file's view must be bytes).
+  void read_at(std::uint64_t offset, void* buf, std::uint64_t bytes) {
+    auto* p = static_cast<unsigned char*>(buf);
+    while (bytes > 0) {  // counts are ints: 1 GiB at a time
+      const int n = static_cast<int>(std::min<std::uint64_t>(bytes, std::uint64_t{1} << 30));
+      MPI_Status st;
+      check(MPI_File_read_at(fh_, static_cast<MPI_Offset>(offset), p, n, MPI_BYTE, &st), "MPI_File_read_at from");
+      int got = 0;
+      MPI_Get_count(&st, MPI_BYTE, &got);
+      if (got != n)
+        throw Error("'" + path_ + "' ends before byte " + std::to_string(offset + static_cast<std::uint64_t>(n)) +
+                    " (the file is truncated)");
+      p += n;
+      offset += static_cast<std::uint64_t>(n);
+      bytes -= static_cast<std::uint64_t>(n);
+    }
+  }
   /// Collective: every rank of the file's communicator calls it, in the same order.
   void sync() { check(MPI_File_sync(fh_), "MPI_File_sync of"); }
   void close() {
@@ -209,6 +227,20 @@ struct MpiType {
     if (t != MPI_DATATYPE_NULL) MPI_Type_free(&t);
   }
 };
+
+/// Whether `box` is one contiguous run of the file on every rank (collective; an empty box
+/// counts as one). Then sets the file's view to bytes, for explicit offsets.
+inline bool mpi_all_one_run(MpiFile& f, const ShardBox& box, shardlib::detail::ArrayRef<std::int64_t> shape, std::size_t elem) {
+  int runs = 0;
+  for_each_run(box, box, shape, elem, [&](std::uint64_t, std::uint64_t, std::uint64_t) { ++runs; });
+  int one = runs <= 1;
+  MPI_Allreduce(MPI_IN_PLACE, &one, 1, MPI_INT, MPI_LAND, f.comm());
+  if (one) {
+    char native[] = "native";
+    f.check(MPI_File_set_view(f.get(), 0, MPI_BYTE, MPI_BYTE, native, MPI_INFO_NULL), "MPI_File_set_view of");
+  }
+  return one != 0;
+}
 
 /// Collective over the file's communicator: every rank moves its `box` (row-major at `buf`;
 /// an empty box moves nothing) between memory and the dataset at byte `base`: one collective
