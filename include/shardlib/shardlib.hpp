@@ -13,3 +13,4 @@
 #include <shardlib/ops.hpp>
 #include <shardlib/tensor.hpp>
 #include <shardlib/version.hpp>
+#include <shardlib/visualize.hpp>
