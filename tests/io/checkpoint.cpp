@@ -200,6 +200,25 @@ TEST_CASE("a checkpoint from one device count loads onto another (threads runtim
   fs::remove(file);
 }
 
+TEST_CASE("scalars (rank 0) and vectors round-trip") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    SharedDir dir(ctx);
+    const M2 mesh = mesh_of(ctx);
+    auto s = sl::DistributedTensor<double, M2, sl::Spec<>>::full(mesh, {}, 2.5);
+    auto v = sl::DistributedTensor<std::int32_t, M2, sl::Spec<sl::axes<"x", "y">>>::iota(mesh, {11});
+    sl::io::save(dir / "sv.h5", {{"scalar", s}, {"vector", v}});
+    auto s2 = sl::io::load<sl::DistributedTensor<double, M1, sl::Spec<>>>(M1(ctx, {ctx.num_devices()}), dir / "sv.h5", "scalar");
+    auto v2 = sl::io::load<sl::DistributedTensor<std::int32_t, M1, sl::Spec<none>>>(M1(ctx, {ctx.num_devices()}), dir / "sv.h5", "vector");
+    CHECK(s2.to_host() == std::vector<double>{2.5});
+    std::vector<std::int32_t> iota(11);
+    std::iota(iota.begin(), iota.end(), 0);
+    CHECK(v2.to_host() == iota);
+    const auto host = sl::io::read<double>(dir / "sv.h5", "scalar");
+    CHECK(host.shape.empty());
+    CHECK(host.data == std::vector<double>{2.5});
+  }, {1, 2, 4});
+}
+
 TEST_CASE("a load reads each byte once; replicas get theirs by broadcast; partial targets hold the value") {
   sl::test::for_each_run([](sl::Context& ctx) {
     SharedDir dir(ctx);
