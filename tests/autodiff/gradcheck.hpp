@@ -94,11 +94,7 @@ using sl::none;
 using sl::Spec;
 template <class S>
 using D = sl::DistributedTensor<double, M2, S>;
-using Rep = Spec<none, none>;
-using Rows = Spec<"x", none>;
-using ColsY = Spec<none, "y">;
-using Grid = Spec<"y", "x">;
-using Both = Spec<axes<"x", "y">, none>;
+using namespace oracle::specs;
 }  // namespace specs
 
 }  // namespace shardlib::test::grad

@@ -32,11 +32,7 @@ namespace {
 template <class S, class T = float>
 using Ten = sl::DistributedTensor<T, M2, S>;
 
-using Rep = Spec<none, none>;
-using Rows = Spec<"x", none>;
-using ColsY = Spec<none, "y">;
-using Grid = Spec<"y", "x">;
-using Both = Spec<axes<"x", "y">, none>;
+using namespace oracle::specs;
 using PSumX = Spec<none, none, partial_sum<"x">>;
 using RowsPSum = Spec<"y", none, partial_sum<"x">>;
 using PMaxY = Spec<none, none, partial_max<"y">>;

@@ -46,6 +46,15 @@ namespace shardlib::test::oracle {
 
 /// The mesh most op tests run on.
 using M2 = Mesh<"x", "y">;
+/// The spec types the op and gradient suites draw from: replicated, split along dim 0, along
+/// dim 1, a grid (axes swapped), dim 0 over both axes.
+namespace specs {
+using Rep = Spec<none, none>;
+using Rows = Spec<"x", none>;
+using ColsY = Spec<none, "y">;
+using Grid = Spec<"y", "x">;
+using Both = Spec<axes<"x", "y">, none>;
+}  // namespace specs
 /// The generator of tests/sharding/random.hpp (`below(n)`, raw draws with `g()`).
 using Rng = test::Rng;
 
