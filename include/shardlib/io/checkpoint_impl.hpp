@@ -480,7 +480,7 @@ inline void load_slots(const std::string& path, std::span<Slot> slots, const Loa
                 },
                 shape_of(i), elem, blocks[i].data, mine, stored[i].blocks, sums, checksum_lanes(ctx));
         } else {
-          mpi_box(f, false, stored[i].offset, shape_of(i), elem, blocks[i].data, mine);
+          mpi_strided_box(f, false, stored[i].offset, shape_of(i), elem, blocks[i].data, mine);
           if (r && sums)
             for (std::size_t b = 0; b < stored[i].blocks.size(); ++b)
               sums[b] = box_checksum(blocks[i].data, elem, mine, shardlib::intersect(stored[i].blocks[b], mine), shape_of(i));

@@ -242,23 +242,47 @@ inline bool mpi_all_one_run(MpiFile& f, const ShardBox& box, shardlib::detail::A
   return one != 0;
 }
 
-/// Collective over the file's communicator: every rank moves its `box` (row-major at `buf`;
-/// an empty box moves nothing) between memory and the dataset at byte `base`: one collective
-/// call at an explicit offset where every rank's box is one run of the file, else through a
-/// subarray view (collective write, independent read).
-inline void mpi_box(MpiFile& f, bool write, std::uint64_t base, shardlib::detail::ArrayRef<std::int64_t> shape,
-                    std::size_t elem, void* buf, const ShardBox& box) {
+/// A committed MPI type of `elem` contiguous bytes.
+inline void mpi_elem_type(MpiFile& f, std::size_t elem, MpiType& t) {
+  f.check(MPI_Type_contiguous(static_cast<int>(elem), MPI_BYTE, &t.t), "MPI_Type_contiguous for");
+  f.check(MPI_Type_commit(&t.t), "MPI_Type_commit for");
+}
+
+/// The element count of a box for one MPI-IO call (throws Error past MPI's int counts).
+inline int mpi_count(const MpiFile& f, const ShardBox& box) {
   const std::int64_t n = box.num_elements();
-  if (n > INT32_MAX) throw Error("a block of " + std::to_string(n) + " elements is more than MPI-IO's count limit (2^31 - 1) for '" + f.path() + "'");
+  if (n > INT32_MAX)
+    throw Error("a block of " + std::to_string(n) + " elements is more than MPI-IO's count limit (2^31 - 1) for '" + f.path() + "'");
+  return static_cast<int>(n);
+}
+
+/// Throws Error when a read returned fewer than `count` elements (a truncated file).
+inline void mpi_check_read(const MpiFile& f, MPI_Status& st, MPI_Datatype etype, int count) {
+  int got = 0;
+  MPI_Get_count(&st, etype, &got);
+  if (got != count)
+    throw Error("'" + f.path() + "' ends before the block's last element (read " + std::to_string(got) + " of " +
+                std::to_string(count) + " elements; the file is truncated)");
+}
+
+/// Collective over the file's communicator, for boxes that are not one run on some rank: every
+/// rank moves its `box` (row-major at `buf`; an empty box moves nothing) between memory and the
+/// dataset at byte `base` through a subarray view: a collective write (two-phase aggregation),
+/// an independent read (measured here with 8 ranks on 2 cores: a column-split 256 MiB load took
+/// 0.99 s collectively, 0.44 s independently).
+inline void mpi_strided_box(MpiFile& f, bool write, std::uint64_t base, shardlib::detail::ArrayRef<std::int64_t> shape,
+                            std::size_t elem, void* buf, const ShardBox& box) {
+  const int count = mpi_count(f, box);
   MpiType etype, ftype;
-  f.check(MPI_Type_contiguous(static_cast<int>(elem), MPI_BYTE, &etype.t), "MPI_Type_contiguous for");
-  f.check(MPI_Type_commit(&etype.t), "MPI_Type_commit for");
+  mpi_elem_type(f, elem, etype);
   MPI_Datatype view = etype.t;
-  if (n > 0 && box.rank > 0) {
+  if (count > 0 && box.rank > 0) {
     int sizes[max_tensor_rank], sub[max_tensor_rank], start[max_tensor_rank];
     for (int d = 0; d < box.rank; ++d) {
       const auto u = static_cast<std::size_t>(d);
-      if (shape[u] > INT32_MAX) throw Error("dim " + std::to_string(d) + " of extent " + std::to_string(shape[u]) + " is more than MPI-IO's limit (2^31 - 1) for '" + f.path() + "'");
+      if (shape[u] > INT32_MAX)
+        throw Error("dim " + std::to_string(d) + " of extent " + std::to_string(shape[u]) +
+                    " is more than MPI-IO's limit (2^31 - 1) for '" + f.path() + "'");
       sizes[d] = static_cast<int>(shape[u]);
       sub[d] = static_cast<int>(box.extent[u]);
       start[d] = static_cast<int>(box.offset[u]);
@@ -267,39 +291,37 @@ inline void mpi_box(MpiFile& f, bool write, std::uint64_t base, shardlib::detail
     f.check(MPI_Type_commit(&ftype.t), "MPI_Type_commit for");
     view = ftype.t;
   }
-  // Where every rank's box is one contiguous run of the file (a split of dim 0), an explicit
-  // offset with a byte view: Open MPI's OMPIO wrote 256 MiB through a subarray view at a third
-  // of the speed of ROMIO, and at the speed of a plain write this way. Decided by all ranks
-  // alike (the two collective calls must match).
-  std::uint64_t run_at = 0, runs = 0;
-  for_each_run(box, box, shape, elem, [&](std::uint64_t fo, std::uint64_t, std::uint64_t) {
-    run_at = fo;
-    ++runs;
-  });
-  int contiguous = runs <= 1;
-  MPI_Allreduce(MPI_IN_PLACE, &contiguous, 1, MPI_INT, MPI_LAND, f.comm());
   char native[] = "native";
+  f.check(MPI_File_set_view(f.get(), static_cast<MPI_Offset>(base), etype.t, view, native, MPI_INFO_NULL), "MPI_File_set_view of");
   MPI_Status st;
-  const int count = static_cast<int>(n);
-  if (contiguous) {
-    f.check(MPI_File_set_view(f.get(), 0, MPI_BYTE, MPI_BYTE, native, MPI_INFO_NULL), "MPI_File_set_view of");
-    const auto at = static_cast<MPI_Offset>(base + run_at);
-    if (write) f.check(MPI_File_write_at_all(f.get(), at, buf, count, etype.t, &st), "MPI_File_write_at_all to");
-    else f.check(MPI_File_read_at_all(f.get(), at, buf, count, etype.t, &st), "MPI_File_read_at_all from");
+  if (write) {
+    f.check(MPI_File_write_all(f.get(), buf, count, etype.t, &st), "MPI_File_write_all to");
   } else {
-    // Strided boxes: a collective write (two-phase aggregation), an independent read (measured
-    // here with 8 ranks on 2 cores: a column-split 256 MiB load took 0.99 s collectively, 0.44 s
-    // independently).
-    f.check(MPI_File_set_view(f.get(), static_cast<MPI_Offset>(base), etype.t, view, native, MPI_INFO_NULL), "MPI_File_set_view of");
-    if (write) f.check(MPI_File_write_all(f.get(), buf, count, etype.t, &st), "MPI_File_write_all to");
-    else f.check(MPI_File_read(f.get(), buf, count, etype.t, &st), "MPI_File_read from");
+    f.check(MPI_File_read(f.get(), buf, count, etype.t, &st), "MPI_File_read from");
+    mpi_check_read(f, st, etype.t, count);
   }
-  if (!write) {
-    int got = 0;
-    MPI_Get_count(&st, etype.t, &got);
-    if (got != count)
-      throw Error("'" + f.path() + "' ends before the block's last element (read " + std::to_string(got) + " of " +
-                  std::to_string(count) + " elements; the file is truncated)");
+}
+
+/// Collective over the file's communicator: every rank moves its `box` (row-major at `buf`; an
+/// empty box moves nothing) between memory and the dataset at byte `base`. Where every rank's
+/// box is one run of the file (a split of dim 0), one collective call at an explicit offset:
+/// Open MPI's OMPIO wrote 256 MiB through a subarray view at a third of the speed of ROMIO, and
+/// at the speed of a plain write this way. Otherwise mpi_strided_box.
+inline void mpi_box(MpiFile& f, bool write, std::uint64_t base, shardlib::detail::ArrayRef<std::int64_t> shape,
+                    std::size_t elem, void* buf, const ShardBox& box) {
+  if (!mpi_all_one_run(f, box, shape, elem)) return mpi_strided_box(f, write, base, shape, elem, buf, box);
+  const int count = mpi_count(f, box);
+  MpiType etype;
+  mpi_elem_type(f, elem, etype);
+  std::uint64_t run_at = 0;
+  for_each_run(box, box, shape, elem, [&](std::uint64_t fo, std::uint64_t, std::uint64_t) { run_at = fo; });
+  const auto at = static_cast<MPI_Offset>(base + run_at);
+  MPI_Status st;
+  if (write) {
+    f.check(MPI_File_write_at_all(f.get(), at, buf, count, etype.t, &st), "MPI_File_write_at_all to");
+  } else {
+    f.check(MPI_File_read_at_all(f.get(), at, buf, count, etype.t, &st), "MPI_File_read_at_all from");
+    mpi_check_read(f, st, etype.t, count);
   }
 }
 #endif
