@@ -84,6 +84,13 @@ TEST_SUITE("spec") {
     CHECK_THROWS_WITH_AS((sl::PartitionSpec{none, none, none, none, none, none, none, none, none}),
                          "shardlib: a spec has at most 8 dims", std::invalid_argument);
     CHECK_THROWS_AS(sl::SpecEntry::pending(sl::ReduceOp::sum, {}), std::invalid_argument);
+    // A pending product has no sharding rule: partial clauses are sum, max or min.
+    CHECK_THROWS_WITH_AS((sl::PartitionSpec{"a", sl::partial<sl::ReduceOp::prod, "b">}),
+                         "shardlib: spec Spec<\"a\", partial<prod, \"b\">> has a partial clause over prod; partial "
+                         "clauses are sum, max or min",
+                         std::invalid_argument);
+    static constexpr std::array<sl::SpecEntry, 2> with_prod{sl::SpecEntry("a"), sl::partial<sl::ReduceOp::prod, "b">};
+    static_assert(sl::check_entries(with_prod).issue == sl::SpecCheck::partial_op_unsupported);
 
     sl::MeshShape mesh({"data", "model"}, {4, 2});
     CHECK_THROWS_WITH_AS(sl::resolve(sl::PartitionSpec{"pipe", none}, mesh),

@@ -19,6 +19,7 @@
 #include <shardlib/detail/diagnostics.hpp>
 #include <shardlib/detail/text.hpp>
 #include <shardlib/mesh.hpp>
+#include <shardlib/reduce_op.hpp>
 
 #include <array>
 #include <cstdint>
@@ -29,18 +30,6 @@
 #include <string_view>
 
 namespace shardlib {
-
-/// How the addends of a partial tensor combine into its true value.
-enum class ReduceOp : std::uint8_t { sum, max, min };
-
-constexpr std::string_view to_string(ReduceOp op) noexcept {
-  switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::max: return "max";
-    case ReduceOp::min: return "min";
-  }
-  return "?";
-}
 
 /// Marks a replicated (unsplit) tensor dim: `Spec<"data", none>`.
 struct none_t {
@@ -135,7 +124,8 @@ consteval SpecEntry make_entry() {
 /// A dim split over several axes, major to minor: `Spec<axes<"data", "model">>`.
 template <AxisName... A>
 inline constexpr SpecEntry axes = detail::make_entry<SpecEntry::dim, ReduceOp::sum, A...>();
-/// A pending reduction over axes: `Spec<"data", none, partial<ReduceOp::max, "model">>`.
+/// A pending reduction over axes: `Spec<"data", none, partial<ReduceOp::max, "model">>` (op sum,
+/// max or min; a Spec with `partial<ReduceOp::prod, ...>` fails to compile).
 template <ReduceOp Op, AxisName... A>
 inline constexpr SpecEntry partial = detail::make_entry<SpecEntry::partial, Op, A...>();
 template <AxisName... A>
@@ -154,6 +144,7 @@ struct SpecCheck {
     axis_used_twice,         ///< an axis appears at most once per spec (dims and partial clause)
     unknown_axis,            ///< `axis` is not one of the mesh's axes
     rank_mismatch,           ///< the spec's rank differs from the tensor's
+    partial_op_unsupported,  ///< a partial clause's op is not sum, max or min (a pending prod)
   };
   Issue issue = ok;
   int dim = -1;  ///< offending dim, or -1 for the partial clause / the whole spec
@@ -173,7 +164,14 @@ struct AxisNames {
   friend constexpr bool operator==(const AxisNames&, const AxisNames&) = default;
 };
 
-/// Checks a list of entries on its own (no mesh): dim count, partial clauses, repeated axes.
+/// Whether a partial clause may pend `op`: sum, max and min (the sharding rules and creation
+/// functions know those three; a pending product has no rule).
+constexpr bool is_partial_op(ReduceOp op) noexcept {
+  return op == ReduceOp::sum || op == ReduceOp::max || op == ReduceOp::min;
+}
+
+/// Checks a list of entries on its own (no mesh): dim count, partial clauses (at most one, with
+/// op sum, max or min), repeated axes.
 constexpr SpecCheck check_entries(detail::ArrayRef<SpecEntry> entries) {
   AxisName seen[max_tensor_rank * max_mesh_rank + max_mesh_rank]{};
   int nseen = 0, ndims = 0, npartial = 0;
@@ -181,6 +179,7 @@ constexpr SpecCheck check_entries(detail::ArrayRef<SpecEntry> entries) {
     int dim = e.is_partial() ? -1 : ndims;
     if (e.is_partial()) {
       if (++npartial > 1) return {SpecCheck::several_partial_clauses, -1, {}};
+      if (!is_partial_op(e.reduce_op())) return {SpecCheck::partial_op_unsupported, -1, {}};
     } else if (++ndims > static_cast<int>(max_tensor_rank)) {
       return {SpecCheck::too_many_dims, -1, {}};
     }
@@ -222,6 +221,9 @@ class PartitionSpec {
     }
     if (c.issue == SpecCheck::several_partial_clauses)
       throw std::invalid_argument("shardlib: spec " + to_string() + " has more than one partial clause");
+    if (c.issue == SpecCheck::partial_op_unsupported)
+      throw std::invalid_argument("shardlib: spec " + to_string() + " has a partial clause over " +
+                                  std::string(shardlib::to_string(op_)) + "; partial clauses are sum, max or min");
     if (c.issue == SpecCheck::axis_used_twice)
       throw std::invalid_argument("shardlib: spec " + to_string() + " uses axis '" + c.axis.str() +
                                   "' twice; an axis appears at most once per spec");
@@ -338,6 +340,8 @@ template <class SpecT>
 struct spec_has_more_dims_than_max_tensor_rank;
 template <class SpecT>
 struct spec_has_more_than_one_partial_clause;
+template <class SpecT>
+struct spec_partial_clause_must_be_sum_max_or_min;
 template <AxisName Axis, class SpecT>
 struct spec_uses_an_axis_twice;
 template <AxisName Axis, class SpecT, class MeshT>
@@ -360,6 +364,9 @@ struct Spec {
   SHARDLIB_STATIC_REQUIRE((check_.issue != SpecCheck::several_partial_clauses),
                           "shardlib: Spec has more than one partial clause",
                           error::spec_has_more_than_one_partial_clause<Spec>);
+  SHARDLIB_STATIC_REQUIRE((check_.issue != SpecCheck::partial_op_unsupported),
+                          "shardlib: Spec has a partial clause over an op other than sum, max or min (a pending prod)",
+                          error::spec_partial_clause_must_be_sum_max_or_min<Spec>);
   SHARDLIB_STATIC_REQUIRE((check_.issue != SpecCheck::axis_used_twice),
                           "shardlib: Spec uses an axis twice; an axis appears at most once per spec",
                           error::spec_uses_an_axis_twice<check_.axis, Spec>);

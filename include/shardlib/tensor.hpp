@@ -89,10 +89,6 @@ template <class T>
 inline constexpr bool is_element_v = std::is_arithmetic_v<T> && !std::is_same_v<T, bool> && !std::is_const_v<T> &&
                                      !std::is_volatile_v<T>;
 
-constexpr coll::Op to_coll_op(ReduceOp op) noexcept {
-  return op == ReduceOp::sum ? coll::Op::sum : op == ReduceOp::max ? coll::Op::max : coll::Op::min;
-}
-
 /// Walks the elements of a box in row-major order: local linear index -> global index.
 template <std::size_t R>
 struct BoxWalk {
@@ -536,16 +532,16 @@ void run_reshard(const Context& ctx, const CompiledReshard& c, const T* src,
         if (k.zero) fill(ctx, out, static_cast<std::int64_t>(n_out), T{});
         else copy_box(ctx, cur, k.in_box, out, k.out_box, k.out_box);
         break;
-      case ReshardStepKind::all_reduce: k.comm->all_reduce(cur, out, n_out, dt, to_coll_op(k.op)); break;
+      case ReshardStepKind::all_reduce: k.comm->all_reduce(cur, out, n_out, dt, k.op); break;
       case ReshardStepKind::all_gather:  // equal blocks: the plain form (MPI_Allgather, not ...v)
         if (k.uniform) k.comm->all_gather(cur, out, k.counts[0], dt);
         else k.comm->all_gather(cur, out, k.counts, dt);
         break;
       case ReshardStepKind::reduce_scatter:
         if (k.in_order && k.uniform) {
-          k.comm->reduce_scatter(cur, out, k.counts[0], dt, to_coll_op(k.op));
+          k.comm->reduce_scatter(cur, out, k.counts[0], dt, k.op);
         } else if (k.in_order) {
-          k.comm->reduce_scatter(cur, out, k.counts, dt, to_coll_op(k.op));
+          k.comm->reduce_scatter(cur, out, k.counts, dt, k.op);
         } else {  // pack the members' blocks in group order first
           std::size_t total = 0;
           for (std::size_t n : k.counts) total += n;
@@ -555,8 +551,8 @@ void run_reshard(const Context& ctx, const CompiledReshard& c, const T* src,
             copy_box(ctx, cur, k.in_box, p, k.boxes[r], k.boxes[r]);
             p += k.counts[r];
           }
-          if (k.uniform) k.comm->reduce_scatter(packed.get(), out, k.counts[0], dt, to_coll_op(k.op));
-          else k.comm->reduce_scatter(packed.get(), out, k.counts, dt, to_coll_op(k.op));
+          if (k.uniform) k.comm->reduce_scatter(packed.get(), out, k.counts[0], dt, k.op);
+          else k.comm->reduce_scatter(packed.get(), out, k.counts, dt, k.op);
         }
         break;
       case ReshardStepKind::exchange: k.comm->exchange(cur, k.send, out, k.recv, dt); break;
@@ -934,7 +930,7 @@ void parallel_for(DistributedTensor<T, MeshT, SpecT, Mem>& t, F f) {
   t.for_each_local([=](const Index<Tensor::rank>& g, std::int64_t k) { f(g, data[k]); });
 }
 
-/// The reduction (`Op`: sum, max or min) of `f(const Index<rank>&, const T&)` over every element of
+/// The reduction (`Op`: sum, max or min; `ReduceOp` is `coll::Op`) of `f(const Index<rank>&, const T&)` over every element of
 /// the global tensor, on every device: each element counts once (replicas do not add their
 /// copies). Collective. Not for partial tensors.
 template <ReduceOp Op = ReduceOp::sum, class T, class MeshT, class SpecT, class Mem, class F>
@@ -946,6 +942,8 @@ auto parallel_reduce(const DistributedTensor<T, MeshT, SpecT, Mem>& t, F f) {
                           error::loop_over_a_partial_tensor_reshard_it_first<SpecT>);
   static_assert(std::is_arithmetic_v<R> && !std::is_same_v<R, bool>,
                 "shardlib: parallel_reduce: the functor must return an arithmetic value");
+  static_assert(Op == ReduceOp::sum || Op == ReduceOp::max || Op == ReduceOp::min,
+                "shardlib: parallel_reduce: Op is sum, max or min");
   Context& ctx = t.context();
   R result{};
   if constexpr (Op == ReduceOp::max) result = std::numeric_limits<R>::lowest();
@@ -966,7 +964,7 @@ auto parallel_reduce(const DistributedTensor<T, MeshT, SpecT, Mem>& t, F f) {
     else Kokkos::parallel_reduce("shardlib::parallel_reduce", policy, body, Kokkos::Min<R>(result));
     ctx.exec().fence();
   }
-  ctx.world().all_reduce(&result, &result, 1, coll::dtype_of<R>(), detail::to_coll_op(Op));
+  ctx.world().all_reduce(&result, &result, 1, coll::dtype_of<R>(), Op);
   return result;
 }
 

@@ -30,7 +30,8 @@ inline Sharding random_sharding(Rng& r, int mesh_rank, int rank, bool allow_part
     if (where < rank) s.dims[static_cast<std::size_t>(where)].push_back(a);
     else if (where == rank + 1 && allow_partial) s.partial.push_back(a);
   }
-  s.op = s.partial.empty() ? ReduceOp::sum : static_cast<ReduceOp>(r.below(3));
+  constexpr ReduceOp partial_ops[] = {ReduceOp::sum, ReduceOp::max, ReduceOp::min};  // what a partial clause may pend
+  s.op = s.partial.empty() ? ReduceOp::sum : partial_ops[r.below(3)];
   return s;
 }
 

@@ -82,7 +82,7 @@ void run_case(sl::Context& ctx, const sl::MeshShape& mesh, const std::vector<std
 
   // Values: a partial target is reduced over its partial group first (collectives layer).
   if (to.is_partial())
-    ctx.group(mesh, to.partial).all_reduce(out.data(), out.data(), out.size(), coll::dtype_of<T>(), sl::detail::to_coll_op(to.op));
+    ctx.group(mesh, to.partial).all_reduce(out.data(), out.data(), out.size(), coll::dtype_of<T>(), to.op);
   bool ok = true;
   for (std::size_t i = 0; i < out.size() && ok; ++i) {
     const std::int64_t k = linear(b, static_cast<std::int64_t>(i), shape);

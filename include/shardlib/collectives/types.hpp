@@ -7,6 +7,8 @@
 /// backends that reduce them convert to float and back.
 #pragma once
 
+#include <shardlib/reduce_op.hpp>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -18,8 +20,9 @@ namespace shardlib::coll {
 /// Element type of a collective's buffers.
 enum class DType : std::uint8_t { i8, u8, i16, u16, i32, u32, i64, u64, f16, bf16, f32, f64 };
 
-/// How a reduction combines elements.
-enum class Op : std::uint8_t { sum, prod, max, min };
+/// How a reduction combines elements: the library's one reduction enum, `shardlib::ReduceOp`
+/// (reduce_op.hpp) under its collectives name; `coll::Op::max` is `ReduceOp::max`.
+using Op = ::shardlib::ReduceOp;
 
 constexpr std::size_t size_of(DType t) noexcept {
   switch (t) {
@@ -49,15 +52,7 @@ constexpr std::string_view name(DType t) noexcept {
   return "?";
 }
 
-constexpr std::string_view name(Op op) noexcept {
-  switch (op) {
-    case Op::sum: return "sum";
-    case Op::prod: return "prod";
-    case Op::max: return "max";
-    case Op::min: return "min";
-  }
-  return "?";
-}
+constexpr std::string_view name(Op op) noexcept { return ::shardlib::to_string(op); }
 
 /// 16-bit IEEE binary16 storage (what f16 buffers hold).
 struct f16_bits {
