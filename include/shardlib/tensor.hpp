@@ -47,6 +47,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -73,6 +74,19 @@ template <class SpecT, std::size_t SpecRank, std::size_t ShapeRank>
 struct shape_has_a_different_number_of_extents_than_the_spec;
 template <class FromSpec, class ToSpec>
 struct reshard_changes_the_rank;
+/// Loops over several tensors: argument `Arg` (0 is the first tensor) is not a tensor, or differs
+/// from the first tensor in mesh type, spec or memory space.
+template <std::size_t Arg, class NotATensor>
+struct loop_argument_before_the_functor_is_not_a_tensor;
+template <std::size_t Arg, class ArgMesh, class FirstMesh>
+struct loop_over_tensors_on_different_mesh_types;
+template <std::size_t Arg, class ArgSpec, class FirstSpec>
+struct loop_over_tensors_of_different_specs;
+template <std::size_t Arg, class ArgMemory, class FirstMemory>
+struct loop_over_tensors_in_different_memory_spaces;
+/// parallel_for's functor takes the written element by value or const reference.
+template <class F, class T>
+struct parallel_for_functor_must_take_the_written_element_by_non_const_reference;
 }  // namespace error
 
 namespace detail {
@@ -89,27 +103,81 @@ template <class T>
 inline constexpr bool is_element_v = std::is_arithmetic_v<T> && !std::is_same_v<T, bool> && !std::is_const_v<T> &&
                                      !std::is_volatile_v<T>;
 
-/// Walks the elements of a box in row-major order: local linear index -> global index.
+/// Walks the elements of a box (a device's block, row-major) in chunks of `chunk` consecutive
+/// elements, one Kokkos work item each: item `c` covers the local linear indices
+/// [c * chunk, min(size, (c + 1) * chunk)). The global index is carried from element to element
+/// (an add per element, a carry per row); only a chunk's first element costs a divide per dim.
+/// Along the last (contiguous) dim the walk is a plain counted loop, which the compiler can
+/// vectorise once the loop body is inlined.
 template <std::size_t R>
-struct BoxWalk {
+struct BlockWalk {
+  /// Elements per work item by default: enough to hide the per-item start, small enough to
+  /// spread a block over the threads of an OpenMP execution space.
+  static constexpr std::int64_t default_chunk = std::int64_t{1} << 13;
   std::int64_t offset[R > 0 ? R : 1] = {};
   std::int64_t extent[R > 0 ? R : 1] = {};
-  BoxWalk() = default;
-  explicit BoxWalk(const ShardBox& b) {
+  std::int64_t size = 0;              ///< elements in the box
+  std::int64_t chunk = default_chunk;  ///< elements per work item
+  BlockWalk() = default;
+  /// The walk of box `b` in at most `max_items` work items (chunks of default_chunk or more).
+  explicit BlockWalk(const ShardBox& b, std::int64_t max_items = std::numeric_limits<std::int64_t>::max())
+      : size(b.num_elements()) {
     for (std::size_t d = 0; d < R; ++d) {
       offset[d] = b.offset[d];
       extent[d] = b.extent[d];
     }
+    if (chunks() > max_items) chunk = (size + max_items - 1) / max_items;
   }
-  KOKKOS_INLINE_FUNCTION Index<R> global(std::int64_t k) const {
-    Index<R> g;
-    for (std::size_t d = R; d-- > 0;) {
-      g.i[d] = offset[d] + k % extent[d];
-      k /= extent[d];
+  /// Number of work items.
+  std::int64_t chunks() const noexcept { return (size + chunk - 1) / chunk; }
+  /// Calls `elem(const Index<R>& global, std::int64_t k)` for each element of item `c`, in order;
+  /// `k` is the element's row-major position in the block.
+  template <class Elem>
+  KOKKOS_FORCEINLINE_FUNCTION void operator()(std::int64_t c, Elem elem) const {  // a copy: kept in registers
+    std::int64_t k = c * chunk;
+    const std::int64_t end = size - k < chunk ? size : k + chunk;
+    if constexpr (R == 0) {
+      if (k < end) elem(Index<R>{}, k);
+    } else {
+      constexpr std::size_t last = R - 1;
+      Index<R> g;
+      std::int64_t rest = k;
+      for (std::size_t d = R; d-- > 0;) {
+        g.i[d] = offset[d] + rest % extent[d];
+        rest /= extent[d];
+      }
+      const std::int64_t row_end = offset[last] + extent[last];
+      for (;;) {
+        const std::int64_t first = g.i[last];
+        const std::int64_t len = end - k < row_end - first ? end - k : row_end - first;
+        Index<R> h = g;  // a copy indexed by constants only: it lives in registers
+        for (std::int64_t j = 0; j < len; ++j) {  // along the contiguous dim
+          h.i[last] = first + j;
+          elem(static_cast<const Index<R>&>(h), k + j);
+        }
+        k += len;
+        if (k >= end) return;
+        g.i[last] = offset[last];  // next row: carry into the outer dims
+        for (std::size_t d = last; d-- > 0;) {
+          if (++g.i[d] < offset[d] + extent[d]) break;
+          g.i[d] = offset[d];
+        }
+      }
     }
-    return g;
   }
 };
+
+/// Runs `elem(const Index<R>& global, std::int64_t k)` on every element of block `box` (k: its
+/// row-major position in the block) as a Kokkos kernel on the device's execution space instance.
+template <std::size_t R, class Elem>
+void for_each_in_block(const char* label, const Context& ctx, const ShardBox& box, const Elem& elem) {
+  const BlockWalk<R> walk(box);
+  if (walk.size == 0) return;
+  auto guard = kernel_guard(ctx, false);
+  Kokkos::parallel_for(label, Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, walk.chunks()),
+                       [=](std::int64_t c) { walk(c, elem); });
+  ctx.exec().fence();
+}
 
 /// Row-major linear index of `g` in a tensor of `shape`.
 template <std::size_t R>
@@ -289,18 +357,11 @@ struct RandomValue {
 /// element's global linear index k, as a Kokkos kernel.
 template <std::size_t R, class T, class G>
 SHARDLIB_NOINLINE void generate_block(const Context& ctx, T* data, const ShardBox& box, const std::int64_t* shape, G value) {
-  std::int64_t gshape[R > 0 ? R : 1] = {};
-  for (std::size_t d = 0; d < R; ++d) gshape[d] = shape[d];
-  const BoxWalk<R> walk(box);
-  auto guard = kernel_guard(ctx, false);
-  Kokkos::parallel_for(
-      "shardlib::generate", Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, box.num_elements()),
-      [=](std::int64_t k) {
-        std::int64_t s[R > 0 ? R : 1];
-        for (std::size_t d = 0; d < (R > 0 ? R : 1); ++d) s[d] = gshape[d];
-        data[k] = value(linear_index<R>(walk.global(k), s));
-      });
-  ctx.exec().fence();
+  struct Shape {
+    std::int64_t s[R > 0 ? R : 1] = {};
+  } gshape;
+  for (std::size_t d = 0; d < R; ++d) gshape.s[d] = shape[d];
+  for_each_in_block<R>("shardlib::generate", ctx, box, [=](const Index<R>& g, std::int64_t k) { data[k] = value(linear_index<R>(g, gshape.s)); });
 }
 
 /// The global tensor of `shape` with sharding `s` (whose blocks live at `block` on each device)
@@ -810,14 +871,13 @@ class DistributedTensor {
   }
 
   // -- loops (see the free functions parallel_for, parallel_reduce, map) ----------------------
+  /// Runs `f(const Index<rank>& global, std::int64_t k)` on every element of this device's block,
+  /// `k` being the element's row-major position in `local()`, as a Kokkos kernel on the device's
+  /// execution space instance (fenced before it returns). The walk divides only once per chunk of
+  /// elements (detail::BlockWalk). Replicas each run it; partial tensors too (their addends).
   template <class F>
   void for_each_local(F f) const {
-    const detail::BoxWalk<rank> walk(box_);
-    auto guard = detail::kernel_guard(context(), false);
-    Kokkos::parallel_for("shardlib::parallel_for",
-                         Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(context().exec(), 0, box_.num_elements()),
-                         [=](std::int64_t k) { f(walk.global(k), k); });
-    context().exec().fence();
+    detail::for_each_in_block<rank>("shardlib::parallel_for", context(), box_, f);
   }
 
   /// Internal: an uninitialised tensor of `shape` on `mesh`.
@@ -906,7 +966,94 @@ DistributedTensor<T, MeshT, NewSpec, Mem> reshard(const DistributedTensor<T, Mes
   return DistributedTensor<T, MeshT, NewSpec, Mem>(t);
 }
 
+// -- loops over global indices ------------------------------------------------------------------
+//
+// parallel_for, parallel_reduce and map run one Kokkos kernel per device over its block, on the
+// device's execution space instance: the block is cut into chunks of consecutive elements
+// (detail::BlockWalk), and each chunk walks its rows with the global index carried along, so an
+// element costs what a hand-written loop over local() costs (benchmarks/loops.cpp). Several
+// tensors of one mesh type, spec and shape are walked together: their blocks have the same box on
+// each device, so element k of one block sits beside element k of the others.
+
 namespace detail {
+template <class A>
+struct tensor_traits {  // not a tensor: void everywhere (keeps the diagnostics below short)
+  using mesh = void;
+  using spec = void;
+  using memory = void;
+  using element = void;
+};
+template <class T, class MeshT, class SpecT, class Mem>
+struct tensor_traits<DistributedTensor<T, MeshT, SpecT, Mem>> {
+  using mesh = MeshT;
+  using spec = SpecT;
+  using memory = Mem;
+  using element = T;
+};
+template <class A>
+inline constexpr bool is_tensor_v = !std::is_void_v<typename tensor_traits<std::remove_cvref_t<A>>::element>;
+
+/// What a loop hands its functor for an element of tensor argument `A` (a reference type: const
+/// when the tensor is), and the pointer it reads it through.
+template <class A>
+using loop_element_t = std::conditional_t<std::is_const_v<std::remove_reference_t<A>>,
+                                          const typename tensor_traits<std::remove_cvref_t<A>>::element&,
+                                          typename tensor_traits<std::remove_cvref_t<A>>::element&>;
+template <class A>
+using loop_pointer_t = std::remove_reference_t<loop_element_t<A>>*;
+
+/// Argument `Arg` of a loop (counted from 0, the first tensor) against the first tensor `First`:
+/// a tensor of the same mesh type, spec and memory space, or a compile error that names it.
+template <std::size_t Arg, class First, class A>
+struct loop_operand_check {
+  using F = tensor_traits<std::remove_cvref_t<First>>;
+  using O = tensor_traits<std::remove_cvref_t<A>>;
+  static constexpr bool tensor = is_tensor_v<A>;
+  SHARDLIB_STATIC_REQUIRE(tensor, "shardlib: loop: the arguments before the functor must be DistributedTensors",
+                          error::loop_argument_before_the_functor_is_not_a_tensor<Arg, std::remove_cvref_t<A>>);
+  static constexpr bool same_mesh = !tensor || std::is_same_v<typename O::mesh, typename F::mesh>;
+  SHARDLIB_STATIC_REQUIRE(same_mesh, "shardlib: loop over several tensors: they must be on the same mesh type",
+                          error::loop_over_tensors_on_different_mesh_types<Arg, typename O::mesh, typename F::mesh>);
+  static constexpr bool same_spec = !tensor || !same_mesh || std::is_same_v<typename O::spec, typename F::spec>;
+  SHARDLIB_STATIC_REQUIRE(same_spec,
+                          "shardlib: loop over several tensors: they must have the same spec (reshard one first)",
+                          error::loop_over_tensors_of_different_specs<Arg, typename O::spec, typename F::spec>);
+  static constexpr bool same_memory = !tensor || std::is_same_v<typename O::memory, typename F::memory>;
+  SHARDLIB_STATIC_REQUIRE(same_memory, "shardlib: loop over several tensors: they must be in the same memory space",
+                          error::loop_over_tensors_in_different_memory_spaces<Arg, typename O::memory, typename F::memory>);
+  static constexpr bool value = tensor && same_mesh && same_spec && same_memory;
+};
+
+/// Throws std::invalid_argument unless `other` (argument `arg`) has the first tensor's shape and
+/// lives on its mesh.
+template <class First, class Other>
+void check_loop_operand(const char* loop, const First& first, std::size_t arg, const Other& other) {
+  const std::string args = std::string("shardlib: ") + loop + ": tensor arguments 0 and " + std::to_string(arg);
+  if (!(other.mesh() == first.mesh()) || &other.context() != &first.context())
+    throw std::invalid_argument(args + " are on different meshes, " + first.mesh().to_string() + " and " +
+                                other.mesh().to_string() + " (spec " + first.spec_string() + ")");
+  if (other.shape() != first.shape())
+    throw std::invalid_argument(args + " have different shapes, " + shape_text(first.shape()) + " and " +
+                                shape_text(other.shape()) + " (both " + first.spec_string() + "); a loop walks tensors of one shape");
+}
+
+/// Combines `x` into the running value `acc` of a reduction by `Op`.
+template <ReduceOp Op, class R>
+KOKKOS_FORCEINLINE_FUNCTION void reduce_into(R& acc, const R& x) {
+  if constexpr (Op == ReduceOp::sum) acc += x;
+  else if constexpr (Op == ReduceOp::prod) acc *= x;
+  else if constexpr (Op == ReduceOp::max) acc = x > acc ? x : acc;
+  else acc = x < acc ? x : acc;
+}
+/// The identity of `Op` on R (what a device without elements contributes).
+template <ReduceOp Op, class R>
+constexpr R reduce_identity() noexcept {
+  if constexpr (Op == ReduceOp::sum) return R(0);
+  else if constexpr (Op == ReduceOp::prod) return R(1);
+  else if constexpr (Op == ReduceOp::max) return std::numeric_limits<R>::lowest();
+  else return std::numeric_limits<R>::max();
+}
+
 template <class F, class I, class T, bool Indexed>
 struct map_result {
   using type = std::remove_cvref_t<std::invoke_result_t<F, const T&>>;
@@ -915,57 +1062,128 @@ template <class F, class I, class T>
 struct map_result<F, I, T, true> {
   using type = std::remove_cvref_t<std::invoke_result_t<F, const I&, const T&>>;
 };
-}  // namespace detail
 
-/// Runs `f(const Index<rank>& global_index, T& element)` on every element of every block, as a
-/// Kokkos kernel on each device (replicas each update their own copy). Not for partial tensors:
-/// their blocks hold addends, not elements (reshard first, or work on `local()`).
-template <class T, class MeshT, class SpecT, class Mem, class F>
-void parallel_for(DistributedTensor<T, MeshT, SpecT, Mem>& t, F f) {
-  using Tensor = DistributedTensor<T, MeshT, SpecT, Mem>;
-  SHARDLIB_STATIC_REQUIRE((!Tensor::sharding.is_partial()),
-                          "shardlib: parallel_for on a partial tensor: its blocks hold addends; reshard it first",
-                          error::loop_over_a_partial_tensor_reshard_it_first<SpecT>);
-  T* data = t.local().data();
-  t.for_each_local([=](const Index<Tensor::rank>& g, std::int64_t k) { f(g, data[k]); });
+template <class Tensor, class Args, std::size_t... I>
+void parallel_for_impl(Tensor& t, const Args& args, std::index_sequence<I...>) {
+  using T = typename Tensor::value_type;
+  using F = std::remove_cvref_t<std::tuple_element_t<sizeof...(I), Args>>;
+  using Idx = Index<Tensor::rank>;
+  constexpr bool operands_ok = (loop_operand_check<I + 1, Tensor, std::tuple_element_t<I, Args>>::value && ... && true);
+  if constexpr (operands_ok) {
+    SHARDLIB_STATIC_REQUIRE((!Tensor::sharding.is_partial()),
+                            "shardlib: parallel_for on a partial tensor: its blocks hold addends; reshard it first",
+                            error::loop_over_a_partial_tensor_reshard_it_first<typename Tensor::spec_type>);
+    constexpr bool callable = std::is_invocable_v<const F&, const Idx&, T&, loop_element_t<std::tuple_element_t<I, Args>>...>;
+    static_assert(callable,
+                  "shardlib: parallel_for: the functor cannot be called as f(const Index<rank>&, T& element of the first "
+                  "tensor, elements of the other tensors...)");
+    if constexpr (callable && !Tensor::sharding.is_partial()) {
+      SHARDLIB_STATIC_REQUIRE(
+          (!std::is_invocable_v<const F&, const Idx&, T&&, loop_element_t<std::tuple_element_t<I, Args>>...>),
+          "shardlib: parallel_for: the functor must take the first tensor's element by non-const reference (T& or "
+          "auto&): it also accepts a temporary (it takes it by value, const& or auto&&), so what it writes is lost",
+          error::parallel_for_functor_must_take_the_written_element_by_non_const_reference<F, T>);
+      (check_loop_operand("parallel_for", t, I + 1, std::get<I>(args)), ...);
+      const F& f = std::get<sizeof...(I)>(args);
+      T* out = t.local().data();
+      const std::tuple<loop_pointer_t<std::tuple_element_t<I, Args>>...> in{std::get<I>(args).local().data()...};
+      t.for_each_local([=](const Idx& g, std::int64_t k) { f(g, out[k], std::get<I>(in)[k]...); });
+    }
+  }
 }
 
-/// The reduction (`Op`: sum, max or min; `ReduceOp` is `coll::Op`) of `f(const Index<rank>&, const T&)` over every element of
-/// the global tensor, on every device: each element counts once (replicas do not add their
-/// copies). Collective. Not for partial tensors.
-template <ReduceOp Op = ReduceOp::sum, class T, class MeshT, class SpecT, class Mem, class F>
-auto parallel_reduce(const DistributedTensor<T, MeshT, SpecT, Mem>& t, F f) {
-  using Tensor = DistributedTensor<T, MeshT, SpecT, Mem>;
-  using R = std::remove_cvref_t<decltype(f(std::declval<const Index<Tensor::rank>&>(), std::declval<const T&>()))>;
+template <ReduceOp Op, class Tensor, class Args, std::size_t... I>
+auto parallel_reduce_impl(const Tensor& t, const Args& args, std::index_sequence<I...>) {
+  using T = typename Tensor::value_type;
+  using F = std::remove_cvref_t<std::tuple_element_t<sizeof...(I), Args>>;
+  using Idx = Index<Tensor::rank>;
+  constexpr bool operands_ok = (loop_operand_check<I + 1, Tensor, std::tuple_element_t<I, Args>>::value && ... && true);
   SHARDLIB_STATIC_REQUIRE((!Tensor::sharding.is_partial()),
                           "shardlib: parallel_reduce on a partial tensor: its blocks hold addends; reshard it first",
-                          error::loop_over_a_partial_tensor_reshard_it_first<SpecT>);
-  static_assert(std::is_arithmetic_v<R> && !std::is_same_v<R, bool>,
-                "shardlib: parallel_reduce: the functor must return an arithmetic value");
-  static_assert(Op == ReduceOp::sum || Op == ReduceOp::max || Op == ReduceOp::min,
-                "shardlib: parallel_reduce: Op is sum, max or min");
-  Context& ctx = t.context();
-  R result{};
-  if constexpr (Op == ReduceOp::max) result = std::numeric_limits<R>::lowest();
-  if constexpr (Op == ReduceOp::min) result = std::numeric_limits<R>::max();
-  if (is_primary_replica(Tensor::sharding, t.mesh().shape(), ctx.device()) && t.block().num_elements() > 0) {
-    const T* data = t.local().data();
-    const detail::BoxWalk<Tensor::rank> walk(t.block());
-    auto body = [=](std::int64_t k, R& acc) {
-      const R x = f(walk.global(k), data[k]);
-      if constexpr (Op == ReduceOp::sum) acc += x;
-      else if constexpr (Op == ReduceOp::max) acc = x > acc ? x : acc;
-      else acc = x < acc ? x : acc;
-    };
-    Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace> policy(ctx.exec(), 0, t.block().num_elements());
-    auto guard = detail::kernel_guard(ctx, true);
-    if constexpr (Op == ReduceOp::sum) Kokkos::parallel_reduce("shardlib::parallel_reduce", policy, body, Kokkos::Sum<R>(result));
-    else if constexpr (Op == ReduceOp::max) Kokkos::parallel_reduce("shardlib::parallel_reduce", policy, body, Kokkos::Max<R>(result));
-    else Kokkos::parallel_reduce("shardlib::parallel_reduce", policy, body, Kokkos::Min<R>(result));
-    ctx.exec().fence();
+                          error::loop_over_a_partial_tensor_reshard_it_first<typename Tensor::spec_type>);
+  constexpr bool callable =
+      operands_ok &&
+      std::is_invocable_v<const F&, const Idx&, const T&,
+                          const typename tensor_traits<std::remove_cvref_t<std::tuple_element_t<I, Args>>>::element&...>;
+  static_assert(!operands_ok || callable,
+                "shardlib: parallel_reduce: the functor cannot be called as f(const Index<rank>&, the tensors' elements...)");
+  if constexpr (callable && !Tensor::sharding.is_partial()) {
+    using R = std::remove_cvref_t<
+        std::invoke_result_t<const F&, const Idx&, const T&,
+                             const typename tensor_traits<std::remove_cvref_t<std::tuple_element_t<I, Args>>>::element&...>>;
+    static_assert(std::is_arithmetic_v<R> && !std::is_same_v<R, bool>,
+                  "shardlib: parallel_reduce: the functor must return an arithmetic value (not bool)");
+    (check_loop_operand("parallel_reduce", t, I + 1, std::get<I>(args)), ...);
+    Context& ctx = t.context();
+    R result = reduce_identity<Op, R>();
+    // Each element counts once: only the primary replica of each block takes part. Each work item
+    // reduces its chunk into a slot of `partial`, combined here in order: a parallel_for, not a
+    // Kokkos::parallel_reduce, so Kokkos 3's Serial (one reduction buffer per process) needs no
+    // lock across in-process devices, and the result does not depend on the thread schedule.
+    if (is_primary_replica(Tensor::sharding, t.mesh().shape(), ctx.device()) && t.block().num_elements() > 0) {
+      constexpr std::int64_t max_items = 256;
+      std::array<R, max_items> partial;
+      const BlockWalk<Tensor::rank> walk(t.block(), max_items);
+      const F& f = std::get<sizeof...(I)>(args);
+      const T* a = t.local().data();
+      const std::tuple<const typename tensor_traits<std::remove_cvref_t<std::tuple_element_t<I, Args>>>::element*...> in{
+          std::get<I>(args).local().data()...};
+      R* out = partial.data();
+      {
+        auto guard = kernel_guard(ctx, false);
+        Kokkos::parallel_for("shardlib::parallel_reduce",
+                             Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, walk.chunks()),
+                             [=](std::int64_t c) {
+                               R acc = reduce_identity<Op, R>();
+                               walk(c, [&acc, &f, a, in](const Idx& g, std::int64_t k) {
+                                 reduce_into<Op>(acc, static_cast<R>(f(g, a[k], std::get<I>(in)[k]...)));
+                               });
+                               out[c] = acc;
+                             });
+        ctx.exec().fence();
+      }
+      for (std::int64_t c = 0; c < walk.chunks(); ++c) reduce_into<Op>(result, partial[static_cast<std::size_t>(c)]);
+    }
+    ctx.world().all_reduce(&result, &result, 1, coll::dtype_of<R>(), Op);
+    return result;
+  } else {
+    return 0;  // a compile error was reported above
   }
-  ctx.world().all_reduce(&result, &result, 1, coll::dtype_of<R>(), Op);
-  return result;
+}
+}  // namespace detail
+
+/// Runs `f` on every element of every block, as one Kokkos kernel per device on its execution
+/// space instance (replicas each update their own copy), with the element's global index:
+///
+/// - `parallel_for(t, f)`: `f(const Index<rank>& i, T& v)`;
+/// - `parallel_for(t, b, c, ..., f)`: `f(const Index<rank>& i, T& v, B& b_elem, C& c_elem, ...)`,
+///   the elements at `i` of tensors of the same mesh type and spec as `t` (a compile error names
+///   the argument otherwise) and the same shape (std::invalid_argument names the arguments, their
+///   shapes and the spec otherwise). Their elements are lvalues, const when the tensor is const:
+///   `f` may take them by value.
+///
+/// `t` is the tensor written: `f` must take its element by non-const reference (`T&` or `auto&`);
+/// a functor that would also accept a temporary (by value, `const T&`, `auto&&`) fails to compile,
+/// as its writes would be lost. Not for partial tensors: their blocks hold addends, not elements
+/// (reshard first, or work on `local()`).
+template <class T, class MeshT, class SpecT, class Mem, class... Args>
+  requires(sizeof...(Args) >= 1)
+void parallel_for(DistributedTensor<T, MeshT, SpecT, Mem>& t, Args&&... args) {
+  detail::parallel_for_impl(t, std::forward_as_tuple(args...), std::make_index_sequence<sizeof...(Args) - 1>{});
+}
+
+/// The reduction by `Op` (`ReduceOp::sum` (default), `prod`, `max` or `min`; `ReduceOp` is
+/// `coll::Op`) of `f(const Index<rank>& i, const T& a_elem, const B& b_elem, ...)` over every
+/// element of the global tensors `t, b, ...` (same mesh type, spec and shape, as parallel_for's),
+/// returned on every device. Each element counts once: replicas do not add their copies. `f`
+/// returns an arithmetic type (not bool), which is the result's type; a device without elements
+/// contributes the identity (0, 1, lowest, max). Dot products and norms need no temporary:
+/// `parallel_reduce(a, b, [](const Index<1>&, float x, float y) { return double(x) * y; })`.
+/// Collective. Not for partial tensors.
+template <ReduceOp Op = ReduceOp::sum, class T, class MeshT, class SpecT, class Mem, class... Args>
+  requires(sizeof...(Args) >= 1)
+auto parallel_reduce(const DistributedTensor<T, MeshT, SpecT, Mem>& t, Args&&... args) {
+  return detail::parallel_reduce_impl<Op>(t, std::forward_as_tuple(args...), std::make_index_sequence<sizeof...(Args) - 1>{});
 }
 
 /// A new tensor of the same mesh, spec and shape whose elements are `f(element)`, or
