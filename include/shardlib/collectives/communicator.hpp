@@ -123,6 +123,26 @@ struct Region {
   }
 };
 
+/// An exchange started by Communicator::start_exchange; `wait()` completes it.
+class PendingExchange {
+ public:
+  PendingExchange() = default;
+  PendingExchange(const PendingExchange&) = delete;
+  PendingExchange& operator=(const PendingExchange&) = delete;
+  virtual ~PendingExchange() = default;
+  /// Returns once the receive regions hold what was sent and the send buffer may change.
+  /// Throws CollectiveError as exchange does. Call it once.
+  virtual void wait() = 0;
+};
+
+namespace detail {
+/// What backends that complete an exchange when it starts hand back.
+class CompletedExchange final : public PendingExchange {
+ public:
+  void wait() override {}
+};
+}  // namespace detail
+
 /// A group of devices and the collectives over it (see the file comment).
 class Communicator {
  public:
@@ -182,27 +202,22 @@ class Communicator {
   /// contiguous run and back). The pair with p == rank() is a local copy. send and recv must not overlap.
   void exchange(const void* send, std::span<const Region> send_regions, void* recv,
                 std::span<const Region> recv_regions, DType t) {
-    constexpr std::string_view call = "exchange";
-    check_regions(call, "send", send_regions);
-    check_regions(call, "receive", recv_regions);
-    std::size_t send_total = 0, recv_total = 0, send_own = 0, recv_own = 0;
-    for (int p = 0; p < size_; ++p) {
-      const std::size_t s = send_regions[static_cast<std::size_t>(p)].count();
-      const std::size_t r = recv_regions[static_cast<std::size_t>(p)].count();
-      send_total += s;
-      recv_total += r;
-      if (p == rank_) {
-        send_own = s;
-        recv_own = r;
-      }
-    }
-    check_buffers(call, send, recv, send_total, recv_total);
-    const auto sb = byte_span(call, "send", send_regions, t), rb = byte_span(call, "receive", recv_regions, t);
-    const auto s0 = reinterpret_cast<std::uintptr_t>(send), r0 = reinterpret_cast<std::uintptr_t>(recv);
-    if (sb.first < sb.second && rb.first < rb.second && s0 + sb.first < r0 + rb.second && r0 + rb.first < s0 + sb.second)
-      throw CollectiveError("shardlib: " + where(call) + ": the send and receive buffers overlap; exchange cannot run in place");
-    CommRecorder::record(Kind::all_to_all, bytes(send_total - send_own, t), bytes(recv_total - recv_own, t));
+    check_exchange("exchange", send, send_regions, recv, recv_regions, t);
     do_exchange(send, send_regions, recv, recv_regions, t);
+  }
+
+  /// `exchange` in two halves, so that work can run while the data travels: starts it and
+  /// returns the pending exchange, whose `wait()` completes it. Until then `send` must not be
+  /// changed nor `recv` read, and both region spans must stay alive; calls to other collectives
+  /// of the group may come in between (every member calls them in the same order). A backend
+  /// that cannot leave data in flight (threads: devices copy from each other's memory with
+  /// their own threads) completes the exchange here and `wait()` returns at once; mpi posts
+  /// MPI_Irecv/MPI_Isend and waits in `wait()`. A pending exchange must not outlive its
+  /// communicator; destroying it unfinished waits for it (errors then go unreported).
+  [[nodiscard]] std::unique_ptr<PendingExchange> start_exchange(const void* send, std::span<const Region> send_regions,
+                                                                void* recv, std::span<const Region> recv_regions, DType t) {
+    check_exchange("start_exchange", send, send_regions, recv, recv_regions, t);
+    return do_start_exchange(send, send_regions, recv, recv_regions, t);
   }
 
   /// Every rank's `buf` (count elements) = root's.
@@ -264,6 +279,12 @@ class Communicator {
   /// pair agree (the self pair included).
   virtual void do_exchange(const void* send, std::span<const Region> send_regions, void* recv,
                            std::span<const Region> recv_regions, DType t) = 0;
+  /// Starts an exchange (arguments as do_exchange). The default runs the whole exchange now.
+  virtual std::unique_ptr<PendingExchange> do_start_exchange(const void* send, std::span<const Region> send_regions,
+                                                             void* recv, std::span<const Region> recv_regions, DType t) {
+    do_exchange(send, send_regions, recv, recv_regions, t);
+    return std::make_unique<detail::CompletedExchange>();
+  }
   virtual void do_broadcast(void* buf, std::size_t count, DType t, int root) = 0;
   virtual void do_send(const void* buf, std::size_t count, DType t, int peer, int tag) = 0;
   virtual void do_recv(void* buf, std::size_t count, DType t, int peer, int tag) = 0;
@@ -304,6 +325,31 @@ class Communicator {
     if (b.ranks() != size_)
       throw CollectiveError("shardlib: " + where(call) + ": " + std::to_string(b.ranks()) +
                             " block counts given for a group of " + std::to_string(size_));
+  }
+
+  /// The checks and the counting shared by exchange and start_exchange.
+  void check_exchange(std::string_view call, const void* send, std::span<const Region> send_regions, const void* recv,
+                      std::span<const Region> recv_regions, DType t) {
+    check_regions(call, "send", send_regions);
+    check_regions(call, "receive", recv_regions);
+    std::size_t send_total = 0, recv_total = 0, send_own = 0, recv_own = 0;
+    for (int p = 0; p < size_; ++p) {
+      const std::size_t s = send_regions[static_cast<std::size_t>(p)].count();
+      const std::size_t r = recv_regions[static_cast<std::size_t>(p)].count();
+      send_total += s;
+      recv_total += r;
+      if (p == rank_) {
+        send_own = s;
+        recv_own = r;
+      }
+    }
+    check_buffers(call, send, recv, send_total, recv_total);
+    const auto sb = byte_span(call, "send", send_regions, t), rb = byte_span(call, "receive", recv_regions, t);
+    const auto s0 = reinterpret_cast<std::uintptr_t>(send), r0 = reinterpret_cast<std::uintptr_t>(recv);
+    if (sb.first < sb.second && rb.first < rb.second && s0 + sb.first < r0 + rb.second && r0 + rb.first < s0 + sb.second)
+      throw CollectiveError("shardlib: " + where(call) + ": the send and receive buffers overlap; " + std::string(call) +
+                            " cannot run in place");
+    CommRecorder::record(Kind::all_to_all, bytes(send_total - send_own, t), bytes(recv_total - recv_own, t));
   }
 
   void check_regions(std::string_view call, std::string_view side, std::span<const Region> regions) const {

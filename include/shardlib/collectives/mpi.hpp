@@ -226,8 +226,7 @@ class MpiCommunicator final : public Communicator {
         send_displs_(static_cast<std::size_t>(size())),
         recv_counts_(static_cast<std::size_t>(size())),
         recv_displs_(static_cast<std::size_t>(size())),
-        check_buf_(checked ? 4 * static_cast<std::size_t>(size()) : 0),
-        requests_(2 * static_cast<std::size_t>(size())) {
+        check_buf_(checked ? 4 * static_cast<std::size_t>(size()) : 0) {
     int inter = 0;
     ok(MPI_Comm_test_inter(comm_, &inter), "MPI_Comm_test_inter", "construction");
     if (inter) {
@@ -382,69 +381,15 @@ class MpiCommunicator final : public Communicator {
 
   void do_exchange(const void* send, std::span<const Region> send_regions, void* recv,
                    std::span<const Region> recv_regions, DType t) override {
-    constexpr std::string_view call = "exchange";
-    if (checked_) verify_exchange(send_regions, recv_regions, t);
-    const int me = rank();
-    const std::size_t n = static_cast<std::size_t>(size()), es = size_of(t);
-    // Counts without the self pair, which never travels; check the totals before packing.
-    std::size_t send_total = 0, recv_total = 0;
-    for (std::size_t p = 0; p < n; ++p)
-      if (p != static_cast<std::size_t>(me)) {
-        send_total += send_regions[p].count();
-        recv_total += recv_regions[p].count();
-      }
-    fit_total(call, send_total);
-    fit_total(call, recv_total);
-    // Point to point with the pairs that carry data (a permute-like exchange talks to one peer,
-    // not to all), on the backend's own tag; contiguous pieces go straight from and into the
-    // caller's buffers, strided ones through the packed scratch buffers.
-    if (scratch_.size() < send_total * es) scratch_.resize(send_total * es);
-    if (recv_scratch_.size() < recv_total * es) recv_scratch_.resize(recv_total * es);
-    const MPI_Datatype dt = detail::mpi::datatype(t);
-    auto contiguous = [](const Region& r) {
-      const Region c = detail::normalise(r);
-      return c.rank == 1 && c.stride[0] == 1;
-    };
-    int nreq = 0;
-    std::size_t send_off = 0, recv_off = 0;
-    for (std::size_t p = 0; p < n; ++p) {
-      if (p == static_cast<std::size_t>(me)) continue;
-      if (const std::size_t rc = recv_regions[p].count(); rc != 0) {
-        const bool direct = contiguous(recv_regions[p]);
-        void* at = direct ? static_cast<unsigned char*>(recv) + recv_regions[p].offset * es : recv_scratch_.data() + recv_off * es;
-        recv_displs_[p] = direct ? -1 : static_cast<int>(recv_off);
-        if (!direct) recv_off += rc;
-        ok(MPI_Irecv(at, static_cast<int>(rc), dt, static_cast<int>(p), permute_tag_, comm_, &requests_[static_cast<std::size_t>(nreq++)]),
-           "MPI_Irecv", call);
-      }
-    }
-    for (std::size_t p = 0; p < n; ++p) {
-      if (p == static_cast<std::size_t>(me)) continue;
-      if (const std::size_t sc = send_regions[p].count(); sc != 0) {
-        const void* at;
-        if (contiguous(send_regions[p])) {
-          at = static_cast<const unsigned char*>(send) + send_regions[p].offset * es;
-        } else {
-          detail::copy_region(scratch_.data() + send_off * es, Region::contiguous(0, sc), send, send_regions[p], es);
-          at = scratch_.data() + send_off * es;
-          send_off += sc;
-        }
-        ok(MPI_Isend(at, static_cast<int>(sc), dt, static_cast<int>(p), permute_tag_, comm_, &requests_[static_cast<std::size_t>(nreq++)]),
-           "MPI_Isend", call);
-      }
-    }
-    ok(MPI_Waitall(nreq, requests_.data(), MPI_STATUSES_IGNORE), "MPI_Waitall", call);
-    for (std::size_t p = 0; p < n; ++p)
-      if (p != static_cast<std::size_t>(me) && recv_regions[p].count() != 0 && recv_displs_[p] >= 0)
-        detail::copy_region(recv, recv_regions[p], recv_scratch_.data() + static_cast<std::size_t>(recv_displs_[p]) * es,
-                            Region::contiguous(0, recv_regions[p].count()), es);
-    // The self pair, checked only now so that a mismatch here leaves no other rank waiting.
-    const auto own = static_cast<std::size_t>(me);
-    if (send_regions[own].count() != recv_regions[own].count())
-      throw CollectiveError("shardlib: " + where(call) + ": rank " + std::to_string(me) + " sends " +
-                            std::to_string(send_regions[own].count()) + " elements to itself, but expects " +
-                            std::to_string(recv_regions[own].count()));
-    detail::copy_region(recv, recv_regions[own], send, send_regions[own], es);
+    Exchange x(*this);
+    x.start(send, send_regions, recv, recv_regions, t);
+    x.wait();
+  }
+  std::unique_ptr<PendingExchange> do_start_exchange(const void* send, std::span<const Region> send_regions, void* recv,
+                                                     std::span<const Region> recv_regions, DType t) override {
+    auto x = std::make_unique<Exchange>(*this);
+    x->start(send, send_regions, recv, recv_regions, t);
+    return x;
   }
 
   void do_broadcast(void* buf, std::size_t count, DType t, int root) override {
@@ -737,6 +682,117 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
+  /// One exchange in flight: point to point with the pairs that carry data (a permute-like
+  /// exchange talks to one peer, not to all), on the backend's own tag; contiguous pieces go
+  /// straight from and into the caller's buffers, strided ones through packed scratch buffers
+  /// (borrowed from the communicator while in flight, so that a blocking exchange allocates
+  /// nothing once warm).
+  class Exchange final : public PendingExchange {
+   public:
+    explicit Exchange(MpiCommunicator& c) : c_(c) {
+      scratch_.swap(c_.scratch_);
+      recv_scratch_.swap(c_.recv_scratch_);
+    }
+    ~Exchange() override {
+      if (!requests_.empty()) MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
+      if (c_.scratch_.size() < scratch_.size()) c_.scratch_.swap(scratch_);
+      if (c_.recv_scratch_.size() < recv_scratch_.size()) c_.recv_scratch_.swap(recv_scratch_);
+    }
+
+    void start(const void* send, std::span<const Region> send_regions, void* recv,
+               std::span<const Region> recv_regions, DType t) {
+      constexpr std::string_view call = "exchange";
+      if (c_.checked_) c_.verify_exchange(send_regions, recv_regions, t);
+      const int me = c_.rank();
+      const std::size_t n = static_cast<std::size_t>(c_.size()), es = size_of(t);
+      // Counts without the self pair, which never travels; check the totals before packing.
+      std::size_t send_total = 0, recv_total = 0;
+      for (std::size_t p = 0; p < n; ++p)
+        if (p != static_cast<std::size_t>(me)) {
+          send_total += send_regions[p].count();
+          recv_total += recv_regions[p].count();
+        }
+      c_.fit_total(call, send_total);
+      c_.fit_total(call, recv_total);
+      if (scratch_.size() < send_total * es) scratch_.resize(send_total * es);
+      if (recv_scratch_.size() < recv_total * es) recv_scratch_.resize(recv_total * es);
+      const MPI_Datatype dt = detail::mpi::datatype(t);
+      auto contiguous = [](const Region& r) {
+        const Region c = detail::normalise(r);
+        return c.rank == 1 && c.stride[0] == 1;
+      };
+      recv_ = recv;
+      es_ = es;
+      requests_.reserve(2 * n);
+      std::size_t send_off = 0, recv_off = 0;
+      for (std::size_t p = 0; p < n; ++p) {
+        if (p == static_cast<std::size_t>(me)) continue;
+        if (const std::size_t rc = recv_regions[p].count(); rc != 0) {
+          void* at = recv_scratch_.data() + recv_off * es;
+          if (contiguous(recv_regions[p])) {
+            at = static_cast<unsigned char*>(recv) + recv_regions[p].offset * es;
+          } else {
+            unpack_.push_back({recv_regions[p], recv_off});
+            recv_off += rc;
+          }
+          post(MPI_Irecv(at, static_cast<int>(rc), dt, static_cast<int>(p), c_.permute_tag_, c_.comm_, next()), "MPI_Irecv");
+        }
+      }
+      for (std::size_t p = 0; p < n; ++p) {
+        if (p == static_cast<std::size_t>(me)) continue;
+        if (const std::size_t sc = send_regions[p].count(); sc != 0) {
+          const void* at;
+          if (contiguous(send_regions[p])) {
+            at = static_cast<const unsigned char*>(send) + send_regions[p].offset * es;
+          } else {
+            detail::copy_region(scratch_.data() + send_off * es, Region::contiguous(0, sc), send, send_regions[p], es);
+            at = scratch_.data() + send_off * es;
+            send_off += sc;
+          }
+          post(MPI_Isend(at, static_cast<int>(sc), dt, static_cast<int>(p), c_.permute_tag_, c_.comm_, next()), "MPI_Isend");
+        }
+      }
+      // The self pair, checked only now so that a mismatch here leaves no other rank waiting.
+      const auto own = static_cast<std::size_t>(me);
+      if (send_regions[own].count() != recv_regions[own].count())
+        self_error_ = "shardlib: " + c_.where(call) + ": rank " + std::to_string(me) + " sends " +
+                      std::to_string(send_regions[own].count()) + " elements to itself, but expects " +
+                      std::to_string(recv_regions[own].count());
+      else
+        detail::copy_region(recv, recv_regions[own], send, send_regions[own], es);
+    }
+
+    void wait() override {
+      std::vector<MPI_Request> r;
+      r.swap(requests_);
+      c_.ok(MPI_Waitall(static_cast<int>(r.size()), r.data(), MPI_STATUSES_IGNORE), "MPI_Waitall", "exchange");
+      for (const auto& u : unpack_)
+        detail::copy_region(recv_, u.region, recv_scratch_.data() + u.offset * es_, Region::contiguous(0, u.region.count()), es_);
+      if (!self_error_.empty()) throw CollectiveError(self_error_);
+    }
+
+   private:
+    MPI_Request* next() {
+      requests_.push_back(MPI_REQUEST_NULL);
+      return &requests_.back();
+    }
+    void post(int rc, const char* fn) {
+      if (rc != MPI_SUCCESS) requests_.pop_back();
+      c_.ok(rc, fn, "exchange");
+    }
+    struct Unpack {
+      Region region;
+      std::size_t offset;
+    };
+    MpiCommunicator& c_;
+    std::vector<unsigned char> scratch_, recv_scratch_;
+    std::vector<MPI_Request> requests_;
+    std::vector<Unpack> unpack_;
+    void* recv_ = nullptr;
+    std::size_t es_ = 0;
+    std::string self_error_;
+  };
+
   MPI_Comm comm_;
   MPI_Errhandler previous_ = MPI_ERRHANDLER_NULL;  // put back at the end when !owns_
   bool owns_;
@@ -748,7 +804,6 @@ class MpiCommunicator final : public Communicator {
   // exchange's packed receive.
   std::vector<unsigned char> scratch_, recv_scratch_;
   std::vector<std::int64_t> check_buf_;  // checked mode: 4 per rank
-  std::vector<MPI_Request> requests_;    // exchange: one receive and one send per peer at most
 };
 
 }  // namespace shardlib::coll

@@ -320,4 +320,44 @@ void index_add(const Exec& exec, T* out, std::int64_t outer, std::int64_t n_loca
   exec.fence();
 }
 
+/// out[out_view] = in[in_view], element by element in row-major order of their common extents:
+/// both sides strided (strides may be negative or zero on the input side: a mirror image, a
+/// repeated element), so a box of one array lands in a box of another with no packing. The two
+/// views must have the same rank and extents (std::invalid_argument otherwise) and must not
+/// overlap. One row (the last dim) per work item; rows contiguous on both sides are memcpys.
+/// Fences before returning.
+template <class Exec, class T>
+void copy_strided(const Exec& exec, const char* label, const T* in, const detail::StridedView& in_view, T* out,
+                  const detail::StridedView& out_view) {
+  static_assert(std::is_trivially_copyable_v<T>, "shardlib::kernels: layout kernels copy trivially copyable elements");
+  detail::check_rank("copy_strided", in_view.rank);
+  if (in_view.rank != out_view.rank)
+    throw std::invalid_argument("shardlib::kernels::copy_strided: views of rank " + std::to_string(in_view.rank) + " and " +
+                                std::to_string(out_view.rank));
+  for (int d = 0; d < in_view.rank; ++d)
+    if (in_view.extent[d] != out_view.extent[d] || in_view.extent[d] < 0)
+      throw std::invalid_argument("shardlib::kernels::copy_strided: extent " + std::to_string(in_view.extent[d]) +
+                                  " against " + std::to_string(out_view.extent[d]) + " on dim " + std::to_string(d));
+  if (in_view.count() == 0) return;
+  const int r = in_view.rank;
+  const detail::StridedView a = in_view, b = out_view;
+  const std::int64_t run = r == 0 ? 1 : a.extent[r - 1], rows = a.count() / run;
+  const std::int64_t sa = r == 0 ? 0 : a.stride[r - 1], sb = r == 0 ? 0 : b.stride[r - 1];
+  Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, rows), [=](std::int64_t row) {
+    std::int64_t ia = a.offset, ib = b.offset, rest = row;
+    for (int d = r - 2; d >= 0; --d) {
+      const std::int64_t i = rest % a.extent[d];
+      rest /= a.extent[d];
+      ia += i * a.stride[d];
+      ib += i * b.stride[d];
+    }
+    if (sa == 1 && sb == 1) {
+      detail::copy_elements(out + ib, in + ia, run);
+    } else {
+      for (std::int64_t k = 0; k < run; ++k) out[ib + k * sb] = in[ia + k * sa];
+    }
+  });
+  exec.fence();
+}
+
 }  // namespace shardlib::kernels

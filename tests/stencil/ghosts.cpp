@@ -1,0 +1,357 @@
+// SPDX-License-Identifier: Apache-2.0
+// Ghost cells and stencils (<shardlib/stencil.hpp>), on 1..8 threads devices and under mpirun:
+// - an oracle property test of the exchange: random meshes (1 to 3 axes), grid ranks 1 to 3,
+//   random shardings (a dim split over several axes, replicated axes), shapes with uneven, thin
+//   and empty blocks, widths 0 to 3 and every boundary kind; every cell of every widened block
+//   against the global array, and the cells and bytes received against the count of ghost
+//   cells held by other devices (each travels once);
+// - stencil_for against a serial loop over the global array (Jacobi 5-point bit for bit,
+//   27-point periodic 3-D), with and without overlap;
+// - bad input: widths, boundaries, outputs, reads beyond the width, exchanges out of order.
+#include <doctest/doctest.h>
+#include <shardlib/stencil.hpp>
+
+#include "../collectives/harness.hpp"
+#include "../sharding/random.hpp"
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace sl = shardlib;
+namespace coll = shardlib::coll;
+
+namespace {
+using sl::test::Rng;
+using B = sl::Boundary;
+
+double value_of(std::int64_t k) { return static_cast<double>(sl::detail::mix64(static_cast<std::uint64_t>(k)) % 1000); }
+
+/// What ghost cell `g` (global index, possibly outside the domain) must hold: the value of a
+/// domain cell (`src` set, returns true) or a constant (`constant` set, returns false).
+bool oracle_source(const sl::HaloSpec& h, const std::vector<std::int64_t>& shape, std::array<std::int64_t, 8>& g,
+                   double& constant) {
+  for (int d = 0; d < h.rank; ++d) {
+    const auto u = static_cast<std::size_t>(d);
+    const std::int64_t n = shape[u];
+    if (g[u] >= 0 && g[u] < n) continue;
+    const int side = g[u] < 0 ? 0 : 1;
+    const B b = h.boundary[u][static_cast<std::size_t>(side)];
+    switch (b.kind) {
+      case B::Kind::periodic: g[u] = side == 0 ? g[u] + n : g[u] - n; break;
+      case B::Kind::reflect: g[u] = side == 0 ? -1 - g[u] : 2 * n - 1 - g[u]; break;
+      case B::Kind::edge: g[u] = side == 0 ? 0 : n - 1; break;
+      default: constant = b.kind == B::Kind::value ? b.value : 0.0; return false;
+    }
+  }
+  return true;
+}
+
+struct Totals {
+  int cases = 0, thin = 0, cells = 0, with_peers = 0;
+};
+
+template <class T>
+void exchange_case(sl::Context& ctx, const sl::MeshShape& mesh, const std::vector<std::int64_t>& shape,
+                   const sl::Sharding& s, const sl::HaloSpec& h, Totals& totals) {
+  const int me = ctx.device(), R = s.rank;
+  const sl::ShardBox box = sl::shard_box(s, mesh, shape, me);
+  std::vector<T> block(static_cast<std::size_t>(box.num_elements()));
+  auto linear = [&](const std::array<std::int64_t, 8>& g) {
+    std::int64_t k = 0;
+    for (int d = 0; d < R; ++d) k = k * shape[static_cast<std::size_t>(d)] + g[static_cast<std::size_t>(d)];
+    return k;
+  };
+  for (std::size_t i = 0; i < block.size(); ++i) {
+    std::array<std::int64_t, 8> g{};
+    auto rest = static_cast<std::int64_t>(i);
+    for (int d = R - 1; d >= 0; --d) {
+      const auto u = static_cast<std::size_t>(d);
+      g[u] = box.offset[u] + rest % box.extent[u];
+      rest /= box.extent[u];
+    }
+    block[i] = static_cast<T>(value_of(linear(g)));
+  }
+  sl::detail::GhostExchange<T, Kokkos::HostSpace> x(ctx, s, mesh, shape, h, "the test tensor");
+  coll::CommRecorder rec;
+  x.start(block.data());
+  x.finish();
+  if (box.num_elements() == 0) {
+    CHECK(x.cells_received() == 0);
+    return;
+  }
+  // Every cell of the widened block, and the ghost cells other devices hold.
+  std::int64_t from_peers = 0;
+  bool edge = false;
+  for (int d = 0; d < R; ++d)
+    for (int side = 0; side < 2; ++side) edge = edge || h.boundary[static_cast<std::size_t>(d)][static_cast<std::size_t>(side)].kind == B::Kind::edge;
+  std::array<std::int64_t, 8> lo{}, ext{};
+  std::int64_t cells = 1;
+  for (int d = 0; d < R; ++d) {
+    const auto u = static_cast<std::size_t>(d);
+    lo[u] = box.offset[u] - h.width[u];
+    ext[u] = box.extent[u] + 2 * h.width[u];
+    cells *= ext[u];
+    if (box.extent[u] < h.width[u]) ++totals.thin;
+  }
+  const auto coords = mesh.coords(me);
+  bool ok = true;
+  for (std::int64_t c = 0; c < cells && ok; ++c) {
+    std::array<std::int64_t, 8> g{};
+    auto rest = c;
+    for (int d = R - 1; d >= 0; --d) {
+      const auto u = static_cast<std::size_t>(d);
+      g[u] = lo[u] + rest % ext[u];
+      rest /= ext[u];
+    }
+    const T got = x.at(g.data(), block.data());
+    std::array<std::int64_t, 8> src = g;
+    double constant = 0;
+    const bool from_cell = oracle_source(h, shape, src, constant);
+    const T want = static_cast<T>(from_cell ? value_of(linear(src)) : constant);
+    if (got != want) {
+      std::string idx;
+      for (int d = 0; d < R; ++d) idx += (d ? ", " : "") + std::to_string(g[static_cast<std::size_t>(d)]);
+      FAIL_CHECK("device " << me << ": cell (" << idx << ") is " << +got << ", expected " << +want);
+      ok = false;
+    }
+    if (!from_cell || sl::ShardBox(box).contains(sl::detail::ArrayRef<std::int64_t>(g.data(), static_cast<std::size_t>(R)))) continue;
+    // The owner: the device with this device's coordinates on the axes that split no dim.
+    for (int dev = 0; dev < mesh.num_devices(); ++dev) {
+      const auto dc = mesh.coords(dev);
+      bool same_replica = true;
+      for (int a = 0; a < mesh.rank(); ++a)
+        if (!s.shards_over(a)) same_replica = same_replica && dc[static_cast<std::size_t>(a)] == coords[static_cast<std::size_t>(a)];
+      if (same_replica && sl::shard_box(s, mesh, shape, dev).contains(sl::detail::ArrayRef<std::int64_t>(src.data(), static_cast<std::size_t>(R)))) {
+        if (dev != me) ++from_peers;
+        break;
+      }
+    }
+  }
+  totals.cells += static_cast<int>(cells);
+  if (from_peers > 0) ++totals.with_peers;
+  CHECK(x.cells_received() == from_peers);
+  const std::uint64_t bytes = rec[coll::Kind::all_to_all].bytes_received;
+  if (edge) CHECK(bytes <= static_cast<std::uint64_t>(from_peers) * sizeof(T));
+  else CHECK(bytes == static_cast<std::uint64_t>(from_peers) * sizeof(T));
+  CHECK(rec[coll::Kind::all_to_all].calls == 1);
+  ++totals.cases;
+}
+
+B random_boundary(Rng& r, bool wrap_ok) {
+  switch (r.below(wrap_ok ? 5 : 2)) {
+    case 0: return B{};
+    case 1: return B::dirichlet(static_cast<double>(1 + r.below(9)));
+    case 2: return B::reflect();
+    case 3: return B::edge();
+    default: return B::zero();
+  }
+}
+
+void exchange_property(sl::Context& ctx, int cases, std::uint64_t seed) {
+  const int n = ctx.num_devices();
+  Rng r{std::mt19937_64(seed + static_cast<std::uint64_t>(n))};  // the same draws on every device
+  const sl::AxisName names[] = {"a", "b", "c"};
+  Totals totals;
+  for (int c = 0; c < cases; ++c) {
+    const int mesh_rank = 1 + r.below(3);
+    std::vector<int> sizes;
+    int left = n;
+    for (int i = 0; i < mesh_rank - 1; ++i) {
+      std::vector<int> divisors;
+      for (int d = 1; d <= left; ++d)
+        if (left % d == 0) divisors.push_back(d);
+      sizes.push_back(divisors[static_cast<std::size_t>(r.below(static_cast<int>(divisors.size())))]);
+      left /= sizes.back();
+    }
+    sizes.push_back(left);
+    const sl::MeshShape mesh(sl::detail::ArrayRef<sl::AxisName>(names, static_cast<std::size_t>(mesh_rank)), sizes);
+    const int rank = 1 + r.below(3);
+    std::vector<std::int64_t> shape;
+    for (int d = 0; d < rank; ++d) shape.push_back(r.below(6) == 0 ? r.below(3) : 1 + r.below(rank == 3 ? 7 : 12));
+    const sl::Sharding s = sl::test::random_sharding(r, mesh_rank, rank, false);
+    sl::HaloSpec h;
+    h.rank = rank;
+    for (int d = 0; d < rank; ++d) {
+      const auto u = static_cast<std::size_t>(d);
+      h.width[u] = r.below(4);
+      if (h.width[u] == 0) continue;
+      const bool wrap_ok = h.width[u] <= shape[u];  // periodic, reflect and edge map into the dim once
+      if (wrap_ok && r.below(3) == 0) {
+        h.boundary[u] = {B::periodic(), B::periodic()};
+      } else {
+        h.boundary[u][0] = random_boundary(r, wrap_ok);
+        h.boundary[u][1] = random_boundary(r, wrap_ok);
+      }
+    }
+    CAPTURE(c);
+    CAPTURE(mesh.to_string());
+    if (r.below(2) == 0) exchange_case<double>(ctx, mesh, shape, s, h, totals);
+    else exchange_case<std::int32_t>(ctx, mesh, shape, s, h, totals);
+  }
+  CAPTURE(totals.cases);
+  CHECK(totals.cases > cases / 4);
+  CHECK(totals.cells > 0);
+  if (n > 1) {
+    CHECK(totals.thin > 0);
+    CHECK(totals.with_peers > 0);
+  }
+}
+
+// -- stencil_for against a serial loop ----------------------------------------------------------
+
+using Mesh2 = sl::Mesh<"x", "y">;
+using Grid2 = sl::DistributedTensor<double, Mesh2, sl::Spec<"x", "y">>;
+using Mesh3 = sl::Mesh<"x", "y", "z">;
+using Grid3 = sl::DistributedTensor<double, Mesh3, sl::Spec<"z", sl::axes<"x", "y">, sl::none>>;
+
+/// Two mesh sizes whose product is n: the most square.
+std::array<int, 2> split2(int n) {
+  int a = 1;
+  for (int d = 1; d * d <= n; ++d)
+    if (n % d == 0) a = d;
+  return {a, n / a};
+}
+
+// Jacobi on a 2-D grid with fixed boundary values (Dirichlet 1 on the low side of dim 0, 0
+// elsewhere), against the serial loop over the global array: bit for bit.
+void jacobi(sl::Context& ctx, sl::GhostRefresh refresh) {
+  const auto [px, py] = split2(ctx.num_devices());
+  const Mesh2 mesh(ctx, {px, py});
+  const std::int64_t nx = 13, ny = 9;  // uneven blocks
+  auto u = Grid2::random(mesh, {nx, ny}, 7, 0.0, 1.0), v = Grid2::zeros(mesh, {nx, ny});
+  std::vector<double> serial = u.to_host(), next(serial.size());
+  auto at = [&](std::int64_t i, std::int64_t j) {
+    if (i < 0) return 1.0;
+    if (i >= nx || j < 0 || j >= ny) return 0.0;
+    return serial[static_cast<std::size_t>(i * ny + j)];
+  };
+  auto gu = sl::ghosted(u, {1, 1}, {{{B::dirichlet(1), B::zero()}, {B::zero(), B::zero()}}});
+  auto step = [](const sl::Index<2>&, const auto& nb) { return 0.25 * (nb(-1, 0) + nb(1, 0) + nb(0, -1) + nb(0, 1)); };
+  for (int it = 0; it < 10; ++it) {
+    if (refresh == sl::GhostRefresh::none) gu.exchange();
+    sl::stencil_for(v, gu, step, refresh);
+    for (std::int64_t i = 0; i < nx; ++i)
+      for (std::int64_t j = 0; j < ny; ++j)
+        next[static_cast<std::size_t>(i * ny + j)] = 0.25 * (at(i - 1, j) + at(i + 1, j) + at(i, j - 1) + at(i, j + 1));
+    serial.swap(next);
+    std::swap(u, v);  // the views follow the tensor objects: gu now sees the new values
+  }
+  const auto got = u.to_host();
+  REQUIRE(got.size() == serial.size());
+  for (std::size_t k = 0; k < got.size(); ++k)
+    if (got[k] != serial[k]) FAIL_CHECK("element " << k << ": " << got[k] << " != " << serial[k]);
+}
+
+// A 27-point periodic stencil on a 3-D grid, dims split over one axis, two axes and none.
+void periodic27(sl::Context& ctx) {
+  const int n = ctx.num_devices();
+  const int z = n % 2 == 0 ? 2 : 1;
+  const auto [px, py] = split2(n / z);
+  const Mesh3 mesh(ctx, {px, py, z});
+  const std::int64_t nx = 5, ny = 7, nz = 4;
+  auto u = Grid3::random(mesh, {nx, ny, nz}, 3, -1.0, 1.0), v = Grid3::zeros(mesh, {nx, ny, nz});
+  const auto host = u.to_host();
+  auto g = sl::ghosted(u, {1, 1, 1}, B::periodic());
+  sl::stencil_for(v, g, [](const sl::Index<3>& i, const auto& nb) {
+    double s = 0;
+    for (int a = -1; a <= 1; ++a)
+      for (int b = -1; b <= 1; ++b)
+        for (int c = -1; c <= 1; ++c) s += (1 + a + 3 * b + 9 * c) * nb(a, b, c);
+    return s + static_cast<double>(i[0]);
+  });
+  const auto got = v.to_host();
+  auto w = [](std::int64_t i, std::int64_t e) { return (i % e + e) % e; };
+  for (std::int64_t i = 0; i < nx; ++i)
+    for (std::int64_t j = 0; j < ny; ++j)
+      for (std::int64_t k = 0; k < nz; ++k) {
+        double s = 0;
+        for (int a = -1; a <= 1; ++a)
+          for (int b = -1; b <= 1; ++b)
+            for (int c = -1; c <= 1; ++c)
+              s += (1 + a + 3 * b + 9 * c) * host[static_cast<std::size_t>((w(i + a, nx) * ny + w(j + b, ny)) * nz + w(k + c, nz))];
+        s += static_cast<double>(i);
+        const std::size_t at = static_cast<std::size_t>((i * ny + j) * nz + k);
+        if (got[at] != s) FAIL_CHECK("(" << i << ", " << j << ", " << k << "): " << got[at] << " != " << s);
+      }
+}
+}  // namespace
+
+TEST_SUITE("stencil") {
+TEST_CASE("ghost cells match the global array, and exactly the ghost cells travel (random meshes, specs, widths, boundaries)") {
+  sl::test::for_each_run([](sl::Context& ctx) { exchange_property(ctx, sl::test::mpi_runtime() ? 300 : 400, 7); });
+}
+
+TEST_CASE("stencil_for: Jacobi equals the serial loop bit for bit, with and without overlap") {
+  for (auto refresh : {sl::GhostRefresh::overlap, sl::GhostRefresh::blocking, sl::GhostRefresh::none})
+    sl::test::for_each_run([&](sl::Context& ctx) { jacobi(ctx, refresh); }, {1, 2, 4, 6, 8});
+}
+
+TEST_CASE("stencil_for: a 27-point periodic stencil on a 3-D grid") {
+  sl::test::for_each_run([](sl::Context& ctx) { periodic27(ctx); }, {1, 2, 3, 4, 8});
+}
+
+TEST_CASE("ghosted and stencil_for: bad input is reported with the tensor, dim and width") {
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        const auto [px, py] = split2(ctx.num_devices());
+        const Mesh2 mesh(ctx, {px, py});
+        auto u = Grid2::zeros(mesh, {4, 6}), v = Grid2::zeros(mesh, {4, 6}), w = Grid2::zeros(mesh, {5, 6});
+        auto has = [](auto&& f, const std::string& text) {
+          try {
+            f();
+          } catch (const std::exception& e) {
+            const std::string what = e.what();
+            if (what.find(text) == std::string::npos) FAIL_CHECK("the message\n  " << what << "\ndoes not say\n  " << text);
+            return;
+          }
+          FAIL_CHECK("no exception; expected one saying: " << text);
+        };
+        has([&] { (void)sl::ghosted(u, {5, 1}, B::periodic()); }, "ghost width 5 on dim 0 exceeds its extent 4");
+        has([&] { (void)sl::ghosted(u, {-1, 1}); }, "ghost width -1 on dim 0 is negative");
+        has([&] { (void)sl::ghosted(u, {0, 1}, {{{B::reflect(), B::zero()}, {B::zero(), B::zero()}}}); },
+            "dim 0 has ghost width 0, so its low-side boundary (reflect) has no ghost cells to fill");
+        has([&] { (void)sl::ghosted(u, {1, 1}, {{{B::periodic(), B::zero()}, {B::zero(), B::zero()}}}); },
+            "dim 0 is periodic on its low side only");
+        has([&] { (void)sl::ghosted(u, {1, 1}, {{{B::periodic(), B::zero()}, {B::zero(), B::zero()}}}); },
+            "shape [4, 6] with Spec<\"x\", \"y\"> on mesh");
+        auto g = sl::ghosted(u, {1, 1});
+        auto f = [](const sl::Index<2>&, const auto& nb) { return nb(0, 2); };
+        has([&] { sl::stencil_for(w, g, f); }, "the output has shape [5, 6]");
+        has([&] { sl::stencil_for(u, g, f); }, "the output is the input");
+        has([&] { sl::stencil_for<sl::Check::on>(v, g, f); },
+            "reads beyond the ghost widths (1, 1) of the input");
+        has([&] { sl::stencil_for<sl::Check::on>(v, g, f); }, "nb(0, 2) at global index (");
+        has([&] { g.finish(); }, "finish() without start()");
+        g.start();
+        has([&] { g.start(); }, "start() while an exchange is in flight");
+        has([&] { sl::stencil_for(v, g, f); }, "has an exchange in flight");
+        g.finish();
+        has([&] { (void)g.at({-2, 0}); }, "index (-2, 0) is outside device");
+        u = Grid2::zeros(mesh, {6, 6});
+        has([&] { g.exchange(); }, "the tensor now has shape [6, 6]");
+      },
+      {1, 4});
+}
+
+TEST_CASE("stencil_for: a functor reading within the widths passes the checked mode, and the counters show one exchange") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    const auto [px, py] = split2(ctx.num_devices());
+    const Mesh2 mesh(ctx, {px, py});
+    auto u = Grid2::iota(mesh, {8, 8}), v = Grid2::zeros(mesh, {8, 8});
+    auto g = sl::ghosted(u, {2, 1}, B::reflect());
+    coll::CommRecorder rec;
+    sl::stencil_for<sl::Check::on>(v, g, [](const sl::Index<2>&, const auto& nb) { return nb(-2, -1) + nb(2, 1); });
+    CHECK(rec[coll::Kind::all_to_all].calls == 1);
+    CHECK(rec.total_calls() == 1);
+    CHECK(rec[coll::Kind::all_to_all].bytes_received == static_cast<std::uint64_t>(g.cells_received()) * sizeof(double));
+    // iota: u(i, j) = 8i + j; reflect maps -1 -> 0, -2 -> 1, 8 -> 7, 9 -> 6.
+    auto m = [](std::int64_t i) { return i < 0 ? -1 - i : i > 7 ? 15 - i : i; };
+    const auto got = v.to_host();
+    for (std::int64_t i = 0; i < 8; ++i)
+      for (std::int64_t j = 0; j < 8; ++j)
+        CHECK(got[static_cast<std::size_t>(i * 8 + j)] == static_cast<double>(8 * m(i - 2) + m(j - 1) + 8 * m(i + 2) + m(j + 1)));
+  });
+}
+}
