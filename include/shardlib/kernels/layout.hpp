@@ -340,7 +340,17 @@ void copy_strided(const Exec& exec, const char* label, const T* in, const detail
                                   " against " + std::to_string(out_view.extent[d]) + " on dim " + std::to_string(d));
   if (in_view.count() == 0) return;
   const int r = in_view.rank;
-  const detail::StridedView a = in_view, b = out_view;
+  detail::StridedView a = in_view, b = out_view;
+  // Rows along the last dim, or along the innermost long one when the last is short (a box one
+  // cell thin in the last dim would have rows of one element).
+  if (r > 1 && a.extent[r - 1] < 16) {
+    int k = r - 1;
+    while (k > 0 && a.extent[k] < 16 && a.extent[k - 1] > a.extent[k]) --k;
+    std::swap(a.extent[k], a.extent[r - 1]);
+    std::swap(a.stride[k], a.stride[r - 1]);
+    std::swap(b.extent[k], b.extent[r - 1]);
+    std::swap(b.stride[k], b.stride[r - 1]);
+  }
   const std::int64_t run = r == 0 ? 1 : a.extent[r - 1], rows = a.count() / run;
   const std::int64_t sa = r == 0 ? 0 : a.stride[r - 1], sb = r == 0 ? 0 : b.stride[r - 1];
   Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, rows), [=](std::int64_t row) {
