@@ -7,5 +7,5 @@
 
 #include <shardlib/shardlib.hpp>
 #include <shardlib/stencil/ghosted.hpp>
-#include <shardlib/stencil/halo.hpp>
+#include <shardlib/sharding/halo.hpp>
 #include <shardlib/stencil/stencil_for.hpp>

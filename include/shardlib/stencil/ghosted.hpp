@@ -4,14 +4,14 @@
 ///
 /// `sl::ghosted(u, {1, 1}, sl::Boundary::periodic())` views tensor `u` with one ghost layer on
 /// each side of both dims. The block stays where it is (the view reads `u.local()`); the ghost
-/// regions (faces, edges, corners: stencil/halo.hpp) live in a buffer of the view's own.
+/// regions (faces, edges, corners: sharding/halo.hpp) live in a buffer of the view's own.
 /// `exchange()` refreshes them — collective, one exchange over all devices in which exactly the
 /// ghost cells travel, once each — or `start()` ... `finish()` with work in between.
 /// stencil/stencil_for.hpp runs stencils over a ghosted view and does this for you.
 #pragma once
 
 #include <shardlib/kernels/layout.hpp>
-#include <shardlib/stencil/halo.hpp>
+#include <shardlib/sharding/halo.hpp>
 #include <shardlib/tensor.hpp>
 
 #include <algorithm>
@@ -159,6 +159,8 @@ class GhostExchange {
 
   const T* ghost_data() const noexcept { return ghosts_.data(); }
   const std::int64_t* region_offsets() const noexcept { return region_offset_.data(); }
+  /// Scratch for stencil_for's padded copies, kept between calls.
+  std::vector<T>& scratch() noexcept { return scratch_; }
   const halo::Plan& plan() const noexcept { return plan_; }
   std::int64_t cells_received() const noexcept { return received_; }
   std::int64_t cells_sent() const noexcept { return sent_; }
@@ -238,6 +240,7 @@ class GhostExchange {
   Kokkos::View<T*, Mem> ghosts_, send_buf_, recv_buf_;
   std::int64_t received_ = 0, sent_ = 0;
   std::unique_ptr<coll::PendingExchange> pending_;
+  std::vector<T> scratch_;
 };
 
 }  // namespace detail
@@ -296,6 +299,7 @@ class Ghosted {
   /// Internal (stencil_for): the ghost regions' storage and where each region starts in it.
   const T* ghost_data() const noexcept { return x_.ghost_data(); }
   const std::int64_t* region_offsets() const noexcept { return x_.region_offsets(); }
+  std::vector<T>& scratch() noexcept { return x_.scratch(); }
   /// "a tensor of shape [8, 8] with Spec<x, y> on mesh {x: 2, y: 2}, ghost widths (1, 1)".
   const std::string& describe() const noexcept { return x_.describe(); }
 

@@ -424,7 +424,7 @@ void stencil_for(DistributedTensor<U, MeshT, OutSpec, Mem>& out, Ghosted<T, Mesh
     if (refresh == GhostRefresh::blocking) in.exchange();
     detail::stencil_rows<Checked>(ctx, g, detail::RowPart::all, o, f);
   }
-  std::vector<T> tmp;
+  std::vector<T>& tmp = in.scratch();
   for (std::size_t d = 0; d + 1 < R; ++d) {
     for (int side = 0; side < 2; ++side) {
       std::int64_t a[R], e[R];
