@@ -682,21 +682,32 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
+  /// A strided receive region of an exchange and where its elements wait in the packed scratch.
+  struct ExchangeUnpack {
+    Region region;
+    std::size_t offset;
+  };
   /// One exchange in flight: point to point with the pairs that carry data (a permute-like
   /// exchange talks to one peer, not to all), on the backend's own tag; contiguous pieces go
   /// straight from and into the caller's buffers, strided ones through packed scratch buffers
-  /// (borrowed from the communicator while in flight, so that a blocking exchange allocates
-  /// nothing once warm).
+  /// (these buffers, and the request and unpack lists, are borrowed from the communicator while
+  /// in flight, so that a blocking exchange allocates nothing once warm).
   class Exchange final : public PendingExchange {
    public:
     explicit Exchange(MpiCommunicator& c) : c_(c) {
       scratch_.swap(c_.scratch_);
       recv_scratch_.swap(c_.recv_scratch_);
+      requests_.swap(c_.exchange_requests_);
+      unpack_.swap(c_.exchange_unpack_);
+      requests_.clear();
+      unpack_.clear();
     }
     ~Exchange() override {
       if (!requests_.empty()) MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
       if (c_.scratch_.size() < scratch_.size()) c_.scratch_.swap(scratch_);
       if (c_.recv_scratch_.size() < recv_scratch_.size()) c_.recv_scratch_.swap(recv_scratch_);
+      if (c_.exchange_requests_.capacity() < requests_.capacity()) c_.exchange_requests_.swap(requests_);
+      if (c_.exchange_unpack_.capacity() < unpack_.capacity()) c_.exchange_unpack_.swap(unpack_);
     }
 
     void start(const void* send, std::span<const Region> send_regions, void* recv,
@@ -763,9 +774,10 @@ class MpiCommunicator final : public Communicator {
     }
 
     void wait() override {
-      std::vector<MPI_Request> r;
-      r.swap(requests_);
-      c_.ok(MPI_Waitall(static_cast<int>(r.size()), r.data(), MPI_STATUSES_IGNORE), "MPI_Waitall", "exchange");
+      const int nreq = static_cast<int>(requests_.size());
+      const int rc = MPI_Waitall(nreq, requests_.data(), MPI_STATUSES_IGNORE);
+      requests_.clear();  // completed (or failed): nothing left for the destructor to wait for
+      c_.ok(rc, "MPI_Waitall", "exchange");
       for (const auto& u : unpack_)
         detail::copy_region(recv_, u.region, recv_scratch_.data() + u.offset * es_, Region::contiguous(0, u.region.count()), es_);
       if (!self_error_.empty()) throw CollectiveError(self_error_);
@@ -780,19 +792,17 @@ class MpiCommunicator final : public Communicator {
       if (rc != MPI_SUCCESS) requests_.pop_back();
       c_.ok(rc, fn, "exchange");
     }
-    struct Unpack {
-      Region region;
-      std::size_t offset;
-    };
     MpiCommunicator& c_;
     std::vector<unsigned char> scratch_, recv_scratch_;
     std::vector<MPI_Request> requests_;
-    std::vector<Unpack> unpack_;
+    std::vector<ExchangeUnpack> unpack_;
     void* recv_ = nullptr;
     std::size_t es_ = 0;
     std::string self_error_;
   };
 
+  std::vector<MPI_Request> exchange_requests_;   // lent to the exchange in flight
+  std::vector<ExchangeUnpack> exchange_unpack_;  // ...
   MPI_Comm comm_;
   MPI_Errhandler previous_ = MPI_ERRHANDLER_NULL;  // put back at the end when !owns_
   bool owns_;
