@@ -4,7 +4,9 @@
 ///
 /// `sl::ghosted(u, {1, 1}, sl::Boundary::periodic())` views tensor `u` with one ghost layer on
 /// each side of both dims. The block stays where it is (the view reads `u.local()`); the ghost
-/// regions (faces, edges, corners: sharding/halo.hpp) live in a buffer of the view's own.
+/// regions (faces, edges, corners: sharding/halo.hpp) live in a buffer of the view's own. When
+/// each neighbour sends one piece (the usual case), it travels from the neighbour's block straight
+/// into the ghost region, as a strided region of one exchange: no packing of our own.
 /// `exchange()` refreshes them — collective, one exchange over all devices in which exactly the
 /// ghost cells travel, once each — or `start()` ... `finish()` with work in between.
 /// stencil/stencil_for.hpp runs stencils over a ghosted view and does this for you.
@@ -80,8 +82,22 @@ class GhostExchange {
     const auto n = static_cast<std::size_t>(ctx.num_devices());
     send_regions_.assign(n, coll::Region{});
     recv_regions_.assign(n, coll::Region{});
-    send_buf_ = Kokkos::View<T*, Mem>("shardlib::ghosts::send", static_cast<std::size_t>(stage(plan_.sends, true, send_offset_, send_regions_)));
-    recv_buf_ = Kokkos::View<T*, Mem>("shardlib::ghosts::recv", static_cast<std::size_t>(stage(plan_.receives, false, recv_offset_, recv_regions_)));
+    // Direct: when each peer gets one piece, in order (no mirror, no repeated edge cell), it goes
+    // straight from the block into the peer's ghost region as a strided region (the backends copy
+    // or send strided regions themselves); otherwise through packed staging buffers.
+    send_direct_ = direct(plan_.sends, true);
+    recv_direct_ = direct(plan_.receives, false);
+    if (send_direct_) {
+      for (const auto& c : plan_.sends) send_regions_[static_cast<std::size_t>(c.dst)] = to_region(block_view(c, false));
+    } else {
+      send_buf_ = Kokkos::View<T*, Mem>("shardlib::ghosts::send", static_cast<std::size_t>(stage(plan_.sends, true, send_offset_, send_regions_)));
+    }
+    if (recv_direct_) {
+      for (const auto& c : plan_.receives)
+        recv_regions_[static_cast<std::size_t>(c.src)] = to_region(region_view(c.region, c.dst_lo, c.extent));
+    } else {
+      recv_buf_ = Kokkos::View<T*, Mem>("shardlib::ghosts::recv", static_cast<std::size_t>(stage(plan_.receives, false, recv_offset_, recv_regions_)));
+    }
     for (const auto& c : plan_.sends) sent_ += c.src_cells(R);
     for (const auto& c : plan_.receives) received_ += c.cells(R);
     // Constant ghost cells never change: filled once.
@@ -98,7 +114,7 @@ class GhostExchange {
   void start(const T* block) {
     if (pending_)
       throw std::logic_error("shardlib: ghosted view of " + describe_ + ": start() while an exchange is in flight; call finish() first");
-    {
+    if (!send_direct_) {
       auto guard = kernel_guard(*ctx_, false);
       for (std::size_t i = 0; i < plan_.sends.size(); ++i) {
         const auto& c = plan_.sends[i];
@@ -106,7 +122,8 @@ class GhostExchange {
                               box_view(c.src_extent));
       }
     }
-    pending_ = ctx_->world().start_exchange(send_buf_.data(), send_regions_, recv_buf_.data(), recv_regions_, coll::dtype_of<T>());
+    pending_ = ctx_->world().start_exchange(send_direct_ ? block : send_buf_.data(), send_regions_,
+                                            recv_direct_ ? ghosts_.data() : recv_buf_.data(), recv_regions_, coll::dtype_of<T>());
     // Copies within this device while the messages travel.
     auto guard = kernel_guard(*ctx_, false);
     for (const auto& c : plan_.local)
@@ -118,6 +135,7 @@ class GhostExchange {
     if (!pending_) throw std::logic_error("shardlib: ghosted view of " + describe_ + ": finish() without start()");
     auto pending = std::move(pending_);
     pending->wait();
+    if (recv_direct_) return;
     auto guard = kernel_guard(*ctx_, false);
     for (std::size_t i = 0; i < plan_.receives.size(); ++i) {
       const auto& c = plan_.receives[i];
@@ -167,6 +185,26 @@ class GhostExchange {
   const std::string& describe() const noexcept { return describe_; }
 
  private:
+  /// Whether every peer has one piece at most, walked in order (steps +1).
+  bool direct(const std::vector<halo::Copy>& pieces, bool sends) const {
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      const int p = sends ? pieces[i].dst : pieces[i].src;
+      if (i > 0 && p == (sends ? pieces[i - 1].dst : pieces[i - 1].src)) return false;  // grouped by peer
+      for (int d = 0; d < halo_.rank; ++d)
+        if (pieces[i].step[static_cast<std::size_t>(d)] != 1) return false;
+    }
+    return true;
+  }
+  static coll::Region to_region(const kernels::detail::StridedView& v) {
+    coll::Region r;
+    r.offset = static_cast<std::size_t>(v.offset);
+    r.rank = v.rank;
+    for (int d = 0; d < v.rank; ++d) {
+      r.extent[static_cast<std::size_t>(d)] = static_cast<std::size_t>(v.extent[d]);
+      r.stride[static_cast<std::size_t>(d)] = static_cast<std::size_t>(v.stride[d]);
+    }
+    return r;
+  }
   /// Lays the pieces out by peer (each peer's pieces contiguous, in plan order); returns the total.
   std::int64_t stage(const std::vector<halo::Copy>& pieces, bool sends, std::vector<std::int64_t>& offset,
                      std::vector<coll::Region>& regions) const {
@@ -239,6 +277,7 @@ class GhostExchange {
   std::vector<coll::Region> send_regions_, recv_regions_;  // per device, in the staging buffers
   Kokkos::View<T*, Mem> ghosts_, send_buf_, recv_buf_;
   std::int64_t received_ = 0, sent_ = 0;
+  bool send_direct_ = false, recv_direct_ = false;
   std::unique_ptr<coll::PendingExchange> pending_;
   std::vector<T> scratch_;
 };
