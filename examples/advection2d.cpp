@@ -11,6 +11,8 @@
 // bit), and writes the final field as a PNG picture (advection2d.png).
 #include <shardlib/stencil.hpp>
 
+#include "args.hpp"
+
 #include "png.hpp"
 
 #include <cmath>
@@ -25,22 +27,12 @@ using I2 = sl::Index<2>;
 using Mesh = sl::Mesh<"x", "y">;
 using Grid = sl::DistributedTensor<double, Mesh, sl::Spec<"x", "y">>;
 
-namespace {
-long long arg(int argc, char** argv, const char* name, long long fallback) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return std::atoll(argv[i + 1]);
-  return fallback;
-}
-}  // namespace
-
 int main(int argc, char** argv) {
   try {
     auto rt = sl::Runtime::from_args(argc, argv, /*default_devices=*/6);
-    const std::int64_t n = arg(argc, argv, "--n", 96);
-    const int steps = static_cast<int>(arg(argc, argv, "--steps", 240));
-    std::string png = "advection2d.png";
-    for (int i = 1; i + 1 < argc; ++i)
-      if (std::strcmp(argv[i], "--png") == 0) png = argv[i + 1];
+    const std::int64_t n = example::arg(argc, argv, "--n", 96);
+    const int steps = static_cast<int>(example::arg(argc, argv, "--steps", 240));
+    const std::string png = example::arg_text(argc, argv, "--png", "advection2d.png");
     rt.spmd([&](sl::Context& ctx) {
       const int devices = ctx.num_devices();
       int py = 1;

@@ -10,6 +10,8 @@
 // writes the field as a PNG picture (heat2d.png).
 #include <shardlib/stencil.hpp>
 
+#include "args.hpp"
+
 #include "png.hpp"
 
 #include <cmath>
@@ -25,25 +27,12 @@ using B = sl::Boundary;
 using Mesh = sl::Mesh<"x", "y">;
 using Grid = sl::DistributedTensor<double, Mesh, sl::Spec<"x", "y">>;
 
-namespace {
-long long arg(int argc, char** argv, const char* name, long long fallback) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return std::atoll(argv[i + 1]);
-  return fallback;
-}
-std::string arg_text(int argc, char** argv, const char* name, const char* fallback) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
-  return fallback;
-}
-}  // namespace
-
 int main(int argc, char** argv) {
   try {
     auto rt = sl::Runtime::from_args(argc, argv, /*default_devices=*/4);
-    const std::int64_t n = arg(argc, argv, "--n", 128);
-    const int sweeps = static_cast<int>(arg(argc, argv, "--sweeps", 2000));
-    const std::string png = arg_text(argc, argv, "--png", "heat2d.png");
+    const std::int64_t n = example::arg(argc, argv, "--n", 128);
+    const int sweeps = static_cast<int>(example::arg(argc, argv, "--sweeps", 2000));
+    const std::string png = example::arg_text(argc, argv, "--png", "heat2d.png");
     rt.spmd([&](sl::Context& ctx) {
       const int devices = ctx.num_devices();
       int px = 1;  // the most square mesh

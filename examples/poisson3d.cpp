@@ -4,7 +4,7 @@
 // with parallel_reduce over two tensors, the vector updates with parallel_for over two tensors.
 // The grid is split over a 3-D mesh of devices (each dim over its own axis).
 //
-//   ./poisson3d [--devices N] [--n SIDE] [--tol T]          (threads: 8 devices)
+//   ./poisson3d [--devices N] [--n SIDE] [--tol-digits D]   (threads: 8 devices; stop at |r|/|b| < 1e-D)
 //   mpirun -np 4 ./poisson3d
 //
 // f comes from u* = x(1-x) y(1-y) z(1-z), which the 7-point stencil differentiates exactly (a
@@ -12,6 +12,8 @@
 // is the solver's. Prints the residual history, then checks the solution against the same CG run
 // serially on one device (equal to round-off: the dot products add in another order).
 #include <shardlib/stencil.hpp>
+
+#include "args.hpp"
 
 #include <algorithm>
 #include <array>
@@ -27,11 +29,6 @@ using Field = sl::DistributedTensor<double, Mesh, sl::Spec<"x", "y", "z">>;
 using I3 = sl::Index<3>;
 
 namespace {
-long long arg(int argc, char** argv, const char* name, long long fallback) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return std::atoll(argv[i + 1]);
-  return fallback;
-}
 
 /// Mesh sizes for n devices over three axes, as even as they come (8 -> 2 x 2 x 2, 6 -> 3 x 2 x 1).
 std::array<int, 3> mesh_sizes(int n) {
@@ -89,8 +86,8 @@ std::vector<double> serial_cg(std::int64_t n, const std::vector<double>& b, doub
 int main(int argc, char** argv) {
   try {
     auto rt = sl::Runtime::from_args(argc, argv, /*default_devices=*/8);
-    const std::int64_t n = arg(argc, argv, "--n", 32);
-    const double tol = std::pow(10.0, -static_cast<double>(arg(argc, argv, "--tol-digits", 10)));
+    const std::int64_t n = example::arg(argc, argv, "--n", 32);
+    const double tol = std::pow(10.0, -static_cast<double>(example::arg(argc, argv, "--tol-digits", 10)));
     rt.spmd([&](sl::Context& ctx) {
       const auto sizes = mesh_sizes(ctx.num_devices());
       const Mesh mesh(ctx, {sizes[0], sizes[1], sizes[2]});

@@ -2,12 +2,14 @@
 // Random shardings for the property tests (the same draws on every device for a seed).
 #pragma once
 
+#include <shardlib/mesh.hpp>
 #include <shardlib/spec.hpp>
 
 #include <array>
 #include <cstdint>
 #include <random>
 #include <utility>
+#include <vector>
 
 namespace shardlib::test {
 
@@ -33,6 +35,24 @@ inline Sharding random_sharding(Rng& r, int mesh_rank, int rank, bool allow_part
   constexpr ReduceOp partial_ops[] = {ReduceOp::sum, ReduceOp::max, ReduceOp::min};  // what a partial clause may pend
   s.op = s.partial.empty() ? ReduceOp::sum : partial_ops[r.below(3)];
   return s;
+}
+
+/// A mesh of 1 to 3 axes named a, b, c whose sizes multiply to `devices` (each a random divisor
+/// of what is left; the last takes the rest).
+inline MeshShape random_mesh(Rng& r, int devices) {
+  static const AxisName names[] = {"a", "b", "c"};
+  const int mesh_rank = 1 + r.below(3);
+  std::vector<int> sizes;
+  int left = devices;
+  for (int i = 0; i < mesh_rank - 1; ++i) {
+    std::vector<int> divisors;
+    for (int d = 1; d <= left; ++d)
+      if (left % d == 0) divisors.push_back(d);
+    sizes.push_back(divisors[static_cast<std::size_t>(r.below(static_cast<int>(divisors.size())))]);
+    left /= sizes.back();
+  }
+  sizes.push_back(left);
+  return MeshShape(detail::ArrayRef<AxisName>(names, static_cast<std::size_t>(mesh_rank)), sizes);
 }
 
 }  // namespace shardlib::test

@@ -132,21 +132,10 @@ void run_case(sl::Context& ctx, const sl::MeshShape& mesh, const std::vector<std
 void property(sl::Context& ctx, int cases, std::uint64_t seed) {
   const int n = ctx.num_devices();
   Rng r{std::mt19937_64(seed + static_cast<std::uint64_t>(n))};  // the same draws on every device
-  const sl::AxisName names[] = {"a", "b", "c"};
   Totals totals;
   for (int c = 0; c < cases; ++c) {
-    const int mesh_rank = 1 + r.below(3);
-    std::vector<int> sizes;
-    int left = n;
-    for (int i = 0; i < mesh_rank - 1; ++i) {
-      std::vector<int> divisors;
-      for (int d = 1; d <= left; ++d)
-        if (left % d == 0) divisors.push_back(d);
-      sizes.push_back(divisors[static_cast<std::size_t>(r.below(static_cast<int>(divisors.size())))]);
-      left /= sizes.back();
-    }
-    sizes.push_back(left);
-    const sl::MeshShape mesh(sl::detail::ArrayRef<sl::AxisName>(names, static_cast<std::size_t>(mesh_rank)), sizes);
+    const sl::MeshShape mesh = sl::test::random_mesh(r, n);
+    const int mesh_rank = mesh.rank();
     const int rank = r.below(8) == 0 ? 0 : 1 + r.below(3);
     std::vector<std::int64_t> shape;
     for (int d = 0; d < rank; ++d) shape.push_back(r.below(5) == 0 ? r.below(2) : r.below(13));

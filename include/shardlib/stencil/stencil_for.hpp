@@ -64,6 +64,24 @@ struct StencilGeometry {
   StencilFault* fault = nullptr;
 };
 
+/// Checked reads: whether offset `off` lies within the widths; if not, the first such read (over
+/// all threads) is recorded with the point's global index `g.offset + li` (+ j along the last dim).
+template <class T, std::size_t R>
+KOKKOS_INLINE_FUNCTION bool checked_read(const StencilGeometry<T, R>& g, const std::int64_t (&off)[R], const std::int64_t* li,
+                                         std::int64_t j) {
+  bool ok = true;
+  for (std::size_t d = 0; d < R; ++d) ok = ok && off[d] <= g.width[d] && -off[d] <= g.width[d];
+  if (!ok) {
+    int expected = 0;
+    if (g.fault->hit.compare_exchange_strong(expected, 1))
+      for (std::size_t d = 0; d < R; ++d) {
+        g.fault->offset[d] = off[d];
+        g.fault->index[d] = g.offset[d] + li[d] + (d + 1 == R ? j : 0);
+      }
+  }
+  return ok;
+}
+
 /// nb(...): the input at a relative offset, through a pointer and strides.
 template <class T, std::size_t R, bool Checked>
 struct Neighbors {
@@ -89,17 +107,7 @@ struct Neighbors<T, R, true> {
   KOKKOS_INLINE_FUNCTION T operator()(O... o) const {
     static_assert(sizeof...(O) == R, "shardlib: stencil_for: nb(...) takes one offset per dim of the tensor");
     const std::int64_t off[R] = {static_cast<std::int64_t>(o)...};
-    bool ok = true;
-    for (std::size_t d = 0; d < R; ++d) ok = ok && off[d] <= g->width[d] && -off[d] <= g->width[d];
-    if (!ok) {
-      int expected = 0;
-      if (g->fault->hit.compare_exchange_strong(expected, 1))
-        for (std::size_t d = 0; d < R; ++d) {
-          g->fault->offset[d] = off[d];
-          g->fault->index[d] = g->offset[d] + li[d];
-        }
-      return T{};
-    }
+    if (!checked_read(*g, off, li, 0)) return T{};
     std::int64_t k = 0;
     for (std::size_t d = 0; d < R; ++d) k += off[d] * s[d];
     return at[k];
@@ -213,19 +221,8 @@ struct EdgeNeighbors {
   KOKKOS_INLINE_FUNCTION T operator()(O... o) const {
     static_assert(sizeof...(O) == R, "shardlib: stencil_for: nb(...) takes one offset per dim of the tensor");
     const std::int64_t off[R] = {static_cast<std::int64_t>(o)...};
-    if constexpr (Checked) {
-      bool ok = true;
-      for (std::size_t d = 0; d < R; ++d) ok = ok && off[d] <= g->width[d] && -off[d] <= g->width[d];
-      if (!ok) {
-        int expected = 0;
-        if (g->fault->hit.compare_exchange_strong(expected, 1))
-          for (std::size_t d = 0; d < R; ++d) {
-            g->fault->offset[d] = off[d];
-            g->fault->index[d] = g->offset[d] + li[d] + (d + 1 == R ? j : 0);
-          }
-        return T{};
-      }
-    }
+    if constexpr (Checked)
+      if (!checked_read(*g, off, li, j)) return T{};
     std::int64_t k = 0, kg = 0;
     for (std::size_t d = 0; d + 1 < R; ++d) {
       k += off[d] * s[d];
