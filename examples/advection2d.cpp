@@ -11,7 +11,7 @@
 // bit), and writes the final field as a PNG picture (advection2d.png).
 #include <shardlib/stencil.hpp>
 
-#include "args.hpp"
+#include "common.hpp"
 
 #include "png.hpp"
 
@@ -34,11 +34,8 @@ int main(int argc, char** argv) {
     const int steps = static_cast<int>(example::arg(argc, argv, "--steps", 240));
     const std::string png = example::arg_text(argc, argv, "--png", "advection2d.png");
     rt.spmd([&](sl::Context& ctx) {
-      const int devices = ctx.num_devices();
-      int py = 1;
-      for (int d = 1; d * d <= devices; ++d)
-        if (devices % d == 0) py = d;
-      const Mesh mesh(ctx, {devices / py, py});
+      const auto [rows, cols] = example::square_mesh(ctx.num_devices());
+      const Mesh mesh(ctx, {rows, cols});
       const bool root = ctx.device() == 0;
       const double cx = 0.5, cy = 0.25;  // Courant numbers a dt / h, b dt / h (both > 0: upwind reads i-1, j-1)
       auto blob = [n](std::int64_t i, std::int64_t j) {

@@ -10,7 +10,7 @@
 // writes the field as a PNG picture (heat2d.png).
 #include <shardlib/stencil.hpp>
 
-#include "args.hpp"
+#include "common.hpp"
 
 #include "png.hpp"
 
@@ -34,11 +34,8 @@ int main(int argc, char** argv) {
     const int sweeps = static_cast<int>(example::arg(argc, argv, "--sweeps", 2000));
     const std::string png = example::arg_text(argc, argv, "--png", "heat2d.png");
     rt.spmd([&](sl::Context& ctx) {
-      const int devices = ctx.num_devices();
-      int px = 1;  // the most square mesh
-      for (int d = 1; d * d <= devices; ++d)
-        if (devices % d == 0) px = d;
-      const Mesh mesh(ctx, {devices / px, px});
+      const auto [rows, cols] = example::square_mesh(ctx.num_devices());
+      const Mesh mesh(ctx, {rows, cols});
       const bool root = ctx.device() == 0;
 
       // The field and the next one, and a ghosted view of the field: one layer of ghost cells, the

@@ -13,7 +13,7 @@
 // serially on one device (equal to round-off: the dot products add in another order).
 #include <shardlib/stencil.hpp>
 
-#include "args.hpp"
+#include "common.hpp"
 
 #include <algorithm>
 #include <array>

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Command-line values for the examples: `--name value`.
+// Shared by the examples: command-line values (`--name value`) and mesh sizes.
 #pragma once
 
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -20,6 +21,14 @@ inline std::string arg_text(int argc, char** argv, const char* name, const char*
   for (int i = 1; i + 1 < argc; ++i)
     if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
   return fallback;
+}
+
+/// Two mesh sizes whose product is `devices`, as square as they come (8 -> {4, 2}, 6 -> {3, 2}).
+inline std::array<int, 2> square_mesh(int devices) {
+  int b = 1;
+  for (int d = 1; d * d <= devices; ++d)
+    if (devices % d == 0) b = d;
+  return {devices / b, b};
 }
 
 }  // namespace example
