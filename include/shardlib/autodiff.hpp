@@ -14,4 +14,5 @@
 #include <shardlib/autodiff/losses.hpp>
 #include <shardlib/autodiff/record.hpp>
 #include <shardlib/autodiff/reduce.hpp>
+#include <shardlib/autodiff/shift.hpp>
 #include <shardlib/autodiff/var.hpp>

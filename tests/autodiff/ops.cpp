@@ -92,5 +92,28 @@ TEST_CASE("einsum of rank 3, reshard in the graph, layout ops") {
   }, DEVICE_COUNTS);
 }
 
+TEST_CASE("roll, shift, pad (constant boundaries) and where") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    auto rng = oracle::rng_for(ctx, 16);
+    oracle::for_each_type(oracle::List<Rows, Grid>{}, [&](auto sa) {
+      using A = D<typename decltype(sa)::type>;
+      const auto mesh = oracle::random_mesh<M2>(ctx, rng);
+      const auto shape = oracle::random_shape<2>(rng, 6, false);
+      const auto x = A::random(mesh, shape, 20, -1.0, 1.0);
+      const auto y = A::random(mesh, shape, 21, -1.0, 1.0);
+      const auto c = sl::DistributedTensor<std::int32_t, M2, Spec<"x", none>>::random(mesh, shape, 22, 0, 2);
+      CHECK(gc::check([](const auto& a) {
+        auto r = sl::roll(a, 2, 0) * sl::roll<1>(a, -3);
+        return sl::sum_all(sl::tanh(r) + sl::square(sl::shift(a, 1, 1, 0.5)));
+      }, rng, "roll, shift", 1e-6, 4, x));
+      CHECK(gc::check([](const auto& a) {
+        return sl::sum_all(sl::exp(sl::pad(a, {{1, 2}, {0, 3}}, sl::Boundary::dirichlet(0.25))) * 0.5);
+      }, rng, "pad (dirichlet)", 1e-6, 4, x));
+      CHECK(gc::check([&c](const auto& a, const auto& b) { return sl::sum_all(sl::square(sl::where(c, a, b * 2.0))); }, rng,
+                      "where", 1e-6, 4, x, y));
+    });
+  }, DEVICE_COUNTS);
+}
+
 }
 }  // namespace
