@@ -11,6 +11,10 @@
 //                    threads (packed columns either way)
 //   --part step      one Jacobi step (exchange + sweep) with the exchange overlapped, and blocking,
 //                    next to max(sweep alone, exchange alone)
+//   --part roll      a periodic 5-point sweep written whole-array with four rolls
+//                    (0.25 * (roll(u, 1, 0) + roll(u, -1, 0) + roll(u, 1, 1) + roll(u, -1, 1))), next to
+//                    stencil_for over a periodic ghosted view (exchange included); --side S global
+//                    side (2048), mesh as square as the devices allow
 // --n N (2-D block side per device, 1024), --m M (3-D, 96), --weak 0: N is the global side instead.
 #include <shardlib/stencil.hpp>
 
@@ -245,6 +249,24 @@ void step(sl::Context& ctx, std::int64_t n, bool weak) {
              ", \"sweep_seconds\": " + num(tc) + ", \"exchange_seconds\": " + num(te));
 }
 
+// -- whole-array form (roll) against stencil_for -------------------------------------------------
+
+void roll_sweep(sl::Context& ctx, std::int64_t side) {
+  const auto [px, py] = split2(ctx.num_devices());
+  const Mesh2 mesh(ctx, {px, py});
+  auto u = Grid2::random(mesh, {side, side}, 1, 0.0, 1.0), v = Grid2::zeros(mesh, {side, side});
+  auto g = sl::ghosted(u, {1, 1}, B::periodic());
+  auto f = [](const sl::Index<2>&, const auto& nb) { return 0.25 * (nb(-1, 0) + nb(1, 0) + nb(0, -1) + nb(0, 1)); };
+  auto rolls = [&] { v = 0.25 * (sl::roll(u, 1, 0) + sl::roll(u, -1, 0) + sl::roll(u, 1, 1) + sl::roll(u, -1, 1)); };
+  auto ghosts = [&] { sl::stencil_for(v, g, f); };
+  const auto [t, tb] = bench::time_ops(ctx.world(), rolls, &ghosts);
+  record(ctx, "roll",
+         "\"name\": \"jacobi5_periodic\", \"mesh\": [" + std::to_string(px) + ", " + std::to_string(py) + "], \"shape\": [" +
+             std::to_string(side) + ", " + std::to_string(side) + "], \"seconds\": " + num(t) +
+             ", \"baseline\": \"stencil_for over a periodic ghosted view\", \"baseline_seconds\": " + num(tb) +
+             ", \"ratio_to_baseline\": " + num(tb / t));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -254,12 +276,14 @@ int main(int argc, char** argv) {
   const auto n = static_cast<std::int64_t>(bench::arg(argc, argv, "--n", 4096));
   const auto m = static_cast<std::int64_t>(bench::arg(argc, argv, "--m", 256));
   const bool weak = bench::arg(argc, argv, "--weak", 1) != 0;
+  const auto side = static_cast<std::int64_t>(bench::arg(argc, argv, "--side", 2048));
   rt.spmd([&](sl::Context& ctx) {
     bench::warm_up(ctx.world());
     if (part == "sweep") sweep(ctx, n, m, weak);
     else if (part == "exchange") exchange(ctx, n, weak);
     else if (part == "step") step(ctx, n, weak);
-    else throw std::invalid_argument("bench_stencil: --part is sweep, exchange or step, not " + part);
+    else if (part == "roll") roll_sweep(ctx, side);
+    else throw std::invalid_argument("bench_stencil: --part is sweep, exchange, step or roll, not " + part);
   });
   return 0;
 }
