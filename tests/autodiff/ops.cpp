@@ -111,6 +111,9 @@ TEST_CASE("roll, shift, pad (constant boundaries) and where") {
       }, rng, "pad (dirichlet)", 1e-6, 4, x));
       CHECK(gc::check([&c](const auto& a, const auto& b) { return sl::sum_all(sl::square(sl::where(c, a, b * 2.0))); }, rng,
                       "where", 1e-6, 4, x, y));
+      // A boundary that copies cells has no backward yet: refused at the forward.
+      CHECK_THROWS_WITH_AS(sl::pad(sl::Param<A>(x), {{1, 1}, {1, 1}}, sl::Boundary::periodic()),
+                           doctest::Contains("periodic boundary: its backward is not implemented"), std::invalid_argument);
     });
   }, DEVICE_COUNTS);
 }
