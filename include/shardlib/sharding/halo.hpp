@@ -225,6 +225,69 @@ inline void segments(std::vector<Segment>& out, std::int64_t a, std::int64_t b, 
   if (in0 < in1) split(in0 - a, in0, in1, 1);
   outside(hi_out_begin, b, 1);
 }
+/// The pieces of one box of device `dst` whose dims map onto `seg` (one list of segments per
+/// dim): every combination of one segment per dim, dim 0 major. A combination with a constant
+/// segment is a fill (the lowest such dim's value) if `dst` is `device`; otherwise a copy from the
+/// device holding those parts (`dst`'s coordinates `coords` on the other axes), kept in `out`
+/// when `device` sends or receives it. `region` tags the pieces.
+inline void emit(const std::array<std::vector<Segment>, max_tensor_rank>& seg, int R, const Sharding& sharding,
+                 const MeshShape& mesh, const std::array<int, max_mesh_rank>& coords, int dst, int device, int region,
+                 Plan& out) {
+  std::array<std::size_t, max_tensor_rank> pick{};
+  for (;;) {
+    int const_dim = -1;
+    for (int d = 0; d < R && const_dim < 0; ++d)
+      if (seg[static_cast<std::size_t>(d)][pick[static_cast<std::size_t>(d)]].part < 0) const_dim = d;
+    if (const_dim >= 0) {
+      if (dst == device) {
+        Fill f;
+        f.region = region;
+        f.value = seg[static_cast<std::size_t>(const_dim)][pick[static_cast<std::size_t>(const_dim)]].value;
+        for (int d = 0; d < R; ++d) {
+          const auto& s = seg[static_cast<std::size_t>(d)][pick[static_cast<std::size_t>(d)]];
+          f.lo[static_cast<std::size_t>(d)] = s.dst_lo;
+          f.extent[static_cast<std::size_t>(d)] = s.len;
+        }
+        out.fills.push_back(f);
+      }
+    } else {
+      auto c = coords;
+      for (int d = 0; d < R; ++d) {  // part q of dim d -> coordinates on its axes (major first)
+        const AxisList& axes = sharding.dims[static_cast<std::size_t>(d)];
+        int q = seg[static_cast<std::size_t>(d)][pick[static_cast<std::size_t>(d)]].part;
+        for (int k = axes.size() - 1; k >= 0; --k) {
+          c[static_cast<std::size_t>(axes[k])] = q % mesh.size(axes[k]);
+          q /= mesh.size(axes[k]);
+        }
+      }
+      const int src = mesh.device_at(shardlib::detail::ArrayRef<int>(c.data(), static_cast<std::size_t>(mesh.rank())));
+      if (src == device || dst == device) {
+        Copy cp;
+        cp.src = src;
+        cp.dst = dst;
+        cp.region = region;
+        for (int d = 0; d < R; ++d) {
+          const auto u = static_cast<std::size_t>(d);
+          const auto& s = seg[u][pick[u]];
+          cp.src_lo[u] = s.src_lo;
+          cp.src_extent[u] = s.src_len;
+          cp.dst_lo[u] = s.dst_lo;
+          cp.extent[u] = s.len;
+          cp.step[u] = s.step;
+        }
+        (src == dst ? out.local : src == device ? out.sends : out.receives).push_back(cp);
+      }
+    }
+    int d = R - 1;
+    for (; d >= 0; --d) {
+      const auto u = static_cast<std::size_t>(d);
+      if (++pick[u] < seg[u].size()) break;
+      pick[u] = 0;
+    }
+    if (d < 0) break;
+  }
+}
+
 }  // namespace detail
 
 /// Checks `h` against a tensor of `shape` distributed by `sharding`; throws std::invalid_argument
@@ -302,60 +365,7 @@ inline Plan plan(const HaloSpec& h, const Sharding& sharding, const MeshShape& m
         empty = seg[u].empty();
       }
       if (empty) continue;
-      // Every combination of one segment per dim, dim 0 major.
-      std::array<std::size_t, max_tensor_rank> pick{};
-      for (;;) {
-        int const_dim = -1;
-        for (int d = 0; d < R && const_dim < 0; ++d)
-          if (seg[static_cast<std::size_t>(d)][pick[static_cast<std::size_t>(d)]].part < 0) const_dim = d;
-        if (const_dim >= 0) {
-          if (dst == device) {
-            Fill f;
-            f.region = r;
-            f.value = seg[static_cast<std::size_t>(const_dim)][pick[static_cast<std::size_t>(const_dim)]].value;
-            for (int d = 0; d < R; ++d) {
-              const auto& s = seg[static_cast<std::size_t>(d)][pick[static_cast<std::size_t>(d)]];
-              f.lo[static_cast<std::size_t>(d)] = s.dst_lo;
-              f.extent[static_cast<std::size_t>(d)] = s.len;
-            }
-            out.fills.push_back(f);
-          }
-        } else {
-          auto c = coords;
-          for (int d = 0; d < R; ++d) {  // part q of dim d -> coordinates on its axes (major first)
-            const AxisList& axes = sharding.dims[static_cast<std::size_t>(d)];
-            int q = seg[static_cast<std::size_t>(d)][pick[static_cast<std::size_t>(d)]].part;
-            for (int k = axes.size() - 1; k >= 0; --k) {
-              c[static_cast<std::size_t>(axes[k])] = q % mesh.size(axes[k]);
-              q /= mesh.size(axes[k]);
-            }
-          }
-          const int src = mesh.device_at(shardlib::detail::ArrayRef<int>(c.data(), static_cast<std::size_t>(mesh.rank())));
-          if (src == device || dst == device) {
-            Copy cp;
-            cp.src = src;
-            cp.dst = dst;
-            cp.region = r;
-            for (int d = 0; d < R; ++d) {
-              const auto u = static_cast<std::size_t>(d);
-              const auto& s = seg[u][pick[u]];
-              cp.src_lo[u] = s.src_lo;
-              cp.src_extent[u] = s.src_len;
-              cp.dst_lo[u] = s.dst_lo;
-              cp.extent[u] = s.len;
-              cp.step[u] = s.step;
-            }
-            (src == dst ? out.local : src == device ? out.sends : out.receives).push_back(cp);
-          }
-        }
-        int d = R - 1;
-        for (; d >= 0; --d) {
-          const auto u = static_cast<std::size_t>(d);
-          if (++pick[u] < seg[u].size()) break;
-          pick[u] = 0;
-        }
-        if (d < 0) break;
-      }
+      detail::emit(seg, R, sharding, mesh, coords, dst, device, r, out);
     }
   }
   return out;

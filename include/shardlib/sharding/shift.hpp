@@ -35,19 +35,10 @@
 
 namespace shardlib {
 
-/// The rule of roll and shift along `dim`: operand and output keep the operand's sharding,
-/// partial included; along a split dim cells move between the devices of the dim's group
-/// (`comm`: the axes of `dim`). dim_out_of_range for a bad dim.
-constexpr OpRule roll_rule(const Sharding& in, int dim) {
-  using namespace detail::layout_rules;
-  if (!dim_in_range(in, dim)) return failure(OpRule::dim_out_of_range, 0, dim, 1);
-  OpRule r;
-  r.count = 1;
-  r.in[0] = in;
-  r.out = as_output(in);
-  r.comm = in.dims[static_cast<std::size_t>(dim)];
-  return r;
-}
+/// The rule of roll and shift along `dim`: a slice's (sharding/layout.hpp): operand and output
+/// keep the operand's sharding, partial included; along a split dim cells move between the
+/// devices of the dim's group (`comm`: the axes of `dim`). dim_out_of_range for a bad dim.
+constexpr OpRule roll_rule(const Sharding& in, int dim) { return slice_rule(in, dim); }
 
 /// The rule of pad: operand and output keep the operand's sharding, partial included (the
 /// output's blocks are those of the padded shape). `comm`: the axes of every split dim (the
@@ -131,58 +122,7 @@ inline halo::Plan pad_plan(const Sharding& sharding, const MeshShape& mesh, deta
       empty = seg[u].empty();
     }
     if (empty) continue;
-    const auto coords = mesh.coords(dst);
-    std::array<std::size_t, max_tensor_rank> pick{};
-    for (;;) {
-      int const_dim = -1;
-      for (int d = 0; d < R && const_dim < 0; ++d)
-        if (seg[static_cast<std::size_t>(d)][pick[static_cast<std::size_t>(d)]].part < 0) const_dim = d;
-      if (const_dim >= 0) {
-        if (dst == device) {
-          halo::Fill f;
-          f.value = seg[static_cast<std::size_t>(const_dim)][pick[static_cast<std::size_t>(const_dim)]].value;
-          for (int d = 0; d < R; ++d) {
-            const auto& s = seg[static_cast<std::size_t>(d)][pick[static_cast<std::size_t>(d)]];
-            f.lo[static_cast<std::size_t>(d)] = s.dst_lo;
-            f.extent[static_cast<std::size_t>(d)] = s.len;
-          }
-          out.fills.push_back(f);
-        }
-      } else {
-        auto c = coords;
-        for (int d = 0; d < R; ++d) {  // part q of dim d -> coordinates on its axes (major first)
-          const AxisList& axes = sharding.dims[static_cast<std::size_t>(d)];
-          int q = seg[static_cast<std::size_t>(d)][pick[static_cast<std::size_t>(d)]].part;
-          for (int k = axes.size() - 1; k >= 0; --k) {
-            c[static_cast<std::size_t>(axes[k])] = q % mesh.size(axes[k]);
-            q /= mesh.size(axes[k]);
-          }
-        }
-        const int src = mesh.device_at(detail::ArrayRef<int>(c.data(), static_cast<std::size_t>(mesh.rank())));
-        if (src == device || dst == device) {
-          halo::Copy cp;
-          cp.src = src;
-          cp.dst = dst;
-          for (int d = 0; d < R; ++d) {
-            const auto u = static_cast<std::size_t>(d);
-            const auto& s = seg[u][pick[u]];
-            cp.src_lo[u] = s.src_lo;
-            cp.src_extent[u] = s.src_len;
-            cp.dst_lo[u] = s.dst_lo;
-            cp.extent[u] = s.len;
-            cp.step[u] = s.step;
-          }
-          (src == dst ? out.local : src == device ? out.sends : out.receives).push_back(cp);
-        }
-      }
-      int d = R - 1;
-      for (; d >= 0; --d) {
-        const auto u = static_cast<std::size_t>(d);
-        if (++pick[u] < seg[u].size()) break;
-        pick[u] = 0;
-      }
-      if (d < 0) break;
-    }
+    halo::detail::emit(seg, R, sharding, mesh, mesh.coords(dst), dst, device, 0, out);
   }
   return out;
 }
