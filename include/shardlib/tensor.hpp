@@ -26,6 +26,7 @@
 #include <shardlib/detail/attributes.hpp>
 #include <shardlib/detail/diagnostics.hpp>
 #include <shardlib/detail/function_ref.hpp>
+#include <shardlib/memory.hpp>
 #include <shardlib/mesh.hpp>
 #include <shardlib/runtime/runtime.hpp>
 #include <shardlib/sharding/block.hpp>
@@ -386,73 +387,6 @@ SHARDLIB_NOINLINE std::vector<T> gather_block(Context& ctx, const MeshShape& mes
   }
   world.exchange(block, send, out.data(), recv, coll::dtype_of<T>());
   return out;
-}
-
-/// Per-device cache of blocks (>= 64 KiB), as PyTorch's caching allocator: a block
-/// freed by one tensor is handed to the next of a similar size instead of going back to the OS
-/// (glibc returns blocks above 32 MiB to the OS at once, and touching fresh pages again cost 4x
-/// the reshard itself at 64 MiB). Holds at most SHARDLIB_BLOCK_CACHE_MB (default 1024) MiB of
-/// free blocks. Thread-safe: a tensor may be destroyed on another thread than its device's.
-template <class MemorySpace>
-class BlockCache : public std::enable_shared_from_this<BlockCache<MemorySpace>> {
- public:
-  static constexpr std::size_t min_bytes = std::size_t{64} << 10;
-  BlockCache() {
-    if (const char* e = std::getenv("SHARDLIB_BLOCK_CACHE_MB")) cap_ = std::strtoull(e, nullptr, 10) << 20;
-  }
-  BlockCache(const BlockCache&) = delete;
-  BlockCache& operator=(const BlockCache&) = delete;
-  ~BlockCache() {
-    for (auto& [bytes, p] : free_) MemorySpace().deallocate(p, bytes);
-  }
-  /// A block of at least `bytes` (uninitialised), returned to the cache when the last owner goes.
-  std::shared_ptr<void> allocate(std::size_t bytes) {
-    if (bytes == 0) return {};
-    void* p = nullptr;
-    if (bytes >= min_bytes) {
-      std::lock_guard<std::mutex> lock(m_);
-      auto it = free_.lower_bound(bytes);
-      if (it != free_.end() && it->first - bytes <= bytes / 4) {  // waste at most a quarter
-        p = it->second;
-        bytes = it->first;
-        cached_ -= bytes;
-        free_.erase(it);
-      }
-    }
-    if (!p) p = MemorySpace().allocate(bytes);  // the space's own allocator: no allocation record
-    auto self = this->shared_from_this();
-    return std::shared_ptr<void>(p, [self, bytes](void* q) { self->release(q, bytes); });
-  }
-  std::size_t cached_bytes() const {
-    std::lock_guard<std::mutex> lock(m_);
-    return cached_;
-  }
-
- private:
-  void release(void* p, std::size_t bytes) noexcept {
-    if (bytes >= min_bytes) {
-      std::lock_guard<std::mutex> lock(m_);
-      if (cached_ + bytes <= cap_) {
-        free_.emplace(bytes, p);
-        cached_ += bytes;
-        return;
-      }
-    }
-    MemorySpace().deallocate(p, bytes);
-  }
-  mutable std::mutex m_;
-  std::multimap<std::size_t, void*> free_;
-  std::size_t cached_ = 0;
-  std::size_t cap_ = std::size_t{1024} << 20;
-};
-
-/// The block cache of this device (held by the Context; blocks keep it alive).
-template <class MemorySpace>
-BlockCache<MemorySpace>& block_cache(Context& ctx) {
-  struct Holder {
-    std::shared_ptr<BlockCache<MemorySpace>> cache = std::make_shared<BlockCache<MemorySpace>>();
-  };
-  return *ctx.state<Holder>().cache;
 }
 
 /// A reshard schedule turned into what each step calls on this device: communicators, block

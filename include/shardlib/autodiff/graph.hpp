@@ -392,7 +392,11 @@ SHARDLIB_NOINLINE inline void resolve_leaves(const std::vector<LeafGrad*>& leave
       bytes += b;
       ++j;
     }
-    std::shared_ptr<void> buffer(new char[std::max<std::size_t>(bytes, 1)], std::default_delete<char[]>());
+    std::shared_ptr<void> buffer;  // host memory, counted as gradients in the device's ledger
+    {
+      MemoryRoleScope role(MemoryRole::gradients);
+      buffer = block_cache<Kokkos::HostSpace>(first.context()).allocate(std::max<std::size_t>(bytes, 1));
+    }
     char* buf = static_cast<char*>(buffer.get());
     std::size_t off = 0;
     for (std::size_t k = i; k < j; ++k) {

@@ -90,12 +90,14 @@ class TensorNode : public Node {
     for (Contribution& c : pending_) to.add(std::move(c));
     pending_.clear();
   }
-  /// The gradient: the contributions resolved into the gradient's spec (collective when one is
-  /// partial or laid out otherwise), then forgotten.
-  Grad take_grad() {
-    Block<T> b = resolve<T, Mem>(mesh_.context(), mesh_.shape(), shape_, pending_, Grad::sharding);
+  /// The gradient: the contributions resolved into the gradient's spec, or into tensor type `G`'s
+  /// (an optimizer's state spec: ZeRO-2's reduce_scatter) (collective when one is partial or
+  /// laid out otherwise), then forgotten.
+  template <class G = Grad>
+  G take_grad() {
+    Block<T> b = resolve<T, Mem>(mesh_.context(), mesh_.shape(), shape_, pending_, G::sharding);
     pending_.clear();
-    return Grad(mesh_, shape_, std::move(b.keep), const_cast<T*>(b.data));
+    return G(mesh_, shape_, std::move(b.keep), const_cast<T*>(b.data));
   }
 
  protected:
@@ -178,12 +180,13 @@ class LeafNode final : public TensorNode<Tensor>, public LeafGrad {
     const Tensor& g = *static_cast<const Tensor*>(resolved.get());
     if (!grad_) {
       grad_ = g;
-      return;
+    } else {
+      Tensor sum(this->mesh_, this->shape_);
+      add_blocks(this->mesh_.context(), sum.local().data(), grad_->local().data(), g.local().data(),
+                 sum.block().num_elements());
+      grad_ = std::move(sum);
     }
-    Tensor sum(this->mesh_, this->shape_);
-    add_blocks(this->mesh_.context(), sum.local().data(), grad_->local().data(), g.local().data(),
-               sum.block().num_elements());
-    grad_ = std::move(sum);
+    tag_memory(*grad_, MemoryRole::gradients);
   }
 
   const std::optional<Tensor>& grad() const noexcept { return grad_; }
@@ -253,7 +256,10 @@ class Param : public Var<Tensor> {
   using Leaf = autodiff::detail::LeafNode<Tensor>;
 
  public:
-  explicit Param(Tensor value) : Var<Tensor>(value, std::make_shared<Leaf>(value)) {}
+  /// Counts the value's block as parameters in the device's memory ledger (memory.hpp).
+  explicit Param(Tensor value) : Var<Tensor>(value, std::make_shared<Leaf>(value)) {
+    tag_memory(this->value_, MemoryRole::parameters);
+  }
 
   /// The accumulated gradient, in the parameter's spec (zeros when no backward reached it since
   /// the last zero_grad). Throws std::logic_error while contributions are pending

@@ -1,0 +1,235 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// Where tensor blocks come from and what they are for: each device's block cache (a caching
+/// allocator, as PyTorch's) and its ledger of live bytes by role (parameters, gradients,
+/// optimizer state, activations), the per-device memory a training recipe reports.
+///
+/// Every block a tensor, a reshard or a backward rule allocates comes from `block_cache(ctx)`;
+/// the block is counted under the role current on the allocating thread (`MemoryRoleScope`,
+/// default `activations`) until its last owner releases it. `tag_memory(t, role)` moves a live
+/// block to another role: `Param` tags its value as parameters, a parameter's gradient is tagged
+/// as gradients, an optimizer tags its state. Free blocks kept by the cache are not counted.
+#pragma once
+
+#include <shardlib/runtime/runtime.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace shardlib {
+
+/// What a block of tensor memory holds, for the per-device accounting.
+enum class MemoryRole : std::uint8_t {
+  parameters,       ///< values of `Param`s (the model's weights)
+  gradients,        ///< parameters' gradients (resolved, or kept by an optimizer in its state's spec)
+  optimizer_state,  ///< an optimizer's moments and momentum buffers
+  activations,      ///< everything else: inputs, activations, temporaries, saved tensors (the default)
+};
+inline constexpr std::size_t num_memory_roles = 4;
+
+/// The role's name: "parameters", "gradients", "optimizer_state", "activations".
+constexpr const char* to_string(MemoryRole r) noexcept {
+  switch (r) {
+    case MemoryRole::parameters: return "parameters";
+    case MemoryRole::gradients: return "gradients";
+    case MemoryRole::optimizer_state: return "optimizer_state";
+    case MemoryRole::activations: return "activations";
+  }
+  return "?";
+}
+
+/// Live bytes of one device by role (requested sizes, not the cache's rounded blocks).
+struct MemoryUsage {
+  std::array<std::int64_t, num_memory_roles> bytes{};
+  std::int64_t operator[](MemoryRole r) const noexcept { return bytes[static_cast<std::size_t>(r)]; }
+  std::int64_t parameters() const noexcept { return (*this)[MemoryRole::parameters]; }
+  std::int64_t gradients() const noexcept { return (*this)[MemoryRole::gradients]; }
+  std::int64_t optimizer_state() const noexcept { return (*this)[MemoryRole::optimizer_state]; }
+  std::int64_t activations() const noexcept { return (*this)[MemoryRole::activations]; }
+  std::int64_t total() const noexcept { return bytes[0] + bytes[1] + bytes[2] + bytes[3]; }
+  /// One line: "parameters 1.5 MiB, gradients 1.5 MiB, optimizer_state 3 MiB, activations 12 KiB".
+  std::string to_string() const {
+    std::string s;
+    for (std::size_t r = 0; r < num_memory_roles; ++r) {
+      if (r) s += ", ";
+      s += shardlib::to_string(static_cast<MemoryRole>(r));
+      s += ' ';
+      s += bytes_text(bytes[r]);
+    }
+    return s;
+  }
+  /// "512 B", "12 KiB", "1.5 MiB", "2.25 GiB".
+  static std::string bytes_text(std::int64_t b) {
+    const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = static_cast<double>(b);
+    int u = 0;
+    while (std::abs(v) >= 1024 && u < 4) v /= 1024, ++u;
+    char buf[32];
+    std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.3g %s", v, unit[u]);
+    return buf;
+  }
+};
+
+namespace detail {
+
+/// The role new blocks are counted under, on this thread (each device runs on its own thread).
+inline MemoryRole& current_memory_role() noexcept {
+  thread_local MemoryRole role = MemoryRole::activations;
+  return role;
+}
+
+/// One device's live bytes by role. Atomic: a block may be released on another thread.
+struct MemoryLedger {
+  std::array<std::atomic<std::int64_t>, num_memory_roles> bytes{};
+  void add(MemoryRole r, std::int64_t n) noexcept {
+    bytes[static_cast<std::size_t>(r)].fetch_add(n, std::memory_order_relaxed);
+  }
+  MemoryUsage usage() const noexcept {
+    MemoryUsage u;
+    for (std::size_t r = 0; r < num_memory_roles; ++r) u.bytes[r] = bytes[r].load(std::memory_order_relaxed);
+    return u;
+  }
+};
+
+/// Per-device cache of blocks (>= 64 KiB), as PyTorch's caching allocator: a block
+/// freed by one tensor is handed to the next of a similar size instead of going back to the OS
+/// (glibc returns blocks above 32 MiB to the OS at once, and touching fresh pages again cost 4x
+/// the reshard itself at 64 MiB). Holds at most SHARDLIB_BLOCK_CACHE_MB (default 1024) MiB of
+/// free blocks. Thread-safe: a tensor may be destroyed on another thread than its device's.
+/// Keeps the device's MemoryLedger: each live block is counted under its role.
+template <class MemorySpace>
+class BlockCache : public std::enable_shared_from_this<BlockCache<MemorySpace>> {
+ public:
+  static constexpr std::size_t min_bytes = std::size_t{64} << 10;
+  /// The deleter of every block: returns it to the cache and takes it off the ledger.
+  /// `tag_memory` finds it with std::get_deleter to move the block to another role.
+  struct Release {
+    std::shared_ptr<BlockCache> cache;
+    std::size_t bytes;      // the block's size (a cached block may be larger than asked)
+    std::size_t requested;  // what the ledger counts
+    MemoryRole role;
+    void operator()(void* p) const noexcept {
+      cache->ledger_.add(role, -static_cast<std::int64_t>(requested));
+      cache->release(p, bytes);
+    }
+  };
+
+  BlockCache() {
+    if (const char* e = std::getenv("SHARDLIB_BLOCK_CACHE_MB")) cap_ = std::strtoull(e, nullptr, 10) << 20;
+  }
+  BlockCache(const BlockCache&) = delete;
+  BlockCache& operator=(const BlockCache&) = delete;
+  ~BlockCache() {
+    for (auto& [bytes, p] : free_) MemorySpace().deallocate(p, bytes);
+  }
+  /// A block of at least `bytes` (uninitialised), returned to the cache when the last owner goes;
+  /// counted under the thread's current role until then.
+  std::shared_ptr<void> allocate(std::size_t bytes) {
+    if (bytes == 0) return {};
+    const std::size_t requested = bytes;
+    void* p = nullptr;
+    if (bytes >= min_bytes) {
+      std::lock_guard<std::mutex> lock(m_);
+      auto it = free_.lower_bound(bytes);
+      if (it != free_.end() && it->first - bytes <= bytes / 4) {  // waste at most a quarter
+        p = it->second;
+        bytes = it->first;
+        cached_ -= bytes;
+        free_.erase(it);
+      }
+    }
+    if (!p) p = MemorySpace().allocate(bytes);  // the space's own allocator: no allocation record
+    const MemoryRole role = current_memory_role();
+    ledger_.add(role, static_cast<std::int64_t>(requested));
+    return std::shared_ptr<void>(p, Release{this->shared_from_this(), bytes, requested, role});
+  }
+  std::size_t cached_bytes() const {
+    std::lock_guard<std::mutex> lock(m_);
+    return cached_;
+  }
+  /// Live bytes by role.
+  MemoryUsage usage() const noexcept { return ledger_.usage(); }
+  /// Moves a live block (one this cache allocated) to `role`; false when `owner` is not one.
+  bool retag(const std::shared_ptr<void>& owner, MemoryRole role) noexcept {
+    Release* r = std::get_deleter<Release>(owner);
+    if (!r || r->cache.get() != this) return false;
+    if (r->role != role) {
+      ledger_.add(r->role, -static_cast<std::int64_t>(r->requested));
+      ledger_.add(role, static_cast<std::int64_t>(r->requested));
+      r->role = role;
+    }
+    return true;
+  }
+
+ private:
+  void release(void* p, std::size_t bytes) noexcept {
+    if (bytes >= min_bytes) {
+      std::lock_guard<std::mutex> lock(m_);
+      if (cached_ + bytes <= cap_) {
+        free_.emplace(bytes, p);
+        cached_ += bytes;
+        return;
+      }
+    }
+    MemorySpace().deallocate(p, bytes);
+  }
+  mutable std::mutex m_;
+  std::multimap<std::size_t, void*> free_;
+  std::size_t cached_ = 0;
+  std::size_t cap_ = std::size_t{1024} << 20;
+  MemoryLedger ledger_;
+};
+
+/// The block cache of this device (held by the Context; blocks keep it alive).
+template <class MemorySpace>
+BlockCache<MemorySpace>& block_cache(Context& ctx) {
+  struct Holder {
+    std::shared_ptr<BlockCache<MemorySpace>> cache = std::make_shared<BlockCache<MemorySpace>>();
+  };
+  return *ctx.state<Holder>().cache;
+}
+
+}  // namespace detail
+
+/// Counts the blocks this thread allocates in its lifetime under `role` (then restores the
+/// previous role): `{ sl::MemoryRoleScope s(sl::MemoryRole::optimizer_state); make state }`.
+class MemoryRoleScope {
+ public:
+  explicit MemoryRoleScope(MemoryRole role) noexcept : prev_(detail::current_memory_role()) {
+    detail::current_memory_role() = role;
+  }
+  ~MemoryRoleScope() { detail::current_memory_role() = prev_; }
+  MemoryRoleScope(const MemoryRoleScope&) = delete;
+  MemoryRoleScope& operator=(const MemoryRoleScope&) = delete;
+
+ private:
+  MemoryRole prev_;
+};
+
+/// This device's live tensor bytes by role, in `MemorySpace` (host memory by default).
+template <class MemorySpace = Kokkos::HostSpace>
+MemoryUsage memory_usage(Context& ctx) {
+  return detail::block_cache<MemorySpace>(ctx).usage();
+}
+
+/// Counts the block of tensor `t` (any `DistributedTensor`) under `role` from now on. The block
+/// is shared by every tensor that views it, so they move together. A tensor with an empty block
+/// has nothing to move.
+template <class Tensor>
+void tag_memory(const Tensor& t, MemoryRole role) noexcept {
+  if (t.block_owner())
+    detail::block_cache<typename Tensor::memory_space>(t.context()).retag(t.block_owner(), role);
+}
+
+}  // namespace shardlib
