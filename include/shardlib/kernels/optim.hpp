@@ -1,0 +1,87 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// Optimizer updates on one shard: SGD with momentum and AdamW, elementwise over a parameter
+/// block, its gradient block and its state blocks (all laid out alike), and the sum of squares
+/// of a gradient block (for clipping by the global norm).
+///
+/// Knows nothing of tensors or collectives: raw pointers, a length, an execution-space instance.
+/// The formulas are PyTorch's (torch.optim.SGD with dampening 0, torch.optim.AdamW), so a
+/// model trained here and there takes the same steps.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+#include <cstdint>
+
+namespace shardlib::kernels {
+
+/// SGD hyperparameters of one step; `grad_scale` multiplies the gradient first (clipping).
+struct SgdStep {
+  double lr = 0, momentum = 0, weight_decay = 0, grad_scale = 1;
+  bool nesterov = false;
+};
+
+/// p -= lr * d, where g' = grad_scale g + weight_decay p, buf = momentum buf + g' (buf starts at
+/// zero, so the first step's buf is g'), d = nesterov ? g' + momentum buf : buf (momentum 0: d =
+/// g', and `buf` may be null).
+template <class Exec, class T>
+void sgd_update(const Exec& exec, std::int64_t n, T* p, const T* g, T* buf, const SgdStep& s) {
+  if (n == 0) return;
+  const T lr = static_cast<T>(s.lr), mu = static_cast<T>(s.momentum), wd = static_cast<T>(s.weight_decay),
+          gs = static_cast<T>(s.grad_scale);
+  const bool nesterov = s.nesterov;
+  if (buf == nullptr) {
+    Kokkos::parallel_for("shardlib::sgd", Kokkos::RangePolicy<Exec>(exec, 0, n),
+                         [=](std::int64_t i) { p[i] -= lr * (gs * g[i] + wd * p[i]); });
+  } else {
+    Kokkos::parallel_for("shardlib::sgd_momentum", Kokkos::RangePolicy<Exec>(exec, 0, n), [=](std::int64_t i) {
+      const T d = gs * g[i] + wd * p[i];
+      const T b = mu * buf[i] + d;
+      buf[i] = b;
+      p[i] -= lr * (nesterov ? d + mu * b : b);
+    });
+  }
+  exec.fence();
+}
+
+/// AdamW hyperparameters of one step (`step` counts from 1, for the bias corrections).
+struct AdamWStep {
+  double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0, grad_scale = 1;
+  std::int64_t step = 1;
+};
+
+/// Decoupled weight decay, then Adam: p *= 1 - lr wd; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g²;
+/// p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps), with g = grad_scale * grad.
+template <class Exec, class T>
+void adamw_update(const Exec& exec, std::int64_t n, T* p, const T* g, T* m, T* v, const AdamWStep& s) {
+  if (n == 0) return;
+  const double t = static_cast<double>(s.step);
+  const T decay = static_cast<T>(1 - s.lr * s.weight_decay), b1 = static_cast<T>(s.beta1),
+          b2 = static_cast<T>(s.beta2), eps = static_cast<T>(s.eps), gs = static_cast<T>(s.grad_scale),
+          step_size = static_cast<T>(s.lr / (1 - std::pow(s.beta1, t))),
+          bc2_sqrt = static_cast<T>(std::sqrt(1 - std::pow(s.beta2, t)));
+  Kokkos::parallel_for("shardlib::adamw", Kokkos::RangePolicy<Exec>(exec, 0, n), [=](std::int64_t i) {
+    const T gi = gs * g[i];
+    const T mi = b1 * m[i] + (T(1) - b1) * gi;
+    const T vi = b2 * v[i] + (T(1) - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
+  });
+  exec.fence();
+}
+
+/// The sum of squares of `g[0..n)` in double.
+template <class Exec, class T>
+double sum_of_squares(const Exec& exec, std::int64_t n, const T* g) {
+  double s = 0;
+  if (n == 0) return s;
+  Kokkos::parallel_reduce(
+      "shardlib::sum_of_squares", Kokkos::RangePolicy<Exec>(exec, 0, n),
+      [=](std::int64_t i, double& acc) { acc += static_cast<double>(g[i]) * static_cast<double>(g[i]); }, s);
+  exec.fence();
+  return s;
+}
+
+}  // namespace shardlib::kernels

@@ -1,0 +1,326 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// `Optimizer<Rule>`: a first-order optimizer over sharded `Param`s whose state tensors take a
+/// spec of their own (docs/08_training.md). The rule (optim/sgd.hpp, optim/adamw.hpp) says how
+/// many state tensors a parameter has and how one shard is updated; this file does the rest,
+/// the same for every rule:
+///
+/// - `add(param)` keeps the state in the parameter's spec (data parallelism, FSDP: the update is
+///   local); `add<StateSpec>(param)` in another (ZeRO: the state split over `"data"` while the
+///   parameter is replicated); `add_zero<"data">(params...)` picks that spec for each parameter.
+/// - `step()`:
+///   1. the learning rate (the schedule's, checked finite and >= 0);
+///   2. gradients still pending (a backward with `sync = false`) resolve straight into the
+///      state's spec: a reduce_scatter where the state is split and the parameter is not
+///      (ZeRO-2), one all_reduce per bucket where the state has the parameter's spec;
+///   3. clipping by the global norm: the sum of squares of each gradient element counted once
+///      (on the primary replica of its block), one all_reduce of one number for all parameters;
+///   4. the update of each state shard and the parameter's values there (local);
+///   5. where the state's spec differs from the parameter's, the updated values are gathered
+///      back into the parameter's block (one all_gather for a replicated parameter: ZeRO-1/2).
+///   A step either updates every parameter or, when it throws before step 4 (a bad learning
+///   rate, a non-finite gradient norm), none.
+#pragma once
+
+#include <shardlib/autodiff/var.hpp>
+#include <shardlib/kernels/optim.hpp>
+#include <shardlib/detail/diagnostics.hpp>
+#include <shardlib/memory.hpp>
+#include <shardlib/tensor.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace shardlib {
+
+namespace error {
+/// The optimizer state of a parameter must have the parameter's rank.
+template <class StateSpec, class ParamSpec>
+struct optimizer_state_spec_has_another_rank_than_the_parameter;
+/// Optimizer state is a value, not addends: its spec cannot be partial.
+template <class StateSpec>
+struct optimizer_state_spec_cannot_be_partial;
+}  // namespace error
+
+namespace optim {
+
+/// A learning-rate schedule: the rate of step `t` (t = 1 for the first step).
+using Schedule = std::function<double(std::int64_t t)>;
+
+namespace detail {
+
+/// The spec `Tensor`'s optimizer state takes under ZeRO over mesh axis `Axis`: the parameter's
+/// spec with `Axis` added to its first unsplit dim (to dim 0's axes when every dim is split);
+/// the parameter's own spec when `Axis` already splits it (FSDP) or it is a scalar.
+template <class Tensor, AxisName Axis>
+struct zero_spec {
+  static constexpr Sharding make() {
+    Sharding s = Tensor::sharding;
+    const int a = Tensor::mesh_type::template index_of<Axis>();
+    if (s.rank == 0 || s.shards_over(a)) return s;
+    for (int d = 0; d < s.rank; ++d)
+      if (s.dims[static_cast<std::size_t>(d)].empty()) {
+        s.dims[static_cast<std::size_t>(d)].push_back(a);
+        return s;
+      }
+    s.dims[0].push_back(a);
+    return s;
+  }
+  static constexpr Sharding sharding = make();
+  using type = spec_from_t<typename Tensor::mesh_type, decltype([] { return sharding; })>;
+};
+
+/// What the optimizer needs of one parameter, whatever its type and its state's spec.
+template <class Rule>
+class Slot {
+ public:
+  virtual ~Slot() = default;
+  virtual const void* id() const noexcept = 0;  // the parameter's leaf: one slot per parameter
+  virtual Context& context() const = 0;
+  virtual std::string describe() const = 0;
+  /// Pending gradient that resolves by the bucketed all_reduce (state in the parameter's spec).
+  virtual autodiff::LeafGrad* bucketed_pending() noexcept = 0;
+  /// Resolves what is pending into the state's spec and makes the step's gradient; false when
+  /// the parameter has no gradient (no backward reached it since zero_grad: it is skipped).
+  virtual bool take_grad() = 0;
+  /// Sum of squares of the step's gradient over the elements this device counts (each global
+  /// element on one device).
+  virtual double local_sum_of_squares() const = 0;
+  /// The update of this device's shard (local).
+  virtual void update(const typename Rule::Step& step) = 0;
+  /// Writes the updated values back into the parameter (collective where the specs differ), and
+  /// drops the step's gradient unless the optimizer holds it (ZeRO-2).
+  virtual void finish() = 0;
+  virtual void zero_grad() noexcept = 0;
+  virtual std::int64_t num_elements() const noexcept = 0;
+};
+
+template <class Rule, class Tensor, class StateSpec>
+class TypedSlot final : public Slot<Rule> {
+ public:
+  using T = typename Tensor::value_type;
+  using State = DistributedTensor<T, typename Tensor::mesh_type, StateSpec, typename Tensor::memory_space>;
+  static constexpr bool same_spec = std::is_same_v<State, Tensor>;
+
+  TypedSlot(const Param<Tensor>& p, int num_states) : param_(p) {
+    MemoryRoleScope role(MemoryRole::optimizer_state);
+    for (int i = 0; i < num_states; ++i) state_.push_back(State::zeros(p.value().mesh(), p.value().shape()));
+  }
+  const void* id() const noexcept override { return &param_.leaf(); }
+  Context& context() const override { return param_.value().context(); }
+  std::string describe() const override {
+    return "parameter " + shardlib::detail::shape_text(param_.shape()) + " with " + Tensor::spec_string() +
+           " (state with " + State::spec_string() + ")";
+  }
+  autodiff::LeafGrad* bucketed_pending() noexcept override {
+    return same_spec && param_.leaf().has_pending() ? &param_.leaf() : nullptr;
+  }
+  bool take_grad() override {
+    auto& leaf = param_.leaf();
+    if (leaf.has_pending()) {  // resolve straight into the state's spec
+      State g = leaf.template take_grad<State>();
+      if (leaf.grad()) {  // an earlier synchronised pass left a gradient: add it in the state's spec
+        const State c(*leaf.grad());
+        autodiff::detail::add_blocks(context(), g.local().data(), g.local().data(), c.local().data(), g.block().num_elements());
+      }
+      leaf.zero_grad();
+      tag_memory(g, MemoryRole::gradients);
+      held_ = std::move(g);  // the gradient lives here now, in the state's spec
+      grad_ = held_;
+      return true;
+    }
+    if (held_) {  // a step again without a new backward: the same gradient
+      grad_ = held_;
+      return true;
+    }
+    if (!leaf.grad()) return false;
+    if constexpr (same_spec)
+      grad_ = *leaf.grad();
+    else
+      grad_ = State(*leaf.grad());  // a local slice when the parameter is replicated (ZeRO-1)
+    return true;
+  }
+  double local_sum_of_squares() const override {
+    const State& g = *grad_;
+    if (!is_primary_replica(State::sharding, g.mesh().shape(), context().device())) return 0;
+    auto guard = shardlib::detail::kernel_guard(context(), true);
+    return kernels::sum_of_squares(context().exec(), g.block().num_elements(), g.local().data());
+  }
+  void update(const typename Rule::Step& step) override {
+    if constexpr (same_spec) {
+      run(param_.value(), step);
+    } else {
+      values_ = State(param_.value());  // the parameter's values at the state's shard
+      run(*values_, step);
+    }
+  }
+  void finish() override {
+    if constexpr (!same_spec) {
+      const Tensor back(*values_);  // one all_gather for a replicated parameter
+      Kokkos::deep_copy(param_.value().context().exec(), param_.value().local(), back.local());
+      param_.value().context().exec().fence();
+      values_.reset();
+    }
+    grad_.reset();
+  }
+  void zero_grad() noexcept override {
+    param_.zero_grad();
+    held_.reset();
+  }
+  std::int64_t num_elements() const noexcept override { return param_.value().size(); }
+
+ private:
+  void run(State& p, const typename Rule::Step& step) {
+    T* s[Rule::max_states] = {};
+    for (std::size_t i = 0; i < state_.size(); ++i) s[i] = state_[i].local().data();
+    auto guard = shardlib::detail::kernel_guard(context(), false);
+    Rule::update(context().exec(), p.block().num_elements(), p.local().data(), grad_->local().data(), s, step);
+  }
+
+  Param<Tensor> param_;
+  std::vector<State> state_;
+  std::optional<State> grad_;    // the step's gradient, in the state's spec
+  std::optional<State> held_;    // a gradient resolved into the state's spec (ZeRO-2), until zero_grad
+  std::optional<State> values_;  // the parameter's updated values at the state's shard
+};
+
+}  // namespace detail
+
+/// A first-order optimizer over sharded parameters (see the file comment). `Rule` is
+/// `SgdRule` or `AdamWRule`: use the aliases `SGD` and `AdamW`. Every call is collective:
+/// every device adds the same parameters in the same order and steps together.
+template <class Rule>
+class Optimizer {
+ public:
+  using Options = typename Rule::Options;
+
+  /// Throws std::invalid_argument naming the option when a hyperparameter is out of range.
+  explicit Optimizer(Options options) : options_(std::move(options)) { Rule::check(options_); }
+
+  /// Adds parameters whose state takes the parameter's own spec (DP, FSDP, TP: a local update).
+  template <class... Tensors>
+  Optimizer& add(const Param<Tensors>&... params) {
+    (add_one<typename Tensors::spec_type>(params), ...);
+    return *this;
+  }
+  /// Adds a parameter whose state takes `StateSpec` (same rank, not partial): the update runs on
+  /// the state's shards and the values are gathered back into the parameter.
+  template <class StateSpec, class Tensor>
+  Optimizer& add(const Param<Tensor>& param) {
+    add_one<StateSpec>(param);
+    return *this;
+  }
+  /// Adds parameters with their state split over mesh axis `Axis` (ZeRO-1/2): each parameter's
+  /// spec with `Axis` on its first unsplit dim; uneven sizes are fine.
+  template <AxisName Axis, class... Tensors>
+  Optimizer& add_zero(const Param<Tensors>&... params) {
+    (add_one<typename detail::zero_spec<Tensors, Axis>::type>(params), ...);
+    return *this;
+  }
+
+  /// One step (see the file comment). Collective.
+  void step() {
+    if (slots_.empty()) return;
+    const std::int64_t t = steps_ + 1;
+    const double lr = options_.schedule ? options_.schedule(t) : options_.lr;
+    if (!std::isfinite(lr) || lr < 0)
+      throw std::invalid_argument(std::string("shardlib: ") + Rule::name + " step " + std::to_string(t) +
+                                  ": the learning rate is " + std::to_string(lr) +
+                                  (options_.schedule ? " (from the schedule)" : "") +
+                                  ": it must be finite and >= 0; no parameter changed");
+    // Pending gradients: the bucketed all_reduce first (state in the parameter's spec), then
+    // each other slot resolves its own into the state's spec.
+    std::vector<autodiff::LeafGrad*> bucketed;
+    for (auto& s : slots_)
+      if (autodiff::LeafGrad* l = s->bucketed_pending()) bucketed.push_back(l);
+    if (!bucketed.empty()) autodiff::detail::resolve_leaves(bucketed, options_.bucket_bytes);
+    std::vector<detail::Slot<Rule>*> live;
+    for (auto& s : slots_)
+      if (s->take_grad()) live.push_back(s.get());
+    double scale = 1;
+    last_norm_ = std::numeric_limits<double>::quiet_NaN();
+    if (options_.clip_norm > 0) {
+      double sq = 0;
+      for (auto* s : live) sq += s->local_sum_of_squares();
+      Context& ctx = slots_.front()->context();
+      if (ctx.num_devices() > 1) ctx.world().all_reduce(&sq, &sq, 1, coll::DType::f64, coll::Op::sum);
+      last_norm_ = std::sqrt(sq);
+      if (!std::isfinite(last_norm_)) {
+        for (auto* s : live) s->finish();
+        throw std::runtime_error(std::string("shardlib: ") + Rule::name + " step " + std::to_string(t) +
+                                 ": the gradients' global norm is " + std::to_string(last_norm_) +
+                                 " (a NaN or infinity in a gradient); no parameter changed");
+      }
+      scale = std::min(1.0, options_.clip_norm / (last_norm_ + 1e-6));  // torch.nn.utils.clip_grad_norm_
+    }
+    const typename Rule::Step st = Rule::make_step(options_, lr, scale, t);
+    for (auto* s : live) s->update(st);
+    for (auto* s : live) s->finish();
+    steps_ = t;
+  }
+
+  /// Forgets every parameter's gradient (and those the optimizer holds in its state's spec).
+  void zero_grad() noexcept {
+    for (auto& s : slots_) s->zero_grad();
+  }
+  /// Steps taken.
+  std::int64_t steps() const noexcept { return steps_; }
+  /// The gradients' global norm at the last step (before clipping); NaN when not clipping.
+  double last_grad_norm() const noexcept { return last_norm_; }
+  /// Parameters added.
+  std::size_t size() const noexcept { return slots_.size(); }
+  /// The total element count of the parameters (Ψ of the ZeRO paper).
+  std::int64_t num_parameters() const noexcept {
+    std::int64_t n = 0;
+    for (auto& s : slots_) n += s->num_elements();
+    return n;
+  }
+  const Options& options() const noexcept { return options_; }
+
+ private:
+  template <class StateSpec, class Tensor>
+  void add_one(const Param<Tensor>& p) {
+    using S = spec_sharding<StateSpec, typename Tensor::mesh_type>;
+    SHARDLIB_STATIC_REQUIRE((S::rank == Tensor::rank),
+                            "shardlib: an optimizer state spec must have the parameter's rank",
+                            error::optimizer_state_spec_has_another_rank_than_the_parameter<
+                                StateSpec, typename Tensor::spec_type>);
+    SHARDLIB_STATIC_REQUIRE((!S::partial), "shardlib: an optimizer state spec cannot be partial",
+                            error::optimizer_state_spec_cannot_be_partial<StateSpec>);
+    if constexpr (S::rank == Tensor::rank && !S::partial) {
+      for (auto& s : slots_) {
+        if (s->id() == &p.leaf())
+          throw std::invalid_argument(std::string("shardlib: ") + Rule::name + ": the " + s->describe() +
+                                      " was already added");
+        if (&s->context() != &p.value().context())
+          throw std::invalid_argument(std::string("shardlib: ") + Rule::name +
+                                      ": a parameter of another run than the others (" + p.value().spec_string() + ")");
+      }
+      slots_.push_back(
+          std::make_unique<detail::TypedSlot<Rule, Tensor, StateSpec>>(p, Rule::num_states(options_)));
+    }
+  }
+
+  template <class StateSpec, class Mesh>
+  struct spec_sharding {
+    static constexpr std::size_t rank = StateSpec::rank;
+    static constexpr bool partial = StateSpec::value.is_partial();
+  };
+
+  Options options_;
+  std::vector<std::unique_ptr<detail::Slot<Rule>>> slots_;
+  std::int64_t steps_ = 0;
+  double last_norm_ = std::numeric_limits<double>::quiet_NaN();
+};
+
+}  // namespace optim
+}  // namespace shardlib
