@@ -400,6 +400,7 @@ struct CompiledStep {
   bool zero = false;                 // mask: this device holds zeros
   bool in_order = true;              // reduce_scatter: blocks already contiguous in group order
   bool uniform = false;              // all_gather, reduce_scatter: every block the same size (the plain call)
+  bool gathers = false;              // exchange: only gathers (counted as all_gather)
   std::vector<std::size_t> counts;   // all_gather, reduce_scatter
   std::vector<ShardBox> boxes;       // reduce_scatter: each member's block, to pack
   std::vector<coll::Region> send, recv;  // exchange
@@ -463,6 +464,7 @@ inline CompiledReshard compile_reshard(Context& ctx, const MeshShape& mesh, cons
         break;
       }
       case ReshardStepKind::exchange:
+        k.gathers = is_strided_gather(st);
         for (int r = 0; r < g; ++r) {
           const int peer = member(r);
           k.send.push_back(region_in(cur, exchange_box(st.before, st.after, mesh, shape, st.group, me, peer)));
@@ -550,7 +552,9 @@ void run_reshard(const Context& ctx, const CompiledReshard& c, const T* src,
           else k.comm->reduce_scatter(packed.get(), out, k.counts, dt, k.op);
         }
         break;
-      case ReshardStepKind::exchange: k.comm->exchange(cur, k.send, out, k.recv, dt); break;
+      case ReshardStepKind::exchange:
+        k.comm->exchange(cur, k.send, out, k.recv, dt, k.gathers ? coll::Kind::all_gather : coll::Kind::all_to_all);
+        break;
     }
     cur = out;
   }

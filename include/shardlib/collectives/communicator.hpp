@@ -200,9 +200,10 @@ class Communicator {
   /// recv_regions[rank()] (in `recv`); the two regions of each pair must have the same count
   /// (their shapes may differ: elements pair up in row-major order, so a strided box can land in a
   /// contiguous run and back). The pair with p == rank() is a local copy. send and recv must not overlap.
+  /// Counted as all_to_all, or as `counted_as` (an exchange that gathers: Kind::all_gather).
   void exchange(const void* send, std::span<const Region> send_regions, void* recv,
-                std::span<const Region> recv_regions, DType t) {
-    check_exchange("exchange", send, send_regions, recv, recv_regions, t);
+                std::span<const Region> recv_regions, DType t, Kind counted_as = Kind::all_to_all) {
+    check_exchange("exchange", send, send_regions, recv, recv_regions, t, counted_as);
     do_exchange(send, send_regions, recv, recv_regions, t);
   }
 
@@ -329,7 +330,7 @@ class Communicator {
 
   /// The checks and the counting shared by exchange and start_exchange.
   void check_exchange(std::string_view call, const void* send, std::span<const Region> send_regions, const void* recv,
-                      std::span<const Region> recv_regions, DType t) {
+                      std::span<const Region> recv_regions, DType t, Kind counted_as = Kind::all_to_all) {
     check_regions(call, "send", send_regions);
     check_regions(call, "receive", recv_regions);
     std::size_t send_total = 0, recv_total = 0, send_own = 0, recv_own = 0;
@@ -349,7 +350,7 @@ class Communicator {
     if (sb.first < sb.second && rb.first < rb.second && s0 + sb.first < r0 + rb.second && r0 + rb.first < s0 + sb.second)
       throw CollectiveError("shardlib: " + where(call) + ": the send and receive buffers overlap; " + std::string(call) +
                             " cannot run in place");
-    CommRecorder::record(Kind::all_to_all, bytes(send_total - send_own, t), bytes(recv_total - recv_own, t));
+    CommRecorder::record(counted_as, bytes(send_total - send_own, t), bytes(recv_total - recv_own, t));
   }
 
   void check_regions(std::string_view call, std::string_view side, std::span<const Region> regions) const {

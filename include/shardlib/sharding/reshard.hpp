@@ -284,6 +284,27 @@ struct ReshardStep {
   Sharding after;
 };
 
+/// Whether an exchange step only gathers: each dim keeps a prefix of its axes and the partial
+/// clause stays, so every device sends its whole block to each peer of the group, an all_gather
+/// into strided places (along a dim other than the first, e.g. sequence parallelism's gather).
+constexpr bool is_strided_gather(const ReshardStep& st) {
+  if (st.kind != ReshardStepKind::exchange || !(st.before.partial == st.after.partial)) return false;
+  for (int d = 0; d < st.before.rank; ++d) {
+    const AxisList& a = st.before.dims[static_cast<std::size_t>(d)];
+    const AxisList& b = st.after.dims[static_cast<std::size_t>(d)];
+    if (b.size() > a.size()) return false;
+    for (int i = 0; i < b.size(); ++i)
+      if (a[i] != b[i]) return false;
+  }
+  return true;
+}
+
+/// The collective a step is, as described and counted: an exchange that only gathers is an
+/// all_gather, any other an all_to_all.
+constexpr std::string_view collective_name(const ReshardStep& st) noexcept {
+  return is_strided_gather(st) ? "all_gather" : to_string(st.kind);
+}
+
 /// The steps of one reshard for a given mesh and global shape (empty: nothing to do, e.g. from ==
 /// to or a reshard that only relabels).
 struct ReshardSchedule {
@@ -448,7 +469,7 @@ constexpr std::string describe(const ReshardSchedule& s, const MeshShape& mesh, 
     std::string group;
     for (int k = 0; k < st.group.size(); ++k) group += (k ? ", " : "") + mesh.name(st.group[k]).str();
     const StepBytes b = step_bytes(st, mesh, shape, device, element_size);
-    out += "  " + detail::to_text(i + 1) + ". " + std::string(to_string(st.kind));
+    out += "  " + detail::to_text(i + 1) + ". " + std::string(collective_name(st));
     if (!st.group.empty()) out += " over {" + group + "}";
     out += ": " + to_spec(st.before, mesh).to_string() + " -> " + to_spec(st.after, mesh).to_string() + "; device " +
            detail::to_text(device) + " sends " + detail::to_text(b.sent) + " B, receives " + detail::to_text(b.received) +
