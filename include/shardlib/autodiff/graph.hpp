@@ -369,7 +369,31 @@ SHARDLIB_NOINLINE Contribution expand_dim(Context& ctx, const MeshShape& mesh, c
 /// bucket of at most `bucket_bytes`; the others (a reduce_scatter for a split parameter) take one
 /// reshard each. Strong guarantee: nothing is added before everything resolved, so when a
 /// collective throws no gradient changed (the contributions stay pending).
-SHARDLIB_NOINLINE inline void resolve_leaves(const std::vector<LeafGrad*>& leaves, std::size_t bucket_bytes) {
+SHARDLIB_NOINLINE inline void resolve_leaves(std::vector<LeafGrad*> leaves, std::size_t bucket_bytes) {
+  // Leaves that resolve by an all_reduce over the same axes go next to each other (in their
+  // order otherwise), so that a model whose norms are pending over ("data", "model") and whose
+  // matrices over "data" alone takes one bucket of each, not one per alternation.
+  {
+    auto key = [](const LeafGrad* l) {
+      AxisList a;
+      if (!l->resolves_by_all_reduce(a)) return std::pair<int, AxisList>{1, AxisList{}};
+      return std::pair<int, AxisList>{0, a};
+    };
+    std::vector<std::pair<int, AxisList>> keys;
+    for (const LeafGrad* l : leaves) keys.push_back(key(l));
+    std::vector<std::size_t> idx(leaves.size());
+    for (std::size_t k = 0; k < idx.size(); ++k) idx[k] = k;
+    auto less = [](const AxisList& a, const AxisList& b) {
+      return std::lexicographical_compare(a.begin(), a.end(), b.begin(), b.end());
+    };
+    std::stable_sort(idx.begin(), idx.end(), [&](std::size_t x, std::size_t y) {
+      if (keys[x].first != keys[y].first) return keys[x].first < keys[y].first;
+      return less(keys[x].second, keys[y].second);
+    });
+    std::vector<LeafGrad*> sorted;
+    for (std::size_t k : idx) sorted.push_back(leaves[k]);
+    leaves = std::move(sorted);
+  }
   std::vector<std::shared_ptr<void>> resolved(leaves.size());
   std::size_t i = 0;
   while (i < leaves.size()) {
