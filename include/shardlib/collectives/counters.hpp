@@ -47,6 +47,42 @@ struct KindStats {
   std::uint64_t bytes_received = 0;
 };
 
+/// Calls and bytes per kind: what a recorder counted, as a value that outlives it.
+struct CommStats {
+  std::array<KindStats, num_kinds> kinds{};
+
+  const KindStats& operator[](Kind k) const noexcept { return kinds[static_cast<std::size_t>(k)]; }
+  KindStats& operator[](Kind k) noexcept { return kinds[static_cast<std::size_t>(k)]; }
+  /// Calls of every kind (barriers included).
+  std::uint64_t total_calls() const noexcept {
+    std::uint64_t n = 0;
+    for (const auto& s : kinds) n += s.calls;
+    return n;
+  }
+  std::uint64_t total_bytes_sent() const noexcept {
+    std::uint64_t n = 0;
+    for (const auto& s : kinds) n += s.bytes_sent;
+    return n;
+  }
+  std::uint64_t total_bytes_received() const noexcept {
+    std::uint64_t n = 0;
+    for (const auto& s : kinds) n += s.bytes_received;
+    return n;
+  }
+  /// One line per kind that was called: "all_reduce: 2 calls, 96 B sent, 96 B received".
+  std::string to_string() const {
+    std::string s;
+    for (int k = 0; k < num_kinds; ++k) {
+      const auto& st = kinds[static_cast<std::size_t>(k)];
+      if (st.calls == 0) continue;
+      s += std::string(name(static_cast<Kind>(k))) + ": " + std::to_string(st.calls) + " call" +
+           (st.calls == 1 ? "" : "s") + ", " + std::to_string(st.bytes_sent) + " B sent, " +
+           std::to_string(st.bytes_received) + " B received\n";
+    }
+    return s;
+  }
+};
+
 /// Counts collectives called by this device while alive (see the file comment).
 class CommRecorder {
  public:
@@ -55,42 +91,22 @@ class CommRecorder {
   CommRecorder& operator=(const CommRecorder&) = delete;
   ~CommRecorder() { top() = prev_; }
 
-  const KindStats& operator[](Kind k) const noexcept { return stats_[static_cast<std::size_t>(k)]; }
+  const KindStats& operator[](Kind k) const noexcept { return stats_[k]; }
   /// Calls of every kind (barriers included).
-  std::uint64_t total_calls() const noexcept {
-    std::uint64_t n = 0;
-    for (const auto& s : stats_) n += s.calls;
-    return n;
-  }
-  std::uint64_t total_bytes_sent() const noexcept {
-    std::uint64_t n = 0;
-    for (const auto& s : stats_) n += s.bytes_sent;
-    return n;
-  }
-  std::uint64_t total_bytes_received() const noexcept {
-    std::uint64_t n = 0;
-    for (const auto& s : stats_) n += s.bytes_received;
-    return n;
-  }
+  std::uint64_t total_calls() const noexcept { return stats_.total_calls(); }
+  std::uint64_t total_bytes_sent() const noexcept { return stats_.total_bytes_sent(); }
+  std::uint64_t total_bytes_received() const noexcept { return stats_.total_bytes_received(); }
   void reset() noexcept { stats_ = {}; }
+  /// What was counted so far, as a value.
+  const CommStats& stats() const noexcept { return stats_; }
 
   /// One line per kind that was called: "all_reduce: 2 calls, 96 B sent, 96 B received".
-  std::string to_string() const {
-    std::string s;
-    for (int k = 0; k < num_kinds; ++k) {
-      const auto& st = stats_[static_cast<std::size_t>(k)];
-      if (st.calls == 0) continue;
-      s += std::string(name(static_cast<Kind>(k))) + ": " + std::to_string(st.calls) + " call" +
-           (st.calls == 1 ? "" : "s") + ", " + std::to_string(st.bytes_sent) + " B sent, " +
-           std::to_string(st.bytes_received) + " B received\n";
-    }
-    return s;
-  }
+  std::string to_string() const { return stats_.to_string(); }
 
   /// Adds one call to every recorder alive on this thread (called by Communicator).
   static void record(Kind k, std::uint64_t sent, std::uint64_t received) noexcept {
     for (CommRecorder* r = top(); r; r = r->prev_) {
-      auto& st = r->stats_[static_cast<std::size_t>(k)];
+      auto& st = r->stats_[k];
       ++st.calls;
       st.bytes_sent += sent;
       st.bytes_received += received;
@@ -103,7 +119,7 @@ class CommRecorder {
     return t;
   }
   CommRecorder* prev_;
-  std::array<KindStats, num_kinds> stats_{};
+  CommStats stats_{};
 };
 
 }  // namespace shardlib::coll

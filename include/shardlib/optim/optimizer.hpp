@@ -79,6 +79,16 @@ struct zero_spec {
   using type = spec_from_t<typename Tensor::mesh_type, decltype([] { return sharding; })>;
 };
 
+}  // namespace detail
+
+/// The spec of `Tensor` with mesh axis `Axis` added to its first unsplit dim (to dim 0's axes
+/// when every dim is split; unchanged when `Axis` already splits it or it is a scalar): where
+/// ZeRO keeps a parameter's optimizer state (`add_zero`), and where FSDP keeps the parameter.
+template <class Tensor, AxisName Axis>
+using zero_spec_t = typename detail::zero_spec<Tensor, Axis>::type;
+
+namespace detail {
+
 /// What the optimizer needs of one parameter, whatever its type and its state's spec.
 template <class Rule>
 class Slot {
@@ -223,7 +233,7 @@ class Optimizer {
   /// spec with `Axis` on its first unsplit dim; uneven sizes are fine.
   template <AxisName Axis, class... Tensors>
   Optimizer& add_zero(const Param<Tensors>&... params) {
-    (add_one<typename detail::zero_spec<Tensors, Axis>::type>(params), ...);
+    (add_one<zero_spec_t<Tensors, Axis>>(params), ...);
     return *this;
   }
 
