@@ -1,0 +1,356 @@
+// SPDX-License-Identifier: Apache-2.0
+// A small GPT-style language model and the training recipes of docs/08_training.md, each a
+// choice of specs: token embedding (split over the vocabulary under tensor parallelism), learned
+// positions, N pre-LN blocks (multi-head causal attention, a GELU MLP), a final norm and an LM
+// head with the vocab-parallel cross-entropy; trained with AdamW on a synthetic token stream.
+//
+// Shared by examples/gpt.cpp (the program), tests/train/recipes.cpp (each recipe against one
+// device) and benchmarks/train.cpp.
+#pragma once
+
+#include <shardlib/optim.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace gpt {
+
+namespace sl = shardlib;
+using sl::none;
+using sl::Spec;
+
+/// Sizes of the model and of a training run.
+struct Config {
+  std::int64_t vocab = 64;   ///< V (split over "model" under TP: a multiple of its size keeps blocks even)
+  std::int64_t seq = 16;     ///< S, tokens per sequence (split over "model" between blocks under SP)
+  std::int64_t dim = 32;     ///< D
+  std::int64_t heads = 4;    ///< H (split over "model" under TP)
+  std::int64_t ff = 128;     ///< the MLP's hidden size (split over "model" under TP)
+  std::int64_t layers = 2;
+  std::int64_t batch = 8;    ///< sequences per global batch (split over "data")
+  std::uint64_t seed = 1;
+  double lr = 3e-3;
+  double clip = 1.0;         ///< clipping by the global norm (0: off)
+  std::int64_t head_dim() const { return dim / heads; }
+};
+
+enum class Zero { none, stage1, stage2 };
+
+// ---- Recipes: a mesh and the specs of activations and parameters --------------------------------
+
+/// Data parallelism: weights replicated, the batch split over "data"; one all_reduce of the
+/// gradients per bucket.
+struct DP {
+  static constexpr const char* name = "dp";
+  using Mesh = sl::Mesh<"data">;
+  static Mesh mesh(sl::Context& ctx) { return Mesh(ctx, {ctx.num_devices()}); }
+  using Act = Spec<"data", none, none>;   // the residual stream [B, S, D] between blocks
+  using Full = Spec<"data", none, none>;  // the input of the column-parallel products [B, S, D]
+  using Ids = Spec<"data", none>;         // tokens [B, S]
+  using Wte = Spec<none, none>;           // [V, D]
+  using Qkv = Spec<none, none, none>;     // [D, H, K]
+  using Wo = Spec<none, none, none>;      // [H, K, D]
+  using W1 = Spec<none, none>;            // [D, F]
+  using W2 = Spec<none, none>;            // [F, D]
+  using Head = Spec<none, none>;          // [D, V]
+  static constexpr bool fsdp = false;     // parameters stored split over "data", gathered for use
+  static constexpr Zero zero = Zero::none;
+};
+/// ZeRO-1: DP with the optimizer state split over "data"; the updated shard all-gathered back.
+struct Zero1 : DP {
+  static constexpr const char* name = "zero1";
+  static constexpr Zero zero = Zero::stage1;
+};
+/// ZeRO-2: ZeRO-1 with the gradients reduce-scattered straight into the state's shards.
+struct Zero2 : DP {
+  static constexpr const char* name = "zero2";
+  static constexpr Zero zero = Zero::stage2;
+};
+/// ZeRO-3 / FSDP: parameters, gradients and state split over "data"; each parameter
+/// all-gathered before use, its gradient reduce-scattered.
+struct Zero3 : DP {
+  static constexpr const char* name = "zero3";
+  static constexpr bool fsdp = true;
+};
+/// Megatron tensor parallelism with sequence parallelism on a "model" axis: attention heads and
+/// the MLP's hidden dim split, the residual stream split along the sequence; all_gather before
+/// the column-parallel products, reduce_scatter after the row-parallel ones; the embedding and
+/// the LM head split over the vocabulary.
+struct TP {
+  static constexpr const char* name = "tp";
+  using Mesh = sl::Mesh<"model">;
+  static Mesh mesh(sl::Context& ctx) { return Mesh(ctx, {ctx.num_devices()}); }
+  using Act = Spec<none, "model", none>;
+  using Full = Spec<none, none, none>;
+  using Ids = Spec<none, none>;
+  using Wte = Spec<"model", none>;
+  using Qkv = Spec<none, "model", none>;
+  using Wo = Spec<"model", none, none>;
+  using W1 = Spec<none, "model">;
+  using W2 = Spec<"model", none>;
+  using Head = Spec<none, "model">;
+  static constexpr bool fsdp = false;
+  static constexpr Zero zero = Zero::none;
+};
+/// 2-D: data parallelism over "data" times TP + SP over "model".
+struct DPxTP {
+  static constexpr const char* name = "dp_tp";
+  using Mesh = sl::Mesh<"data", "model">;
+  /// `model` devices on "model" (the rest on "data").
+  static int model_size(int devices) { return devices % 2 == 0 ? 2 : 1; }
+  static Mesh mesh(sl::Context& ctx) {
+    const int m = model_size(ctx.num_devices());
+    return Mesh(ctx, {ctx.num_devices() / m, m});
+  }
+  using Act = Spec<"data", "model", none>;
+  using Full = Spec<"data", none, none>;
+  using Ids = Spec<"data", none>;
+  using Wte = Spec<"model", none>;
+  using Qkv = Spec<none, "model", none>;
+  using Wo = Spec<"model", none, none>;
+  using W1 = Spec<none, "model">;
+  using W2 = Spec<"model", none>;
+  using Head = Spec<none, "model">;
+  static constexpr bool fsdp = false;
+  static constexpr Zero zero = Zero::none;
+};
+/// Everything replicated on every device: each device computes what one device would (the
+/// reference the tests compare every recipe with, on any backend).
+struct Replicated : DP {
+  static constexpr const char* name = "replicated";
+  using Act = Spec<none, none, none>;
+  using Full = Spec<none, none, none>;
+  using Ids = Spec<none, none>;
+};
+
+// ---- The model ---------------------------------------------------------------------------------
+
+template <class R>
+struct Model {
+  using Mesh = typename R::Mesh;
+  template <class S>
+  using Ten = sl::DistributedTensor<float, Mesh, S>;
+  /// Where a parameter used with spec S is kept: S, or split over "data" under FSDP.
+  template <class S, bool Split = R::fsdp>
+  struct stored {
+    using type = S;
+  };
+  template <class S>
+  struct stored<S, true> {
+    using type = sl::optim::zero_spec_t<Ten<S>, "data">;
+  };
+  template <class S>
+  using Stored = typename stored<S>::type;
+  template <class S>
+  using P = sl::Param<Ten<Stored<S>>>;
+  using Vec = Spec<none>;
+  using Pos = Spec<none, none>;
+
+  struct Layer {
+    P<Vec> g1, b1;
+    P<typename R::Qkv> wq, wk, wv;
+    P<typename R::Wo> wo;
+    P<Vec> g2, b2;
+    P<typename R::W1> w1;
+    P<typename R::W2> w2;
+  };
+
+  Config cfg;
+  Mesh mesh;
+  P<typename R::Wte> wte;
+  P<Pos> wpe;
+  std::vector<Layer> layers;
+  P<Vec> gf, bf;
+  P<typename R::Head> head;
+  Ten<Spec<none, none>> mask;  // causal: 0 on and below the diagonal, -1e9 above
+
+  /// Parameters drawn from `cfg.seed` by global index: the same values on any mesh and layout.
+  Model(const Config& c, const Mesh& m)
+      : cfg(c),
+        mesh(m),
+        wte(init<typename R::Wte>({c.vocab, c.dim}, 1, 0.5f)),
+        wpe(init<Pos>({c.seq, c.dim}, 2, 0.1f)),
+        gf(vec(1.f)),
+        bf(vec(0.f)),
+        head(init<typename R::Head>({c.dim, c.vocab}, 3, 1.f / std::sqrt(float(c.dim)))),
+        mask(Ten<Spec<none, none>>::zeros(m, {c.seq, c.seq})) {
+    const float wd = 1.f / std::sqrt(float(c.dim)), wf = 1.f / std::sqrt(float(c.ff));
+    const std::int64_t H = c.heads, K = c.head_dim();
+    for (std::int64_t l = 0; l < c.layers; ++l) {
+      const std::uint64_t s = 100 * static_cast<std::uint64_t>(l + 1);
+      layers.push_back(Layer{vec(1.f), vec(0.f), init<typename R::Qkv>({c.dim, H, K}, s + 1, wd),
+                             init<typename R::Qkv>({c.dim, H, K}, s + 2, wd), init<typename R::Qkv>({c.dim, H, K}, s + 3, wd),
+                             init<typename R::Wo>({H, K, c.dim}, s + 4, wd), vec(1.f), vec(0.f),
+                             init<typename R::W1>({c.dim, c.ff}, s + 5, wd), init<typename R::W2>({c.ff, c.dim}, s + 6, wf)});
+    }
+    sl::parallel_for(mask, [](const sl::Index<2>& i, float& v) { v = i[1] > i[0] ? -1e9f : 0.f; });
+  }
+
+  /// Calls f(param) on every parameter, in one order on every device.
+  template <class F>
+  void for_each_param(F&& f) {
+    f(wte);
+    f(wpe);
+    for (Layer& l : layers) {
+      f(l.g1), f(l.b1), f(l.wq), f(l.wk), f(l.wv), f(l.wo), f(l.g2), f(l.b2), f(l.w1), f(l.w2);
+    }
+    f(gf), f(bf), f(head);
+  }
+  std::int64_t num_params() {
+    std::int64_t n = 0;
+    for_each_param([&](auto& p) { n += p.value().size(); });
+    return n;
+  }
+
+  /// The mean next-token cross-entropy of a batch: `ids` [B, S] predict `targets` [B, S].
+  template <class Ids>
+  auto loss(const Ids& ids, const Ids& targets) const {
+    using Act = typename R::Act;
+    using Full = typename R::Full;
+    const float scale = 1.f / std::sqrt(float(cfg.head_dim()));
+    // Under TP the table is split over the vocabulary: each device looks up the ids it holds and
+    // the partial rows are reduce-scattered along the sequence (SP).
+    auto x = sl::reshard<Act>(sl::take<0>(use<typename R::Wte>(wte), ids)) + use<Pos>(wpe);
+    for (const Layer& l : layers) {
+      auto a = sl::reshard<Full>(sl::layer_norm<2>(x) * use<Vec>(l.g1) + use<Vec>(l.b1));
+      auto q = sl::einsum<"bsd,dhk->bshk">(a, use<typename R::Qkv>(l.wq));
+      auto k = sl::einsum<"bsd,dhk->bshk">(a, use<typename R::Qkv>(l.wk));
+      auto v = sl::einsum<"bsd,dhk->bshk">(a, use<typename R::Qkv>(l.wv));
+      auto p = sl::softmax<3>(sl::einsum<"bqhk,bshk->bhqs">(q, k) * scale + mask);
+      auto att = sl::einsum<"bhqs,bshk->bqhk">(p, v);
+      x = x + sl::reshard<Act>(sl::einsum<"bqhk,hkd->bqd">(att, use<typename R::Wo>(l.wo)));
+      auto h = sl::reshard<Full>(sl::layer_norm<2>(x) * use<Vec>(l.g2) + use<Vec>(l.b2));
+      auto f = sl::gelu(sl::einsum<"bsd,df->bsf">(h, use<typename R::W1>(l.w1)));
+      x = x + sl::reshard<Act>(sl::einsum<"bsf,fd->bsd">(f, use<typename R::W2>(l.w2)));
+    }
+    auto h = sl::reshard<Full>(sl::layer_norm<2>(x) * use<Vec>(gf) + use<Vec>(bf));
+    auto logits = sl::einsum<"bsd,dv->bsv">(h, use<typename R::Head>(head));
+    return sl::cross_entropy(sl::reshape<"b s v -> (b s) v">(logits), sl::reshape<"b s -> (b s)">(targets));
+  }
+
+ private:
+  template <class S, std::size_t N>
+  P<S> init(const std::int64_t (&shape)[N], std::uint64_t salt, float amp) const {
+    return P<S>(Ten<Stored<S>>::random(mesh, shape, cfg.seed * 7919 + salt, -amp, amp));
+  }
+  P<Vec> vec(float value) const { return P<Vec>(Ten<Stored<Vec>>::full(mesh, {cfg.dim}, value)); }
+  /// A parameter as the forward uses it: gathered under FSDP (its gradient reduce-scattered).
+  template <class S, class Param>
+  static decltype(auto) use(const Param& p) {
+    if constexpr (std::is_same_v<typename Param::spec_type, S>)
+      return static_cast<const sl::Var<typename Param::tensor_type>&>(p);
+    else
+      return sl::reshard<S>(p);
+  }
+};
+
+// ---- Data ----------------------------------------------------------------------------------------
+
+/// A synthetic token stream made in the program: token t+1 follows token t by a fixed random
+/// permutation of the vocabulary, except one time in eight, when it is drawn at random; a model
+/// that learns the permutation drives the loss towards the noise floor. Global batch `step`
+/// holds sequences [step * B, (step + 1) * B) of the stream; each device fills only its block of
+/// it (each data-parallel rank its own slice of every global batch).
+class TokenStream {
+ public:
+  TokenStream(std::int64_t vocab, std::int64_t seq, std::uint64_t seed) : vocab_(vocab), seq_(seq), seed_(seed) {
+    perm_.resize(static_cast<std::size_t>(vocab));
+    for (std::int64_t i = 0; i < vocab; ++i) perm_[static_cast<std::size_t>(i)] = i;
+    for (std::int64_t i = vocab - 1; i > 0; --i)  // Fisher-Yates with the stream's hash
+      std::swap(perm_[static_cast<std::size_t>(i)], perm_[static_cast<std::size_t>(hash(seed_, 0, i) % (i + 1))]);
+  }
+  /// Token `pos` (0..S) of global sequence `n`.
+  std::int64_t token(std::int64_t n, std::int64_t pos) const {
+    std::int64_t t = static_cast<std::int64_t>(hash(seed_, n + 1, 0) % static_cast<std::uint64_t>(vocab_));
+    for (std::int64_t i = 1; i <= pos; ++i)
+      t = hash(seed_, n + 1, i) % 8 == 0 ? static_cast<std::int64_t>(hash(seed_ + 1, n + 1, i) % static_cast<std::uint64_t>(vocab_))
+                                         : perm_[static_cast<std::size_t>(t)];
+    return t;
+  }
+  /// The inputs and targets of global batch `step` ([B, S] each), laid out by `Ids`.
+  template <class Tensor, class Mesh>
+  std::pair<Tensor, Tensor> batch(const Mesh& mesh, std::int64_t batch, std::int64_t step) const {
+    Tensor ids = Tensor::uninitialized(mesh, {batch, seq_});
+    Tensor targets = Tensor::uninitialized(mesh, {batch, seq_});
+    sl::parallel_for(ids, targets, [this, batch, step](const sl::Index<2>& i, std::int64_t& x, std::int64_t& y) {
+      const std::int64_t n = step * batch + i[0];
+      x = token(n, i[1]);
+      y = token(n, i[1] + 1);
+    });
+    return {ids, targets};
+  }
+
+ private:
+  static std::uint64_t hash(std::uint64_t a, std::int64_t b, std::int64_t c) {
+    std::uint64_t z = a * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(b) * 0xBF58476D1CE4E5B9ull +
+                      static_cast<std::uint64_t>(c) * 0x94D049BB133111EBull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  std::int64_t vocab_, seq_;
+  std::uint64_t seed_;
+  std::vector<std::int64_t> perm_;
+};
+
+// ---- Training ------------------------------------------------------------------------------------
+
+/// What one step did, on this device.
+struct StepReport {
+  double loss = 0;
+  double grad_norm = 0;
+  sl::coll::CommStats forward, backward, update;  // collectives of each phase
+  sl::MemoryUsage memory;                                      // after the update
+};
+
+/// Trains `R`'s model for `steps` steps with AdamW and calls `on_step(step, report)` after each.
+/// Collective: every device runs it. Returns the final model's parameters gathered on the host
+/// (in for_each_param order), for comparisons.
+template <class R, class OnStep>
+std::vector<std::vector<float>> train(sl::Context& ctx, const Config& cfg, int steps, OnStep&& on_step) {
+  auto mesh = R::mesh(ctx);
+  Model<R> model(cfg, mesh);
+  sl::optim::AdamW opt({.lr = cfg.lr, .weight_decay = 0.01, .clip_norm = cfg.clip});
+  model.for_each_param([&](auto& p) {
+    if constexpr (R::zero == Zero::none)
+      opt.add(p);
+    else
+      opt.template add_zero<"data">(p);
+  });
+  const TokenStream stream(cfg.vocab, cfg.seq, cfg.seed);
+  using Ids = sl::DistributedTensor<std::int64_t, typename R::Mesh, typename R::Ids>;
+  for (int s = 0; s < steps; ++s) {
+    StepReport r;
+    auto [ids, targets] = stream.batch<Ids>(mesh, cfg.batch, s);
+    opt.zero_grad();
+    auto loss = [&] {
+      sl::coll::CommRecorder rec;
+      auto l = model.loss(ids, targets);
+      r.forward = rec.stats();
+      return l;
+    }();
+    {
+      sl::coll::CommRecorder rec;
+      sl::backward(loss, {.sync = R::zero != Zero::stage2});
+      r.backward = rec.stats();
+    }
+    {
+      sl::coll::CommRecorder rec;
+      opt.step();
+      r.update = rec.stats();
+    }
+    r.memory = sl::memory_usage(ctx);
+    r.grad_norm = opt.last_grad_norm();
+    r.loss = loss.value().to_host()[0];  // the pending sum over the batch's devices: one all_reduce
+    on_step(s, r);
+  }
+  std::vector<std::vector<float>> out;
+  model.for_each_param([&](auto& p) { out.push_back(p.value().to_host()); });
+  return out;
+}
+
+}  // namespace gpt
