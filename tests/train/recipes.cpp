@@ -1,0 +1,189 @@
+// SPDX-License-Identifier: Apache-2.0
+// The training recipes of examples/gpt/gpt.hpp (docs/08_training.md) against one device: each
+// recipe trains the small GPT for 20 steps on 4 and 8 threads devices (and once under mpirun)
+// and must give the losses of every step and the final parameters of the same model trained
+// with everything replicated (each device computing what one device would) to 1e-4 relative;
+// the collectives of each phase of a step are those the strategy prescribes, counted; the
+// per-device memory of parameters, gradients and optimizer state is ZeRO's formula exactly.
+#include <doctest/doctest.h>
+
+#include "../../examples/gpt/gpt.hpp"
+#include "../collectives/harness.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace sl = shardlib;
+using Kind = sl::coll::Kind;
+
+constexpr int steps = 20;
+
+/// Sizes that split evenly over 1, 2, 4 and 8 devices on every dim a recipe splits.
+gpt::Config config() {
+  gpt::Config c;
+  c.vocab = 64, c.seq = 16, c.dim = 32, c.heads = 8, c.ff = 64, c.layers = 2, c.batch = 8;
+  return c;
+}
+
+/// Ψ: the parameter count.
+std::int64_t num_params(const gpt::Config& c) {
+  const std::int64_t hk = c.heads * c.head_dim();
+  return c.vocab * c.dim + c.seq * c.dim + c.layers * (4 * c.dim + 4 * c.dim * hk + 2 * c.dim * c.ff) + 2 * c.dim +
+         c.dim * c.vocab;
+}
+
+std::uint64_t calls(const sl::coll::CommStats& s, Kind k) { return s[k].calls; }
+
+struct Run {
+  std::vector<double> losses;
+  std::vector<gpt::StepReport> reports;
+  std::vector<std::vector<float>> params;
+};
+
+template <class R>
+Run train(sl::Context& ctx) {
+  Run r;
+  r.params = gpt::train<R>(ctx, config(), steps, [&](int, const gpt::StepReport& s) {
+    r.losses.push_back(s.loss);
+    r.reports.push_back(s);
+  });
+  return r;
+}
+
+/// Trains recipe R and the replicated reference and compares them, then hands each step's report
+/// to `check`.
+template <class R, class Check>
+void against_one_device(Check check) {
+  sl::test::for_each_run(
+      [&](sl::Context& ctx) {
+        const Run got = train<R>(ctx);
+        const Run want = train<gpt::Replicated>(ctx);
+        REQUIRE(got.losses.size() == want.losses.size());
+        double worst = 0;
+        for (std::size_t s = 0; s < got.losses.size(); ++s) {
+          const double rel = std::abs(got.losses[s] - want.losses[s]) / std::abs(want.losses[s]);
+          worst = std::max(worst, rel);
+          CHECK_MESSAGE(rel <= 1e-4, R::name << " on " << ctx.num_devices() << " devices, step " << s << ": loss "
+                                             << got.losses[s] << ", one device " << want.losses[s]);
+        }
+        // The model learns: the loss falls well below log(V) in 20 steps.
+        CHECK(got.losses.back() < 0.85 * got.losses.front());
+        REQUIRE(got.params.size() == want.params.size());
+        double pworst = 0;
+        for (std::size_t p = 0; p < got.params.size(); ++p)
+          for (std::size_t i = 0; i < got.params[p].size(); ++i)
+            pworst = std::max(pworst, std::abs(double(got.params[p][i]) - double(want.params[p][i])) /
+                                          (1e-2 + std::abs(double(want.params[p][i]))));
+        CHECK_MESSAGE(pworst <= 1e-4, R::name << " on " << ctx.num_devices() << " devices: final parameters differ by "
+                                              << pworst << " (relative)");
+        for (const gpt::StepReport& s : got.reports) check(ctx, s);
+      },
+      {4, 8});
+}
+
+/// No all_to_all in any phase: each strategy's layout changes are gathers, scatters and sums.
+void no_all_to_all(const gpt::StepReport& s) {
+  CHECK(calls(s.forward, Kind::all_to_all) == 0);
+  CHECK(calls(s.backward, Kind::all_to_all) == 0);
+  CHECK(calls(s.update, Kind::all_to_all) == 0);
+}
+
+constexpr std::int64_t P = 2 + 10 * 2 + 3;  // parameter tensors: wte, wpe, 10 per layer, gf, bf, head
+
+}  // namespace
+
+TEST_SUITE("train") {
+TEST_CASE("DP: one gradient all_reduce (one bucket), replicated state: 16 bytes per parameter") {
+  const std::int64_t psi = num_params(config());
+  against_one_device<gpt::DP>([&](sl::Context&, const gpt::StepReport& s) {
+    CHECK(s.forward.total_calls() == 0);
+    CHECK(calls(s.backward, Kind::all_reduce) == 1);
+    CHECK(s.backward.total_calls() == 1);
+    CHECK(calls(s.update, Kind::all_reduce) == 1);  // the global norm, one number
+    CHECK(s.update.total_calls() == 1);
+    CHECK(s.memory.parameters() == 4 * psi);
+    CHECK(s.memory.gradients() == 4 * psi);
+    CHECK(s.memory.optimizer_state() == 8 * psi);
+  });
+}
+
+TEST_CASE("ZeRO-1: state split over data, one all_gather per parameter: 8 + 8/N bytes per parameter") {
+  const std::int64_t psi = num_params(config());
+  against_one_device<gpt::Zero1>([&](sl::Context& ctx, const gpt::StepReport& s) {
+    const std::int64_t n = ctx.num_devices();
+    CHECK(s.forward.total_calls() == 0);
+    CHECK(calls(s.backward, Kind::all_reduce) == 1);
+    CHECK(s.backward.total_calls() == 1);
+    CHECK(calls(s.update, Kind::all_gather) == P);
+    CHECK(calls(s.update, Kind::all_reduce) == 1);
+    CHECK(s.update.total_calls() == P + 1);
+    CHECK(s.memory.parameters() == 4 * psi);
+    CHECK(s.memory.gradients() == 4 * psi);
+    CHECK(s.memory.optimizer_state() == 8 * psi / n);
+  });
+}
+
+TEST_CASE("ZeRO-2: gradients reduce-scattered into the state's shards: 4 + 12/N bytes per parameter") {
+  const std::int64_t psi = num_params(config());
+  against_one_device<gpt::Zero2>([&](sl::Context& ctx, const gpt::StepReport& s) {
+    const std::int64_t n = ctx.num_devices();
+    CHECK(s.forward.total_calls() == 0);
+    CHECK(s.backward.total_calls() == 0);  // the gradients stay pending until the step
+    CHECK(calls(s.update, Kind::reduce_scatter) == P);
+    CHECK(calls(s.update, Kind::all_gather) == P);
+    CHECK(calls(s.update, Kind::all_reduce) == 1);
+    CHECK(s.update.total_calls() == 2 * P + 1);
+    CHECK(s.memory.parameters() == 4 * psi);
+    CHECK(s.memory.gradients() == 4 * psi / n);
+    CHECK(s.memory.optimizer_state() == 8 * psi / n);
+  });
+}
+
+TEST_CASE("ZeRO-3 / FSDP: all_gather before use, reduce_scatter of gradients: 16/N bytes per parameter") {
+  const std::int64_t psi = num_params(config());
+  against_one_device<gpt::Zero3>([&](sl::Context& ctx, const gpt::StepReport& s) {
+    const std::int64_t n = ctx.num_devices();
+    CHECK(calls(s.forward, Kind::all_gather) == P);
+    CHECK(s.forward.total_calls() == P);
+    CHECK(calls(s.backward, Kind::reduce_scatter) == P);
+    CHECK(s.backward.total_calls() == P);
+    CHECK(calls(s.update, Kind::all_reduce) == 1);
+    CHECK(s.update.total_calls() == 1);
+    CHECK(s.memory.parameters() == 4 * psi / n);
+    CHECK(s.memory.gradients() == 4 * psi / n);
+    CHECK(s.memory.optimizer_state() == 8 * psi / n);
+  });
+}
+
+TEST_CASE("Megatron TP + SP: all_gather before and reduce_scatter after each parallel pair, no all_reduce of activations") {
+  against_one_device<gpt::TP>([&](sl::Context&, const gpt::StepReport& s) {
+    const std::uint64_t pairs = 2 * 2 + 1;  // attention and MLP per layer, and the LM head / embedding
+    CHECK(calls(s.forward, Kind::all_gather) == pairs);
+    CHECK(calls(s.forward, Kind::reduce_scatter) == pairs);
+    CHECK(calls(s.forward, Kind::all_reduce) == 2);  // the vocab-parallel cross-entropy: row max and sum
+    CHECK(calls(s.backward, Kind::reduce_scatter) == pairs);
+    CHECK(calls(s.backward, Kind::all_gather) == pairs + 1);  // and the embedding's gradient
+    CHECK(calls(s.backward, Kind::all_reduce) == 1);          // the norms' and positions' bucket
+    CHECK(s.update.total_calls() == 1);
+    no_all_to_all(s);
+  });
+}
+
+TEST_CASE("2-D DP x TP: the TP collectives over model, the gradient buckets over data") {
+  against_one_device<gpt::DPxTP>([&](sl::Context& ctx, const gpt::StepReport& s) {
+    const bool tp = gpt::DPxTP::model_size(ctx.num_devices()) > 1;
+    const std::uint64_t pairs = tp ? 2 * 2 + 1 : 0;
+    CHECK(calls(s.forward, Kind::all_gather) == pairs);
+    CHECK(calls(s.forward, Kind::reduce_scatter) == pairs);
+    CHECK(calls(s.forward, Kind::all_reduce) == (tp ? 2u : 0u));
+    CHECK(calls(s.backward, Kind::reduce_scatter) == pairs);
+    CHECK(calls(s.backward, Kind::all_gather) == (tp ? pairs + 1 : 0u));
+    CHECK(s.update.total_calls() == 1);
+    no_all_to_all(s);
+  });
+}
+}
