@@ -166,8 +166,10 @@ TEST_CASE("Megatron TP + SP: all_gather before and reduce_scatter after each par
     CHECK(calls(s.forward, Kind::reduce_scatter) == pairs);
     CHECK(calls(s.forward, Kind::all_reduce) == 2);  // the vocab-parallel cross-entropy: row max and sum
     CHECK(calls(s.backward, Kind::reduce_scatter) == pairs);
-    CHECK(calls(s.backward, Kind::all_gather) == pairs + 1);  // and the embedding's gradient
-    CHECK(calls(s.backward, Kind::all_reduce) == 1);          // the norms' and positions' bucket
+    // The transposes of the forward's, and the positions' gradient: summed over the batch
+    // locally, split along the sequence, gathered into the replicated table.
+    CHECK(calls(s.backward, Kind::all_gather) == pairs + 1);
+    CHECK(calls(s.backward, Kind::all_reduce) == 1);  // the norms' gradients, one bucket
     CHECK(s.update.total_calls() == 1);
     no_all_to_all(s);
   });
@@ -182,6 +184,10 @@ TEST_CASE("2-D DP x TP: the TP collectives over model, the gradient buckets over
     CHECK(calls(s.forward, Kind::all_reduce) == (tp ? 2u : 0u));
     CHECK(calls(s.backward, Kind::reduce_scatter) == pairs);
     CHECK(calls(s.backward, Kind::all_gather) == (tp ? pairs + 1 : 0u));
+    // Two buckets, whatever the order the pass meets the parameters in: those pending over
+    // "data" (the matrices, split over "model") and those over ("data", "model") (the norms);
+    // and the positions' gradient, pending over "data" and split along the sequence.
+    if (tp) CHECK(calls(s.backward, Kind::all_reduce) == 3);
     CHECK(s.update.total_calls() == 1);
     no_all_to_all(s);
   });
