@@ -45,9 +45,9 @@ struct Run {
 };
 
 template <class R>
-Run train(sl::Context& ctx) {
+Run train(sl::Context& ctx, const gpt::Config& cfg = config()) {
   Run r;
-  r.params = gpt::train<R>(ctx, config(), steps, [&](int, const gpt::StepReport& s) {
+  r.params = gpt::train<R>(ctx, cfg, steps, [&](int, const gpt::StepReport& s) {
     r.losses.push_back(s.loss);
     r.reports.push_back(s);
   });
@@ -57,11 +57,11 @@ Run train(sl::Context& ctx) {
 /// Trains recipe R and the replicated reference and compares them, then hands each step's report
 /// to `check`.
 template <class R, class Check>
-void against_one_device(Check check) {
+void against_one_device(Check check, const gpt::Config& cfg = config()) {
   sl::test::for_each_run(
       [&](sl::Context& ctx) {
-        const Run got = train<R>(ctx);
-        const Run want = train<gpt::Replicated>(ctx);
+        const Run got = train<R>(ctx, cfg);
+        const Run want = train<gpt::Replicated>(ctx, cfg);
         REQUIRE(got.losses.size() == want.losses.size());
         double worst = 0;
         for (std::size_t s = 0; s < got.losses.size(); ++s) {
@@ -191,5 +191,19 @@ TEST_CASE("2-D DP x TP: the TP collectives over model, the gradient buckets over
     CHECK(s.update.total_calls() == 1);
     no_all_to_all(s);
   });
+}
+
+TEST_CASE("uneven sizes: a global batch, a vocabulary and widths that do not divide by the devices") {
+  // 6 sequences over 4 and 8 devices (blocks of 2, 2, 1, 1 and of 1 or 0), and every dim the
+  // recipes split uneven: the losses are still one device's, for every recipe.
+  gpt::Config c;
+  c.vocab = 60, c.seq = 12, c.dim = 36, c.heads = 6, c.ff = 60, c.layers = 1, c.batch = 6;
+  auto any = [](sl::Context&, const gpt::StepReport&) {};
+  against_one_device<gpt::DP>(any, c);
+  against_one_device<gpt::Zero1>(any, c);
+  against_one_device<gpt::Zero2>(any, c);
+  against_one_device<gpt::Zero3>(any, c);
+  against_one_device<gpt::TP>(any, c);
+  against_one_device<gpt::DPxTP>(any, c);
 }
 }
