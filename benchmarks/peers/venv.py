@@ -78,8 +78,9 @@ def ensure_venv(path, packages, timeout=900):
     except OSError as e:
         return fail(f"pip could not run: {e}")
     if r.returncode != 0:
-        lines = [l for l in r.stderr.strip().splitlines() if l.strip()] or ["?"]
-        return fail(f"pip install {' '.join(missing)} failed: {lines[-1].strip()}")
+        lines = [l.strip() for l in r.stderr.splitlines() if l.strip()] or ["?"]
+        errors = [l for l in lines if l.startswith("ERROR:")]
+        return fail(f"pip install {' '.join(missing)} failed: {(errors or lines)[-1]}")
     still = _missing(python, missing)
     if still:
         return fail(f"installed but not importable: {' '.join(still)}")
