@@ -1,0 +1,134 @@
+// SPDX-License-Identifier: Apache-2.0
+// Training benchmark: tokens per second of each recipe of examples/gpt/gpt.hpp (docs/08_training.md)
+// training the small GPT with AdamW, one JSON record per recipe on stdout, progress on stderr.
+// Driven by `benchmarks/run train` (which runs the same model and strategy in JAX beside it); run
+// alone as
+//   bench_train --devices 8 --recipe dp,zero1,zero2,zero3,tp,dp_tp [--steps 10] [--warmup 2]
+//               [--vocab 512 --seq 128 --dim 256 --heads 8 --ff 1024 --layers 2 --batch 16]
+// A step is the whole training loop's step: the batch made on the devices, zero_grad, forward,
+// backward, optimizer step and the loss read back. `seconds` is the median step time (device 0's
+// clock; every step ends with the loss's all_reduce, so devices leave it together);
+// tokens_per_second = batch * seq / seconds. baseline: the same model, batch and optimizer on one
+// device (the "replicated" recipe on a runtime of one device), so ratio_to_baseline is the
+// recipe's speed-up over one device. Records carry the collectives of one step and the per-device
+// memory by role after it.
+#include "../examples/gpt/gpt.hpp"
+#include "common.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace sl = shardlib;
+
+namespace {
+
+struct Result {
+  double seconds = 0, first_loss = 0, last_loss = 0;
+  gpt::StepReport report;
+};
+
+template <class R>
+Result measure(sl::Runtime& rt, const gpt::Config& cfg, int warmup, int steps) {
+  Result res;
+  rt.spmd([&](sl::Context& ctx) {
+    std::vector<double> times;
+    auto last = bench::Clock::now();
+    gpt::train<R>(ctx, cfg, warmup + steps, [&](int s, const gpt::StepReport& r) {
+      const auto now = bench::Clock::now();
+      if (s >= warmup) times.push_back(std::chrono::duration<double>(now - last).count());
+      last = now;
+      if (ctx.device() != 0) return;
+      if (s == 0) res.first_loss = r.loss;
+      res.last_loss = r.loss;
+      res.report = r;
+    });
+    if (ctx.device() == 0) res.seconds = bench::median(times);
+  });
+  return res;
+}
+
+std::string stats_json(const sl::coll::CommStats& s) {
+  std::ostringstream o;
+  o << "{";
+  bool first = true;
+  for (int k = 0; k < sl::coll::num_kinds; ++k) {
+    const auto& st = s[static_cast<sl::coll::Kind>(k)];
+    if (st.calls == 0) continue;
+    o << (first ? "" : ", ") << "\"" << sl::coll::name(static_cast<sl::coll::Kind>(k)) << "\": " << st.calls;
+    first = false;
+  }
+  return o.str() + "}";
+}
+
+sl::coll::CommStats sum(const gpt::StepReport& r) {
+  sl::coll::CommStats s;
+  for (int k = 0; k < sl::coll::num_kinds; ++k) {
+    const auto kind = static_cast<sl::coll::Kind>(k);
+    for (const auto* p : {&r.forward, &r.backward, &r.update}) {
+      s[kind].calls += (*p)[kind].calls;
+      s[kind].bytes_sent += (*p)[kind].bytes_sent;
+      s[kind].bytes_received += (*p)[kind].bytes_received;
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (bench::answered_backends_query(argc, argv, false)) return 0;
+  gpt::Config cfg;
+  cfg.vocab = bench::arg(argc, argv, "--vocab", 512);
+  cfg.seq = bench::arg(argc, argv, "--seq", 128);
+  cfg.dim = bench::arg(argc, argv, "--dim", 256);
+  cfg.heads = bench::arg(argc, argv, "--heads", 8);
+  cfg.ff = bench::arg(argc, argv, "--ff", 1024);
+  cfg.layers = bench::arg(argc, argv, "--layers", 2);
+  cfg.batch = bench::arg(argc, argv, "--batch", 16);
+  const int devices = static_cast<int>(bench::arg(argc, argv, "--devices", 8));
+  const int steps = static_cast<int>(bench::arg(argc, argv, "--steps", 10));
+  const int warmup = static_cast<int>(bench::arg(argc, argv, "--warmup", 2));
+  std::string recipes = "dp,zero1,zero2,zero3,tp,dp_tp";
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], "--recipe") == 0) recipes = argv[i + 1];
+
+  auto one = sl::Runtime::threads(1);
+  std::fprintf(stderr, "train: one device (the baseline) ...\n");
+  const Result base = measure<gpt::Replicated>(one, cfg, warmup, steps);
+  auto rt = sl::Runtime::threads(devices);
+  const double tokens = static_cast<double>(cfg.batch * cfg.seq);
+  std::stringstream list(recipes);
+  for (std::string name; std::getline(list, name, ',');) {
+    std::fprintf(stderr, "train: %s on %d devices ...\n", name.c_str(), devices);
+    Result r;
+    if (name == "dp") r = measure<gpt::DP>(rt, cfg, warmup, steps);
+    else if (name == "zero1") r = measure<gpt::Zero1>(rt, cfg, warmup, steps);
+    else if (name == "zero2") r = measure<gpt::Zero2>(rt, cfg, warmup, steps);
+    else if (name == "zero3") r = measure<gpt::Zero3>(rt, cfg, warmup, steps);
+    else if (name == "tp") r = measure<gpt::TP>(rt, cfg, warmup, steps);
+    else if (name == "dp_tp") r = measure<gpt::DPxTP>(rt, cfg, warmup, steps);
+    else {
+      std::fprintf(stderr, "bench_train: unknown recipe '%s' (dp, zero1, zero2, zero3, tp, dp_tp)\n", name.c_str());
+      return 2;
+    }
+    const sl::MemoryUsage& m = r.report.memory;
+    std::printf(
+        "{\"bench\": \"train\", \"part\": \"recipe\", \"name\": \"%s\", \"backend\": \"threads\", \"devices\": %d, "
+        "\"seconds\": %.6g, \"baseline\": \"one device\", \"baseline_seconds\": %.6g, \"ratio_to_baseline\": %.4g, "
+        "\"tokens_per_second\": %.6g, \"baseline_tokens_per_second\": %.6g, \"steps\": %d, \"first_loss\": %.6g, "
+        "\"last_loss\": %.6g, \"collectives\": %s, \"parameters_bytes\": %lld, \"gradients_bytes\": %lld, "
+        "\"optimizer_state_bytes\": %lld, \"activations_bytes\": %lld, \"config\": {\"vocab\": %lld, \"seq\": %lld, "
+        "\"dim\": %lld, \"heads\": %lld, \"ff\": %lld, \"layers\": %lld, \"batch\": %lld}}\n",
+        name.c_str(), devices, r.seconds, base.seconds, r.seconds / base.seconds, tokens / r.seconds,
+        tokens / base.seconds, steps, r.first_loss, r.last_loss, stats_json(sum(r.report)).c_str(),
+        (long long)m.parameters(), (long long)m.gradients(), (long long)m.optimizer_state(),
+        (long long)m.activations(), (long long)cfg.vocab, (long long)cfg.seq, (long long)cfg.dim,
+        (long long)cfg.heads, (long long)cfg.ff, (long long)cfg.layers, (long long)cfg.batch);
+    std::fflush(stdout);
+  }
+}
