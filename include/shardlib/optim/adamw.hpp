@@ -22,7 +22,7 @@ struct AdamWOptions {
   double eps = 1e-8;           ///< added to the second moment's root
   double weight_decay = 0.01;  ///< decoupled: p *= 1 - lr * weight_decay
   double clip_norm = 0;        ///< > 0: clip the gradients by their global norm first
-  Schedule schedule;           ///< when set, the rate of step t
+  Schedule schedule{};         ///< when set, the rate of step t
   std::size_t bucket_bytes = std::size_t{25} << 20;  ///< all_reduce buckets for pending gradients
 };
 

@@ -21,7 +21,7 @@ struct SGDOptions {
   bool nesterov = false;       ///< Nesterov momentum (needs momentum > 0)
   double weight_decay = 0;     ///< L2 penalty added to the gradient
   double clip_norm = 0;        ///< > 0: clip the gradients by their global norm first
-  Schedule schedule;           ///< when set, the rate of step t
+  Schedule schedule{};         ///< when set, the rate of step t
   std::size_t bucket_bytes = std::size_t{25} << 20;  ///< all_reduce buckets for pending gradients
 };
 
