@@ -79,6 +79,14 @@ struct zero_spec {
   using type = spec_from_t<typename Tensor::mesh_type, decltype([] { return sharding; })>;
 };
 
+/// Whether `P` is a `Param<...>` (and its tensor type).
+template <class P>
+struct is_param : std::false_type {};
+template <class Tensor>
+struct is_param<Param<Tensor>> : std::true_type {
+  using tensor = Tensor;
+};
+
 /// What the optimizer needs of one parameter, whatever its type and its state's spec.
 template <class Rule>
 class Slot {
@@ -207,9 +215,12 @@ class Optimizer {
   explicit Optimizer(Options options) : options_(std::move(options)) { Rule::check(options_); }
 
   /// Adds parameters whose state takes the parameter's own spec (DP, FSDP, TP: a local update).
-  template <class... Tensors>
-  Optimizer& add(const Param<Tensors>&... params) {
-    (add_one<typename Tensors::spec_type>(params), ...);
+  /// (Takes `Params` rather than `Param<Tensors>`, so that `add<StateSpec>(param)` below never
+  /// names a `Param<StateSpec>`: that is a hard error, not a candidate set aside.)
+  template <class... Params>
+    requires(detail::is_param<Params>::value && ...)
+  Optimizer& add(const Params&... params) {
+    (add_one<typename detail::is_param<Params>::tensor::spec_type>(params), ...);
     return *this;
   }
   /// Adds a parameter whose state takes `StateSpec` (same rank, not partial): the update runs on
