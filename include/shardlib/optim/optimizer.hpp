@@ -173,6 +173,10 @@ class TypedSlot final : public Slot<Rule> {
   }
   void finish() override {
     if constexpr (!same_spec) {
+      if (!values_) {  // no update ran (a step that throws): nothing to write back
+        grad_.reset();
+        return;
+      }
       const Tensor back(*values_);  // one all_gather for a replicated parameter
       Kokkos::deep_copy(param_.value().context().exec(), param_.value().local(), back.local());
       param_.value().context().exec().fence();
