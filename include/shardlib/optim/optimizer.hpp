@@ -140,6 +140,9 @@ class TypedSlot final : public Slot<Rule> {
         const State c(*leaf.grad());
         autodiff::detail::add_blocks(context(), g.local().data(), g.local().data(), c.local().data(), g.block().num_elements());
       }
+      if (held_)  // the gradient held since the last zero_grad: gradients add up until zero_grad
+        autodiff::detail::add_blocks(context(), g.local().data(), g.local().data(), held_->local().data(),
+                                     g.block().num_elements());
       leaf.zero_grad();
       tag_memory(g, MemoryRole::gradients);
       held_ = std::move(g);  // the gradient lives here now, in the state's spec
@@ -147,6 +150,15 @@ class TypedSlot final : public Slot<Rule> {
       return true;
     }
     if (held_) {  // a step again without a new backward: the same gradient
+      if (leaf.grad()) {  // but a synchronised backward since: its gradient adds to the held one
+        const State c(*leaf.grad());
+        State g = State::uninitialized(held_->mesh(), held_->shape());
+        autodiff::detail::add_blocks(context(), g.local().data(), held_->local().data(), c.local().data(),
+                                     g.block().num_elements());
+        leaf.zero_grad();
+        tag_memory(g, MemoryRole::gradients);
+        held_ = std::move(g);
+      }
       grad_ = held_;
       return true;
     }
