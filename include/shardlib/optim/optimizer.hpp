@@ -79,6 +79,14 @@ struct zero_spec {
   using type = spec_from_t<typename Tensor::mesh_type, decltype([] { return sharding; })>;
 };
 
+/// Whether `P` is a `Param<...>` (and its tensor type).
+template <class P>
+struct is_param : std::false_type {};
+template <class Tensor>
+struct is_param<Param<Tensor>> : std::true_type {
+  using tensor = Tensor;
+};
+
 }  // namespace detail
 
 /// The spec of `Tensor` with mesh axis `Axis` added to its first unsplit dim (to dim 0's axes
@@ -142,6 +150,9 @@ class TypedSlot final : public Slot<Rule> {
         const State c(*leaf.grad());
         autodiff::detail::add_blocks(context(), g.local().data(), g.local().data(), c.local().data(), g.block().num_elements());
       }
+      if (held_)  // the gradient held since the last zero_grad: gradients add up until zero_grad
+        autodiff::detail::add_blocks(context(), g.local().data(), g.local().data(), held_->local().data(),
+                                     g.block().num_elements());
       leaf.zero_grad();
       tag_memory(g, MemoryRole::gradients);
       held_ = std::move(g);  // the gradient lives here now, in the state's spec
@@ -149,6 +160,15 @@ class TypedSlot final : public Slot<Rule> {
       return true;
     }
     if (held_) {  // a step again without a new backward: the same gradient
+      if (leaf.grad()) {  // but a synchronised backward since: its gradient adds to the held one
+        const State c(*leaf.grad());
+        State g = State::uninitialized(held_->mesh(), held_->shape());
+        autodiff::detail::add_blocks(context(), g.local().data(), held_->local().data(), c.local().data(),
+                                     g.block().num_elements());
+        leaf.zero_grad();
+        tag_memory(g, MemoryRole::gradients);
+        held_ = std::move(g);
+      }
       grad_ = held_;
       return true;
     }
@@ -175,6 +195,10 @@ class TypedSlot final : public Slot<Rule> {
   }
   void finish() override {
     if constexpr (!same_spec) {
+      if (!values_) {  // no update ran (a step that throws): nothing to write back
+        grad_.reset();
+        return;
+      }
       const Tensor back(*values_);  // one all_gather for a replicated parameter
       Kokkos::deep_copy(param_.value().context().exec(), param_.value().local(), back.local());
       param_.value().context().exec().fence();
@@ -217,9 +241,12 @@ class Optimizer {
   explicit Optimizer(Options options) : options_(std::move(options)) { Rule::check(options_); }
 
   /// Adds parameters whose state takes the parameter's own spec (DP, FSDP, TP: a local update).
-  template <class... Tensors>
-  Optimizer& add(const Param<Tensors>&... params) {
-    (add_one<typename Tensors::spec_type>(params), ...);
+  /// (Takes `Params` rather than `Param<Tensors>`, so that `add<StateSpec>(param)` below never
+  /// names a `Param<StateSpec>`: that is a hard error, not a candidate set aside.)
+  template <class... Params>
+    requires(detail::is_param<Params>::value && ...)
+  Optimizer& add(const Params&... params) {
+    (add_one<typename detail::is_param<Params>::tensor::spec_type>(params), ...);
     return *this;
   }
   /// Adds a parameter whose state takes `StateSpec` (same rank, not partial): the update runs on

@@ -1,0 +1,593 @@
+// SPDX-License-Identifier: Apache-2.0
+// Optimizers (optim/*.hpp) against a scalar host reference of PyTorch's formulas (torch.optim.SGD
+// with dampening 0, torch.optim.AdamW, torch.nn.utils.clip_grad_norm_), on every layout of the
+// state: data parallelism (state in the parameter's spec), ZeRO-1 (state split over "data",
+// gradient resolved by the backward; add_zero, and add<StateSpec> splitting another dim), ZeRO-2 (the pending gradient resolved by a reduce_scatter
+// into the state's spec), ZeRO-3 (the parameter split too). The gradients are known exactly: the
+// loss is sum(w * c) over a batch split over "data", so w's gradient is c summed over the batch,
+// a fresh c each step. Also: the collectives of one step, the per-device memory of each layout
+// (the ZeRO paper's formulas, byte for byte), and the errors (bad options, a bad learning rate,
+// a non-finite gradient norm, a parameter added twice). Runs on 1..8 threads devices and under
+// mpirun.
+#include <doctest/doctest.h>
+#include <shardlib/optim.hpp>
+
+#include "../collectives/harness.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace sl = shardlib;
+using sl::none;
+using sl::Spec;
+using Kind = sl::coll::Kind;
+
+namespace {
+using M = sl::Mesh<"data">;
+template <class S>
+using Ten = sl::DistributedTensor<float, M, S>;
+using Rep2 = Ten<Spec<none, none>>;       // a replicated weight
+using Rep1 = Ten<Spec<none>>;             // a replicated bias
+using Split2 = Ten<Spec<"data", none>>;   // a weight split over "data" (ZeRO-3); a batch of rows
+using Split1 = Ten<Spec<"data">>;         // a bias split over "data" (ZeRO-3)
+using Batch3 = Ten<Spec<"data", none, none>>;  // a batch of weight-shaped constants
+using Host = std::vector<double>;
+constexpr double qnan = std::numeric_limits<double>::quiet_NaN();
+
+/// Where the state lives and how the gradient gets there.
+enum class Layout {
+  dp,            // parameter replicated, state in its spec, backward resolves (all_reduce)
+  dp_nosync,     // the same, backward(sync = false): step() runs the bucketed all_reduce
+  zero1,         // add_zero<"data">, backward resolves: the state split, the gradient replicated
+  zero1_dim1,    // add<StateSpec>: the same with the state split along dim 1 (w) instead of dim 0
+  zero2,         // add_zero<"data">, backward(sync = false): reduce_scatter into the state's spec
+  zero3,         // the parameter split over "data" (its state too), backward resolves
+  zero3_nosync,  // the same, backward(sync = false)
+};
+const char* name(Layout l) {
+  switch (l) {
+    case Layout::dp: return "DP";
+    case Layout::dp_nosync: return "DP (sync = false)";
+    case Layout::zero1: return "ZeRO-1";
+    case Layout::zero1_dim1: return "ZeRO-1 (state split along dim 1)";
+    case Layout::zero2: return "ZeRO-2";
+    case Layout::zero3: return "ZeRO-3";
+    case Layout::zero3_nosync: return "ZeRO-3 (sync = false)";
+  }
+  return "?";
+}
+bool split_param(Layout l) { return l == Layout::zero3 || l == Layout::zero3_nosync; }
+bool synced(Layout l) { return l != Layout::dp_nosync && l != Layout::zero2 && l != Layout::zero3_nosync; }
+constexpr Layout all_layouts[] = {Layout::dp,    Layout::dp_nosync, Layout::zero1,       Layout::zero1_dim1,
+                                  Layout::zero2, Layout::zero3,     Layout::zero3_nosync};
+
+/// The optimizers' formulas on plain doubles, one vector per parameter (written from PyTorch's
+/// documentation, not from the kernels).
+struct Reference {
+  bool adamw = false;
+  double momentum = 0, weight_decay = 0, beta1 = 0, beta2 = 0, eps = 0, clip_norm = 0;
+  bool nesterov = false;
+  std::vector<Host> p, buf, m, v;
+  std::int64_t t = 0;
+  double norm = qnan;
+
+  Reference(const sl::optim::SGDOptions& o, std::vector<Host> params)
+      : momentum(o.momentum), weight_decay(o.weight_decay), clip_norm(o.clip_norm), nesterov(o.nesterov),
+        p(std::move(params)) {
+    for (auto& x : p) buf.emplace_back(x.size(), 0.0);
+  }
+  Reference(const sl::optim::AdamWOptions& o, std::vector<Host> params)
+      : adamw(true), weight_decay(o.weight_decay), beta1(o.beta1), beta2(o.beta2), eps(o.eps),
+        clip_norm(o.clip_norm), p(std::move(params)) {
+    for (auto& x : p) m.emplace_back(x.size(), 0.0), v.emplace_back(x.size(), 0.0);
+  }
+
+  void step(std::vector<Host> g, double lr) {
+    ++t;
+    norm = qnan;
+    if (clip_norm > 0) {
+      double sq = 0;
+      for (auto& gi : g)
+        for (double x : gi) sq += x * x;
+      norm = std::sqrt(sq);
+      const double scale = std::min(1.0, clip_norm / (norm + 1e-6));
+      for (auto& gi : g)
+        for (double& x : gi) x *= scale;
+    }
+    for (std::size_t k = 0; k < p.size(); ++k)
+      for (std::size_t i = 0; i < p[k].size(); ++i) {
+        double& w = p[k][i];
+        const double gi = g[k][i];
+        if (adamw) {
+          w *= 1 - lr * weight_decay;
+          m[k][i] = beta1 * m[k][i] + (1 - beta1) * gi;
+          v[k][i] = beta2 * v[k][i] + (1 - beta2) * gi * gi;
+          const double mhat = m[k][i] / (1 - std::pow(beta1, double(t)));
+          const double vhat = v[k][i] / (1 - std::pow(beta2, double(t)));
+          w -= lr * mhat / (std::sqrt(vhat) + eps);
+        } else {
+          const double d = gi + weight_decay * w;
+          double dir = d;
+          if (momentum != 0) {
+            buf[k][i] = t == 1 ? d : momentum * buf[k][i] + d;  // torch: the first buffer is d
+            dir = nesterov ? d + momentum * buf[k][i] : buf[k][i];
+          }
+          w -= lr * dir;
+        }
+      }
+  }
+};
+
+Host host_of(const std::vector<float>& x) { return Host(x.begin(), x.end()); }
+
+/// `x` holds the global values `want` to `tol`, relative to max(|want|, 1).
+template <class Tensor>
+void expect_values(const Tensor& x, const Host& want, double tol, const std::string& what) {
+  const auto got = x.to_host();
+  REQUIRE(got.size() == want.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    worst = std::max(worst, std::abs(double(got[i]) - want[i]) / std::max(1.0, std::abs(want[i])));
+  CHECK_MESSAGE(worst <= tol, what << ": worst difference " << worst);
+}
+
+/// The constants of one step: w's gradient is c3 summed over the batch (dim 0), b's c2's.
+struct Batch {
+  Batch3 c3;
+  Split2 c2;
+  /// The gradients of loss() as the reference sees them.
+  std::vector<Host> grads() const {
+    const auto a = c3.to_host(), b = c2.to_host();
+    const std::int64_t B = c3.shape()[0], R = c3.shape()[1], C = c3.shape()[2];
+    Host gw(static_cast<std::size_t>(R * C), 0.0), gb(static_cast<std::size_t>(C), 0.0);
+    for (std::int64_t n = 0; n < B; ++n) {
+      for (std::int64_t i = 0; i < R * C; ++i) gw[std::size_t(i)] += a[std::size_t(n * R * C + i)];
+      for (std::int64_t i = 0; i < C; ++i) gb[std::size_t(i)] += b[std::size_t(n * C + i)];
+    }
+    return {gw, gb};
+  }
+};
+Batch make_batch(const M& mesh, std::int64_t B, std::int64_t R, std::int64_t C, std::uint64_t seed) {
+  return {Batch3::random(mesh, {B, R, C}, seed, -1.f, 1.f), Split2::random(mesh, {B, C}, seed + 1, -1.f, 1.f)};
+}
+
+/// sum(w * c3) + sum(b * c2), w and b broadcast over the batch: the gradients are pending sums
+/// over "data" (a ZeRO-3 parameter is gathered first: its gradient resolves by a reduce_scatter).
+template <class W, class Bias>
+auto loss_of(const sl::Param<W>& w, const sl::Param<Bias>& b, const Batch& x) {
+  const sl::Var<Rep2> wr = [&] {
+    if constexpr (std::is_same_v<W, Rep2>) return sl::Var<Rep2>(w);
+    else return sl::reshard<Spec<none, none>>(w);
+  }();
+  const sl::Var<Rep1> br = [&] {
+    if constexpr (std::is_same_v<Bias, Rep1>) return sl::Var<Rep1>(b);
+    else return sl::reshard<Spec<none>>(b);
+  }();
+  return sl::sum_all(wr * x.c3) + sl::sum_all(br * x.c2);
+}
+
+/// Adds w and b to `opt` as `layout` wants.
+template <class Opt, class W, class Bias>
+void add_to(Opt& opt, Layout layout, const sl::Param<W>& w, const sl::Param<Bias>& b) {
+  if (layout == Layout::zero1 || layout == Layout::zero2) {
+    opt.template add_zero<"data">(w, b);
+  } else if (layout == Layout::zero1_dim1) {
+    if constexpr (std::is_same_v<W, Rep2>) {
+      opt.template add<Spec<none, "data">>(w);
+      opt.template add<Spec<"data">>(b);
+    }
+  } else {
+    opt.add(w, b);
+  }
+}
+
+/// The collectives one step() runs with two parameters on a group of `n` devices.
+struct Expected {
+  unsigned all_gather = 0, reduce_scatter = 0, all_reduce = 0;
+};
+Expected expected_step_collectives(Layout layout, int n, bool clip, std::size_t bucket_bytes) {
+  Expected e;
+  if (n == 1) return e;  // a group of one device: nothing at all
+  switch (layout) {
+    case Layout::dp: break;                                                // resolved by the backward
+    case Layout::dp_nosync: e.all_reduce = bucket_bytes == 0 ? 2 : 1; break;  // one per bucket
+    case Layout::zero1: e.all_gather = 2; break;                            // the values back
+    case Layout::zero1_dim1: e.all_gather = 2; break;                       // or all_to_all
+    case Layout::zero2: e.reduce_scatter = 2, e.all_gather = 2; break;
+    case Layout::zero3: break;                                              // all local
+    case Layout::zero3_nosync: e.reduce_scatter = 2; break;                 // the pending sums
+  }
+  if (clip) e.all_reduce += 1;  // the global norm: one double for every parameter
+  return e;
+}
+
+/// Trains w [R, C] and b [C] on `layout` for `steps` steps (a fresh batch each step) and checks
+/// after each step the values against the reference, the gradient norm and the step's
+/// collectives. `accumulate`: no zero_grad between steps (the gradients add up, as in PyTorch).
+template <class Opt, class W, class Bias>
+void train_and_compare(sl::Context& ctx, Layout layout, const typename Opt::Options& o, std::int64_t R,
+                       std::int64_t C, int steps, bool accumulate = false) {
+  const int n = ctx.num_devices();
+  M mesh(ctx, {n});
+  sl::Param w(W::random(mesh, {R, C}, 1, -1.f, 1.f));
+  sl::Param b(Bias::random(mesh, {C}, 2, -1.f, 1.f));
+  Opt opt(o);
+  add_to(opt, layout, w, b);
+  CHECK(opt.num_parameters() == R * C + C);
+  Reference ref(o, {host_of(w.value().to_host()), host_of(b.value().to_host())});
+  std::vector<Host> g_sum;
+  const std::string what = std::string(name(layout)) + " on " + std::to_string(n) + " devices";
+  for (int s = 0; s < steps; ++s) {
+    if (!accumulate) opt.zero_grad();
+    const Batch x = make_batch(mesh, 5, R, C, 100 + 10 * std::uint64_t(s));
+    sl::backward(loss_of(w, b, x), {.sync = synced(layout)});
+    sl::coll::CommRecorder rec;
+    opt.step();
+    const Expected e = expected_step_collectives(layout, n, o.clip_norm > 0, o.bucket_bytes);
+    // Gathering along dim 1 may be an all_to_all (the reshard's choice); everywhere else an all_gather.
+    CHECK_MESSAGE(rec[Kind::all_gather].calls + rec[Kind::all_to_all].calls == e.all_gather,
+                  what << "\n" << rec.to_string());
+    if (layout != Layout::zero1_dim1) CHECK_MESSAGE(rec[Kind::all_to_all].calls == 0, what << "\n" << rec.to_string());
+    CHECK_MESSAGE(rec[Kind::reduce_scatter].calls == e.reduce_scatter, what << "\n" << rec.to_string());
+    CHECK_MESSAGE(rec[Kind::all_reduce].calls == e.all_reduce, what << "\n" << rec.to_string());
+    CHECK_MESSAGE(rec.total_calls() == e.all_gather + e.reduce_scatter + e.all_reduce, what << "\n" << rec.to_string());
+    auto g = x.grads();
+    if (accumulate && s > 0)
+      for (std::size_t k = 0; k < g.size(); ++k)
+        for (std::size_t i = 0; i < g[k].size(); ++i) g[k][i] += g_sum[k][i];
+    g_sum = g;
+    ref.step(g, o.lr);
+    const std::string at = what + ", step " + std::to_string(s + 1);
+    expect_values(w.value(), ref.p[0], 1e-5, at + ": w");
+    expect_values(b.value(), ref.p[1], 1e-5, at + ": b");
+    if (o.clip_norm > 0) {
+      CHECK_MESSAGE(std::abs(opt.last_grad_norm() - ref.norm) <= 1e-5 * ref.norm,
+                    at << ": norm " << opt.last_grad_norm() << ", want " << ref.norm);
+      CHECK(ref.norm > o.clip_norm);  // the clipping is active (the test is about it)
+    } else {
+      CHECK(std::isnan(opt.last_grad_norm()));
+    }
+  }
+  CHECK(opt.steps() == steps);
+}
+
+template <class Opt>
+void train_every_layout(sl::Context& ctx, const typename Opt::Options& o, std::int64_t R, std::int64_t C, int steps,
+                        bool accumulate = false) {
+  for (Layout l : all_layouts) {
+    if (split_param(l)) train_and_compare<Opt, Split2, Split1>(ctx, l, o, R, C, steps, accumulate);
+    else train_and_compare<Opt, Rep2, Rep1>(ctx, l, o, R, C, steps, accumulate);
+  }
+}
+
+sl::optim::SGDOptions sgd(double lr, double momentum, bool nesterov, double weight_decay, double clip = 0) {
+  sl::optim::SGDOptions o;
+  o.lr = lr, o.momentum = momentum, o.nesterov = nesterov, o.weight_decay = weight_decay, o.clip_norm = clip;
+  return o;
+}
+sl::optim::AdamWOptions adamw(double lr, double beta1, double beta2, double weight_decay, double clip = 0) {
+  sl::optim::AdamWOptions o;
+  o.lr = lr, o.beta1 = beta1, o.beta2 = beta2, o.weight_decay = weight_decay, o.clip_norm = clip;
+  return o;
+}
+
+/// The exception's message, or "" when `f` does not throw `E`.
+template <class E, class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_SUITE("optim") {
+TEST_CASE("SGD: momentum, Nesterov and weight decay follow torch.optim.SGD") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    for (const auto& o : {sgd(0.1, 0, false, 0), sgd(0.1, 0.9, false, 0), sgd(0.1, 0.9, true, 0),
+                          sgd(0.05, 0.9, false, 0.1), sgd(0.05, 0.9, true, 0.1)}) {
+      INFO("momentum " << o.momentum << ", nesterov " << o.nesterov << ", weight_decay " << o.weight_decay);
+      train_and_compare<sl::optim::SGD, Rep2, Rep1>(ctx, Layout::dp, o, 4, 3, 4);
+    }
+  });
+}
+
+TEST_CASE("AdamW: defaults and decoupled weight decay follow torch.optim.AdamW") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    for (const auto& o : {sl::optim::AdamWOptions{}, adamw(0.05, 0.8, 0.95, 0.1)}) {
+      INFO("lr " << o.lr << ", betas " << o.beta1 << " " << o.beta2 << ", weight_decay " << o.weight_decay);
+      train_and_compare<sl::optim::AdamW, Rep2, Rep1>(ctx, Layout::dp, o, 4, 3, 5);
+    }
+  });
+}
+
+TEST_CASE("AdamW with clipping: DP, ZeRO-1, ZeRO-2 and ZeRO-3 take the reference's steps, uneven shapes") {
+  // [7, 5] and [5] on up to 8 devices: uneven blocks, empty ones from 6 devices on.
+  sl::test::for_each_run([](sl::Context& ctx) {
+    train_every_layout<sl::optim::AdamW>(ctx, adamw(0.05, 0.9, 0.999, 0.1, 1.0), 7, 5, 4);
+  });
+}
+
+TEST_CASE("SGD with momentum and clipping on every layout (clipping changes the step's size)") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    train_every_layout<sl::optim::SGD>(ctx, sgd(0.1, 0.9, true, 0.05, 2.0), 7, 5, 3);
+  });
+}
+
+TEST_CASE("collectives of a step without clipping, and one all_reduce per parameter with bucket_bytes = 0") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    train_every_layout<sl::optim::AdamW>(ctx, adamw(0.05, 0.9, 0.999, 0.1), 7, 5, 2);
+    auto o = adamw(0.05, 0.9, 0.999, 0.1, 1.0);
+    o.bucket_bytes = 0;
+    train_and_compare<sl::optim::AdamW, Rep2, Rep1>(ctx, Layout::dp_nosync, o, 7, 5, 2);
+  });
+}
+
+TEST_CASE("without zero_grad the gradients add up on every layout, as in PyTorch") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    train_every_layout<sl::optim::SGD>(ctx, sgd(0.1, 0.9, false, 0), 7, 5, 3, /*accumulate=*/true);
+  });
+}
+
+TEST_CASE("ZeRO-2: gradients add up until zero_grad (a synchronised backward after a step, micro-batches)") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    M mesh(ctx, {ctx.num_devices()});
+    sl::Param w(Rep2::random(mesh, {7, 5}, 1, -1.f, 1.f));
+    sl::Param b(Rep1::random(mesh, {5}, 2, -1.f, 1.f));
+    const sl::optim::SGDOptions o{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01};
+    sl::optim::SGD opt(o);
+    opt.add_zero<"data">(w, b);
+    Reference ref(o, {host_of(w.value().to_host()), host_of(b.value().to_host())});
+    const Batch x1 = make_batch(mesh, 5, 7, 5, 500), x2 = make_batch(mesh, 5, 7, 5, 510),
+                x3 = make_batch(mesh, 5, 7, 5, 520), x4 = make_batch(mesh, 5, 7, 5, 530);
+    sl::backward(loss_of(w, b, x1), {.sync = false});  // held by the optimizer after the step
+    opt.step();
+    ref.step(x1.grads(), o.lr);
+    sl::backward(loss_of(w, b, x2));  // resolved into the parameter's own spec
+    opt.step();
+    auto g = x1.grads();
+    const auto g2 = x2.grads();
+    for (std::size_t k = 0; k < g.size(); ++k)
+      for (std::size_t i = 0; i < g[k].size(); ++i) g[k][i] += g2[k][i];
+    ref.step(g, o.lr);
+    expect_values(w.value(), ref.p[0], 1e-5, "w after g1 + g2");
+    expect_values(b.value(), ref.p[1], 1e-5, "b after g1 + g2");
+    opt.step();  // no backward since: the same gradient again
+    ref.step(g, o.lr);
+    expect_values(w.value(), ref.p[0], 1e-5, "w after the same gradient again");
+    opt.zero_grad();  // then two micro-batches: their sums stay pending, one reduce_scatter each
+    sl::backward(loss_of(w, b, x3), {.sync = false});
+    sl::backward(loss_of(w, b, x4), {.sync = false});
+    {
+      sl::coll::CommRecorder rec;
+      opt.step();
+      const unsigned want = ctx.num_devices() > 1 ? 2u : 0u;
+      CHECK(rec[Kind::reduce_scatter].calls == want);
+      CHECK(rec[Kind::all_gather].calls == want);
+      CHECK(rec.total_calls() == 2 * want);
+    }
+    g = x3.grads();
+    const auto g4 = x4.grads();
+    for (std::size_t k = 0; k < g.size(); ++k)
+      for (std::size_t i = 0; i < g[k].size(); ++i) g[k][i] += g4[k][i];
+    ref.step(g, o.lr);
+    expect_values(w.value(), ref.p[0], 1e-5, "w after zero_grad and g3 + g4");
+    expect_values(b.value(), ref.p[1], 1e-5, "b after zero_grad and g3 + g4");
+  });
+}
+
+TEST_CASE("memory per device: DP 16 bytes per parameter, ZeRO-1, -2 and -3 split 8, 12 and 16 of them") {
+  // Ψ = 8 * 16 + 16 parameters of float32 with AdamW (two moments), every dim divisible by the
+  // device count. Measured after step() (before zero_grad), as deltas of the device's ledger.
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        const int n = ctx.num_devices();
+        if (8 % n != 0) return;  // mpirun with a count that does not divide the shapes
+        M mesh(ctx, {n});
+        const std::int64_t psi = 8 * 16 + 16, f = sizeof(float);
+        for (Layout layout : all_layouts) {
+          const std::string what = std::string(name(layout)) + " on " + std::to_string(n) + " devices";
+          const Batch x = make_batch(mesh, 2 * n, 8, 16, 7);
+          auto run = [&](auto w, auto b) {
+            const auto before = sl::memory_usage(ctx);
+            {
+              sl::Param pw(std::move(w));
+              sl::Param pb(std::move(b));
+              sl::optim::AdamW opt(adamw(0.01, 0.9, 0.999, 0.01, 1.0));
+              add_to(opt, layout, pw, pb);
+              REQUIRE(opt.num_parameters() == psi);
+              sl::backward(loss_of(pw, pb, x), {.sync = synced(layout)});
+              opt.step();
+              const auto u = sl::memory_usage(ctx);
+              const std::int64_t params = u.parameters() - before.parameters();
+              const std::int64_t grads = u.gradients() - before.gradients();
+              const std::int64_t state = u.optimizer_state() - before.optimizer_state();
+              INFO(what << ": " << u.to_string());
+              const bool zero_any = layout != Layout::dp && layout != Layout::dp_nosync;
+              CHECK(params == (split_param(layout) ? f * psi / n : f * psi));
+              CHECK(grads == (layout == Layout::zero2 || split_param(layout) ? f * psi / n : f * psi));
+              CHECK(state == (zero_any ? 2 * f * psi / n : 2 * f * psi));
+              if (!zero_any) CHECK(params + grads + state == 16 * psi);
+              if (split_param(layout)) CHECK(params + grads + state == 16 * psi / n);
+              opt.zero_grad();  // ZeRO-2's gradient was held by the optimizer
+              CHECK(sl::memory_usage(ctx).gradients() == before.gradients());
+            }
+            const auto after = sl::memory_usage(ctx);  // nothing left behind
+            CHECK(after.parameters() == before.parameters());
+            CHECK(after.gradients() == before.gradients());
+            CHECK(after.optimizer_state() == before.optimizer_state());
+          };
+          if (split_param(layout)) run(Split2::random(mesh, {8, 16}, 1, -1.f, 1.f), Split1::random(mesh, {16}, 2, -1.f, 1.f));
+          else run(Rep2::random(mesh, {8, 16}, 1, -1.f, 1.f), Rep1::random(mesh, {16}, 2, -1.f, 1.f));
+        }
+      },
+      {1, 2, 4, 8});
+}
+
+TEST_CASE("a bad learning rate from the schedule throws and changes nothing") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    for (Layout layout : {Layout::dp_nosync, Layout::zero2}) {
+      M mesh(ctx, {ctx.num_devices()});
+      sl::Param w(Rep2::random(mesh, {7, 5}, 1, -1.f, 1.f));
+      sl::Param b(Rep1::random(mesh, {5}, 2, -1.f, 1.f));
+      double bad = 0;  // the schedule's answer when not 0
+      auto o = adamw(0, 0.9, 0.999, 0.1);
+      o.schedule = [&bad](std::int64_t t) { return bad != 0 ? bad : 0.01 * double(t); };
+      sl::optim::AdamW opt(o);
+      add_to(opt, layout, w, b);
+      Reference ref(o, {host_of(w.value().to_host()), host_of(b.value().to_host())});
+      for (int s = 0; s < 3; ++s) {
+        opt.zero_grad();
+        const Batch x = make_batch(mesh, 5, 7, 5, 200 + std::uint64_t(s));
+        sl::backward(loss_of(w, b, x), {.sync = synced(layout)});
+        const auto w0 = w.value().to_host(), b0 = b.value().to_host();
+        for (double v : {qnan, std::numeric_limits<double>::infinity(), -0.5}) {
+          bad = v;
+          const std::string msg = message_of<std::invalid_argument>([&] { opt.step(); });
+          INFO(std::string(name(layout)) << ", schedule " << v << ": " << msg);
+          CHECK(msg.find("learning rate") != std::string::npos);
+          CHECK(msg.find("schedule") != std::string::npos);
+          CHECK(w.value().to_host() == w0);
+          CHECK(b.value().to_host() == b0);
+          CHECK(opt.steps() == s);
+        }
+        bad = 0;
+        opt.step();  // the pending gradient is still there; the step counter did not move
+        ref.step(x.grads(), 0.01 * double(s + 1));
+        expect_values(w.value(), ref.p[0], 1e-5, std::string(name(layout)) + ": w after the bad rates");
+        expect_values(b.value(), ref.p[1], 1e-5, std::string(name(layout)) + ": b after the bad rates");
+      }
+    }
+  });
+}
+
+TEST_CASE("a NaN in one gradient element with clipping throws on every device and changes nothing") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    M mesh(ctx, {ctx.num_devices()});
+    for (Layout layout : all_layouts) {
+      auto body = [&](auto w0, auto b0) {
+        sl::Param w(std::move(w0));
+        sl::Param b(std::move(b0));
+        const auto o = adamw(0.05, 0.9, 0.999, 0.1, 1.0);
+        sl::optim::AdamW opt(o);
+        add_to(opt, layout, w, b);
+        Reference ref(o, {host_of(w.value().to_host()), host_of(b.value().to_host())});
+        for (int s = 0; s < 3; ++s) {
+          opt.zero_grad();
+          Batch x = make_batch(mesh, 5, 7, 5, 300 + std::uint64_t(s));
+          if (s == 1) {  // one NaN, in the last batch row's block (one device's)
+            auto h = x.c3.to_host();
+            h[h.size() - 3] = std::numeric_limits<float>::quiet_NaN();
+            x.c3 = Batch3::from_host(mesh, {5, 7, 5}, std::span<const float>(h));
+            sl::backward(loss_of(w, b, x), {.sync = synced(layout)});
+            const auto wh = w.value().to_host(), bh = b.value().to_host();
+            const std::string msg = message_of<std::runtime_error>([&] { opt.step(); });
+            INFO(std::string(name(layout)) << ": " << msg);
+            CHECK(msg.find("norm") != std::string::npos);
+            CHECK(w.value().to_host() == wh);
+            CHECK(b.value().to_host() == bh);
+            CHECK(opt.steps() == 1);
+            continue;  // the next step is the reference's second
+          }
+          sl::backward(loss_of(w, b, x), {.sync = synced(layout)});
+          opt.step();
+          ref.step(x.grads(), o.lr);
+          expect_values(w.value(), ref.p[0], 1e-5, std::string(name(layout)) + ": w");
+          expect_values(b.value(), ref.p[1], 1e-5, std::string(name(layout)) + ": b");
+        }
+        CHECK(opt.steps() == 2);
+      };
+      if (split_param(layout)) body(Split2::random(mesh, {7, 5}, 1, -1.f, 1.f), Split1::random(mesh, {5}, 2, -1.f, 1.f));
+      else body(Rep2::random(mesh, {7, 5}, 1, -1.f, 1.f), Rep1::random(mesh, {5}, 2, -1.f, 1.f));
+    }
+  });
+}
+
+TEST_CASE("a parameter no backward reached is left alone (no weight decay either)") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    M mesh(ctx, {ctx.num_devices()});
+    sl::Param w(Rep2::random(mesh, {7, 5}, 1, -1.f, 1.f));
+    sl::Param b(Rep1::random(mesh, {5}, 2, -1.f, 1.f));
+    sl::Param unused(Rep1::random(mesh, {5}, 3, -1.f, 1.f));
+    const auto o = adamw(0.05, 0.9, 0.999, 0.5);
+    sl::optim::AdamW opt(o);
+    opt.add_zero<"data">(w, b, unused);
+    const auto u0 = unused.value().to_host();
+    Reference ref(o, {host_of(w.value().to_host()), host_of(b.value().to_host())});
+    for (int s = 0; s < 2; ++s) {
+      opt.zero_grad();
+      const Batch x = make_batch(mesh, 5, 7, 5, 400 + std::uint64_t(s));
+      sl::backward(loss_of(w, b, x), {.sync = false});
+      opt.step();
+      ref.step(x.grads(), o.lr);
+    }
+    CHECK(unused.value().to_host() == u0);
+    expect_values(w.value(), ref.p[0], 1e-5, "w");
+    expect_values(b.value(), ref.p[1], 1e-5, "b");
+  });
+}
+
+TEST_CASE("a parameter added twice is refused") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    M mesh(ctx, {ctx.num_devices()});
+    sl::Param w(Rep2::random(mesh, {7, 5}, 1, -1.f, 1.f));
+    sl::Param b(Rep1::random(mesh, {5}, 2, -1.f, 1.f));
+    const sl::Param<Rep2> w_copy = w;  // shares w's gradient: the same parameter
+    sl::optim::AdamW opt(sl::optim::AdamWOptions{});
+    opt.add(w);
+    std::string msg = message_of<std::invalid_argument>([&] { opt.add(w); });
+    CHECK(msg.find("already added") != std::string::npos);
+    CHECK(message_of<std::invalid_argument>([&] { opt.add(w_copy); }).find("already added") != std::string::npos);
+    CHECK(message_of<std::invalid_argument>([&] { opt.add_zero<"data">(w); }).find("already added") !=
+          std::string::npos);
+    CHECK(message_of<std::invalid_argument>([&] { opt.add(b, w); }).find("already added") != std::string::npos);
+    CHECK(opt.size() == 2);  // b went in before w was refused
+    CHECK(opt.num_parameters() == 7 * 5 + 5);
+    sl::Param w_other(w.value().clone());  // another parameter with w's values: fine
+    opt.add(w_other);
+    CHECK(opt.size() == 3);
+  });
+}
+
+TEST_CASE("bad options are refused, naming the option") {
+  using sl::optim::AdamWOptions;
+  using sl::optim::SGDOptions;
+  auto sgd_error = [](SGDOptions o) { return message_of<std::invalid_argument>([&] { sl::optim::SGD opt(o); }); };
+  auto adamw_error = [](AdamWOptions o) {
+    return message_of<std::invalid_argument>([&] { sl::optim::AdamW opt(o); });
+  };
+  auto has = [](const std::string& msg, const char* words) {
+    INFO(msg);
+    CHECK(msg.find(words) != std::string::npos);
+  };
+  has(sgd_error(sgd(-0.1, 0, false, 0)), "lr is");
+  has(sgd_error(sgd(qnan, 0, false, 0)), "lr is");
+  has(sgd_error(sgd(0.1, 1.0, false, 0)), "momentum is");
+  has(sgd_error(sgd(0.1, -0.5, false, 0)), "momentum is");
+  has(sgd_error(sgd(0.1, 0, true, 0)), "Nesterov momentum needs momentum > 0");
+  has(sgd_error(sgd(0.1, 0.9, false, -1)), "weight_decay is");
+  has(sgd_error(sgd(0.1, 0.9, false, 0, -1)), "clip_norm is");
+  has(adamw_error(adamw(-1e-3, 0.9, 0.999, 0)), "lr is");
+  has(adamw_error(adamw(1e-3, 1.0, 0.999, 0)), "beta1 is");
+  has(adamw_error(adamw(1e-3, -0.1, 0.999, 0)), "beta1 is");
+  has(adamw_error(adamw(1e-3, 0.9, 1.0, 0)), "beta2 is");
+  has(adamw_error(adamw(1e-3, 0.9, 0.999, -0.01)), "weight_decay is");
+  has(adamw_error(adamw(1e-3, 0.9, 0.999, 0.01, qnan)), "clip_norm is");
+  auto eps0 = adamw(1e-3, 0.9, 0.999, 0);
+  eps0.eps = 0;
+  has(adamw_error(eps0), "eps is");
+  // A schedule replaces lr: then lr is not looked at.
+  auto scheduled = adamw(qnan, 0.9, 0.999, 0);
+  scheduled.schedule = [](std::int64_t) { return 1e-3; };
+  CHECK(adamw_error(scheduled).empty());
+  CHECK(sgd_error(sgd(0.1, 0.9, true, 0.1)).empty());
+}
+}  // TEST_SUITE
