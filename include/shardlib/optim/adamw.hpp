@@ -34,15 +34,10 @@ struct AdamWRule {
   static constexpr std::size_t max_states = 2;
   static int num_states(const Options&) noexcept { return 2; }
   static void check(const Options& o) {
-    auto bad = [](const char* what, double v, const char* want) {
-      throw std::invalid_argument(std::string("shardlib: AdamW: ") + what + " is " + std::to_string(v) + ": " + want);
-    };
-    if (!o.schedule && !(std::isfinite(o.lr) && o.lr >= 0)) bad("lr", o.lr, "it must be finite and >= 0");
-    if (!(o.beta1 >= 0 && o.beta1 < 1)) bad("beta1", o.beta1, "it must be in [0, 1)");
-    if (!(o.beta2 >= 0 && o.beta2 < 1)) bad("beta2", o.beta2, "it must be in [0, 1)");
-    if (!(std::isfinite(o.eps) && o.eps > 0)) bad("eps", o.eps, "it must be > 0");
-    if (!(std::isfinite(o.weight_decay) && o.weight_decay >= 0)) bad("weight_decay", o.weight_decay, "it must be >= 0");
-    if (!(std::isfinite(o.clip_norm) && o.clip_norm >= 0)) bad("clip_norm", o.clip_norm, "it must be >= 0 (0: off)");
+    detail::check_common_options(name, o);
+    if (!(o.beta1 >= 0 && o.beta1 < 1)) detail::bad_option(name, "beta1", o.beta1, "it must be in [0, 1)");
+    if (!(o.beta2 >= 0 && o.beta2 < 1)) detail::bad_option(name, "beta2", o.beta2, "it must be in [0, 1)");
+    if (!(std::isfinite(o.eps) && o.eps > 0)) detail::bad_option(name, "eps", o.eps, "it must be > 0");
   }
   static Step make_step(const Options& o, double lr, double grad_scale, std::int64_t t) noexcept {
     return Step{lr, o.beta1, o.beta2, o.eps, o.weight_decay, grad_scale, t};

@@ -79,6 +79,23 @@ struct zero_spec {
   using type = spec_from_t<typename Tensor::mesh_type, decltype([] { return sharding; })>;
 };
 
+/// Throws std::invalid_argument "shardlib: NAME: WHAT is V: WANT".
+[[noreturn]] inline void bad_option(const char* optimizer, const char* what, double v, const char* want) {
+  throw std::invalid_argument(std::string("shardlib: ") + optimizer + ": " + what + " is " + std::to_string(v) + ": " +
+                              want);
+}
+
+/// The checks every optimizer's options share: lr (unless a schedule gives it), weight_decay,
+/// clip_norm.
+template <class Options>
+void check_common_options(const char* optimizer, const Options& o) {
+  if (!o.schedule && !(std::isfinite(o.lr) && o.lr >= 0)) bad_option(optimizer, "lr", o.lr, "it must be finite and >= 0");
+  if (!(std::isfinite(o.weight_decay) && o.weight_decay >= 0))
+    bad_option(optimizer, "weight_decay", o.weight_decay, "it must be >= 0");
+  if (!(std::isfinite(o.clip_norm) && o.clip_norm >= 0))
+    bad_option(optimizer, "clip_norm", o.clip_norm, "it must be >= 0 (0: off)");
+}
+
 /// Whether `P` is a `Param<...>` (and its tensor type).
 template <class P>
 struct is_param : std::false_type {};

@@ -33,14 +33,10 @@ struct SgdRule {
   static constexpr std::size_t max_states = 1;
   static int num_states(const Options& o) noexcept { return o.momentum != 0 ? 1 : 0; }
   static void check(const Options& o) {
-    auto bad = [](const char* what, double v, const char* want) {
-      throw std::invalid_argument(std::string("shardlib: SGD: ") + what + " is " + std::to_string(v) + ": " + want);
-    };
-    if (!o.schedule && !(std::isfinite(o.lr) && o.lr >= 0)) bad("lr", o.lr, "it must be finite and >= 0");
-    if (!(o.momentum >= 0 && o.momentum < 1)) bad("momentum", o.momentum, "it must be in [0, 1)");
-    if (o.nesterov && o.momentum == 0) bad("momentum", o.momentum, "Nesterov momentum needs momentum > 0");
-    if (!(std::isfinite(o.weight_decay) && o.weight_decay >= 0)) bad("weight_decay", o.weight_decay, "it must be >= 0");
-    if (!(std::isfinite(o.clip_norm) && o.clip_norm >= 0)) bad("clip_norm", o.clip_norm, "it must be >= 0 (0: off)");
+    detail::check_common_options(name, o);
+    if (!(o.momentum >= 0 && o.momentum < 1)) detail::bad_option(name, "momentum", o.momentum, "it must be in [0, 1)");
+    if (o.nesterov && o.momentum == 0)
+      detail::bad_option(name, "momentum", o.momentum, "Nesterov momentum needs momentum > 0");
   }
   static Step make_step(const Options& o, double lr, double grad_scale, std::int64_t) noexcept {
     return Step{lr, o.momentum, o.weight_decay, grad_scale, o.nesterov};
