@@ -96,8 +96,9 @@ struct TP {
   static constexpr bool fsdp = false;
   static constexpr Zero zero = Zero::none;
 };
-/// 2-D: data parallelism over "data" times TP + SP over "model".
-struct DPxTP {
+/// 2-D: data parallelism over "data" times TP + SP over "model" (TP's weight specs; the
+/// activations split over "data" too).
+struct DPxTP : TP {
   static constexpr const char* name = "dp_tp";
   using Mesh = sl::Mesh<"data", "model">;
   /// `model` devices on "model" (the rest on "data").
@@ -109,14 +110,6 @@ struct DPxTP {
   using Act = Spec<"data", "model", none>;
   using Full = Spec<"data", none, none>;
   using Ids = Spec<"data", none>;
-  using Wte = Spec<"model", none>;
-  using Qkv = Spec<none, "model", none>;
-  using Wo = Spec<"model", none, none>;
-  using W1 = Spec<none, "model">;
-  using W2 = Spec<"model", none>;
-  using Head = Spec<none, "model">;
-  static constexpr bool fsdp = false;
-  static constexpr Zero zero = Zero::none;
 };
 /// Everything replicated on every device: each device computes what one device would (the
 /// reference the tests compare every recipe with, on any backend).
