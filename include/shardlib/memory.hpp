@@ -52,13 +52,17 @@ constexpr const char* to_string(MemoryRole r) noexcept {
 /// Live bytes of one device by role (requested sizes, not the cache's rounded blocks).
 struct MemoryUsage {
   std::array<std::int64_t, num_memory_roles> bytes{};
+  /// The largest total of live bytes since the device started or `reset_peak_memory` (PyTorch's
+  /// max_memory_allocated): what a step needs at its high point, not after it.
+  std::int64_t peak = 0;
   std::int64_t operator[](MemoryRole r) const noexcept { return bytes[static_cast<std::size_t>(r)]; }
   std::int64_t parameters() const noexcept { return (*this)[MemoryRole::parameters]; }
   std::int64_t gradients() const noexcept { return (*this)[MemoryRole::gradients]; }
   std::int64_t optimizer_state() const noexcept { return (*this)[MemoryRole::optimizer_state]; }
   std::int64_t activations() const noexcept { return (*this)[MemoryRole::activations]; }
   std::int64_t total() const noexcept { return bytes[0] + bytes[1] + bytes[2] + bytes[3]; }
-  /// One line: "parameters 1.5 MiB, gradients 1.5 MiB, optimizer_state 3 MiB, activations 12 KiB".
+  /// One line: "parameters 1.5 MiB, gradients 1.5 MiB, optimizer_state 3 MiB, activations 12 KiB;
+  /// peak 20 MiB".
   std::string to_string() const {
     std::string s;
     for (std::size_t r = 0; r < num_memory_roles; ++r) {
@@ -67,7 +71,7 @@ struct MemoryUsage {
       s += ' ';
       s += bytes_text(bytes[r]);
     }
-    return s;
+    return s + "; peak " + bytes_text(peak);
   }
   /// "512 B", "12 KiB", "1.5 MiB", "2.25 GiB".
   static std::string bytes_text(std::int64_t b) {
@@ -92,12 +96,24 @@ inline MemoryRole& current_memory_role() noexcept {
 /// One device's live bytes by role. Atomic: a block may be released on another thread.
 struct MemoryLedger {
   std::array<std::atomic<std::int64_t>, num_memory_roles> bytes{};
+  std::atomic<std::int64_t> total{0}, peak{0};
   void add(MemoryRole r, std::int64_t n) noexcept {
     bytes[static_cast<std::size_t>(r)].fetch_add(n, std::memory_order_relaxed);
+    const std::int64_t t = total.fetch_add(n, std::memory_order_relaxed) + n;
+    for (std::int64_t p = peak.load(std::memory_order_relaxed);
+         t > p && !peak.compare_exchange_weak(p, t, std::memory_order_relaxed);) {
+    }
   }
+  /// Moves `n` live bytes from one role to another (the total, hence the peak, unchanged).
+  void move(MemoryRole from, MemoryRole to, std::int64_t n) noexcept {
+    bytes[static_cast<std::size_t>(from)].fetch_sub(n, std::memory_order_relaxed);
+    bytes[static_cast<std::size_t>(to)].fetch_add(n, std::memory_order_relaxed);
+  }
+  void reset_peak() noexcept { peak.store(total.load(std::memory_order_relaxed), std::memory_order_relaxed); }
   MemoryUsage usage() const noexcept {
     MemoryUsage u;
     for (std::size_t r = 0; r < num_memory_roles; ++r) u.bytes[r] = bytes[r].load(std::memory_order_relaxed);
+    u.peak = peak.load(std::memory_order_relaxed);
     return u;
   }
 };
@@ -165,12 +181,13 @@ class BlockCache : public std::enable_shared_from_this<BlockCache<MemorySpace>> 
     Release* r = std::get_deleter<Release>(owner);
     if (!r || r->cache.get() != this) return false;
     if (r->role != role) {
-      ledger_.add(r->role, -static_cast<std::int64_t>(r->requested));
-      ledger_.add(role, static_cast<std::int64_t>(r->requested));
+      ledger_.move(r->role, role, static_cast<std::int64_t>(r->requested));
       r->role = role;
     }
     return true;
   }
+  /// Starts the peak over from the bytes live now.
+  void reset_peak() noexcept { ledger_.reset_peak(); }
 
  private:
   void release(void* p, std::size_t bytes) noexcept {
@@ -221,6 +238,13 @@ class MemoryRoleScope {
 template <class MemorySpace = Kokkos::HostSpace>
 MemoryUsage memory_usage(Context& ctx) {
   return detail::block_cache<MemorySpace>(ctx).usage();
+}
+
+/// Starts this device's peak (`MemoryUsage::peak`) over from the bytes live now, in
+/// `MemorySpace` (host memory by default): to measure one step's high point.
+template <class MemorySpace = Kokkos::HostSpace>
+void reset_peak_memory(Context& ctx) {
+  detail::block_cache<MemorySpace>(ctx).reset_peak();
 }
 
 /// Counts the block of tensor `t` (any `DistributedTensor`) under `role` from now on. The block
