@@ -297,7 +297,7 @@ struct StepReport {
   double loss = 0;
   double grad_norm = 0;
   sl::coll::CommStats forward, backward, update;  // collectives of each phase
-  sl::MemoryUsage memory;                                      // after the update
+  sl::MemoryUsage memory;  // after the update; its peak: the step's high point
 };
 
 /// Trains `R`'s model for `steps` steps with AdamW and calls `on_step(step, report)` after each.
@@ -320,6 +320,7 @@ std::vector<std::vector<float>> train(sl::Context& ctx, const Config& cfg, int s
     StepReport r;
     auto [ids, targets] = stream.batch<Ids>(mesh, cfg.batch, s);
     opt.zero_grad();
+    sl::reset_peak_memory(ctx);  // r.memory.peak: this step's high point
     auto loss = [&] {
       sl::coll::CommRecorder rec;
       auto l = model.loss(ids, targets);

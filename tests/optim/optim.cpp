@@ -198,7 +198,7 @@ Expected expected_step_collectives(Layout layout, int n, bool clip, std::size_t 
     case Layout::dp_nosync: e.all_reduce = bucket_bytes == 0 ? 2 : 1; break;  // one per bucket
     case Layout::zero1: e.all_gather = 2; break;                            // the values back
     case Layout::zero1_dim1: e.all_gather = 2; break;                       // or all_to_all
-    case Layout::zero2: e.reduce_scatter = 2, e.all_gather = 2; break;
+    case Layout::zero2: e.all_gather = 2; break;  // reduce-scattered by the backward already
     case Layout::zero3: break;                                              // all local
     case Layout::zero3_nosync: e.reduce_scatter = 2; break;                 // the pending sums
   }
@@ -225,7 +225,15 @@ void train_and_compare(sl::Context& ctx, Layout layout, const typename Opt::Opti
   for (int s = 0; s < steps; ++s) {
     if (!accumulate) opt.zero_grad();
     const Batch x = make_batch(mesh, 5, R, C, 100 + 10 * std::uint64_t(s));
-    sl::backward(loss_of(w, b, x), {.sync = synced(layout)});
+    {
+      // ZeRO-2: the pending gradients are reduce-scattered into the state's shards by the
+      // backward, as soon as it is done with each parameter; the other layouts' backward
+      // resolves (synced) or leaves everything to the step.
+      sl::coll::CommRecorder bwd;
+      sl::backward(loss_of(w, b, x), {.sync = synced(layout)});
+      if (layout == Layout::zero2) CHECK_MESSAGE(bwd[Kind::reduce_scatter].calls == (n > 1 ? 2u : 0u), what);
+      if (layout == Layout::dp_nosync || layout == Layout::zero3_nosync) CHECK(bwd[Kind::reduce_scatter].calls == 0);
+    }
     sl::coll::CommRecorder rec;
     opt.step();
     const Expected e = expected_step_collectives(layout, n, o.clip_norm > 0, o.bucket_bytes);
@@ -363,16 +371,23 @@ TEST_CASE("ZeRO-2: gradients add up until zero_grad (a synchronised backward aft
     opt.step();  // no backward since: the same gradient again
     ref.step(g, o.lr);
     expect_values(w.value(), ref.p[0], 1e-5, "w after the same gradient again");
-    opt.zero_grad();  // then two micro-batches: their sums stay pending, one reduce_scatter each
-    sl::backward(loss_of(w, b, x3), {.sync = false});
-    sl::backward(loss_of(w, b, x4), {.sync = false});
+    // Then two micro-batches: each backward reduce-scatters its gradients into the shards, where
+    // they add up (DeepSpeed's ZeRO-2 reduces every micro-batch too: no full-size gradient is
+    // kept); the step only gathers the updated values.
+    opt.zero_grad();
+    const unsigned want = ctx.num_devices() > 1 ? 2u : 0u;
+    for (const Batch* x : {&x3, &x4}) {
+      sl::coll::CommRecorder rec;
+      sl::backward(loss_of(w, b, *x), {.sync = false});
+      CHECK(rec[Kind::reduce_scatter].calls == want);
+      CHECK(rec.total_calls() == want);
+    }
     {
       sl::coll::CommRecorder rec;
       opt.step();
-      const unsigned want = ctx.num_devices() > 1 ? 2u : 0u;
-      CHECK(rec[Kind::reduce_scatter].calls == want);
+      CHECK(rec[Kind::reduce_scatter].calls == 0);
       CHECK(rec[Kind::all_gather].calls == want);
-      CHECK(rec.total_calls() == 2 * want);
+      CHECK(rec.total_calls() == want);
     }
     g = x3.grads();
     const auto g4 = x4.grads();
@@ -430,6 +445,40 @@ TEST_CASE("memory per device: DP 16 bytes per parameter, ZeRO-1, -2 and -3 split
         }
       },
       {1, 2, 4, 8});
+}
+
+TEST_CASE("ZeRO-2: the pending gradients are reduce-scattered during the backward, one full-size addend at a time") {
+  // Six replicated [64, 64] weights, each used once: a backward with sync = false reduce-scatters
+  // each weight's addend into its state's shard as soon as the pass is done with the weight, so
+  // the pass's high point holds one full addend and the shards (not all six addends until the
+  // step, as it would without the optimizer's layout).
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        M mesh(ctx, {ctx.num_devices()});
+        constexpr int K = 6;
+        constexpr std::int64_t S = 64 * 64 * sizeof(float);  // one weight's bytes
+        std::vector<sl::Param<Rep2>> w;
+        for (int k = 0; k < K; ++k) w.emplace_back(Rep2::random(mesh, {64, 64}, 10 + k, -1.f, 1.f));
+        sl::optim::AdamW opt(sl::optim::AdamWOptions{});
+        for (auto& p : w) opt.add_zero<"data">(p);
+        const auto x = Split2::random(mesh, {8 * ctx.num_devices(), 64}, 3, -1.f, 1.f);
+        auto loss = sl::sum_all(sl::matmul(x, w[0]));
+        for (int k = 1; k < K; ++k) loss = loss + sl::sum_all(sl::matmul(x, w[k]));
+        sl::reset_peak_memory(ctx);
+        const std::int64_t before = sl::memory_usage(ctx).total();
+        sl::coll::CommRecorder rec;
+        sl::backward(loss, {.sync = false});
+        CHECK(rec[Kind::reduce_scatter].calls == K);  // in the backward, not at the step
+        const std::int64_t high = sl::memory_usage(ctx).peak - before;
+        INFO("the backward's high point is " << high << " bytes above its start; one weight is " << S);
+        if (ctx.num_devices() >= 4) CHECK(high < K * S / 2);  // without it: K * S
+        CHECK(sl::memory_usage(ctx).gradients() == K * (S / ctx.num_devices()));  // the shards, held pending
+        sl::coll::CommRecorder step;
+        opt.step();
+        CHECK(step[Kind::reduce_scatter].calls == 0);
+        CHECK(step[Kind::all_gather].calls == K);
+      },
+      {4, 8});
 }
 
 TEST_CASE("a bad learning rate from the schedule throws and changes nothing") {

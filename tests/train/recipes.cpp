@@ -132,11 +132,13 @@ TEST_CASE("ZeRO-2: gradients reduce-scattered into the state's shards: 4 + 12/N 
   against_one_device<gpt::Zero2>([&](sl::Context& ctx, const gpt::StepReport& s) {
     const std::int64_t n = ctx.num_devices();
     CHECK(s.forward.total_calls() == 0);
-    CHECK(s.backward.total_calls() == 0);  // the gradients stay pending until the step
-    CHECK(calls(s.update, Kind::reduce_scatter) == P);
+    // Each gradient reduce-scattered into its state's shard as soon as the backward is done with
+    // the parameter; the step gathers the updated values.
+    CHECK(calls(s.backward, Kind::reduce_scatter) == P);
+    CHECK(s.backward.total_calls() == P);
     CHECK(calls(s.update, Kind::all_gather) == P);
     CHECK(calls(s.update, Kind::all_reduce) == 1);
-    CHECK(s.update.total_calls() == 2 * P + 1);
+    CHECK(s.update.total_calls() == P + 1);
     CHECK(s.memory.parameters() == 4 * psi);
     CHECK(s.memory.gradients() == 4 * psi / n);
     CHECK(s.memory.optimizer_state() == 8 * psi / n);

@@ -83,6 +83,11 @@ class LeafGrad {
   virtual std::shared_ptr<void> from_block(std::shared_ptr<void> keep, void* data) = 0;
   /// Forgets the pending contributions and adds the resolved gradient (local).
   virtual void commit(const std::shared_ptr<void>& resolved) = 0;
+  /// In a pass that leaves gradients pending (`sync = false`), called as soon as the pass is done
+  /// with this parameter: resolves its contributions into the layout an optimizer asked for
+  /// (ZeRO-2: a reduce_scatter into the state's shard), so the full-size addends are freed
+  /// during the pass, not at the step. Nothing without such a layout. Collective.
+  virtual void settle() = 0;
 };
 
 /// State of one backward pass, passed to the nodes' rules.

@@ -189,6 +189,19 @@ class LeafNode final : public TensorNode<Tensor>, public LeafGrad {
     tag_memory(*grad_, MemoryRole::gradients);
   }
 
+  void settle() override {
+    if (!settle_ || this->pending_.empty()) return;
+    if (this->pending_.size() == 1 && this->pending_.front().sharding == *settle_) return;
+    using Mem = typename Tensor::memory_space;
+    Block<T> b = resolve<T, Mem>(this->mesh_.context(), this->mesh_.shape(), this->shape_, this->pending_, *settle_);
+    if (b.keep) block_cache<Mem>(this->mesh_.context()).retag(b.keep, MemoryRole::gradients);
+    Contribution c{*settle_, b.box, std::move(b.keep), const_cast<T*>(b.data)};
+    this->pending_.clear();
+    this->pending_.push_back(std::move(c));
+  }
+  /// Where `settle` resolves pending contributions (an optimizer's state layout), or nothing.
+  void settle_into(std::optional<Sharding> layout) noexcept { settle_ = layout; }
+
   const std::optional<Tensor>& grad() const noexcept { return grad_; }
   void zero_grad() noexcept {
     grad_.reset();
@@ -200,6 +213,7 @@ class LeafNode final : public TensorNode<Tensor>, public LeafGrad {
 
  private:
   std::optional<Tensor> grad_;
+  std::optional<Sharding> settle_;
 };
 
 }  // namespace autodiff::detail
@@ -312,6 +326,7 @@ SHARDLIB_NOINLINE inline void run_backward(Node& root, const BackwardOptions& op
     for (Node* n : order) {
       if (LeafGrad* l = n->as_leaf()) {
         leaves.push_back(l);
+        if (!options.sync) l->settle();  // every consumer of the parameter has run
         continue;
       }
       n->backward(pass);

@@ -149,7 +149,15 @@ class TypedSlot final : public Slot<Rule> {
   TypedSlot(const Param<Tensor>& p, int num_states) : param_(p) {
     MemoryRoleScope role(MemoryRole::optimizer_state);
     for (int i = 0; i < num_states; ++i) state_.push_back(State::zeros(p.value().mesh(), p.value().shape()));
+    // ZeRO-2: a backward that leaves the gradient pending reduce-scatters it into the state's
+    // layout as soon as it is done with the parameter (the full-size addend freed then).
+    if constexpr (!same_spec) param_.leaf().settle_into(State::sharding);
   }
+  ~TypedSlot() override {
+    if constexpr (!same_spec) param_.leaf().settle_into(std::nullopt);
+  }
+  TypedSlot(const TypedSlot&) = delete;
+  TypedSlot& operator=(const TypedSlot&) = delete;
   const void* id() const noexcept override { return &param_.leaf(); }
   Context& context() const override { return param_.value().context(); }
   std::string describe() const override {
