@@ -448,10 +448,11 @@ TEST_CASE("memory per device: DP 16 bytes per parameter, ZeRO-1, -2 and -3 split
 }
 
 TEST_CASE("ZeRO-2: the pending gradients are reduce-scattered during the backward, one full-size addend at a time") {
-  // Six replicated [64, 64] weights, each used once: a backward with sync = false reduce-scatters
-  // each weight's addend into its state's shard as soon as the pass is done with the weight, so
-  // the pass's high point holds one full addend and the shards (not all six addends until the
-  // step, as it would without the optimizer's layout).
+  // Six replicated [64, 64] weights, each used once: a backward with sync = false and buckets of
+  // 0 bytes reduce-scatters each weight's addend into its state's shard as soon as the pass is
+  // done with the weight, so the pass's high point holds one full addend and the shards (not all
+  // six addends until the step, as it would without the optimizer's layout). With buckets of two
+  // weights' bytes, two at a time (and with the default 25 MiB, all at the end of the pass).
   sl::test::for_each_run(
       [](sl::Context& ctx) {
         M mesh(ctx, {ctx.num_devices()});
@@ -467,8 +468,8 @@ TEST_CASE("ZeRO-2: the pending gradients are reduce-scattered during the backwar
         sl::reset_peak_memory(ctx);
         const std::int64_t before = sl::memory_usage(ctx).total();
         sl::coll::CommRecorder rec;
-        sl::backward(loss, {.sync = false});
-        CHECK(rec[Kind::reduce_scatter].calls == K);  // in the backward, not at the step
+        sl::backward(loss, {.sync = false, .bucket_bytes = 0});  // each weight's gradient at once
+        CHECK(rec[Kind::reduce_scatter].calls == K);                // in the backward, not at the step
         const std::int64_t high = sl::memory_usage(ctx).peak - before;
         INFO("the backward's high point is " << high << " bytes above its start; one weight is " << S);
         if (ctx.num_devices() >= 4) CHECK(high < K * S / 2);  // without it: K * S
@@ -477,6 +478,20 @@ TEST_CASE("ZeRO-2: the pending gradients are reduce-scattered during the backwar
         opt.step();
         CHECK(step[Kind::reduce_scatter].calls == 0);
         CHECK(step[Kind::all_gather].calls == K);
+        for (const std::size_t bucket : {std::size_t(2 * S), std::size_t{25} << 20}) {
+          opt.zero_grad();
+          auto again = sl::sum_all(sl::matmul(x, w[0]));
+          for (int k = 1; k < K; ++k) again = again + sl::sum_all(sl::matmul(x, w[k]));
+          sl::reset_peak_memory(ctx);
+          const std::int64_t start = sl::memory_usage(ctx).total();
+          sl::coll::CommRecorder r;
+          sl::backward(again, {.sync = false, .bucket_bytes = bucket});
+          CHECK(r[Kind::reduce_scatter].calls == K);
+          const std::int64_t top = sl::memory_usage(ctx).peak - start;
+          INFO("buckets of " << bucket << " bytes: the high point is " << top << " bytes above the start");
+          if (ctx.num_devices() >= 4 && bucket == 2 * S) CHECK(top < K * S * 3 / 4);  // two or three addends
+          if (bucket > K * S) CHECK(top >= K * S);  // every addend until the end of the pass
+        }
       },
       {4, 8});
 }

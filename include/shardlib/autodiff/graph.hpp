@@ -40,7 +40,10 @@ struct BackwardOptions {
   /// `sync_grads(params...)` (gradient accumulation over micro-batches: one reduction for N).
   bool sync = true;
   /// Parameters whose gradients resolve by the same all_reduce share one collective per bucket of
-  /// at most this many bytes (DDP's 25 MB); 0: one collective per parameter.
+  /// at most this many bytes (DDP's 25 MB); 0: one collective per parameter. With `sync = false`,
+  /// the parameters an optimizer keeps state for in another spec (ZeRO-2) are reduce-scattered
+  /// into it once their full-size gradients in flight reach this many bytes (DeepSpeed's
+  /// reduce_bucket_size), and at the end of the pass; 0: each as soon as the pass is done with it.
   std::size_t bucket_bytes = std::size_t{25} << 20;
   /// Check every gradient block a backward rule produces for NaN or infinity and throw naming
   /// the op. Costs one small all_reduce per op (so that every device throws together).
@@ -83,10 +86,14 @@ class LeafGrad {
   virtual std::shared_ptr<void> from_block(std::shared_ptr<void> keep, void* data) = 0;
   /// Forgets the pending contributions and adds the resolved gradient (local).
   virtual void commit(const std::shared_ptr<void>& resolved) = 0;
-  /// In a pass that leaves gradients pending (`sync = false`), called as soon as the pass is done
-  /// with this parameter: resolves its contributions into the layout an optimizer asked for
-  /// (ZeRO-2: a reduce_scatter into the state's shard), so the full-size addends are freed
-  /// during the pass, not at the step. Nothing without such a layout. Collective.
+  /// Whether an optimizer asked for this parameter's pending gradient in another layout
+  /// (`settle`), and the bytes of its full-size gradient (the same on every device).
+  virtual bool settles() const noexcept = 0;
+  virtual std::size_t full_bytes() const noexcept = 0;
+  /// In a pass that leaves gradients pending (`sync = false`), called once the pass is done with
+  /// this parameter (in buckets, see BackwardOptions::bucket_bytes): resolves its contributions
+  /// into the layout an optimizer asked for (ZeRO-2: a reduce_scatter into the state's shard), so
+  /// the full-size addends are freed during the pass, not at the step. Collective.
   virtual void settle() = 0;
 };
 

@@ -189,6 +189,12 @@ class LeafNode final : public TensorNode<Tensor>, public LeafGrad {
     tag_memory(*grad_, MemoryRole::gradients);
   }
 
+  bool settles() const noexcept override { return settle_.has_value(); }
+  std::size_t full_bytes() const noexcept override {
+    std::size_t n = sizeof(T);
+    for (auto e : this->shape_) n *= static_cast<std::size_t>(e);
+    return n;
+  }
   void settle() override {
     if (!settle_ || this->pending_.empty()) return;
     if (this->pending_.size() == 1 && this->pending_.front().sharding == *settle_) return;
@@ -318,7 +324,13 @@ SHARDLIB_NOINLINE inline void run_backward(Node& root, const BackwardOptions& op
       throw std::logic_error(std::string("shardlib: backward through op '") + n->op() + "' (output " + n->describe() +
                              ") whose saved tensors a previous backward freed (pass keep_graph = true to the first)");
   BackwardPass pass{options};
-  std::vector<LeafGrad*> leaves;
+  std::vector<LeafGrad*> leaves, unsettled;
+  std::size_t unsettled_bytes = 0;
+  auto settle_all = [&] {
+    for (LeafGrad* l : unsettled) l->settle();
+    unsettled.clear();
+    unsettled_bytes = 0;
+  };
   std::vector<std::pair<Node*, std::vector<Contribution>>> before;  // the leaves' pending, to restore
   for (Node* n : order)
     if (n->as_leaf()) before.emplace_back(n, n->pending());
@@ -326,11 +338,18 @@ SHARDLIB_NOINLINE inline void run_backward(Node& root, const BackwardOptions& op
     for (Node* n : order) {
       if (LeafGrad* l = n->as_leaf()) {
         leaves.push_back(l);
-        if (!options.sync) l->settle();  // every consumer of the parameter has run
+        // Every consumer of the parameter has run: its pending gradient is complete. ZeRO-2's
+        // reduce_scatters go by buckets of full-size bytes (the same on every device).
+        if (!options.sync && l->settles() && l->has_pending_grad()) {
+          unsettled.push_back(l);
+          unsettled_bytes += l->full_bytes();
+          if (unsettled_bytes >= options.bucket_bytes) settle_all();
+        }
         continue;
       }
       n->backward(pass);
     }
+    settle_all();
     if (options.sync) {
       std::erase_if(leaves, [](LeafGrad* l) { return !l->has_pending_grad(); });
       resolve_leaves(leaves, options.bucket_bytes);
