@@ -6,6 +6,8 @@
 #include <doctest/doctest.h>
 #include <shardlib/kernels/layout.hpp>
 
+#include "../errors.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
@@ -74,15 +76,7 @@ std::string shape_text(const std::vector<I64>& e, const std::vector<int>& p) {
   return s;
 }
 
-template <class E, class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "no throw";
-}
+using shardlib::test::message_of;
 
 }  // namespace
 
