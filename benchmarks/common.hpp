@@ -12,6 +12,11 @@
 #include <utility>
 #include <vector>
 
+#if defined(__GNUC__) || defined(__clang__)
+// OpenBLAS's thread count, weak so that a program without OpenBLAS links (then it is null).
+extern "C" int openblas_get_num_threads(void) __attribute__((weak));
+#endif
+
 namespace bench {
 
 using Clock = std::chrono::steady_clock;
@@ -78,6 +83,15 @@ std::pair<double, double> time_ops(shardlib::coll::Communicator& comm, F&& op, G
     if (other && r % 2 == 0) b.push_back(rep(*other));
   }
   return {median(a), other ? median(b) : 0.0};
+}
+
+/// The threads one GEMM call runs on: OpenBLAS's own count when the program is linked against it,
+/// else 1 (Eigen's kernel, not parallelised in these builds).
+inline int gemm_threads() {
+#if defined(__GNUC__) || defined(__clang__)
+  if (openblas_get_num_threads != nullptr) return openblas_get_num_threads();
+#endif
+  return 1;
 }
 
 }  // namespace bench
