@@ -27,6 +27,10 @@
 //   columns over "model", Wo and W2 by rows; the row-parallel products' partial sums resolved by
 //   sl::reshard to the replicated hidden spec (Megatron: one all_reduce each in the forward, and
 //   one each at the layer norms' outputs in the backward).
+//   gemm_threads and kernel_threads: the threads one device's GEMM and Kokkos kernels run on (1 and
+//   1 with the Serial backend), for the side-by-side with benchmarks/peers/jax_blocks.py (the same
+//   block, forward and gradient, in JAX on as many virtual CPU devices, whose XLA runs on every
+//   core of the machine: benchmarks/run grad prints both).
 // tape: a small op (float [32, 32] on 1 device) on Params, so a node is recorded (forward only;
 //   the graph freed when the result goes) next to the same op on the plain tensors; overhead_us =
 //   the difference. "backward per op": the backward pass of a chain of --chain ops from one Param,
@@ -299,7 +303,9 @@ void block_case(sl::Context& ctx, const Dims& dm, int model, int reps, int warmu
                   std::to_string(calls_fwd) + ", \"collectives_recorded_forward\": " + std::to_string(calls_recorded_fwd) +
                   ", \"collectives_backward\": " + std::to_string(calls_bwd) + ", \"loss_relative_difference\": " +
                   num(std::abs(loss_recorded - loss_plain) / std::max(1e-30, std::abs(loss_plain))) +
-                  ", \"reps\": " + std::to_string(reps) + ", \"gemm_backend\": \"" + sl::kernels::gemm_backend() + "\"");
+                  ", \"reps\": " + std::to_string(reps) + ", \"gemm_backend\": \"" + sl::kernels::gemm_backend() +
+                  "\", \"gemm_threads\": " + std::to_string(bench::gemm_threads()) + ", \"kernel_threads\": " +
+                  std::to_string(ctx.exec().concurrency()));
   if (ctx.device() == 0)
     std::fprintf(stderr,
                  "  block %s: fwd+bwd %.2f ms (%.1f GFLOP/s), forward %.2f ms (%.1f GFLOP/s), ratio %.3f; recorded "
