@@ -22,6 +22,9 @@ usage: jax_blocks.py --bench ops|grad [--devices 8] [--layout dp|tp] [--model 2]
 Weights are uniform in bench_grad's ranges (+-1/sqrt(D), +-1/sqrt(F); gains 1, biases 0), from
 numpy's generator (not shardlib's values).
 
+The collectives counted (collectives_per_block, collectives_forward, collectives_forward_backward)
+are the ops of each kind in the compiled function's HLO, after XLA's combiners.
+
 Timing: one jitted function, compiled before the timing (compile_seconds); --warmup calls, then
 --reps repetitions of as many calls as take ~50 ms (--min-seconds), each ended by
 block_until_ready; `seconds` is the median over the repetitions of the time per call. XLA's CPU
@@ -36,6 +39,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -121,6 +125,23 @@ def compiled(fn, args, in_shardings, out_shardings):
     return c, time.perf_counter() - t0
 
 
+def collectives(c):
+    """Collective ops of each kind in a compiled function's HLO (async pairs counted once, by their
+    -start), the kinds that occur only; None when the HLO text cannot be had."""
+    try:
+        hlo = c.as_text()
+    except Exception:  # noqa: BLE001
+        return None
+    op = re.compile(r"\s(all-reduce|reduce-scatter|all-gather|all-to-all|collective-permute)(-start)?\(")
+    counts = {}
+    for line in hlo.splitlines():
+        m = op.search(line.split("=", 1)[1] if "=" in line else "")
+        if m:
+            k = m.group(1).replace("-", "_")
+            counts[k] = counts.get(k, 0) + 1
+    return counts
+
+
 def uniform(rng, shape, lo, hi):
     return rng.uniform(lo, hi, size=shape).astype(np.float32)
 
@@ -152,7 +173,8 @@ def mlp(cfg):
     secs = time_calls(f, (x, w1, w2), cfg.reps, cfg.warmup, cfg.min_seconds)
     flops = 2.0 * 2.0 * B * S * D * F
     rec = {"bench": "ops", "part": "mlp", "name": "mlp block", "mesh": mesh_text(shape), "shape": [B, S, D, F],
-           "seconds": secs, "gflops": flops / secs * 1e-9, "compile_seconds": compile_s}
+           "seconds": secs, "gflops": flops / secs * 1e-9, "compile_seconds": compile_s,
+           "collectives_per_block": collectives(f)}
     rec.update(common_fields(cfg))
     return [rec]
 
@@ -219,12 +241,13 @@ def block(cfg):
     rec = {"bench": "grad", "part": "block", "name": name, "layout": cfg.layout, "mesh": mesh_text(shape),
            "shape": {"batch": B, "seq": S, "d_model": D, "heads": H, "head_dim": E, "d_ff": F},
            "seconds": secs, "what": "forward (loss) on plain arrays", "gflops": flops / secs * 1e-9,
-           "compile_seconds": compile_s, "loss": float(fwd(p, r))}
+           "compile_seconds": compile_s, "loss": float(fwd(p, r)), "collectives_forward": collectives(fwd)}
     if not cfg.no_backward:
         step, bcompile = compiled(jax.value_and_grad(loss), (p, r), (shardings, hid), (rep, shardings))
         fb = time_calls(step, (p, r), cfg.reps, cfg.warmup, cfg.min_seconds)
         rec.update({"forward_backward_seconds": fb, "forward_backward_gflops": 3 * flops / fb * 1e-9,
-                    "forward_backward_compile_seconds": bcompile, "backward_over_forward": (fb - secs) / secs})
+                    "forward_backward_compile_seconds": bcompile, "backward_over_forward": (fb - secs) / secs,
+                    "collectives_forward_backward": collectives(step)})
     rec.update(common_fields(cfg))
     return [rec]
 
