@@ -26,7 +26,16 @@ TEST_CASE("reductions and normalisations along split and whole dims") {
       CHECK(gc::check([&](const auto& x) { return sl::sum_all(sl::softmax<1>(x) * w); }, rng, "softmax<1>", 1e-6, 3, a));
       CHECK(gc::check([&](const auto& x) { return sl::sum_all(sl::softmax<0>(x) * w); }, rng, "softmax<0>", 1e-6, 3, a));
       CHECK(gc::check([&](const auto& x) { return sl::sum_all(sl::log_softmax<1>(x) * w); }, rng, "log_softmax<1>", 1e-6, 3, a));
+      CHECK(gc::check([&](const auto& x) { return sl::sum_all(sl::softmax<1>(x, 0.7) * w); }, rng, "softmax<1>(x, 0.7)", 1e-6, 3, a));
+      CHECK(gc::check([&](const auto& x) { return sl::sum_all(sl::softmax<0>(x, -1.5) * w); }, rng, "softmax<0>(x, -1.5)", 1e-6, 3, a));
+      CHECK(gc::check([&](const auto& x) { return sl::sum_all(sl::log_softmax<1>(x, 2.0) * w); }, rng, "log_softmax<1>(x, 2)", 1e-6, 3, a));
       CHECK(gc::check([&](const auto& x) { return sl::sum_all(sl::layer_norm<1>(x) * w); }, rng, "layer_norm<1>", 1e-5, 3, a));
+      {
+        using V = sl::DistributedTensor<double, M2, sl::Spec<sl::none>>;
+        const auto g = V::random(mesh, {shape[1]}, 7, -1.0, 1.0), b = V::random(mesh, {shape[1]}, 8, -1.0, 1.0);
+        CHECK(gc::check([&](const auto& x, const auto& gg, const auto& bb) { return sl::sum_all(sl::layer_norm<1>(x, gg, bb) * w); },
+                        rng, "layer_norm<1>(x, gain, bias)", 1e-5, 3, a, g, b));
+      }
       CHECK(gc::check([&](const auto& x) { return sl::sum_all(sl::rms_norm<0>(x) * w); }, rng, "rms_norm<0>", 1e-5, 3, a));
       CHECK(gc::check([&](const auto& x) { return sl::sum_all(sl::square(sl::mean<1, true>(x) - x)); }, rng,
                 "mean<1, keepdim>", 1e-6, 3, a));

@@ -305,7 +305,8 @@ TEST_SUITE("kernels_reduce") {
     const double e = std::exp(-1.0);
     CHECK(x[0] == doctest::Approx(1 / (2 + e)));
     CHECK(x[2] == doctest::Approx(e / (2 + e)));
-    CHECK(x[3] == 0);
+    CHECK(x[3] >= 0);  // e^-(1e300): 0, or a subnormal from the vectorised exp (kernels/vmath.hpp)
+    CHECK(x[3] <= std::numeric_limits<double>::min());
   }
 
   TEST_CASE("layer_norm and rms_norm match a two-pass reference, whole and with the dim split") {

@@ -403,4 +403,44 @@ TEST_CASE("normalisations of rank-3 tensors along each dim; eps is used; doubles
       },
       DEVICE_COUNTS);
 }
+
+TEST_CASE("softmax with a scale and layer_norm with a gain and a bias: the composed ops' results, fused or not") {
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        auto rng = oracle::rng_for(ctx, 31);
+        oracle::for_each_type(oracle::List<Rep, Rows, Grid, Both>{}, [&]<class S>(std::type_identity<S>) {
+          for (int c = 0; c < cases; ++c) {
+            const M2 mesh = oracle::random_mesh<M2>(ctx, rng);
+            const auto shape = oracle::random_shape<2>(rng);
+            const auto a = oracle::operand<Ten<S>>(mesh, shape, rng.g(), -3.f, 3.f);
+            const std::string what = oracle::describe(a);
+            // the scale folded into the softmax's pass (and into the stats kernels' input when split)
+            const auto s1 = sl::softmax<1>(a, 0.3);
+            static_assert(std::is_same_v<decltype(s1), const std::remove_cvref_t<decltype(sl::softmax<1>(a))>>);
+            oracle::expect_tensor(s1, oracle::host(sl::softmax<1>(a * 0.3f)), norm_tol, "softmax scale: " + what);
+            oracle::expect_tensor(sl::log_softmax<1>(a, -2.0), oracle::host(sl::log_softmax<1>(a * -2.0f)), norm_tol,
+                                  "log_softmax scale: " + what);
+            // gain and bias replicated (one pass where the last dim is whole) or split (the three ops)
+            const auto g = oracle::operand<Ten<Spec<none>>>(mesh, {shape[1]}, rng.g(), -2.f, 2.f);
+            const auto b = oracle::operand<Ten<Spec<none>>>(mesh, {shape[1]}, rng.g(), -2.f, 2.f);
+            const auto ln = sl::layer_norm<1>(a, g, b, 0.01);
+            static_assert(std::is_same_v<decltype(ln), const decltype(sl::layer_norm<1>(a, 0.01) * g + b)>);
+            oracle::expect_tensor(ln, oracle::host(sl::layer_norm<1>(a, 0.01) * g + b), norm_tol, "layer_norm affine: " + what);
+            const auto gx = sl::reshard<Spec<"y">>(g);
+            const auto lnx = sl::layer_norm<-1>(a, gx, b, 0.01);
+            static_assert(std::is_same_v<decltype(lnx), const decltype(sl::layer_norm<1>(a, 0.01) * gx + b)>);
+            oracle::expect_tensor(lnx, oracle::host(sl::layer_norm<1>(a, 0.01) * g + b), norm_tol,
+                                  "layer_norm affine, gain split: " + what);
+          }
+        });
+        const M2 mesh(ctx, {1, ctx.num_devices()});
+        const auto a = Ten<Rows>::random(mesh, {4, 3}, 1);
+        CHECK_THROWS_WITH_AS(sl::softmax<1>(a, std::numeric_limits<double>::infinity()),
+                             "shardlib: softmax: scale must be finite, got inf (operand [4, 3] with Spec<\"x\", none>)",
+                             std::invalid_argument);
+        const auto g = Ten<Spec<none>>::random(mesh, {4}, 2);
+        CHECK_THROWS_AS(sl::layer_norm<1>(a, g, g), std::invalid_argument);  // gain of the wrong extent
+      },
+      DEVICE_COUNTS);
+}
 }

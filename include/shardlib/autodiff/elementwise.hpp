@@ -11,6 +11,7 @@
 #pragma once
 
 #include <shardlib/autodiff/record.hpp>
+#include <shardlib/kernels/vmath.hpp>
 
 #include <cmath>
 
@@ -18,6 +19,8 @@ namespace shardlib {
 
 /// Derivatives of the unary ops: `(g, x)` or `(g, y)` to the input's gradient.
 namespace fn::grad {
+// EXPR on scalars; the ops Eigen has packets for also get it as an `array` form on Eigen arrays
+// (kernels/vmath.hpp), taken by the host kernels for float and double.
 #define SHARDLIB_DFN(NAME, EXPR)                                                                 \
   struct NAME {                                                                                  \
     template <class A>                                                                           \
@@ -26,24 +29,39 @@ namespace fn::grad {
       return EXPR;                                                                               \
     }                                                                                            \
   };
-SHARDLIB_DFN(exp, g* v)                          // v = y
-SHARDLIB_DFN(log, g / v)                         // v = x
+#define SHARDLIB_DFNV(NAME, EXPR)                                                                \
+  struct NAME {                                                                                  \
+    template <class A>                                                                           \
+    KOKKOS_INLINE_FUNCTION A operator()(const A& g, const A& v) const {                          \
+      using std::exp, std::tanh, std::erf;                                                       \
+      return EXPR;                                                                               \
+    }                                                                                            \
+    template <class X>                                                                           \
+    auto array(const X& g, const X& v) const {                                                   \
+      using A [[maybe_unused]] = typename X::Scalar;                                             \
+      using Eigen::tanh, Eigen::erf, kernels::vmath::exp;                                        \
+      return EXPR;                                                                               \
+    }                                                                                            \
+  };
+SHARDLIB_DFNV(exp, g* v)                          // v = y
+SHARDLIB_DFNV(log, g / v)                         // v = x
 SHARDLIB_DFN(sqrt, g / (A(2) * v))               // v = y
 SHARDLIB_DFN(rsqrt, A(-0.5) * g * v * v * v)     // v = y
-SHARDLIB_DFN(tanh, g*(A(1) - v * v))             // v = y
+SHARDLIB_DFNV(tanh, g*(A(1) - v * v))             // v = y
 SHARDLIB_DFN(abs, v > A(0) ? g : (v < A(0) ? -g : A(0)))  // v = x
-SHARDLIB_DFN(square, A(2) * g * v)               // v = x
+SHARDLIB_DFNV(square, A(2) * g * v)               // v = x
 SHARDLIB_DFN(relu, v > A(0) ? g : A(0))          // v = x
-SHARDLIB_DFN(sigmoid, g* v*(A(1) - v))           // v = y
-SHARDLIB_DFN(silu, g*(A(1) / (A(1) + exp(-v))) * (A(1) + v * (A(1) - A(1) / (A(1) + exp(-v)))))  // v = x
-SHARDLIB_DFN(gelu, g*(A(0.5) * (A(1) + erf(v * A(0.70710678118654752440))) +
+SHARDLIB_DFNV(sigmoid, g* v*(A(1) - v))           // v = y
+SHARDLIB_DFNV(silu, g*(A(1) / (A(1) + exp(-v))) * (A(1) + v * (A(1) - A(1) / (A(1) + exp(-v)))))  // v = x
+SHARDLIB_DFNV(gelu, g*(A(0.5) * (A(1) + erf(v * A(0.70710678118654752440))) +
                       v * A(0.39894228040143267794) * exp(A(-0.5) * v * v)))  // v = x
-SHARDLIB_DFN(gelu_tanh, g*(A(0.5) * (A(1) + tanh(A(0.79788456080286535588) * (v + A(0.044715) * v * v * v))) +
+SHARDLIB_DFNV(gelu_tanh, g*(A(0.5) * (A(1) + tanh(A(0.79788456080286535588) * (v + A(0.044715) * v * v * v))) +
                            A(0.5) * v *
                                (A(1) - tanh(A(0.79788456080286535588) * (v + A(0.044715) * v * v * v)) *
                                            tanh(A(0.79788456080286535588) * (v + A(0.044715) * v * v * v))) *
                                A(0.79788456080286535588) * (A(1) + A(3 * 0.044715) * v * v)))  // v = x
 #undef SHARDLIB_DFN
+#undef SHARDLIB_DFNV
 /// d max(a, b) / da: 1 where a wins, 1/2 on ties (torch's rule).
 struct max_a {
   template <class A>

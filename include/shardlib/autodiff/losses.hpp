@@ -5,6 +5,7 @@
 #pragma once
 
 #include <shardlib/autodiff/reduce.hpp>
+#include <shardlib/kernels/vmath.hpp>
 
 #include <cmath>
 #include <limits>
@@ -62,8 +63,14 @@ SHARDLIB_NOINLINE void cross_entropy_run(Context& ctx, const MeshShape& mesh, co
                               std::to_string(classes) + ") (logits " + operand_text(logits_info) + ", targets " +
                               operand_text(targets_info) + ")");
   std::vector<T> m(static_cast<std::size_t>(rows), -std::numeric_limits<T>::infinity());
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t c = 0; c < cols; ++c) m[static_cast<std::size_t>(r)] = std::max(m[static_cast<std::size_t>(r)], z.data[r * cols + c]);
+  constexpr bool vector = kernels::vmath::is_vector_type_v<T>;  // Eigen's packets (kernels/vmath.hpp)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    if constexpr (vector) {
+      if (cols > 0) m[static_cast<std::size_t>(r)] = kernels::vmath::ConstRun<T>(z.data + r * cols, cols).maxCoeff();
+    } else {
+      for (std::int64_t c = 0; c < cols; ++c) m[static_cast<std::size_t>(r)] = std::max(m[static_cast<std::size_t>(r)], z.data[r * cols + c]);
+    }
+  }
   const AxisList& vaxes = layout.dims[1];
   const bool split = mesh.group_size(vaxes) > 1;
   coll::Communicator* comm = split ? &ctx.group(mesh, vaxes) : nullptr;
@@ -72,7 +79,11 @@ SHARDLIB_NOINLINE void cross_entropy_run(Context& ctx, const MeshShape& mesh, co
   for (std::int64_t r = 0; r < rows; ++r) {
     const T mr = m[static_cast<std::size_t>(r)];
     T acc = 0;
-    for (std::int64_t c = 0; c < cols; ++c) acc += std::exp(z.data[r * cols + c] - mr);
+    if constexpr (vector) {
+      if (cols > 0) acc = Eigen::exp(kernels::vmath::ConstRun<T>(z.data + r * cols, cols) - mr).sum();
+    } else {
+      for (std::int64_t c = 0; c < cols; ++c) acc += std::exp(z.data[r * cols + c] - mr);
+    }
     s[static_cast<std::size_t>(r)] = acc;
   }
   if (comm && rows) comm->all_reduce(s.data(), s.data(), s.size(), coll::dtype_of<T>(), coll::Op::sum);
@@ -100,8 +111,16 @@ SHARDLIB_NOINLINE void cross_entropy_grad(const Block<T>& z, std::int64_t n, con
   const T scale = n > 0 ? g / static_cast<T>(n) : T(0);
   for (std::int64_t r = 0; r < rows; ++r) {
     const auto u = static_cast<std::size_t>(r);
-    for (std::int64_t c = 0; c < cols; ++c)
-      out[r * cols + c] = scale * (std::exp(z.data[r * cols + c] - saved.lse[u]) - (col0 + c == saved.target[u] ? T(1) : T(0)));
+    if constexpr (kernels::vmath::is_vector_type_v<T>) {
+      if (cols == 0) continue;
+      kernels::vmath::Run<T>(out + r * cols, cols) =
+          Eigen::exp(kernels::vmath::ConstRun<T>(z.data + r * cols, cols) - saved.lse[u]) * scale;
+      const std::int64_t c = saved.target[u] - col0;
+      if (c >= 0 && c < cols) out[r * cols + c] = scale * (std::exp(z.data[r * cols + c] - saved.lse[u]) - T(1));
+    } else {
+      for (std::int64_t c = 0; c < cols; ++c)
+        out[r * cols + c] = scale * (std::exp(z.data[r * cols + c] - saved.lse[u]) - (col0 + c == saved.target[u] ? T(1) : T(0)));
+    }
   }
 }
 

@@ -118,27 +118,31 @@ auto mean_all(const A& a) {
   return sum_all(a) * (T(1) / static_cast<T>(n));
 }
 
-/// softmax along `Dim` of a Var: backward y * (g - sum(g * y)).
+/// softmax along `Dim` of a Var (of scale * a, with `scale`): backward scale y (g - sum(g y)).
 template <int Dim, VarType A>
-auto softmax(const A& a0) {
+auto softmax(const A& a0, double scale = 1) {
   using namespace autodiff::detail;
+  using T = typename tensor_of_t<A>::value_type;
   const auto& a = resolved(a0);
-  auto y = shardlib::softmax<Dim>(a.value());
+  auto y = shardlib::softmax<Dim>(a.value(), scale);
   return record("softmax", y,
-                [na = a.node(), y](const auto& g, autodiff::BackwardPass& p) {
-                  give(p, 0, *na, y * (g - shardlib::sum<Dim, true>(g * y)));
+                [na = a.node(), y, scale](const auto& g, autodiff::BackwardPass& p) {
+                  if (scale == 1) give(p, 0, *na, y * (g - shardlib::sum<Dim, true>(g * y)));
+                  else give(p, 0, *na, (y * static_cast<T>(scale)) * (g - shardlib::sum<Dim, true>(g * y)));
                 },
                 a.node());
 }
-/// log_softmax along `Dim` of a Var: backward g - softmax * sum(g).
+/// log_softmax along `Dim` of a Var (of scale * a, with `scale`): backward scale (g - softmax sum(g)).
 template <int Dim, VarType A>
-auto log_softmax(const A& a0) {
+auto log_softmax(const A& a0, double scale = 1) {
   using namespace autodiff::detail;
+  using T = typename tensor_of_t<A>::value_type;
   const auto& a = resolved(a0);
-  auto y = shardlib::log_softmax<Dim>(a.value());
+  auto y = shardlib::log_softmax<Dim>(a.value(), scale);
   return record("log_softmax", y,
-                [na = a.node(), y](const auto& g, autodiff::BackwardPass& p) {
-                  give(p, 0, *na, g - shardlib::exp(y) * shardlib::sum<Dim, true>(g));
+                [na = a.node(), y, scale](const auto& g, autodiff::BackwardPass& p) {
+                  if (scale == 1) give(p, 0, *na, g - shardlib::exp(y) * shardlib::sum<Dim, true>(g));
+                  else give(p, 0, *na, (g - shardlib::exp(y) * shardlib::sum<Dim, true>(g)) * static_cast<T>(scale));
                 },
                 a.node());
 }
@@ -231,6 +235,16 @@ auto norm_var(const A0& a0, double eps) {
 template <int Dim, VarType A>
 auto layer_norm(const A& a, double eps = 1e-5) {
   return autodiff::detail::norm_var<Dim, true>(a, eps);
+}
+/// layer_norm along the last dim with a gain and a bias where one of the three is a Var: the
+/// composition `layer_norm<Dim>(a, eps) * gain + bias`, differentiated op by op.
+template <int Dim, VarOrTensor A, VarOrTensor G, VarOrTensor B>
+  requires(VarType<A> || VarType<G> || VarType<B>)
+auto layer_norm(const A& a, const G& gain, const B& bias, double eps = 1e-5) {
+  constexpr int D = static_cast<int>(autodiff::detail::tensor_of_t<A>::rank) - 1;
+  static_assert(Dim == -1 || Dim == D,
+                "shardlib: layer_norm with a gain and a bias normalises the last dim (as torch.nn.functional.layer_norm)");
+  return layer_norm<D>(a, eps) * gain + bias;
 }
 /// x / sqrt(mean(x^2) + eps) along `Dim` of a Var: backward r (g - y mean(g y)), its row sums in
 /// one all_reduce when `Dim` is split.

@@ -4,8 +4,14 @@
 /// input read through its own strides (0 along a broadcast dim), so a bias row, a block of a
 /// larger replicated operand or an operand of lower rank needs no copy.
 ///
+/// On host execution spaces, a functor with an Eigen array form (kernels/vmath.hpp) over float or
+/// double operands laid out as the output runs vectorised, a chunk of `vmath::chunk` elements per
+/// work item; everything else runs the scalar functor per element.
+///
 /// Knows nothing of tensors or collectives: raw pointers, extents, an execution-space instance.
 #pragma once
+
+#include <shardlib/kernels/vmath.hpp>
 
 #include <Kokkos_Core.hpp>
 
@@ -66,6 +72,17 @@ void elementwise(const Exec& exec, Out* out, const std::array<std::int64_t, R>& 
   for (auto e : extent) n *= e;
   if (n == 0) return;
   const auto dense = row_major_strides(extent);
+  if constexpr (vmath::is_host_v<Exec> && vmath::Vectorizable<F, Out, In...>) {
+    if (((in.stride == dense) && ...)) {
+      const std::int64_t chunks = (n + vmath::chunk - 1) / vmath::chunk;
+      Kokkos::parallel_for("shardlib::elementwise(vector)", Kokkos::RangePolicy<Exec>(exec, 0, chunks), [=](std::int64_t c) {
+        const std::int64_t b = c * vmath::chunk, len = n - b < vmath::chunk ? n - b : vmath::chunk;
+        vmath::Run<Out>(out + b, len) = f.array(vmath::ConstRun<In>(in.data + b, len)...);
+      });
+      exec.fence();
+      return;
+    }
+  }
   if (((in.stride == dense) && ...)) {
     Kokkos::parallel_for("shardlib::elementwise", Kokkos::RangePolicy<Exec>(exec, 0, n),
                          [=](std::int64_t k) { out[k] = f(in.data[k]...); });

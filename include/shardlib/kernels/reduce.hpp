@@ -21,6 +21,8 @@
 /// kernel fences its execution space instance before returning.
 #pragma once
 
+#include <shardlib/kernels/vmath.hpp>
+
 #include <Kokkos_Core.hpp>
 
 #include <cmath>
@@ -273,13 +275,28 @@ constexpr bool arg_better(const T& v, std::int64_t i, const T& w, std::int64_t k
 }
 
 /// Softmax pass 2: row_sum[row] = sum over j of exp(in - row_max[row]), where row_max is the
-/// row's GLOBAL maximum (pass 1 is `reduce_dim` max, then a max all-reduce). Summed in double.
+/// row's GLOBAL maximum (pass 1 is `reduce_dim` max, then a max all-reduce). Summed in double
+/// (on the host with inner == 1: Eigen's packet exp, in float a chunk at a time, double across).
 /// n == 0 gives 0. A row whose maximum is -inf (all -inf) gives NaN, as torch does.
 template <class Exec, class T>
 void exp_sum(const Exec& exec, const T* in, const T* row_max, T* row_sum, std::int64_t outer, std::int64_t n,
              std::int64_t inner) {
   static_assert(std::is_floating_point_v<T>, "shardlib::kernels::exp_sum: T must be a floating-point type");
   detail::check_shape("exp_sum", outer, n, inner);
+  if constexpr (vmath::is_host_v<Exec> && vmath::is_vector_type_v<T>) {
+    if (inner == 1) {  // contiguous rows: Eigen's packet exp, float sums per chunk, double across
+      Kokkos::parallel_for("shardlib::kernels::exp_sum(vector)", Kokkos::RangePolicy<Exec>(exec, 0, outer), [=](std::int64_t r) {
+        double sum = 0;
+        for (std::int64_t b = 0; b < n; b += vmath::chunk) {
+          const std::int64_t len = n - b < vmath::chunk ? n - b : vmath::chunk;
+          sum += static_cast<double>(Eigen::exp(vmath::ConstRun<T>(in + r * n + b, len) - row_max[r]).sum());
+        }
+        row_sum[r] = static_cast<T>(sum);
+      });
+      exec.fence();
+      return;
+    }
+  }
   struct State {
     double sum;
     T max;
@@ -313,6 +330,18 @@ void softmax_apply(const Exec& exec, const T* in, T* out, const T* row_max, cons
     };
     detail::map_rows(exec, "shardlib::kernels::log_softmax_apply", in, out, outer, n, inner, Op{row_max, row_sum});
   } else {
+    if constexpr (vmath::is_host_v<Exec> && vmath::is_vector_type_v<T>) {
+      if (inner == 1) {  // contiguous rows: Eigen's packet exp
+        if (n != 0)
+          Kokkos::parallel_for("shardlib::kernels::softmax_apply(vector)", Kokkos::RangePolicy<Exec>(exec, 0, outer),
+                               [=](std::int64_t r) {
+                                 vmath::Run<T>(out + r * n, n) =
+                                     Eigen::exp(vmath::ConstRun<T>(in + r * n, n) - row_max[r]) * (T(1) / row_sum[r]);
+                               });
+        exec.fence();
+        return;
+      }
+    }
     struct Op {
       const T *row_max, *row_sum;
       Param param(std::int64_t row) const noexcept { return {row_max[row], T(1) / row_sum[row]}; }

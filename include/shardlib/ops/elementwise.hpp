@@ -141,18 +141,29 @@ auto elementwise_op(F f, const Tensor0& t0, const Tensors&... ts) {
 
 // -- functors (host and device callable, so kernels can inline them) -------------------------------
 namespace fn {
+// Each functor is callable on scalars (host and device) and, for the ops Eigen has packets for, has
+// an `array` form: the same expression on Eigen arrays (kernels/vmath.hpp), taken by the host
+// kernels for float and double. `A` is the element type in both.
 #define SHARDLIB_FN2(NAME, EXPR)                                                                              \
   struct NAME {                                                                                              \
     template <class A, class B>                                                                              \
     KOKKOS_INLINE_FUNCTION constexpr auto operator()(const A& a, const B& b) const { return EXPR; }           \
   };
-SHARDLIB_FN2(add, a + b)
-SHARDLIB_FN2(sub, a - b)
-SHARDLIB_FN2(mul, a * b)
-SHARDLIB_FN2(div, a / b)
+#define SHARDLIB_FN2V(NAME, EXPR)                                                                             \
+  struct NAME {                                                                                              \
+    template <class A, class B>                                                                              \
+    KOKKOS_INLINE_FUNCTION constexpr auto operator()(const A& a, const B& b) const { return EXPR; }           \
+    template <class A, class B>                                                                              \
+    auto array(const A& a, const B& b) const { return EXPR; }                                                \
+  };
+SHARDLIB_FN2V(add, a + b)
+SHARDLIB_FN2V(sub, a - b)
+SHARDLIB_FN2V(mul, a * b)
+SHARDLIB_FN2V(div, a / b)
 SHARDLIB_FN2(max, a < b ? b : a)
 SHARDLIB_FN2(min, b < a ? b : a)
 #undef SHARDLIB_FN2
+#undef SHARDLIB_FN2V
 /// `f(x, s)` with a scalar bound on the right (or on the left when Left).
 template <class F, class S, bool Left>
 struct bind_scalar {
@@ -163,30 +174,52 @@ struct bind_scalar {
     if constexpr (Left) return f(static_cast<A>(s), a);
     else return f(a, static_cast<A>(s));
   }
+  /// The array form, where F has one (X: an Eigen array expression).
+  template <class X>
+    requires requires(const F& g, const X& x, const typename X::Scalar& v) { g.array(x, v); }
+  auto array(const X& x) const {
+    using A = typename X::Scalar;
+    if constexpr (Left) return f.array(static_cast<A>(s), x);
+    else return f.array(x, static_cast<A>(s));
+  }
 };
 struct neg {
   template <class A>
   KOKKOS_INLINE_FUNCTION constexpr A operator()(const A& a) const { return -a; }
+  template <class X>
+  auto array(const X& x) const { return -x; }
 };
-#define SHARDLIB_FN1(NAME, EXPR)                                                  \
+// Unary: EXPR on scalars (std:: math), VEXPR the same on Eigen arrays (Eigen's math by ADL).
+#define SHARDLIB_FN1(NAME, EXPR, VEXPR)                                          \
   struct NAME {                                                                  \
     template <class A>                                                           \
     KOKKOS_INLINE_FUNCTION A operator()(const A& x) const { using std::exp, std::log, std::sqrt, std::tanh, std::abs, std::erf; return EXPR; } \
+    template <class X>                                                           \
+    auto array(const X& x) const { using A [[maybe_unused]] = typename X::Scalar; using Eigen::exp, Eigen::tanh, Eigen::abs, Eigen::erf; return VEXPR; } \
   };
-SHARDLIB_FN1(exp, exp(x))
-SHARDLIB_FN1(log, log(x))
-SHARDLIB_FN1(sqrt, sqrt(x))
-SHARDLIB_FN1(rsqrt, A(1) / sqrt(x))
-SHARDLIB_FN1(tanh, tanh(x))
-SHARDLIB_FN1(abs, abs(x))
-SHARDLIB_FN1(square, x * x)
-SHARDLIB_FN1(relu, x > A(0) ? x : A(0))
-SHARDLIB_FN1(sigmoid, A(1) / (A(1) + exp(-x)))
-SHARDLIB_FN1(silu, x / (A(1) + exp(-x)))
+SHARDLIB_FN1(exp, exp(x), kernels::vmath::exp(x))
+SHARDLIB_FN1(log, log(x), kernels::vmath::log(x))
+// sqrt: scalar only (exact; see kernels/vmath.hpp).
+struct sqrt {
+  template <class A>
+  KOKKOS_INLINE_FUNCTION A operator()(const A& x) const { using std::sqrt; return sqrt(x); }
+};
+struct rsqrt {
+  template <class A>
+  KOKKOS_INLINE_FUNCTION A operator()(const A& x) const { using std::sqrt; return A(1) / sqrt(x); }
+};
+SHARDLIB_FN1(tanh, tanh(x), tanh(x))
+SHARDLIB_FN1(abs, abs(x), abs(x))
+SHARDLIB_FN1(square, x * x, x * x)
+SHARDLIB_FN1(relu, x > A(0) ? x : A(0), (x > A(0)).select(x, A(0)))
+SHARDLIB_FN1(sigmoid, A(1) / (A(1) + exp(-x)), A(1) / (A(1) + exp(-x)))
+SHARDLIB_FN1(silu, x / (A(1) + exp(-x)), x / (A(1) + exp(-x)))
 /// GELU, the exact form x/2 (1 + erf(x / sqrt 2)) (torch's default).
-SHARDLIB_FN1(gelu, A(0.5) * x * (A(1) + erf(x * A(0.70710678118654752440))))
+SHARDLIB_FN1(gelu, A(0.5) * x * (A(1) + erf(x * A(0.70710678118654752440))),
+             A(0.5) * x * (A(1) + erf(x * A(0.70710678118654752440))))
 /// GELU, the tanh approximation (torch's approximate="tanh").
-SHARDLIB_FN1(gelu_tanh, A(0.5) * x * (A(1) + tanh(A(0.79788456080286535588) * (x + A(0.044715) * x * x * x))))
+SHARDLIB_FN1(gelu_tanh, A(0.5) * x * (A(1) + tanh(A(0.79788456080286535588) * (x + A(0.044715) * x * x * x))),
+             A(0.5) * x * (A(1) + tanh(A(0.79788456080286535588) * (x + A(0.044715) * x * x * x))))
 #undef SHARDLIB_FN1
 }  // namespace fn
 

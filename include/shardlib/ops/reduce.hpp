@@ -14,13 +14,18 @@
 #pragma once
 
 #include <shardlib/kernels/reduce.hpp>
+#include <shardlib/kernels/rows.hpp>
 #include <shardlib/ops/common.hpp>
+#include <shardlib/ops/elementwise.hpp>
 #include <shardlib/sharding/reduce.hpp>
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -123,14 +128,40 @@ enum class Normalization : std::uint8_t { softmax, log_softmax, layer_norm, rms_
 /// memory space: per-row statistics (all-reduced over the dim's axes when it is split), then the
 /// kernel that writes the output block `out`.
 template <Normalization Kind, class T, class Mem>
-SHARDLIB_NOINLINE void normalize_run(const OpRule& rule, int dim, double eps, const OperandRef<T>& a, T* out) {
-  const Block<T> in = block_as<Mem>(a, rule.in[0]);
+SHARDLIB_NOINLINE void normalize_run(const OpRule& rule, int dim, double eps, double scale, const OperandRef<T>& a,
+                                     T* out) {
+  Block<T> in = block_as<Mem>(a, rule.in[0]);
   Context& ctx = *a.ctx;
   const RowSplit r = split_at(in.box, dim);
   const auto rows = static_cast<std::size_t>(r.outer * r.inner);
   coll::Communicator* g = rule.comm.empty() ? nullptr : &ctx.group(*a.mesh, rule.comm);
   const std::int64_t count = a.shape[static_cast<std::size_t>(dim)];
+  using Exec = std::remove_cvref_t<decltype(ctx.exec())>;
+  if constexpr (kernels::vmath::is_host_v<Exec> && kernels::vmath::is_vector_type_v<T>) {
+    if (g == nullptr && r.inner == 1) {  // whole rows on this device, contiguous: one fused pass
+      auto guard = kernel_guard(ctx, false);
+      const std::int64_t rows = r.outer;
+      if constexpr (Kind == Normalization::softmax || Kind == Normalization::log_softmax)
+        kernels::softmax_rows(ctx.exec(), in.data, out, rows, r.n, Kind == Normalization::log_softmax,
+                              static_cast<T>(scale));
+      else if constexpr (Kind == Normalization::layer_norm)
+        kernels::layer_norm_rows(ctx.exec(), in.data, out, rows, r.n, eps);
+      else
+        kernels::rms_norm_rows(ctx.exec(), in.data, out, rows, r.n, eps);
+      return;
+    }
+  }
   if constexpr (Kind == Normalization::softmax || Kind == Normalization::log_softmax) {
+    if (scale != 1) {  // the stats kernels take the input as it is: scale a copy of the block first
+      auto scaled = block_cache<Mem>(ctx).allocate(static_cast<std::size_t>(std::max<std::int64_t>(in.box.num_elements(), 1)) * sizeof(T));
+      T* dst = static_cast<T*>(scaled.get());
+      auto guard = kernel_guard(ctx, false);
+      kernels::elementwise(ctx.exec(), dst, std::array<std::int64_t, 1>{in.box.num_elements()},
+                           fn::bind_scalar<fn::mul, T, false>{{}, static_cast<T>(scale)},
+                           kernels::Strided<T, 1>{in.data, {1}});
+      in.data = dst;
+      in.keep = std::move(scaled);
+    }
     std::vector<T> mx(rows), sum(rows);
     {
       auto guard = kernel_guard(ctx, false);
@@ -165,7 +196,10 @@ SHARDLIB_NOINLINE void normalize_run(const OpRule& rule, int dim, double eps, co
 }
 
 template <OpName Name, Normalization Kind, int Dim, class A>
-auto normalize_op(const A& a, double eps) {
+auto normalize_op(const A& a, double eps, double scale = 1) {
+  if (!std::isfinite(scale))
+    throw std::invalid_argument(std::string("shardlib: ") + Name.text + ": scale must be finite, got " + std::to_string(scale) +
+                                " (operand " + operand_text(info(a)) + ")");
   static constexpr OpRule rule = normalize_rule(A::sharding, Dim);
   SHARDLIB_STATIC_REQUIRE((rule.status == OpRule::ok), "shardlib: no sharding rule for this normalisation (is the dim in range?)",
                           error::op_has_no_sharding_rule_for_these_specs<Name, rule.status, typename A::spec_type>);
@@ -175,7 +209,7 @@ auto normalize_op(const A& a, double eps) {
   using Mem = typename A::memory_space;
   using Out = DistributedTensor<T, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, Mem>;
   Out out(a.mesh(), a.shape());
-  normalize_run<Kind, T, Mem>(rule, Dim, eps, ref(a), out.local().data());
+  normalize_run<Kind, T, Mem>(rule, Dim, eps, scale, ref(a), out.local().data());
   return out;
 }
 
@@ -207,15 +241,16 @@ template <int Dim, bool KeepDim = false, TensorType A>
 auto argmax(const A& a) {
   return detail::reduce_op<"argmax", Reduction::argmax, Dim, KeepDim>(a);
 }
-/// softmax along `Dim` (the input's spec; communicates only when `Dim` is split).
+/// softmax along `Dim` (the input's spec; communicates only when `Dim` is split). With `scale`,
+/// softmax(scale * a) in the same pass (attention's 1 / sqrt(head dim) without a pass of its own).
 template <int Dim, TensorType A>
-auto softmax(const A& a) {
-  return detail::normalize_op<"softmax", detail::Normalization::softmax, Dim>(a, 0.0);
+auto softmax(const A& a, double scale = 1) {
+  return detail::normalize_op<"softmax", detail::Normalization::softmax, Dim>(a, 0.0, scale);
 }
-/// log(softmax) along `Dim`, computed as x - max - log(sum exp(x - max)).
+/// log(softmax) along `Dim`, computed as x - max - log(sum exp(x - max)); with `scale`, of scale * a.
 template <int Dim, TensorType A>
-auto log_softmax(const A& a) {
-  return detail::normalize_op<"log_softmax", detail::Normalization::log_softmax, Dim>(a, 0.0);
+auto log_softmax(const A& a, double scale = 1) {
+  return detail::normalize_op<"log_softmax", detail::Normalization::log_softmax, Dim>(a, 0.0, scale);
 }
 /// (x - mean) / sqrt(var + eps) along `Dim` (no affine parameters: multiply and add broadcast
 /// tensors for those).
@@ -223,6 +258,49 @@ template <int Dim, TensorType A>
 auto layer_norm(const A& a, double eps = 1e-5) {
   return detail::normalize_op<"layer_norm", detail::Normalization::layer_norm, Dim>(a, eps);
 }
+namespace detail {
+constexpr bool is_replicated(const Sharding& s) noexcept {
+  for (int d = 0; d < s.rank; ++d)
+    if (!s.dims[static_cast<std::size_t>(d)].empty()) return false;
+  return !s.is_partial();
+}
+}  // namespace detail
+
+/// layer_norm along the last dim with torch's weight and bias: `layer_norm<Dim>(a, eps) * gain +
+/// bias`, gain and bias 1-D of the dim's extent, with that expression's sharding and result. Where
+/// the dim is whole on each device, gain and bias are replicated and the block is on the host, it
+/// is one pass (kernels::layer_norm_rows); elsewhere it runs as the three ops.
+template <int Dim, TensorType A, TensorType G, TensorType B>
+auto layer_norm(const A& a, const G& gain, const B& bias, double eps = 1e-5) {
+  static_assert(Dim == -1 || Dim == static_cast<int>(A::rank) - 1,
+                "shardlib: layer_norm with a gain and a bias normalises the last dim (as torch.nn.functional.layer_norm)");
+  static_assert(G::rank == 1 && B::rank == 1, "shardlib: layer_norm's gain and bias are 1-D (the last dim's extent)");
+  constexpr int D = static_cast<int>(A::rank) - 1;
+  using Out = decltype(layer_norm<D>(a, eps) * gain + bias);
+  using T = typename A::value_type;
+  using Exec = std::remove_cvref_t<decltype(a.context().exec())>;
+  constexpr bool fusable = kernels::vmath::is_host_v<Exec> && kernels::vmath::is_vector_type_v<T> &&
+                           std::is_same_v<typename G::value_type, T> && std::is_same_v<typename B::value_type, T> &&
+                           Out::sharding == A::sharding && A::sharding.dims[static_cast<std::size_t>(D)].empty() &&
+                           !A::sharding.is_partial() && detail::is_replicated(G::sharding) &&
+                           detail::is_replicated(B::sharding);
+  if constexpr (fusable) {
+    const std::int64_t n = a.shape()[static_cast<std::size_t>(D)];
+    if (gain.shape()[0] == n && bias.shape()[0] == n) {
+      detail::check_same_mesh("layer_norm", a, gain);
+      detail::check_same_mesh("layer_norm", a, bias);
+      Out out(a.mesh(), a.shape());
+      Context& ctx = a.context();
+      auto guard = detail::kernel_guard(ctx, false);
+      const std::int64_t total = out.block().num_elements();
+      kernels::layer_norm_rows(ctx.exec(), a.local().data(), out.local().data(), n == 0 ? 0 : total / n, n, eps,
+                               gain.local().data(), bias.local().data());
+      return out;
+    }
+  }
+  return layer_norm<D>(a, eps) * gain + bias;  // other layouts, and shapes that do not match (its error)
+}
+
 /// x / sqrt(mean(x^2) + eps) along `Dim`.
 template <int Dim, TensorType A>
 auto rms_norm(const A& a, double eps = 1e-6) {

@@ -1,0 +1,131 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// Fused row kernels on the host: softmax, log_softmax, layer_norm and rms_norm of `rows`
+/// contiguous rows of `n` values each (the normalised dim last and whole on the device, the common
+/// case), one work item per row doing the statistics and the output while the row is in cache,
+/// vectorised with Eigen's packet math (kernels/vmath.hpp).
+///
+/// The op layer takes these when the dim is not split and is the innermost; a split dim, or a dim
+/// with `inner > 1`, goes through the stats / all-reduce / apply kernels of kernels/reduce.hpp.
+/// The results are those kernels' to float round-off: sums are taken in float a chunk of
+/// `vmath::chunk` values at a time (Eigen's packet partial sums) and in double across chunks;
+/// layer_norm takes the mean first, then the variance about it (two passes over a row in cache: no
+/// cancellation when the mean is far from zero), and subtracts the mean as a float pair (hi + lo),
+/// so each output carries the error of float arithmetic on values of its own size.
+///
+/// `scale` multiplies the input first (softmax(scale * x): attention's 1/sqrt(d) folded into the
+/// softmax instead of a pass of its own). A row with a NaN gives NaN; softmax of a row that is all
+/// -inf gives NaN (as torch). Knows nothing of tensors or collectives; fences before returning.
+#pragma once
+
+#include <shardlib/kernels/vmath.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+namespace shardlib::kernels {
+
+namespace detail {
+inline void check_rows(const char* kernel, std::int64_t rows, std::int64_t n, double eps) {
+  if (rows < 0 || n < 0)
+    throw std::invalid_argument(std::string("shardlib::kernels::") + kernel + ": negative extent in [rows, n] = [" +
+                                std::to_string(rows) + ", " + std::to_string(n) + "]");
+  if (!(eps >= 0))
+    throw std::invalid_argument(std::string("shardlib::kernels::") + kernel + ": eps must be >= 0, got " + std::to_string(eps));
+}
+
+/// Runs `row(r)` for r in [0, rows) on `exec` (one work item per row), then fences.
+template <class Exec, class Row>
+void for_rows(const Exec& exec, const char* label, std::int64_t rows, std::int64_t n, const Row& row) {
+  if (rows > 0 && n > 0) Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, rows), row);
+  exec.fence();
+}
+}  // namespace detail
+
+/// out = softmax(scale * in) along each row (or, with `log`, log_softmax). `out` may be `in`.
+template <class Exec, class T>
+void softmax_rows(const Exec& exec, const T* in, T* out, std::int64_t rows, std::int64_t n, bool log, T scale = T(1)) {
+  static_assert(vmath::is_host_v<Exec> && vmath::is_vector_type_v<T>,
+                "shardlib::kernels::softmax_rows: host execution spaces, float or double");
+  detail::check_rows("softmax_rows", rows, n, 0);
+  detail::for_rows(exec, "shardlib::kernels::softmax_rows", rows, n, [=](std::int64_t r) {
+    const T* x = in + r * n;
+    T* y = out + r * n;
+    const T m = (vmath::ConstRun<T>(x, n) * scale).template maxCoeff<Eigen::PropagateNaN>();
+    double sum = 0;
+    for (std::int64_t b = 0; b < n; b += vmath::chunk) {
+      const std::int64_t len = n - b < vmath::chunk ? n - b : vmath::chunk;
+      const auto e = Eigen::exp(vmath::ConstRun<T>(x + b, len) * scale - m);
+      if (log) {
+        sum += static_cast<double>(e.sum());
+      } else {
+        vmath::Run<T> yb(y + b, len);
+        yb = e;
+        sum += static_cast<double>(yb.sum());
+      }
+    }
+    if (log) {
+      const T shift = m + static_cast<T>(std::log(sum));
+      vmath::Run<T>(y, n) = vmath::ConstRun<T>(x, n) * scale - shift;
+    } else {
+      vmath::Run<T>(y, n) *= static_cast<T>(1 / sum);
+    }
+  });
+}
+
+/// out = (in - mean) / sqrt(var + eps) along each row (biased variance, as torch), then, when they
+/// are given (not null), times `gain[j]` and plus `bias[j]` (n values each; torch's weight and bias)
+/// in the same pass. `out` may be `in`.
+template <class Exec, class T>
+void layer_norm_rows(const Exec& exec, const T* in, T* out, std::int64_t rows, std::int64_t n, double eps,
+                     const T* gain = nullptr, const T* bias = nullptr) {
+  static_assert(vmath::is_host_v<Exec> && vmath::is_vector_type_v<T>,
+                "shardlib::kernels::layer_norm_rows: host execution spaces, float or double");
+  detail::check_rows("layer_norm_rows", rows, n, eps);
+  detail::for_rows(exec, "shardlib::kernels::layer_norm_rows", rows, n, [=](std::int64_t r) {
+    const T* x = in + r * n;
+    double s = 0, q = 0;
+    for (std::int64_t b = 0; b < n; b += vmath::chunk) {
+      const std::int64_t len = n - b < vmath::chunk ? n - b : vmath::chunk;
+      s += static_cast<double>(vmath::ConstRun<T>(x + b, len).sum());
+    }
+    const double mean = s / static_cast<double>(n);
+    const T hi = static_cast<T>(mean), lo = static_cast<T>(mean - static_cast<double>(hi));
+    for (std::int64_t b = 0; b < n; b += vmath::chunk) {
+      const std::int64_t len = n - b < vmath::chunk ? n - b : vmath::chunk;
+      q += static_cast<double>((vmath::ConstRun<T>(x + b, len) - hi - lo).square().sum());
+    }
+    const double rstd = 1 / std::sqrt(q / static_cast<double>(n) + eps);
+    vmath::Run<T> y(out + r * n, n);
+    const auto normed = (vmath::ConstRun<T>(x, n) - hi - lo) * static_cast<T>(rstd);
+    if (gain != nullptr && bias != nullptr) y = normed * vmath::ConstRun<T>(gain, n) + vmath::ConstRun<T>(bias, n);
+    else if (gain != nullptr) y = normed * vmath::ConstRun<T>(gain, n);
+    else if (bias != nullptr) y = normed + vmath::ConstRun<T>(bias, n);
+    else y = normed;
+  });
+}
+
+/// out = in / sqrt(mean(in²) + eps) along each row. `out` may be `in`.
+template <class Exec, class T>
+void rms_norm_rows(const Exec& exec, const T* in, T* out, std::int64_t rows, std::int64_t n, double eps) {
+  static_assert(vmath::is_host_v<Exec> && vmath::is_vector_type_v<T>,
+                "shardlib::kernels::rms_norm_rows: host execution spaces, float or double");
+  detail::check_rows("rms_norm_rows", rows, n, eps);
+  detail::for_rows(exec, "shardlib::kernels::rms_norm_rows", rows, n, [=](std::int64_t r) {
+    const T* x = in + r * n;
+    double q = 0;
+    for (std::int64_t b = 0; b < n; b += vmath::chunk) {
+      const std::int64_t len = n - b < vmath::chunk ? n - b : vmath::chunk;
+      q += static_cast<double>(vmath::ConstRun<T>(x + b, len).square().sum());
+    }
+    const double rstd = 1 / std::sqrt(q / static_cast<double>(n) + eps);
+    vmath::Run<T>(out + r * n, n) = vmath::ConstRun<T>(x, n) * static_cast<T>(rstd);
+  });
+}
+
+}  // namespace shardlib::kernels

@@ -1,0 +1,262 @@
+// SPDX-License-Identifier: Apache-2.0
+// The vectorised elementwise path (kernels/vmath.hpp: Eigen's packet math through each functor's
+// `array` form) against the scalar functor, element by element, over the whole float range:
+// random bit patterns (every exponent, subnormals, infinities, NaNs) and a dense sweep of the
+// range where the functions bend. Built twice when the CPU allows it: at the project's flags and
+// with -march=native (tests/meson.build), so both the SSE2 and the widest packets are checked.
+#include <doctest/doctest.h>
+#include <shardlib/kernels/elementwise.hpp>
+#include <shardlib/kernels/rows.hpp>
+#include <shardlib/autodiff/elementwise.hpp>
+#include <shardlib/ops/elementwise.hpp>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace k = shardlib::kernels;
+namespace fn = shardlib::fn;
+
+namespace {
+
+using I64 = std::int64_t;
+const Kokkos::DefaultHostExecutionSpace exec{};
+
+template <class T>
+std::vector<T> inputs(std::uint64_t seed) {
+  std::vector<T> v;
+  std::mt19937_64 g(seed);
+  using Bits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+  for (int i = 0; i < (1 << 17); ++i) v.push_back(std::bit_cast<T>(static_cast<Bits>(g())));  // every exponent
+  for (T x = T(-30); x <= T(30); x += T(0.00731)) v.push_back(x);                               // where they bend
+  const T lim = std::numeric_limits<T>::max(), tiny = std::numeric_limits<T>::denorm_min();
+  for (T x : {T(0), T(-0.0), T(1), T(-1), tiny, -tiny, std::numeric_limits<T>::min(), lim, -lim,
+              std::numeric_limits<T>::infinity(), -std::numeric_limits<T>::infinity(),
+              std::numeric_limits<T>::quiet_NaN(), T(88.7), T(-88.7), T(89), T(-104), T(710), T(-745)})
+    v.push_back(x);
+  v.resize(v.size() + 13, T(0.5));  // a length that is no multiple of a packet or a chunk
+  return v;
+}
+
+// Whether `got` is `ref` to within `ulps` units in the last place of the larger of |ref| and
+// `scale` (the size of the terms the result was computed from), or both are NaN, or both the
+// same infinity; results below the smallest normal may also be flushed to zero.
+template <class T>
+bool close(T got, T ref, double ulps, double scale) {
+  if (std::isnan(ref) || std::isnan(got)) return std::isnan(ref) && std::isnan(got);
+  if (std::isinf(ref) || std::isinf(got)) return got == ref;
+  const double eps = std::numeric_limits<T>::epsilon();
+  const double m = std::max(std::fabs(double(ref)), scale);
+  return std::fabs(double(got) - double(ref)) <= ulps * eps * m + double(std::numeric_limits<T>::min());
+}
+
+// softmax / log_softmax / layer_norm / rms_norm of one row in double (the definitions).
+std::vector<double> row_ref(const char* op, std::vector<double> x, double scale, double eps) {
+  const double n = double(x.size());
+  if (std::string(op) == "softmax" || std::string(op) == "log_softmax") {
+    double m = -std::numeric_limits<double>::infinity(), s = 0;
+    for (double& v : x) v *= scale;
+    for (double v : x) m = std::isnan(v) || std::isnan(m) ? NAN : std::max(m, v);
+    for (double v : x) s += std::exp(v - m);
+    for (double& v : x) v = std::string(op) == "softmax" ? std::exp(v - m) / s : v - m - std::log(s);
+  } else if (std::string(op) == "layer_norm") {
+    double mean = 0, var = 0;
+    for (double v : x) mean += v / n;
+    for (double v : x) var += (v - mean) * (v - mean) / n;
+    for (double& v : x) v = (v - mean) / std::sqrt(var + eps);
+  } else {
+    double ms = 0;
+    for (double v : x) ms += v * v / n;
+    for (double& v : x) v = v / std::sqrt(ms + eps);
+  }
+  return x;
+}
+
+// Runs f on `in` through the kernel (the vector path for float/double) and compares every
+// element with the scalar functor; `scale(x)` bounds the magnitude of the intermediate terms.
+// `input_as`: another input whose scalar result is accepted too (log of a subnormal).
+template <class T, class F, class Scale>
+void check_unary(const char* name, F f, double ulps, Scale scale, T (*input_as)(T) = [](T x) { return x; }) {
+  static_assert(k::vmath::Vectorizable<F, T, T>, "the functor should have an array form");
+  const std::vector<T> in = inputs<T>(7);
+  std::vector<T> out(in.size());
+  const std::array<I64, 1> extent{static_cast<I64>(in.size())};
+  k::elementwise(exec, out.data(), extent, f, k::Strided<T, 1>{in.data(), {1}});
+  int bad = 0;
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    const T ref = f(in[i]);
+    if (!close(out[i], ref, ulps, scale(double(in[i]))) && !close(out[i], f(input_as(in[i])), ulps, scale(double(in[i])))) {
+      if (++bad <= 3)
+        std::printf("%s<%s>(%.9g) = %.9g, scalar %.9g\n", name, sizeof(T) == 4 ? "float" : "double", double(in[i]),
+                    double(out[i]), double(ref));
+    }
+  }
+  const std::string what = std::string(name) + (sizeof(T) == 4 ? " (float" : " (double") + ", SIMD: " + k::vmath::simd_in_use() + ")";
+  INFO(what);
+  CHECK(bad == 0);
+}
+
+double none(double) { return 0; }
+double gelu_scale(double x) { return std::fabs(x); }  // x/2 * (1 + erf): erf's error times |x|/2
+
+}  // namespace
+
+TEST_SUITE("kernels_vmath") {
+  TEST_CASE_TEMPLATE("unary functors: the vector path gives the scalar results, specials included", T, float, double) {
+    check_unary<T>("exp", fn::exp{}, 4, none);
+    check_unary<T>("log", fn::log{}, 4, none, [](T x) {  // subnormal inputs: exact, or as the smallest normal
+      return std::fpclassify(x) == FP_SUBNORMAL && x > 0 ? std::numeric_limits<T>::min() : x;
+    });
+    check_unary<T>("tanh", fn::tanh{}, 8, none);
+    check_unary<T>("abs", fn::abs{}, 0, none);
+    check_unary<T>("square", fn::square{}, 0, none);
+    check_unary<T>("relu", fn::relu{}, 0, none);
+    check_unary<T>("neg", fn::neg{}, 0, none);
+    check_unary<T>("sigmoid", fn::sigmoid{}, 8, none);
+    check_unary<T>("silu", fn::silu{}, 8, gelu_scale);
+    check_unary<T>("gelu", fn::gelu{}, 8, gelu_scale);
+    check_unary<T>("gelu_tanh", fn::gelu_tanh{}, 8, gelu_scale);
+  }
+
+  TEST_CASE_TEMPLATE("binary functors and a bound scalar: the vector path is exact", T, float, double) {
+    const std::vector<T> a = inputs<T>(1), b = inputs<T>(2);
+    const std::array<I64, 1> extent{static_cast<I64>(a.size())};
+    auto run = [&](auto f, const char* name) {
+      std::vector<T> out(a.size());
+      k::elementwise(exec, out.data(), extent, f, k::Strided<T, 1>{a.data(), {1}}, k::Strided<T, 1>{b.data(), {1}});
+      int bad = 0;
+      for (std::size_t i = 0; i < a.size(); ++i) bad += !close(out[i], T(f(a[i], b[i])), 0, 0);
+      const std::string what = name;
+      INFO(what);
+      CHECK(bad == 0);
+    };
+    run(fn::add{}, "add");
+    run(fn::sub{}, "sub");
+    run(fn::mul{}, "mul");
+    run(fn::div{}, "div");
+    static_assert(k::vmath::Vectorizable<fn::bind_scalar<fn::mul, double, false>, T, T>);
+    static_assert(k::vmath::Vectorizable<fn::bind_scalar<fn::div, int, true>, T, T>);
+    check_unary<T>("x * 0.125", fn::bind_scalar<fn::mul, double, false>{{}, 0.125}, 0, none);
+    check_unary<T>("3 / x", fn::bind_scalar<fn::div, int, true>{{}, 3}, 0, none);
+    check_unary<T>("x - 2.5", fn::bind_scalar<fn::sub, float, false>{{}, 2.5f}, 0, none);
+  }
+
+  TEST_CASE("which functors and types take the vector path") {
+    auto user = [](float x) { return x * 2; };
+    CHECK(!k::vmath::Vectorizable<decltype(user), float, float>);          // user functors: scalar
+    CHECK(!k::vmath::Vectorizable<fn::max, float, float, float>);          // NaN rules of its own
+    CHECK(!k::vmath::Vectorizable<fn::sqrt, float, float>);                // Eigen's is not exact
+    CHECK(!k::vmath::Vectorizable<fn::gelu, int, int>);                    // not float or double
+    CHECK(!k::vmath::Vectorizable<fn::add, float, float, double>);         // mixed element types
+    CHECK(k::vmath::Vectorizable<fn::gelu, float, float>);
+    CHECK(std::string(k::vmath::simd_in_use()).size() > 0);
+  }
+
+  TEST_CASE("strided and broadcast operands keep the scalar path and agree with it") {
+    // [3, 5] out = gelu-free a + bias row (stride 0 along dim 0): not dense, so per row.
+    std::vector<float> a(15), bias(5), out(15);
+    for (int i = 0; i < 15; ++i) a[i] = float(i) * 0.5f;
+    for (int i = 0; i < 5; ++i) bias[i] = float(i) * -2;
+    k::elementwise(exec, out.data(), std::array<I64, 2>{3, 5}, fn::add{}, k::Strided<float, 2>{a.data(), {5, 1}},
+                   k::Strided<float, 2>{bias.data(), {0, 1}});
+    for (int i = 0; i < 15; ++i) CHECK(out[i] == a[i] + bias[i % 5]);
+  }
+
+  TEST_CASE_TEMPLATE("fused row kernels against the definitions in double", T, float, double) {
+    std::mt19937_64 g(3);
+    std::normal_distribution<double> normal;
+    for (const char* op : {"softmax", "log_softmax", "layer_norm", "rms_norm"}) {
+      for (I64 n : {1, 7, 16, 2048, 2049, 5000}) {
+        for (double offset : {0.0, 1000.0}) {  // a mean far from zero: no cancellation allowed
+          const I64 rows = 3;
+          std::vector<T> in(static_cast<std::size_t>(rows * n)), out(in.size());
+          for (T& v : in) v = static_cast<T>(offset + 3 * normal(g));
+          const T scale = T(0.125);
+          const std::string name = op;
+          const bool soft = name == "softmax" || name == "log_softmax", log = name == "log_softmax";
+          if (soft)
+            k::softmax_rows(exec, in.data(), out.data(), rows, n, log, scale);
+          else if (name == "layer_norm")
+            k::layer_norm_rows(exec, in.data(), out.data(), rows, n, 1e-5);
+          else
+            k::rms_norm_rows(exec, in.data(), out.data(), rows, n, 1e-5);
+          double worst = 0;
+          for (I64 r = 0; r < rows; ++r) {
+            const std::vector<double> x(in.begin() + r * n, in.begin() + (r + 1) * n);
+            const std::vector<double> ref = row_ref(op, x, soft ? double(scale) : 1.0, 1e-5);
+            for (I64 j = 0; j < n; ++j) {
+              // error in ulps of the larger of the result and the size of its terms: |scale x| for
+              // log_softmax, the row's largest probability for softmax, |x| / std for the norms
+              // (the inputs' own round-off, as float arithmetic on x = 1000 + 3 N has it; std = 3)
+              const double size = soft ? (log ? std::fabs(double(scale) * x[j]) + 1 : 1.0 / double(n))
+                                       : std::fabs(x[j]) / 3 + 1;
+              worst = std::max(worst, std::fabs(double(out[r * n + j]) - ref[j]) /
+                                          (std::numeric_limits<T>::epsilon() * std::max(std::fabs(ref[j]), size)));
+            }
+          }
+          const std::string what = std::string(op) + " n=" + std::to_string(n) + " offset=" + std::to_string(offset);
+          INFO(what);
+          CHECK(worst < 64);  // float round-off of sums over up to 5000 terms
+        }
+      }
+    }
+  }
+
+  TEST_CASE("fused row kernels: NaN, infinities, empty rows, in place, bad extents") {
+    const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> x = {1, nan, 2, -inf, -inf, -inf, 0, inf, 1}, y(9);
+    k::softmax_rows(exec, x.data(), y.data(), 3, 3, false);
+    for (int j = 0; j < 9; ++j) CHECK(std::isnan(y[j]));  // a NaN; all -inf (torch: NaN); an inf
+    k::layer_norm_rows(exec, x.data(), y.data(), 3, 3, 1e-5);
+    for (int j = 0; j < 3; ++j) CHECK(std::isnan(y[j]));
+    std::vector<float> z = {1, 2, 3, 4};
+    k::softmax_rows(exec, z.data(), z.data(), 1, 4, true);  // in place
+    CHECK(z[3] == doctest::Approx(-0.4401897).epsilon(1e-6));
+    k::softmax_rows(exec, z.data(), z.data(), 0, 4, false);  // nothing to do
+    k::softmax_rows(exec, z.data(), z.data(), 4, 0, false);
+    CHECK_THROWS_WITH_AS(k::layer_norm_rows(exec, z.data(), z.data(), 1, 4, -1.0),
+                         "shardlib::kernels::layer_norm_rows: eps must be >= 0, got -1.000000", std::invalid_argument);
+    CHECK_THROWS_WITH_AS(k::rms_norm_rows(exec, z.data(), z.data(), -1, 4, 0.0),
+                         "shardlib::kernels::rms_norm_rows: negative extent in [rows, n] = [-1, 4]", std::invalid_argument);
+  }
+
+  TEST_CASE_TEMPLATE("derivative functors (autodiff): the vector path gives the scalar results", T, float, double) {
+    // v = +-inf left out: there the scalar forms give inf * 0 = NaN, and the vector ones may give
+    // inf * (exp's result below the smallest normal, not exactly 0) = inf (kernels/vmath.hpp)
+    std::vector<T> v = inputs<T>(5);
+    std::erase_if(v, [](T x) { return std::isinf(x); });
+    std::vector<T> g(v.size());
+    std::mt19937_64 gen(9);
+    std::normal_distribution<double> normal;
+    for (T& x : g) x = static_cast<T>(normal(gen));
+    const std::array<I64, 1> extent{static_cast<I64>(v.size())};
+    auto run = [&](auto d, const char* name) {
+      static_assert(k::vmath::Vectorizable<decltype(d), T, T, T>);
+      std::vector<T> out(v.size());
+      k::elementwise(exec, out.data(), extent, d, k::Strided<T, 1>{g.data(), {1}}, k::Strided<T, 1>{v.data(), {1}});
+      int bad = 0;
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        const double size = std::fabs(double(g[i])) * (1 + std::fabs(double(v[i])));
+        if (!close(out[i], d(g[i], v[i]), 16, std::isfinite(size) ? size : 0) && ++bad <= 3)
+          std::printf("%s(g %.9g, v %.9g) = %.9g, scalar %.9g\n", name, double(g[i]), double(v[i]), double(out[i]),
+                      double(d(g[i], v[i])));
+      }
+      const std::string what = name;
+      INFO(what);
+      CHECK(bad == 0);
+    };
+    run(shardlib::fn::grad::exp{}, "d exp");
+    run(shardlib::fn::grad::log{}, "d log");
+    run(shardlib::fn::grad::tanh{}, "d tanh");
+    run(shardlib::fn::grad::square{}, "d square");
+    run(shardlib::fn::grad::sigmoid{}, "d sigmoid");
+    run(shardlib::fn::grad::silu{}, "d silu");
+    run(shardlib::fn::grad::gelu{}, "d gelu");
+    run(shardlib::fn::grad::gelu_tanh{}, "d gelu_tanh");
+  }
+}
