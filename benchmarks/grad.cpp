@@ -207,15 +207,14 @@ auto block_loss(const Dims& dm, const X& x, const V& g1, const V& b1, const C& w
                 const Rw& wo, const V& g2, const V& b2, const C& w1, const Rw& w2, const R& r) {
   const std::int64_t B = dm.batch, S = dm.seq, H = dm.heads, E = dm.head_dim();
   const float scale = 1.0f / std::sqrt(static_cast<float>(E));
-  auto h = sl::layer_norm<2>(x) * g1 + b1;
+  auto h = sl::layer_norm<2>(x, g1, b1);  // gain and bias in the norm's pass
   auto q = sl::reshape<"b s (h e) -> b s h e">(sl::einsum<"bsd,de->bse">(h, wq), {B, S, H, E});
   auto k = sl::reshape<"b s (h e) -> b s h e">(sl::einsum<"bsd,de->bse">(h, wk), {B, S, H, E});
   auto v = sl::reshape<"b s (h e) -> b s h e">(sl::einsum<"bsd,de->bse">(h, wv), {B, S, H, E});
-  auto scores = sl::einsum<"bqhe,bkhe->bhqk">(q, k) * scale;
-  auto att = sl::softmax<3>(scores);
+  auto att = sl::softmax<3>(sl::einsum<"bqhe,bkhe->bhqk">(q, k), scale);  // the scale in the softmax's pass
   auto o = sl::reshape<"b s h e -> b s (h e)">(sl::einsum<"bhqk,bkhe->bqhe">(att, v));
   auto x1 = x + sl::reshard<typename L::Hidden>(sl::einsum<"bsd,de->bse">(o, wo));
-  auto h2 = sl::layer_norm<2>(x1) * g2 + b2;
+  auto h2 = sl::layer_norm<2>(x1, g2, b2);
   auto f = sl::gelu(sl::einsum<"bsd,df->bsf">(h2, w1));
   auto out = x1 + sl::reshard<typename L::Hidden>(sl::einsum<"bsf,fd->bsd">(f, w2));
   return sl::sum_all(out * r);
