@@ -374,7 +374,7 @@ class Runtime {
          (share_.overridden ? "" : std::string("; ") + host::threads_per_device_variable + " sets it") + ")";
     const kernels::BlasInfo blas = kernels::blas_info();
     s += "\nGEMM: " + blas.kernel();
-    if (blas.backend != "eigen") s += ", " + std::to_string(t) + " thread" + (t == 1 ? "" : "s") + " per device";
+    if (blas.backend != "eigen" && blas.loaded) s += ", " + std::to_string(t) + " thread" + (t == 1 ? "" : "s") + " per device";
     if (!blas.config.empty()) s += " (" + blas.config + ")";
     const host::BlasAdvice advice = host::blas_advice_here();
     if (!advice.text.empty()) s += "\nGEMM " + std::string(advice.warn ? "warning: " : "note: ") + advice.text;
