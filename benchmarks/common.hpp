@@ -3,6 +3,7 @@
 #pragma once
 
 #include <shardlib/collectives/communicator.hpp>
+#include <shardlib/kernels/blas.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -28,14 +29,25 @@ inline double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-/// The number after `name` on the command line, or `fallback`.
-/// `prog --backends` (asked by benchmarks/run): prints the backends this build has and returns
-/// true; the caller then exits.
+/// Questions benchmarks/run asks an executable before it runs it; each prints its answer and
+/// returns true, and the caller then exits.
+/// - `prog --backends`: the backends this build has ("threads mpi").
+/// - `prog --blas-kernel`: the BLAS kernel its GEMM runs here ("openblas 0.3.21 Cooperlake"; see
+///   kernels/blas.hpp), which benchmarks/run puts into every record of the executable.
 inline bool answered_backends_query(int argc, char** argv, bool has_mpi) {
-  if (argc != 2 || std::strcmp(argv[1], "--backends") != 0) return false;
-  std::printf("threads%s\n", has_mpi ? " mpi" : "");
-  return true;
+  if (argc != 2) return false;
+  if (std::strcmp(argv[1], "--backends") == 0) {
+    std::printf("threads%s\n", has_mpi ? " mpi" : "");
+    return true;
+  }
+  if (std::strcmp(argv[1], "--blas-kernel") == 0) {
+    std::printf("%s\n", shardlib::kernels::blas_info().kernel().c_str());
+    return true;
+  }
+  return false;
 }
+
+/// The number after `name` on the command line, or `fallback`.
 
 inline long long arg(int argc, char** argv, const char* name, long long fallback) {
   for (int i = 1; i + 1 < argc; ++i)

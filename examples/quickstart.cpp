@@ -79,8 +79,8 @@ int main(int argc, char** argv) {
     auto rt = sl::Runtime::from_args(argc, argv, /*default_devices=*/8);
     const int model = arg(argc, argv, "--model", 2);
     if (rt.first_local_device() == 0)
-      std::printf("shardlib %s on the %s; Kokkos execution space: %s\n", SHARDLIB_VERSION_STRING, rt.describe().c_str(),
-                  sl::KokkosScope::execution_space_name().c_str());
+      std::printf("shardlib %s; Kokkos execution space: %s\n%s\n", SHARDLIB_VERSION_STRING,
+                  sl::KokkosScope::execution_space_name().c_str(), rt.describe().c_str());
     rt.spmd([&](sl::Context& ctx) {
       const int n = ctx.num_devices();
       const Mesh2D mesh(ctx, {model > 0 ? n / model : 0, model});  // checks that the sizes multiply to n

@@ -13,6 +13,8 @@
 #include <shardlib/runtime/kokkos_scope.hpp>
 #include <shardlib/runtime/runtime.hpp>
 
+#include <cstdlib>
+
 namespace {
 #if defined(SHARDLIB_HAVE_MPI)
 int run_under_mpi(int argc, char** argv) {
@@ -33,6 +35,9 @@ int run_under_mpi(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Runtimes warn once per process when the BLAS kernel is far below the CPU; the tests check
+  // that warning themselves, and keep the logs free of it (set the variable to 0 to see it).
+  setenv("SHARDLIB_NO_BLAS_WARNING", "1", 0);
 #if defined(SHARDLIB_HAVE_MPI)
   if (shardlib::Runtime::launched_by_mpirun()) return run_under_mpi(argc, argv);
 #endif

@@ -10,9 +10,12 @@
 /// any leading dimension: submatrix views and transposed operands need no copy); an operand with
 /// no unit stride is packed into a temporary first.
 ///
-/// Threads: several in-process virtual devices call this at once, each from its own thread, so
-/// every call runs on its caller's thread alone. Before the first product, OpenBLAS is set to one
-/// thread (its pthread build would otherwise start a thread per core inside every call). Eigen's
+/// Threads: several in-process virtual devices call this at once, each from its own thread. The
+/// BLAS's thread count is one setting for the process (kernels/blas.hpp): one thread unless the
+/// runtime set each device's share of the host's cores (cores / devices on this host, at least
+/// 1), so that the devices together use the host's cores and no more; before the first product
+/// it is applied (OpenBLAS's pthread build would otherwise start a thread per core inside every
+/// call). Which BLAS kernel runs: `blas_info()` (kernels/blas.hpp). Eigen's
 /// own threading is left as the user configured it: a translation unit compiled with OpenMP
 /// should define `EIGEN_DONT_PARALLELIZE` (or call `Eigen::setNbThreads(1)`), or each call
 /// splits its product over an OpenMP team.
@@ -24,6 +27,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <shardlib/detail/text.hpp>
+#include <shardlib/kernels/blas.hpp>
 
 #include <algorithm>
 #include <climits>
@@ -34,12 +38,6 @@
 #include <string>
 #include <type_traits>
 #include <vector>
-
-#if defined(EIGEN_USE_BLAS) && (defined(__GNUC__) || defined(__clang__))
-// OpenBLAS's thread control, declared weak so that a program linked against another BLAS (or a
-// build that defines EIGEN_USE_BLAS without OpenBLAS) still links: it is then null and not called.
-extern "C" void openblas_set_num_threads(int) __attribute__((weak));
-#endif
 
 namespace shardlib::kernels {
 
@@ -64,19 +62,6 @@ struct MatrixBatch {
     return {data, rows, cols, row_stride, col_stride, batch_stride};
   }
 };
-
-/// Which GEMM does the work for float and double, for reports and benchmarks: "openblas" when
-/// Eigen hands its products to OpenBLAS, "blas" for another BLAS under `EIGEN_USE_BLAS`, "eigen"
-/// for Eigen's own kernel. Other element types always use Eigen's own kernel.
-constexpr const char* gemm_backend() noexcept {
-#if defined(EIGEN_USE_BLAS) && defined(SHARDLIB_HAVE_OPENBLAS) && SHARDLIB_HAVE_OPENBLAS
-  return "openblas";
-#elif defined(EIGEN_USE_BLAS)
-  return "blas";
-#else
-  return "eigen";
-#endif
-}
 
 namespace detail {
 
@@ -118,14 +103,13 @@ constexpr std::int64_t gemm_index_limit() noexcept {
   return INT64_MAX;
 }
 
-/// Once per process, before the first product: OpenBLAS to one thread (see the file comment),
-/// Eigen's cache sizes queried (Eigen asks for this before concurrent use).
+/// Once per process, before the first product: OpenBLAS to blas_threads() (one thread unless a
+/// runtime set each device's share; see the file comment), Eigen's cache sizes queried (Eigen
+/// asks for this before concurrent use).
 inline void gemm_init_once() {
   static std::once_flag once;
   std::call_once(once, [] {
-#if defined(EIGEN_USE_BLAS) && (defined(__GNUC__) || defined(__clang__))
-    if (openblas_set_num_threads != nullptr) openblas_set_num_threads(1);
-#endif
+    set_blas_threads(blas_threads());
     Eigen::initParallel();
   });
 }

@@ -14,11 +14,19 @@
 ///
 /// The Runtime also owns the process's Kokkos initialisation (KokkosScope) and, under mpi,
 /// MPI's (unless the program initialised MPI itself).
+///
+/// Each device gets its share of the host's cores (runtime/host.hpp): `max(1, cores available /
+/// devices on this host)` threads for the BLAS and for its Kokkos host execution space (on an
+/// OpenMP Kokkos), where the devices on this host are the in-process devices (threads) or the MPI
+/// ranks on this node (mpi); `--threads-per-device N` or `SHARDLIB_THREADS_PER_DEVICE` sets it.
+/// `describe()` says the share and where it came from, and which BLAS kernel runs.
 #pragma once
 
 #include <shardlib/collectives/communicator.hpp>
 #include <shardlib/collectives/threads.hpp>
+#include <shardlib/kernels/blas.hpp>
 #include <shardlib/mesh.hpp>
+#include <shardlib/runtime/host.hpp>
 #include <shardlib/runtime/kokkos_scope.hpp>
 
 #if defined(SHARDLIB_HAVE_MPI)
@@ -139,15 +147,17 @@ class Context {
 };
 
 namespace detail {
-/// One host execution space instance per in-process device (see Context::exec).
-inline std::vector<Kokkos::DefaultHostExecutionSpace> host_instances(int n) {
+/// One host execution space instance per in-process device (see Context::exec). On an OpenMP
+/// Kokkos each has `threads_each` threads (0: an equal part of the default instance's pool, at
+/// least 1).
+inline std::vector<Kokkos::DefaultHostExecutionSpace> host_instances(int n, [[maybe_unused]] int threads_each = 0) {
   using Exec = Kokkos::DefaultHostExecutionSpace;
 #if KOKKOS_VERSION >= 40000
 #if defined(KOKKOS_ENABLE_OPENMP)
   if constexpr (std::is_same_v<Exec, Kokkos::OpenMP>) {
-    // partition_space aborts when there are more parts than threads: share the pool out instead.
+    // partition_space aborts when there are more parts than threads: instances of their own size.
     std::vector<Exec> out;
-    const int each = std::max(1, Exec().concurrency() / n);
+    const int each = threads_each > 0 ? threads_each : std::max(1, Exec().concurrency() / n);
     for (int i = 0; i < n; ++i) out.emplace_back(each);
     return out;
   } else
@@ -175,6 +185,39 @@ inline std::unique_lock<std::mutex> kernel_guard([[maybe_unused]] const Context&
 #endif
   return {};
 }
+
+#if defined(SHARDLIB_HAVE_MPI)
+/// This process's host as MPI sees it: the ranks of `comm` on it (MPI_COMM_TYPE_SHARED), this
+/// rank among them, and the cores they may run on together (the union of their CPU affinity
+/// masks; on other systems than Linux, this process's cores).
+struct MpiHost {
+  int ranks = 1;
+  int rank = 0;
+  int cores = 1;
+};
+inline MpiHost mpi_host(MPI_Comm comm) {
+  MpiHost h;
+  MPI_Comm node = MPI_COMM_NULL;
+  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS || node == MPI_COMM_NULL) {
+    h.cores = host::cores_available();
+    return h;  // as if alone on the host
+  }
+  MPI_Comm_size(node, &h.ranks);
+  MPI_Comm_rank(node, &h.rank);
+#if defined(__linux__)
+  cpu_set_t set, all;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0)  // unknown: the first CPUs, as many as there are
+    for (int c = 0, n = host::cores_available(); c < n && c < CPU_SETSIZE; ++c) CPU_SET(c, &set);
+  MPI_Allreduce(&set, &all, static_cast<int>(sizeof(set)), MPI_BYTE, MPI_BOR, node);
+  h.cores = std::max(1, CPU_COUNT(&all));
+#else
+  h.cores = host::cores_available();
+#endif
+  MPI_Comm_free(&node);
+  return h;
+}
+#endif
 }  // namespace detail
 
 /// Runs SPMD bodies on a backend (see the file comment).
@@ -186,18 +229,36 @@ class Runtime {
     return std::chrono::milliseconds(120000);
   }
 
-  /// `devices` in-process virtual devices.
+  /// `devices` in-process virtual devices. Each gets `max(1, cores available / devices)` host
+  /// threads, or SHARDLIB_THREADS_PER_DEVICE's (see the file comment).
   static Runtime threads(int devices, std::chrono::milliseconds timeout = default_timeout()) {
-    return threads(devices, timeout, nullptr, nullptr);
+    return threads(devices, timeout, nullptr, nullptr, {});
   }
 
  private:
-  static Runtime threads(int devices, std::chrono::milliseconds timeout, int* argc, char** argv) {
+  /// A threads-per-device override: its value and where it came from (for messages).
+  struct ThreadsOverride {
+    std::optional<std::string> value;
+    std::string name = host::threads_per_device_variable;
+  };
+  /// The program's `--threads-per-device` when given (`cli`), else SHARDLIB_THREADS_PER_DEVICE.
+  static ThreadsOverride threads_override(std::optional<std::string> cli) {
+    if (cli) return {std::move(cli), "--threads-per-device"};
+    return {host::threads_override_from_env(), host::threads_per_device_variable};
+  }
+
+  static Runtime threads(int devices, std::chrono::milliseconds timeout, int* argc, char** argv,
+                         std::optional<std::string> threads_arg) {
     if (devices < 1)
       throw std::invalid_argument("shardlib: the threads backend needs at least 1 device, got " + std::to_string(devices));
-    Runtime rt(Backend::threads, argc, argv);
+    const ThreadsOverride o = threads_override(std::move(threads_arg));
+    Runtime rt(Backend::threads);
     rt.devices_ = devices;
     rt.timeout_ = timeout;
+    rt.share_ = host::thread_share(host::cores_available(), devices, o.value, o.name);
+    // Kokkos's own pool (for code that uses the default instance): the devices' threads together,
+    // at most the cores; each device's instance has its share (host_instances).
+    rt.start_kokkos(argc, argv, std::min(rt.share_.per_device * devices, rt.share_.cores));
     return rt;
   }
 
@@ -205,9 +266,14 @@ class Runtime {
 
 #if defined(SHARDLIB_HAVE_MPI)
   /// One device per MPI process. Initialises MPI unless the program already did (then the
-  /// program also finalises it).
-  static Runtime mpi(int* argc = nullptr, char*** argv = nullptr) {
-    Runtime rt(Backend::mpi, argc, argv ? *argv : nullptr);
+  /// program also finalises it), then Kokkos, with this rank's share of its node's cores (the
+  /// ranks on one node share them; see the file comment).
+  static Runtime mpi(int* argc = nullptr, char*** argv = nullptr) { return mpi(argc, argv, {}); }
+
+ private:
+  static Runtime mpi(int* argc, char*** argv, std::optional<std::string> threads_arg) {
+    const ThreadsOverride o = threads_override(std::move(threads_arg));
+    Runtime rt(Backend::mpi);
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) {
@@ -218,8 +284,18 @@ class Runtime {
     }
     MPI_Comm_size(MPI_COMM_WORLD, &rt.devices_);
     MPI_Comm_rank(MPI_COMM_WORLD, &rt.mpi_rank_);
+    const detail::MpiHost h = detail::mpi_host(MPI_COMM_WORLD);
+    rt.host_rank_ = h.rank;
+    rt.share_ = host::thread_share(h.cores, h.ranks, o.value, o.name);
+    if (const int own = host::cores_available(); !rt.share_.overridden && rt.share_.per_device > own) {
+      rt.share_.per_device = own;  // a rank bound to fewer cores than its share
+      rt.share_.source += ", at most the " + std::to_string(own) + " this process is bound to";
+    }
+    rt.start_kokkos(argc, argv ? *argv : nullptr, rt.share_.per_device);
     return rt;
   }
+
+ public:
 #endif
 
   /// Whether this process was started by an MPI launcher (mpirun/mpiexec of Open MPI, MPICH and
@@ -231,20 +307,23 @@ class Runtime {
 
   /// The backend and device count from the arguments (`--backend B`, `--devices N`, which are
   /// removed from argv) or the environment (SHARDLIB_BACKEND, SHARDLIB_DEVICES); see the file
-  /// comment. `default_devices` is the threads device count when neither says.
+  /// comment. `default_devices` is the threads device count when neither says. Each device's
+  /// host threads: `--threads-per-device N`, else SHARDLIB_THREADS_PER_DEVICE, else its share.
   static Runtime from_args(int& argc, char** argv, int default_devices = 1) {
     std::optional<std::string> backend = take_arg(argc, argv, "--backend");
     std::optional<std::string> devices = take_arg(argc, argv, "--devices");
+    std::optional<std::string> threads_arg = take_arg(argc, argv, "--threads-per-device");
     if (!backend)
       if (const char* s = std::getenv("SHARDLIB_BACKEND")) backend = s;
     if (!devices)
       if (const char* s = std::getenv("SHARDLIB_DEVICES")) devices = s;
     if (!backend) backend = has_mpi() && launched_by_mpirun() ? "mpi" : "threads";
     if (*backend == "threads")
-      return threads(devices ? parse_int(*devices, "--devices") : default_devices, default_timeout(), &argc, argv);
+      return threads(devices ? parse_int(*devices, "--devices") : default_devices, default_timeout(), &argc, argv,
+                     std::move(threads_arg));
     if (*backend == "mpi") {
 #if defined(SHARDLIB_HAVE_MPI)
-      Runtime rt = mpi(&argc, &argv);
+      Runtime rt = mpi(&argc, &argv, std::move(threads_arg));
       if (devices && parse_int(*devices, "--devices") != rt.devices_)
         throw std::invalid_argument("shardlib: --devices " + *devices + " but MPI started " + std::to_string(rt.devices_) +
                                     " processes; under mpi the device count is the process count (mpirun -np N)");
@@ -258,8 +337,9 @@ class Runtime {
   }
 
   Runtime(Runtime&& o) noexcept
-      : backend_(o.backend_), devices_(o.devices_), mpi_rank_(o.mpi_rank_), owns_mpi_(std::exchange(o.owns_mpi_, false)),
-        timeout_(o.timeout_), kokkos_(std::move(o.kokkos_)) {}
+      : backend_(o.backend_), devices_(o.devices_), mpi_rank_(o.mpi_rank_), host_rank_(o.host_rank_),
+        owns_mpi_(std::exchange(o.owns_mpi_, false)), timeout_(o.timeout_), share_(std::move(o.share_)),
+        kokkos_(std::move(o.kokkos_)) {}
   Runtime& operator=(Runtime&&) noexcept = delete;
   ~Runtime() {
 #if defined(SHARDLIB_HAVE_MPI)
@@ -275,12 +355,38 @@ class Runtime {
   Backend backend() const noexcept { return backend_; }
   /// Devices of the run (threads: virtual devices; mpi: processes).
   int num_devices() const noexcept { return devices_; }
-  /// "threads backend, 8 in-process devices" or "mpi backend, 4 processes".
+  /// The run, on several lines: the backend and devices ("threads backend, 8 in-process devices"
+  /// or "mpi backend, 4 processes"), then this process's host threads per device and where they
+  /// came from, the GEMM (backend, BLAS kernel, its configuration, threads) and advice when the
+  /// kernel is far below the CPU, and Kokkos's host execution space. For example:
+  /// ```
+  /// threads backend, 2 in-process devices
+  /// host threads: 1 per device (2 cores / 2 devices on this host; SHARDLIB_THREADS_PER_DEVICE sets it)
+  /// GEMM: openblas 0.3.21 Cooperlake, 1 thread per device (OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY Cooperlake MAX_THREADS=64)
+  /// Kokkos host space: OpenMP, pool of 2 threads (set by shardlib), 1 per device
+  /// ```
   std::string describe() const {
-    return backend_ == Backend::threads
-               ? "threads backend, " + std::to_string(devices_) + " in-process device" + (devices_ == 1 ? "" : "s")
-               : "mpi backend, " + std::to_string(devices_) + " process" + (devices_ == 1 ? "" : "es");
+    std::string s = backend_ == Backend::threads
+                        ? "threads backend, " + std::to_string(devices_) + " in-process device" + (devices_ == 1 ? "" : "s")
+                        : "mpi backend, " + std::to_string(devices_) + " process" + (devices_ == 1 ? "" : "es");
+    const int t = share_.per_device;
+    s += "\nhost threads: " + std::to_string(t) + " per device (" + share_.source +
+         (share_.overridden ? "" : std::string("; ") + host::threads_per_device_variable + " sets it") + ")";
+    const kernels::BlasInfo blas = kernels::blas_info();
+    s += "\nGEMM: " + blas.kernel();
+    if (blas.backend != "eigen" && blas.loaded) s += ", " + std::to_string(t) + " thread" + (t == 1 ? "" : "s") + " per device";
+    if (!blas.config.empty()) s += " (" + blas.config + ")";
+    const host::BlasAdvice advice = host::blas_advice_here();
+    if (!advice.text.empty()) s += "\nGEMM " + std::string(advice.warn ? "warning: " : "note: ") + advice.text;
+    if (!advice.fix.empty()) s += ". Fix: " + advice.fix;
+    s += "\nKokkos host space: " + (kokkos_ ? kokkos_->host_threads_note() : std::string("not initialised"));
+    if (kokkos_ && KokkosScope::host_space_has_pool() && backend_ == Backend::threads)
+      s += ", " + std::to_string(kokkos_threads_each()) + " per device";
+    return s;
   }
+  /// Each device's host threads (its BLAS calls, and its Kokkos host execution space where
+  /// shardlib sized it), and where the number came from.
+  const host::ThreadShare& thread_share() const noexcept { return share_; }
   /// This process's first device (0 under threads; the MPI rank under mpi): for printing once.
   int first_local_device() const noexcept { return mpi_rank_; }
 
@@ -289,6 +395,7 @@ class Runtime {
   /// the first device's exception here. Under mpi, an exception propagates from this process.
   template <class Body>
   void spmd(Body&& body) {
+    kernels::set_blas_threads(share_.per_device);  // the BLAS's count is the process's: set it for this run
     if (backend_ == Backend::threads) {
       run_threads(body);
       return;
@@ -300,14 +407,27 @@ class Runtime {
   }
 
  private:
-  // Kokkos gets the program's remaining arguments (its own --kokkos-* options) when there are any.
-  Runtime(Backend b, int* argc, char** argv)
-      : backend_(b), kokkos_(argc && argv ? std::make_unique<KokkosScope>(*argc, argv) : std::make_unique<KokkosScope>()) {}
+  explicit Runtime(Backend b) : backend_(b) {}
+
+  // Kokkos gets the program's remaining arguments (its own --kokkos-* options) when there are
+  // any, and `pool` host threads where its host space has a pool. Then the BLAS warning, once per
+  // process, from the first process of each host.
+  void start_kokkos(int* argc, char** argv, int pool) {
+    kokkos_ = argc && argv ? std::make_unique<KokkosScope>(*argc, argv, pool) : std::make_unique<KokkosScope>(pool);
+    if (host_rank_ == 0) host::warn_blas_once_per_process();
+  }
+  // Threads of each in-process device's Kokkos instance: the share where shardlib sized the pool
+  // or the share was set explicitly; otherwise an equal part of the pool the program chose.
+  int kokkos_threads_each() const {
+    if (share_.overridden || (kokkos_ && kokkos_->host_threads_by() == KokkosScope::HostThreadsBy::shardlib))
+      return share_.per_device;
+    return std::max(1, KokkosScope::host_pool_size() / devices_);
+  }
 
   template <class Body>
   void run_threads(Body& body) {
     auto world = coll::ThreadCommunicator::make_world(devices_, timeout_);
-    const std::vector<Kokkos::DefaultHostExecutionSpace> spaces = detail::host_instances(devices_);
+    const std::vector<Kokkos::DefaultHostExecutionSpace> spaces = detail::host_instances(devices_, kokkos_threads_each());
     std::exception_ptr first;
     bool first_is_root_cause = false;
     std::mutex m;
@@ -384,8 +504,10 @@ class Runtime {
   Backend backend_;
   int devices_ = 1;
   int mpi_rank_ = 0;
+  int host_rank_ = 0;  // among the processes of this host (mpi), for printing once per host
   bool owns_mpi_ = false;
   std::chrono::milliseconds timeout_{120000};
+  host::ThreadShare share_;
   std::unique_ptr<KokkosScope> kokkos_;
 };
 
