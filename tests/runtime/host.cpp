@@ -100,6 +100,18 @@ TEST_SUITE("runtime_host") {
     CHECK(host::core_isa("") == host::Isa::unknown);
   }
 
+  TEST_CASE("simd_advice: kernels compiled narrower than the CPU's vectors get the -march=native note") {
+    namespace h = shardlib::host;
+    CHECK(h::simd_advice(h::Isa::avx512, 16) ==
+          "this CPU has AVX-512 (16 floats a vector) but the kernels were compiled for 4; build with -march=native "
+          "for 2-4x faster elementwise, softmax and norm kernels");
+    CHECK(h::simd_advice(h::Isa::avx2, 16).find("AVX2 (8 floats a vector)") != std::string::npos);
+    CHECK(h::simd_advice(h::Isa::avx512, 64).empty());
+    CHECK(h::simd_advice(h::Isa::avx2, 32).empty());
+    CHECK(h::simd_advice(h::Isa::unknown, 16).empty());
+    CHECK(h::simd_advice(h::Isa::sse, 16).empty());
+  }
+
   TEST_CASE("blas_advice: OPENBLAS_CORETYPE forcing Haswell on an AVX-512 CPU warns, with the fix") {
     auto a = host::blas_advice(cpu(host::Isa::avx512, "AMD EPYC"), openblas("Haswell"), "Haswell");
     CHECK(a.warn);
@@ -220,6 +232,8 @@ TEST_SUITE("runtime_host") {
       CHECK(d.find("\nGEMM: " + b.kernel()) != std::string::npos);
       if (!b.config.empty()) CHECK(d.find(" (" + b.config + ")") != std::string::npos);
       CHECK(d.find("\nKokkos host space: " + std::string(Kokkos::DefaultHostExecutionSpace::name())) != std::string::npos);
+      CHECK(d.find("\nvector math: Eigen packets of " + std::to_string(sl::kernels::vmath::packet_bytes()) + " bytes (" +
+                   sl::kernels::vmath::simd_in_use() + ")") != std::string::npos);
     };
     if (sl::Runtime* rt = sl::test::mpi_runtime()) {
       check(*rt);

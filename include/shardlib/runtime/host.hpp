@@ -131,6 +131,28 @@ constexpr std::string_view to_string(Isa i) noexcept {
   }
 }
 
+/// Bytes in one vector register of `i` (16 for SSE, 32 for AVX/AVX2, 64 for AVX-512; 0 unknown).
+constexpr int vector_bytes(Isa i) noexcept {
+  switch (i) {
+    case Isa::sse: return 16;
+    case Isa::avx:
+    case Isa::avx2: return 32;
+    case Isa::avx512: return 64;
+    default: return 0;
+  }
+}
+
+/// A note when the host kernels' vector math (kernels/vmath.hpp: Eigen's packets, whose width is
+/// the compiler's flags') was compiled for narrower vectors than this CPU has: `packet_bytes` is
+/// the build's float packet. Empty when the build uses what the CPU has (or the CPU is unknown).
+inline std::string simd_advice(Isa cpu, int packet_bytes) {
+  const int have = vector_bytes(cpu);
+  if (have <= packet_bytes) return {};
+  return "this CPU has " + std::string(to_string(cpu)) + " (" + std::to_string(have / 4) +
+         " floats a vector) but the kernels were compiled for " + std::to_string(packet_bytes / 4) +
+         "; build with -march=native for 2-4x faster elementwise, softmax and norm kernels";
+}
+
 /// What this CPU supports, as far as GEMM kernels care.
 struct CpuFeatures {
   /// Whether the CPU could be asked (x86 with a compiler that can ask); false elsewhere.

@@ -25,6 +25,7 @@
 #include <shardlib/collectives/communicator.hpp>
 #include <shardlib/collectives/threads.hpp>
 #include <shardlib/kernels/blas.hpp>
+#include <shardlib/kernels/vmath.hpp>
 #include <shardlib/mesh.hpp>
 #include <shardlib/runtime/host.hpp>
 #include <shardlib/runtime/kokkos_scope.hpp>
@@ -379,6 +380,10 @@ class Runtime {
     const host::BlasAdvice advice = host::blas_advice_here();
     if (!advice.text.empty()) s += "\nGEMM " + std::string(advice.warn ? "warning: " : "note: ") + advice.text;
     if (!advice.fix.empty()) s += ". Fix: " + advice.fix;
+    s += "\nvector math: Eigen packets of " + std::to_string(kernels::vmath::packet_bytes()) + " bytes (" +
+         kernels::vmath::simd_in_use() + ")";
+    const std::string simd = host::simd_advice(host::detect_cpu().best, kernels::vmath::packet_bytes());
+    if (!simd.empty()) s += "\nvector math note: " + simd;
     s += "\nKokkos host space: " + (kokkos_ ? kokkos_->host_threads_note() : std::string("not initialised"));
     if (kokkos_ && KokkosScope::host_space_has_pool() && backend_ == Backend::threads)
       s += ", " + std::to_string(kokkos_threads_each()) + " per device";
