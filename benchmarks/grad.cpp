@@ -27,8 +27,8 @@
 //   columns over "model", Wo and W2 by rows; the row-parallel products' partial sums resolved by
 //   sl::reshard to the replicated hidden spec (Megatron: one all_reduce each in the forward, and
 //   one each at the layer norms' outputs in the backward).
-//   gemm_threads and kernel_threads: the threads one device's GEMM and Kokkos kernels run on (1 and
-//   1 with the Serial backend), for the side-by-side with benchmarks/peers/jax_blocks.py (the same
+//   gemm_threads and kernel_threads: the threads one device's GEMM and Kokkos kernels run on (the
+//   device's share of the cores; 1 for the kernels on the Serial backend), for the side-by-side with benchmarks/peers/jax_blocks.py (the same
 //   block, forward and gradient, in JAX on as many virtual CPU devices, whose XLA runs on every
 //   core of the machine: benchmarks/run grad prints both).
 // tape: a small op (float [32, 32] on 1 device) on Params, so a node is recorded (forward only;

@@ -23,10 +23,11 @@
 //   launches: kernels::elementwise, reduce_dim, gemm, permute, ...). overhead_us = op - kernel.
 // matmul: `matmul(x, w)` with no communication (x rows over "x"; w columns over "y" on 2
 //   devices), float32 (three shapes) and float64 (1024^3), next to `cblas_sgemm` / `cblas_dgemm`
-//   on one thread on the same local shape (`openblas_sgemm`, `openblas_dgemm`); without OpenBLAS
+//   on the same local shape and BLAS threads (`openblas_sgemm`, `openblas_dgemm`); without OpenBLAS
 //   the baseline is Eigen's own kernel (`eigen_gemm`). peak_gflops = the core's peak (measured in the same process, as in the
-//   peak part) x the threads the GEMM used (gemm_threads, asked of OpenBLAS: 1, as shardlib sets
-//   it); fraction_of_peak for ours and baseline_fraction_of_peak for the BLAS call.
+//   peak part) x the threads the GEMM used (gemm_threads, asked of OpenBLAS: the device's share of
+//   the cores, as the runtime sets it); fraction_of_peak for ours and baseline_fraction_of_peak for
+//   the BLAS call.
 // kernels: on one device, float32 tensors of 2M elements ([4096, 512], the MLP's [B*S, d_ff]-like
 //   shape; softmax and log_softmax over the last dim of [8192, 128], the attention scores of B=8,
 //   H=8, S=128): gelu, gelu_tanh, exp, tanh, sigmoid, a + b, softmax, log_softmax, layer_norm,
@@ -38,8 +39,8 @@
 // mlp: einsum (column-parallel), gelu, einsum (row-parallel), then the partial sum resolved to
 //   replicated; seconds per block on the slowest device; collectives_per_block counted with a
 //   CommRecorder (exactly 1 on a mesh whose "model" axis has more than one device); gemm_threads and
-//   kernel_threads: the threads one device's GEMM and Kokkos kernels run on (1 and 1 with the
-//   Serial backend: the 1-device case uses one core where JAX's XLA uses all of them).
+//   kernel_threads: the threads one device's GEMM and Kokkos kernels run on (the device's share of
+//   the cores for the GEMM; Kokkos's Serial backend runs the kernels on 1).
 #include <shardlib/shardlib.hpp>
 
 #include "common.hpp"
