@@ -56,7 +56,9 @@ void softmax_rows(const Exec& exec, const T* in, T* out, std::int64_t rows, std:
   detail::for_rows(exec, "shardlib::kernels::softmax_rows", rows, n, [=](std::int64_t r) {
     const T* x = in + r * n;
     T* y = out + r * n;
-    const T m = (vmath::ConstRun<T>(x, n) * scale).template maxCoeff<Eigen::PropagateNaN>();
+    // Eigen's fast max (a NaN may or may not win it: either way exp(NaN - m) or exp(x - NaN) makes
+    // the sum, and so the row, NaN); its NaN-propagating max costs 3x as much.
+    const T m = (vmath::ConstRun<T>(x, n) * scale).maxCoeff();
     double sum = 0;
     for (std::int64_t b = 0; b < n; b += vmath::chunk) {
       const std::int64_t len = n - b < vmath::chunk ? n - b : vmath::chunk;
