@@ -44,6 +44,8 @@ import statistics
 import sys
 import time
 
+from jax_env import force_cpu_devices
+
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -71,10 +73,7 @@ def parse_args(argv=None):
 
 
 ARGS = parse_args()
-# Before jax is imported: N virtual CPU devices (keeping any other XLA flags of the caller).
-_flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
-os.environ["XLA_FLAGS"] = " ".join(_flags + [f"--xla_force_host_platform_device_count={ARGS.devices}"])
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+force_cpu_devices(ARGS.devices)  # before jax is imported
 
 try:
     import numpy as np

@@ -46,11 +46,12 @@ progress and a table on stderr. Exit status 3 when jax cannot be imported, 2 on 
 import argparse
 import json
 import math
-import os
 import re
 import statistics
 import sys
 import time
+
+from jax_env import force_cpu_devices
 
 RECIPES = ("dp", "zero1", "zero2", "zero3", "tp", "dp_tp")
 
@@ -88,10 +89,7 @@ def parse_args(argv=None):
 
 
 ARGS = parse_args()
-# Before jax is imported: N virtual CPU devices (keeping any other XLA flags of the caller).
-_flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
-os.environ["XLA_FLAGS"] = " ".join(_flags + [f"--xla_force_host_platform_device_count={ARGS.devices}"])
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+force_cpu_devices(ARGS.devices)  # before jax is imported
 
 
 
