@@ -21,21 +21,19 @@ namespace shardlib {
 namespace fn::grad {
 // EXPR on scalars; the ops Eigen has packets for also get it as an `array` form on Eigen arrays
 // (kernels/vmath.hpp), taken by the host kernels for float and double.
-#define SHARDLIB_DFN(NAME, EXPR)                                                                 \
-  struct NAME {                                                                                  \
-    template <class A>                                                                           \
-    KOKKOS_INLINE_FUNCTION A operator()(const A& g, const A& v) const {                          \
-      using std::exp, std::tanh, std::erf;                                                       \
-      return EXPR;                                                                               \
-    }                                                                                            \
+#define SHARDLIB_DFN_SCALAR(EXPR)                                                                \
+  template <class A>                                                                             \
+  KOKKOS_INLINE_FUNCTION A operator()(const A& g, const A& v) const {                            \
+    using std::exp, std::tanh, std::erf;                                                         \
+    return EXPR;                                                                                 \
+  }
+#define SHARDLIB_DFN(NAME, EXPR) \
+  struct NAME {                  \
+    SHARDLIB_DFN_SCALAR(EXPR)    \
   };
 #define SHARDLIB_DFNV(NAME, EXPR)                                                                \
   struct NAME {                                                                                  \
-    template <class A>                                                                           \
-    KOKKOS_INLINE_FUNCTION A operator()(const A& g, const A& v) const {                          \
-      using std::exp, std::tanh, std::erf;                                                       \
-      return EXPR;                                                                               \
-    }                                                                                            \
+    SHARDLIB_DFN_SCALAR(EXPR)                                                                    \
     template <class X>                                                                           \
     auto array(const X& g, const X& v) const {                                                   \
       using A [[maybe_unused]] = typename X::Scalar;                                             \
@@ -62,6 +60,7 @@ SHARDLIB_DFNV(gelu_tanh, g*(A(0.5) * (A(1) + tanh(A(0.79788456080286535588) * (v
                                A(0.79788456080286535588) * (A(1) + A(3 * 0.044715) * v * v)))  // v = x
 #undef SHARDLIB_DFN
 #undef SHARDLIB_DFNV
+#undef SHARDLIB_DFN_SCALAR
 /// d max(a, b) / da: 1 where a wins, 1/2 on ties (torch's rule).
 struct max_a {
   template <class A>

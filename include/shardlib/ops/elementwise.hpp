@@ -144,17 +144,18 @@ namespace fn {
 // Each functor is callable on scalars (host and device) and, for the ops Eigen has packets for, has
 // an `array` form: the same expression on Eigen arrays (kernels/vmath.hpp), taken by the host
 // kernels for float and double. `A` is the element type in both.
-#define SHARDLIB_FN2(NAME, EXPR)                                                                              \
-  struct NAME {                                                                                              \
-    template <class A, class B>                                                                              \
-    KOKKOS_INLINE_FUNCTION constexpr auto operator()(const A& a, const B& b) const { return EXPR; }           \
+#define SHARDLIB_FN2_SCALAR(EXPR) \
+  template <class A, class B>     \
+  KOKKOS_INLINE_FUNCTION constexpr auto operator()(const A& a, const B& b) const { return EXPR; }
+#define SHARDLIB_FN2(NAME, EXPR) \
+  struct NAME {                  \
+    SHARDLIB_FN2_SCALAR(EXPR)    \
   };
-#define SHARDLIB_FN2V(NAME, EXPR)                                                                             \
-  struct NAME {                                                                                              \
-    template <class A, class B>                                                                              \
-    KOKKOS_INLINE_FUNCTION constexpr auto operator()(const A& a, const B& b) const { return EXPR; }           \
-    template <class A, class B>                                                                              \
-    auto array(const A& a, const B& b) const { return EXPR; }                                                \
+#define SHARDLIB_FN2V(NAME, EXPR)                                  \
+  struct NAME {                                                   \
+    SHARDLIB_FN2_SCALAR(EXPR)                                     \
+    template <class A, class B>                                   \
+    auto array(const A& a, const B& b) const { return EXPR; }     \
   };
 SHARDLIB_FN2V(add, a + b)
 SHARDLIB_FN2V(sub, a - b)
@@ -164,6 +165,7 @@ SHARDLIB_FN2(max, a < b ? b : a)
 SHARDLIB_FN2(min, b < a ? b : a)
 #undef SHARDLIB_FN2
 #undef SHARDLIB_FN2V
+#undef SHARDLIB_FN2_SCALAR
 /// `f(x, s)` with a scalar bound on the right (or on the left when Left).
 template <class F, class S, bool Left>
 struct bind_scalar {
