@@ -147,6 +147,15 @@ TEST_SUITE("kernels_vmath") {
   }
 
   TEST_CASE("which functors and types take the vector path") {
+    struct Opted {  // a user functor with an array form (docs/04: "Local kernels")
+      float operator()(float x) const { return x * x + 1.0f; }
+      template <class X>
+      auto array(const X& x) const { return x * x + 1.0f; }
+    };
+    CHECK(k::vmath::Vectorizable<Opted, float, float>);
+    std::vector<float> in = {1, 2, 3}, out(3);
+    k::elementwise(exec, out.data(), std::array<I64, 1>{3}, Opted{}, k::Strided<float, 1>{in.data(), {1}});
+    CHECK(out == std::vector<float>{2, 5, 10});
     auto user = [](float x) { return x * 2; };
     CHECK(!k::vmath::Vectorizable<decltype(user), float, float>);          // user functors: scalar
     CHECK(!k::vmath::Vectorizable<fn::max, float, float, float>);          // NaN rules of its own
