@@ -102,6 +102,12 @@ void check_unary(const char* name, F f, double ulps, Scale scale, T (*input_as)(
 }
 
 double none(double) { return 0; }
+
+struct Opted {  // a user functor with an array form (docs/04: "Local kernels")
+  float operator()(float x) const { return x * x + 1.0f; }
+  template <class X>
+  auto array(const X& x) const { return x * x + 1.0f; }
+};
 double gelu_scale(double x) { return std::fabs(x); }  // x/2 * (1 + erf): erf's error times |x|/2
 
 }  // namespace
@@ -147,11 +153,6 @@ TEST_SUITE("kernels_vmath") {
   }
 
   TEST_CASE("which functors and types take the vector path") {
-    struct Opted {  // a user functor with an array form (docs/04: "Local kernels")
-      float operator()(float x) const { return x * x + 1.0f; }
-      template <class X>
-      auto array(const X& x) const { return x * x + 1.0f; }
-    };
     CHECK(k::vmath::Vectorizable<Opted, float, float>);
     std::vector<float> in = {1, 2, 3}, out(3);
     k::elementwise(exec, out.data(), std::array<I64, 1>{3}, Opted{}, k::Strided<float, 1>{in.data(), {1}});
