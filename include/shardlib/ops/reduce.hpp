@@ -252,8 +252,8 @@ template <int Dim, TensorType A>
 auto log_softmax(const A& a, double scale = 1) {
   return detail::normalize_op<"log_softmax", detail::Normalization::log_softmax, Dim>(a, 0.0, scale);
 }
-/// (x - mean) / sqrt(var + eps) along `Dim` (no affine parameters: multiply and add broadcast
-/// tensors for those).
+/// (x - mean) / sqrt(var + eps) along `Dim` (for torch's weight and bias along the last dim, the
+/// overload below with `gain` and `bias`).
 template <int Dim, TensorType A>
 auto layer_norm(const A& a, double eps = 1e-5) {
   return detail::normalize_op<"layer_norm", detail::Normalization::layer_norm, Dim>(a, eps);
