@@ -434,6 +434,50 @@ TEST_SUITE("collectives") {
       CHECK(rec.total_calls() == 3);
       CHECK(rec[sl::coll::Kind::all_to_all].calls == 0);
       CHECK(rec.to_string().find("all_gather: 1 call, ") == 0);
+      CHECK(rec.calls().empty());  // a plain recorder keeps no list
     });
+  }
+
+  TEST_CASE("trace: the collectives of a block in order, with group and bytes; nested recorders still count") {
+    for_each_run([](sl::Context& ctx) {
+      auto& c = ctx.world();
+      const int n = c.size();
+      std::vector<float> a(256, 1.f), b(256 * static_cast<std::size_t>(n), 0.f);
+      sl::coll::CommRecorder outer;
+      const sl::coll::CommTrace t = sl::coll::trace([&] {
+        c.all_gather(a.data(), b.data(), 256, DType::f32);
+        c.all_reduce(a.data(), a.data(), 16, DType::f32, Op::sum);
+        c.barrier();
+      });
+      REQUIRE(t.calls.size() == 3);
+      CHECK(t.calls[0].kind == sl::coll::Kind::all_gather);
+      CHECK(t.calls[1].kind == sl::coll::Kind::all_reduce);
+      CHECK(t.calls[2].kind == sl::coll::Kind::barrier);
+      CHECK(t.calls[0].group == c.name());
+      CHECK(t.calls[0].group_size == n);
+      CHECK(t.calls[0].bytes_received == 1024u * static_cast<std::uint64_t>(n - 1));
+      CHECK(t.totals.total_calls() == 3);
+      CHECK(outer.total_calls() == 3);
+      const std::string text = t.to_string();
+      CHECK_MESSAGE(text.find("3 collectives: ") == 0, text);
+      CHECK_MESSAGE(text.find("  1. all_gather over world (" + std::to_string(n) + (n == 1 ? " device): " : " devices): ")) !=
+                        std::string::npos,
+                    text);
+      CHECK_MESSAGE(text.find("  3. barrier over world") != std::string::npos, text);
+      if (n == 2)
+        CHECK_MESSAGE(text.find("all_gather over world (2 devices): 1.00 KiB sent, 1.00 KiB received") != std::string::npos, text);
+      // The block's exception passes through; the recorder is gone with it.
+      CHECK_THROWS_AS(sl::coll::trace([] { throw std::runtime_error("step failed"); }), std::runtime_error);
+      CHECK(sl::coll::trace([] {}).to_string() == "0 collectives: 0 B sent, 0 B received (this device)\n");
+    });
+  }
+
+  TEST_CASE("bytes_text: bytes as people read them") {
+    CHECK(sl::coll::bytes_text(0) == "0 B");
+    CHECK(sl::coll::bytes_text(1023) == "1023 B");
+    CHECK(sl::coll::bytes_text(1024) == "1.00 KiB");
+    CHECK(sl::coll::bytes_text(393216) == "384 KiB");
+    CHECK(sl::coll::bytes_text(3u << 19) == "1.50 MiB");
+    CHECK(sl::coll::bytes_text(40ull << 30) == "40.0 GiB");
   }
 }

@@ -353,6 +353,22 @@ TEST_CASE("Megatron MLP: column-parallel then row-parallel; one all_reduce or on
             CHECK_MESSAGE(resolve.total_calls() == one, resolve.to_string() << " for s = " << s << " on " << mesh.to_string());
             seq_split = z.to_host();
           }
+          // The step's trace: the same collectives, groups and bytes every time it runs (they follow
+          // from types, shapes and mesh), so one trace describes every later step.
+          {
+            auto step = [&] {
+              const auto yy = sl::einsum<"bsf,fd->bsd">(sl::einsum<"bsd,df->bsf">(x, w1), w2);
+              sl::DistributedTensor<float, DM, Spec<"data", none, none>> z = yy;
+            };
+            const auto first = coll::trace(step), second = coll::trace(step);
+            REQUIRE(first.calls.size() == one);
+            CHECK(first.to_string() == second.to_string());
+            if (one) {
+              CHECK(first.calls[0].kind == coll::Kind::all_reduce);
+              CHECK(first.calls[0].group_size == model);
+              CHECK_MESSAGE(first.calls[0].group.find("{model}") != std::string::npos, first.calls[0].group);
+            }
+          }
           // Values: the MLP (without its nonlinearity) on one device.
           std::array<std::int64_t, 128> extent{};
           extent['b'] = b, extent['s'] = s, extent['d'] = d, extent['f'] = f;

@@ -182,7 +182,7 @@ class Communicator {
   void all_reduce(const void* send, void* recv, std::size_t count, DType t, Op op) {
     check_buffers("all_reduce", send, recv, count, count);
     std::uint64_t b = bytes(count, t), moved = size_ > 1 ? 2 * b * static_cast<std::uint64_t>(size_ - 1) / static_cast<std::uint64_t>(size_) : 0;
-    CommRecorder::record(Kind::all_reduce, moved, moved);
+    CommRecorder::record(Kind::all_reduce, moved, moved, name_, size_);
     do_all_reduce(send, recv, count, t, op);
   }
 
@@ -227,7 +227,7 @@ class Communicator {
     check_buffers("broadcast", buf, buf, count, count);
     std::uint64_t b = bytes(count, t);
     CommRecorder::record(Kind::broadcast, rank_ == root ? b * static_cast<std::uint64_t>(size_ - 1) : 0,
-                         rank_ == root ? 0 : b);
+                         rank_ == root ? 0 : b, name_, size_);
     do_broadcast(buf, count, t, root);
   }
 
@@ -235,13 +235,13 @@ class Communicator {
   void send(const void* buf, std::size_t count, DType t, int peer, int tag = 0) {
     check_rank("send", "peer", peer);
     check_buffers("send", buf, buf, count, 0);
-    CommRecorder::record(Kind::send, peer == rank_ ? 0 : bytes(count, t), 0);
+    CommRecorder::record(Kind::send, peer == rank_ ? 0 : bytes(count, t), 0, name_, size_);
     do_send(buf, count, t, peer, tag);
   }
   void recv(void* buf, std::size_t count, DType t, int peer, int tag = 0) {
     check_rank("recv", "peer", peer);
     check_buffers("recv", buf, buf, 0, count);
-    CommRecorder::record(Kind::recv, 0, peer == rank_ ? 0 : bytes(count, t));
+    CommRecorder::record(Kind::recv, 0, peer == rank_ ? 0 : bytes(count, t), name_, size_);
     do_recv(buf, count, t, peer, tag);
   }
 
@@ -254,13 +254,13 @@ class Communicator {
     if (source != -1) check_rank("permute", "source", source);
     check_buffers("permute", send, recv, dest == -1 ? 0 : send_count, source == -1 ? 0 : recv_count);
     CommRecorder::record(Kind::permute, dest != -1 && dest != rank_ ? bytes(send_count, t) : 0,
-                         source != -1 && source != rank_ ? bytes(recv_count, t) : 0);
+                         source != -1 && source != rank_ ? bytes(recv_count, t) : 0, name_, size_);
     do_permute(send, dest == -1 ? 0 : send_count, dest, recv, source == -1 ? 0 : recv_count, source, t);
   }
 
   /// Returns once every rank of the group has called it.
   void barrier() {
-    CommRecorder::record(Kind::barrier, 0, 0);
+    CommRecorder::record(Kind::barrier, 0, 0, name_, size_);
     do_barrier();
   }
 
@@ -350,7 +350,7 @@ class Communicator {
     if (sb.first < sb.second && rb.first < rb.second && s0 + sb.first < r0 + rb.second && r0 + rb.first < s0 + sb.second)
       throw CollectiveError("shardlib: " + where(call) + ": the send and receive buffers overlap; " + std::string(call) +
                             " cannot run in place");
-    CommRecorder::record(counted_as, bytes(send_total - send_own, t), bytes(recv_total - recv_own, t));
+    CommRecorder::record(counted_as, bytes(send_total - send_own, t), bytes(recv_total - recv_own, t), name_, size_);
   }
 
   void check_regions(std::string_view call, std::string_view side, std::span<const Region> regions) const {
@@ -393,7 +393,7 @@ class Communicator {
     check_blocks("all_gather", blocks);
     check_buffers("all_gather", send, recv, blocks.count(rank_), blocks.total());
     std::uint64_t own = bytes(blocks.count(rank_), t);
-    CommRecorder::record(Kind::all_gather, own * static_cast<std::uint64_t>(size_ - 1), bytes(blocks.total(), t) - own);
+    CommRecorder::record(Kind::all_gather, own * static_cast<std::uint64_t>(size_ - 1), bytes(blocks.total(), t) - own, name_, size_);
     do_all_gather(send, recv, blocks, t);
   }
   void reduce_scatter_blocks(const void* send, void* recv, const Blocks& blocks, DType t, Op op) {
@@ -401,7 +401,7 @@ class Communicator {
     check_buffers("reduce_scatter", send, recv, blocks.total(), blocks.count(rank_));
     check_disjoint("reduce_scatter", send, blocks.total(), recv, blocks.count(rank_), t);
     std::uint64_t own = bytes(blocks.count(rank_), t);
-    CommRecorder::record(Kind::reduce_scatter, bytes(blocks.total(), t) - own, own * static_cast<std::uint64_t>(size_ - 1));
+    CommRecorder::record(Kind::reduce_scatter, bytes(blocks.total(), t) - own, own * static_cast<std::uint64_t>(size_ - 1), name_, size_);
     do_reduce_scatter(send, recv, blocks, t, op);
   }
   void all_to_all_blocks(const void* send, const Blocks& sb, void* recv, const Blocks& rb, DType t) {
@@ -409,7 +409,7 @@ class Communicator {
     check_blocks("all_to_all", rb);
     check_buffers("all_to_all", send, recv, sb.total(), rb.total());
     check_disjoint("all_to_all", send, sb.total(), recv, rb.total(), t);
-    CommRecorder::record(Kind::all_to_all, bytes(sb.total() - sb.count(rank_), t), bytes(rb.total() - rb.count(rank_), t));
+    CommRecorder::record(Kind::all_to_all, bytes(sb.total() - sb.count(rank_), t), bytes(rb.total() - rb.count(rank_), t), name_, size_);
     do_all_to_all(send, sb, recv, rb, t);
   }
 

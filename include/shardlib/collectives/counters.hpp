@@ -20,10 +20,23 @@
 ///
 /// exchange (an all-to-all of strided regions) counts as all_to_all: its bytes are the regions
 /// for and from the other ranks, the self pair left out.
+///
+/// A recorder made with `keep_calls` also keeps each call in order (kind, group, bytes): the
+/// trace of a block of code. `coll::trace(f)` runs `f` under such a recorder and returns it as a
+/// `CommTrace`, whose `to_string()` is one line per collective:
+///
+/// ```
+/// 3 collectives: 1.5 MiB sent, 1.5 MiB received (this device)
+///   1. all_gather over group {data} of mesh {data: 4, model: 2} (4 devices): 384 KiB sent, 384 KiB received
+/// ```
+///
+/// shardlib's collectives follow from the tensors' types, shapes and mesh, never from their
+/// values, so the trace of one training step is the plan of every step with the same shapes.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,6 +59,41 @@ struct KindStats {
   std::uint64_t bytes_sent = 0;
   std::uint64_t bytes_received = 0;
 };
+
+/// "1.5 MiB", "384 KiB", "96 B": a byte count as people read it.
+inline std::string bytes_text(std::uint64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  if (u == 0) return std::to_string(b) + " B";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, v < 10 ? "%.2f %s" : v < 100 ? "%.1f %s" : "%.0f %s", v, units[u]);
+  return buf;
+}
+
+/// One collective call, as a recorder with `keep_calls` saw it.
+struct CallRecord {
+  Kind kind{};
+  std::string group;   ///< the communicator's name: "world", "group {model} of mesh {data: 4, model: 2}"
+  int group_size = 0;  ///< devices in the group
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_received = 0;
+
+  /// "all_gather over group {data} of mesh {data: 4} (4 devices): 384 KiB sent, 384 KiB received".
+  std::string to_string() const {
+    return std::string(name(kind)) + " over " + group + " (" + std::to_string(group_size) + " device" +
+           (group_size == 1 ? "" : "s") + "): " + bytes_text(bytes_sent) + " sent, " + bytes_text(bytes_received) +
+           " received";
+  }
+};
+
+/// Tag: a recorder that keeps each call (see the file comment).
+struct KeepCalls {};
+inline constexpr KeepCalls keep_calls{};
 
 /// Calls and bytes per kind: what a recorder counted, as a value that outlives it.
 struct CommStats {
@@ -87,6 +135,8 @@ struct CommStats {
 class CommRecorder {
  public:
   CommRecorder() : prev_(top()) { top() = this; }
+  /// Counts and keeps each call in order (`calls()`).
+  explicit CommRecorder(KeepCalls) : CommRecorder() { keep_ = true; }
   CommRecorder(const CommRecorder&) = delete;
   CommRecorder& operator=(const CommRecorder&) = delete;
   ~CommRecorder() { top() = prev_; }
@@ -96,20 +146,34 @@ class CommRecorder {
   std::uint64_t total_calls() const noexcept { return stats_.total_calls(); }
   std::uint64_t total_bytes_sent() const noexcept { return stats_.total_bytes_sent(); }
   std::uint64_t total_bytes_received() const noexcept { return stats_.total_bytes_received(); }
-  void reset() noexcept { stats_ = {}; }
+  void reset() noexcept {
+    stats_ = {};
+    calls_.clear();
+  }
   /// What was counted so far, as a value.
   const CommStats& stats() const noexcept { return stats_; }
+  /// The calls in order (empty unless made with `keep_calls`).
+  const std::vector<CallRecord>& calls() const noexcept { return calls_; }
 
   /// One line per kind that was called: "all_reduce: 2 calls, 96 B sent, 96 B received".
   std::string to_string() const { return stats_.to_string(); }
 
-  /// Adds one call to every recorder alive on this thread (called by Communicator).
-  static void record(Kind k, std::uint64_t sent, std::uint64_t received) noexcept {
+  /// Adds one call of the group `group` (of `group_size` devices) to every recorder alive on this
+  /// thread (called by Communicator). A recorder that keeps calls and cannot grow its list drops
+  /// the call from the list (it is still counted).
+  static void record(Kind k, std::uint64_t sent, std::uint64_t received, std::string_view group = {},
+                     int group_size = 0) noexcept {
     for (CommRecorder* r = top(); r; r = r->prev_) {
       auto& st = r->stats_[k];
       ++st.calls;
       st.bytes_sent += sent;
       st.bytes_received += received;
+      if (r->keep_) {
+        try {
+          r->calls_.push_back(CallRecord{k, std::string(group), group_size, sent, received});
+        } catch (...) {  // out of memory: the counts stay right
+        }
+      }
     }
   }
 
@@ -120,6 +184,34 @@ class CommRecorder {
   }
   CommRecorder* prev_;
   CommStats stats_{};
+  bool keep_ = false;
+  std::vector<CallRecord> calls_;
 };
+
+/// The collectives a block of code called on this device, in order, with their bytes: what
+/// `coll::trace` returns (see the file comment).
+struct CommTrace {
+  CommStats totals;
+  std::vector<CallRecord> calls;
+
+  /// A first line of totals, then one numbered line per call (barriers included).
+  std::string to_string() const {
+    std::string s = std::to_string(calls.size()) + (calls.size() == 1 ? " collective" : " collectives") + ": " +
+                    bytes_text(totals.total_bytes_sent()) + " sent, " + bytes_text(totals.total_bytes_received()) +
+                    " received (this device)\n";
+    for (std::size_t i = 0; i < calls.size(); ++i) s += "  " + std::to_string(i + 1) + ". " + calls[i].to_string() + "\n";
+    return s;
+  }
+};
+
+/// Runs `f()` on this device and returns the collectives it called, in order, with bytes (and
+/// its result is dropped). Every device of the group must run it, as it runs `f`. An exception
+/// from `f` propagates.
+template <class F>
+CommTrace trace(F&& f) {
+  CommRecorder rec(keep_calls);
+  static_cast<F&&>(f)();
+  return CommTrace{rec.stats(), rec.calls()};
+}
 
 }  // namespace shardlib::coll
