@@ -7,6 +7,8 @@
 //       [--layers N] [--dim N] [--batch N] [--seq N] [--vocab N] [--heads N] [--ff N]
 //       [--check 1]   also train on everything replicated (one device's computation) and exit
 //                     non-zero when a step's loss differs by more than 1e-4 relative
+//       [--describe 1] print the first step's collectives in order, with group and bytes (every
+//                     later step emits the same: they follow from types, shapes and mesh)
 //
 // Under mpirun each rank is a device: mpirun -np 4 gpt --recipe zero2
 #include "common.hpp"
@@ -32,11 +34,12 @@ void print_stats(const char* phase, const shardlib::coll::CommStats& s) {
 }
 
 template <class R>
-std::vector<double> run(shardlib::Context& ctx, const gpt::Config& cfg, int steps, bool verbose) {
+std::vector<double> run(shardlib::Context& ctx, const gpt::Config& cfg, int steps, bool verbose, bool describe) {
   std::vector<double> losses;
   gpt::train<R>(ctx, cfg, steps, [&](int s, const gpt::StepReport& r) {
     losses.push_back(r.loss);
     if (!verbose || ctx.device() != 0) return;
+    if (s == 0 && describe) std::printf("the collectives of a step, in order:\n%s", r.trace.to_string().c_str());
     std::printf("step %3d  loss %.6f  grad norm %.4f\n", s, r.loss, r.grad_norm);
     if (s == 0 || s == steps - 1) {
       print_stats("forward", r.forward);
@@ -49,7 +52,7 @@ std::vector<double> run(shardlib::Context& ctx, const gpt::Config& cfg, int step
 }
 
 template <class R>
-int main_for(shardlib::Runtime& rt, const gpt::Config& cfg, int steps, bool check) {
+int main_for(shardlib::Runtime& rt, const gpt::Config& cfg, int steps, bool check, bool describe) {
   int status = 0;
   rt.spmd([&](shardlib::Context& ctx) {
     if (ctx.device() == 0)
@@ -57,9 +60,9 @@ int main_for(shardlib::Runtime& rt, const gpt::Config& cfg, int steps, bool chec
                   R::name, ctx.num_devices(), std::string(shardlib::to_string(rt.backend())).c_str(), (long long)cfg.layers, (long long)cfg.dim,
                   (long long)cfg.heads, (long long)cfg.ff, (long long)cfg.vocab, (long long)cfg.seq,
                   (long long)cfg.batch);
-    const std::vector<double> got = run<R>(ctx, cfg, steps, true);
+    const std::vector<double> got = run<R>(ctx, cfg, steps, true, describe);
     if (!check) return;
-    const std::vector<double> want = run<gpt::Replicated>(ctx, cfg, steps, false);
+    const std::vector<double> want = run<gpt::Replicated>(ctx, cfg, steps, false, false);
     double worst = 0;
     for (int s = 0; s < steps; ++s) worst = std::max(worst, std::abs(got[s] - want[s]) / std::abs(want[s]));
     if (ctx.device() == 0) {
@@ -85,17 +88,18 @@ int main(int argc, char** argv) {
     cfg.batch = example::arg(argc, argv, "--batch", cfg.batch);
     const int steps = static_cast<int>(example::arg(argc, argv, "--steps", 20));
     const bool check = example::arg(argc, argv, "--check", 0) != 0;
+    const bool describe = example::arg(argc, argv, "--describe", 0) != 0;
     const std::string recipe = example::arg_text(argc, argv, "--recipe", "dp");
     if (cfg.dim % cfg.heads != 0)
       throw std::invalid_argument("--dim " + std::to_string(cfg.dim) + " is not a multiple of --heads " +
                                   std::to_string(cfg.heads));
-    if (recipe == "dp") return main_for<gpt::DP>(rt, cfg, steps, check);
-    if (recipe == "zero1") return main_for<gpt::Zero1>(rt, cfg, steps, check);
-    if (recipe == "zero2") return main_for<gpt::Zero2>(rt, cfg, steps, check);
-    if (recipe == "zero3") return main_for<gpt::Zero3>(rt, cfg, steps, check);
-    if (recipe == "tp") return main_for<gpt::TP>(rt, cfg, steps, check);
-    if (recipe == "dp_tp") return main_for<gpt::DPxTP>(rt, cfg, steps, check);
-    if (recipe == "replicated") return main_for<gpt::Replicated>(rt, cfg, steps, check);
+    if (recipe == "dp") return main_for<gpt::DP>(rt, cfg, steps, check, describe);
+    if (recipe == "zero1") return main_for<gpt::Zero1>(rt, cfg, steps, check, describe);
+    if (recipe == "zero2") return main_for<gpt::Zero2>(rt, cfg, steps, check, describe);
+    if (recipe == "zero3") return main_for<gpt::Zero3>(rt, cfg, steps, check, describe);
+    if (recipe == "tp") return main_for<gpt::TP>(rt, cfg, steps, check, describe);
+    if (recipe == "dp_tp") return main_for<gpt::DPxTP>(rt, cfg, steps, check, describe);
+    if (recipe == "replicated") return main_for<gpt::Replicated>(rt, cfg, steps, check, describe);
     throw std::invalid_argument("unknown --recipe '" + recipe + "' (dp, zero1, zero2, zero3, tp, dp_tp, replicated)");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpt: %s\n", e.what());

@@ -297,6 +297,7 @@ struct StepReport {
   double loss = 0;
   double grad_norm = 0;
   sl::coll::CommStats forward, backward, update;  // collectives of each phase
+  sl::coll::CommTrace trace;  // the whole step's collectives in order (the loss's read-back included)
   sl::MemoryUsage memory;  // after the update; its peak: the step's high point
 };
 
@@ -318,6 +319,7 @@ std::vector<std::vector<float>> train(sl::Context& ctx, const Config& cfg, int s
   using Ids = sl::DistributedTensor<std::int64_t, typename R::Mesh, typename R::Ids>;
   for (int s = 0; s < steps; ++s) {
     StepReport r;
+    sl::coll::CommRecorder whole(sl::coll::keep_calls);
     auto [ids, targets] = stream.batch<Ids>(mesh, cfg.batch, s);
     opt.zero_grad();
     sl::reset_peak_memory(ctx);  // r.memory.peak: this step's high point
@@ -340,6 +342,7 @@ std::vector<std::vector<float>> train(sl::Context& ctx, const Config& cfg, int s
     r.memory = sl::memory_usage(ctx);
     r.grad_norm = opt.last_grad_norm();
     r.loss = loss.value().to_host()[0];  // the pending sum over the batch's devices: one all_reduce
+    r.trace = {whole.stats(), whole.calls()};
     on_step(s, r);
   }
   std::vector<std::vector<float>> out;

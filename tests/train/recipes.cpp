@@ -80,6 +80,12 @@ void against_one_device(Check check, const gpt::Config& cfg = config()) {
                                           (1e-2 + std::abs(double(want.params[p][i]))));
         CHECK_MESSAGE(pworst <= 1e-4, R::name << " on " << ctx.num_devices() << " devices: final parameters differ by "
                                               << pworst << " (relative)");
+        // Every step emits the collectives of the first, in order, with the same groups and bytes:
+        // the first step's trace describes every step (docs/02, "Describing a step").
+        REQUIRE(!got.reports.empty());
+        const std::string first = got.reports.front().trace.to_string();
+        CHECK(got.reports.front().trace.calls.size() == got.reports.front().trace.totals.total_calls());
+        for (const gpt::StepReport& s : got.reports) CHECK_MESSAGE(s.trace.to_string() == first, R::name);
         for (const gpt::StepReport& s : got.reports) check(ctx, s);
       },
       {4, 8});
