@@ -13,7 +13,9 @@ import os
 import subprocess
 import sys
 
-__all__ = ["ensure_venv"]
+__all__ = ["ensure_venv", "last_error"]
+
+last_error = None  # why the last ensure_venv returned None (the line it printed)
 
 
 def _python(path):
@@ -47,6 +49,8 @@ def ensure_venv(path, packages, timeout=900):
     pip-installs what does not import yet. None (with the reason printed on stderr) when the venv
     cannot be made or pip fails (no network, no wheel, timeout of `timeout` seconds)."""
     def fail(why):
+        global last_error
+        last_error = why
         print(f"peers venv: {why}", file=sys.stderr, flush=True)
         return None
 

@@ -1,0 +1,147 @@
+"""The bars the project holds itself to (the targets of its issues), each evaluated on the report's
+records: a row [area, figure, goal, measured, result] with result "pass", "short" or "not measured".
+
+A goal over many cases is met when every case meets it; "measured" names the worst case (and the
+spread). Peers' goals ("faster than JAX") compare records with the same name and device count.
+"""
+import statistics
+
+PEER = {"jax": "jax-cpu", "dtensor": "dtensor-gloo"}
+
+
+def _ours(recs):
+    return [r for r in recs if r.get("backend") not in PEER.values()]
+
+
+def _row(area, figure, goal, values, ok, fmt, worst_is_max):
+    """values: [(value, label)]; ok(value) -> bool."""
+    if not values:
+        return [area, figure, goal, "-", "not measured"]
+    worst = max(values, key=lambda v: v[0]) if worst_is_max else min(values, key=lambda v: v[0])
+    text = f"{fmt(worst[0])} ({worst[1]})"
+    if len(values) > 1:
+        text = f"worst {text}; median {fmt(statistics.median(v[0] for v in values))} of {len(values)}"
+    passed = all(ok(v[0]) for v in values)
+    return [area, figure, goal, text, "pass" if passed else "short"]
+
+
+def _at_least(area, figure, goal, values, bound, fmt=lambda v: f"{v:.2f}"):
+    return _row(area, figure, goal, values, lambda v: v >= bound, fmt, worst_is_max=False)
+
+
+def _at_most(area, figure, goal, values, bound, fmt=lambda v: f"{v:.2f}"):
+    return _row(area, figure, goal, values, lambda v: v <= bound, fmt, worst_is_max=True)
+
+
+def _faster(area, figure, ours, peers, key, peer_name, speed=lambda r: 1.0 / r["seconds"]):
+    """Speed-up of ours over the peer's record with the same key: goal > 1."""
+    theirs = {key(r): r for r in peers}
+    values = [(speed(r) / speed(theirs[key(r)]), " ".join(str(x) for x in key(r))) for r in ours if key(r) in theirs]
+    return _row(area, figure, f"faster than {peer_name} (ours/peer speed > 1)", values, lambda v: v > 1.0,
+                lambda v: f"{v:.2f}x", worst_is_max=False)
+
+
+def evaluate(by_bench):
+    rows = []
+    g = lambda name: by_bench.get(name, [])  # noqa: E731
+    # collectives (issue 3)
+    c = _ours(g("collectives"))
+    big = max((r["bytes"] for r in c if r["backend"] == "threads"), default=None)
+    rows.append(_at_least("collectives", "threads all_gather / reduce_scatter / all_reduce at 64 MiB, of the memcpy limit",
+                          ">= 0.60", [(r["fraction_of_baseline"], f"{r['name']} {r['devices']} dev")
+                                      for r in c if r["backend"] == "threads" and r["bytes"] == big and big >= 64 << 20
+                                      and r["name"] in ("all_gather", "reduce_scatter", "all_reduce")], 0.60))
+    rows.append(_at_least("collectives", "mpi at >= 1 MiB, of the raw MPI call's speed", ">= 0.95",
+                          [(r["fraction_of_baseline"], f"{r['name']} {r['devices']} ranks {r['bytes'] / 2**20:.0f} MiB")
+                           for r in c if r["backend"] == "mpi" and r["bytes"] >= 1 << 20], 0.95))
+    rows.append(_at_most("collectives", "threads all_reduce of 8 B on 2 devices", "<= 10 us",
+                         [(r["seconds"] * 1e6, "2 dev") for r in c if r["backend"] == "threads" and r["name"] == "all_reduce"
+                          and r["bytes"] == 8 and r["devices"] == 2], 10.0, fmt=lambda v: f"{v:.2f} us"))
+    # reshard (issue 4)
+    rs = g("reshard")
+    o = _ours(rs)
+    rows.append(_at_most("reshard", "reshard time / the hand-written call, >= 1 MiB", "<= 1.15",
+                         [(r["ratio_to_baseline"], f"{r['name']} {r['backend']} {r['bytes'] / 2**20:.0f} MiB")
+                          for r in o if r["bytes"] >= 1 << 20], 1.15))
+    rows.append(_at_most("reshard", "bytes moved / lower bound", "= 1.00",
+                         [(r["bytes_over_bound"], f"{r['name']} {r['backend']}") for r in o], 1.0 + 1e-9))
+    for peer in ("jax", "dtensor"):
+        rows.append(_faster("reshard", f"reshard beside {peer} (threads backend)", [r for r in o if r["backend"] == "threads"],
+                            [r for r in rs if r["backend"] == PEER[peer]], lambda r: (r["name"], r["devices"], r["bytes"]),
+                            {"jax": "JAX (jit'd identity with out_shardings)", "dtensor": "DTensor (redistribute, gloo)"}[peer]))
+    # ops (issues 5, 11)
+    ops = g("ops")
+    o = _ours(ops)
+    rows.append(_at_most("ops", "host overhead per op above the local kernel (1 device, 32x32)", "<= 1 us",
+                         [(r["overhead_us"], r["name"]) for r in o if r["part"] == "overhead"], 1.0,
+                         fmt=lambda v: f"{v:.3f} us"))
+    for peer in ("jax", "dtensor"):
+        rows.append(_faster("ops", f"time per op, 32x32 on 1 device, beside {peer}", [r for r in o if r["part"] == "overhead"],
+                            [r for r in ops if r["part"] == "overhead" and r["backend"] == PEER[peer]],
+                            lambda r: (r["name"],), {"jax": "JAX eager dispatch", "dtensor": "DTensor eager ops"}[peer]))
+    rows.append(_at_least("ops", "sharded matmul (no communication) / single-thread OpenBLAS, same local shapes", ">= 0.90",
+                          [(r["fraction_of_baseline"], f"{r['name']} {r['dtype']} {r['devices']} dev")
+                           for r in o if r["part"] == "matmul"], 0.90))
+    rows.append(_at_least("ops", "SGEMM of the core's float32 peak (the kernel OpenBLAS picks)", ">= 0.80",
+                          [(r["fraction_of_peak"], f"{r['name']} {r['devices']} dev") for r in o
+                           if r["part"] == "matmul" and r.get("dtype") == "float32" and r.get("fraction_of_peak")], 0.80))
+    rows.append(_at_least("ops", "gelu, softmax, layer_norm of the copy bandwidth (float32, 1 core)", ">= 0.50",
+                          [(r["fraction_of_copy"], r["name"]) for r in o if r["part"] == "kernels"
+                           and "target_fraction_of_copy" in r and r.get("dtype") == "float32"], 0.50))
+    mlp = [r for r in o if r["part"] == "mlp"]
+    rows.append(_faster("ops", "MLP block beside JAX (same devices)", mlp,
+                        [r for r in ops if r["part"] == "mlp" and r["backend"] == "jax-cpu"], lambda r: (r["devices"],), "JAX"))
+    rows.append(_faster("ops", "MLP block beside DTensor (same devices)", mlp,
+                        [r for r in ops if r["part"] == "mlp" and r["backend"] == "dtensor-gloo"], lambda r: (r["devices"],),
+                        "DTensor"))
+    # grad (issues 11, 12)
+    gr = g("grad")
+    o = _ours(gr)
+    blocks = [r for r in o if r["part"] == "block"]
+    jax_blocks = {(r["name"], r["devices"]): r for r in gr if r["backend"] == "jax-cpu"}
+    vals = [(jax_blocks[(r["name"], r["devices"])]["seconds"] / r["baseline_seconds"], f"{r['name']} {r['devices']} dev")
+            for r in blocks if (r["name"], r["devices"]) in jax_blocks]
+    rows.append(_row("grad", "transformer block forward beside JAX", "faster than JAX (ours/peer speed > 1)", vals,
+                     lambda v: v > 1.0, lambda v: f"{v:.2f}x", False))
+    vals = [(jax_blocks[(r["name"], r["devices"])]["forward_backward_seconds"] / r["seconds"], f"{r['name']} {r['devices']} dev")
+            for r in blocks if (r["name"], r["devices"]) in jax_blocks
+            and jax_blocks[(r["name"], r["devices"])].get("forward_backward_seconds")]
+    rows.append(_row("grad", "transformer block forward + backward beside JAX", "faster than JAX (ours/peer speed > 1)",
+                     vals, lambda v: v > 1.0, lambda v: f"{v:.2f}x", False))
+    rows.append(_at_most("grad", "forward + backward / forward, transformer block", "<= 3.2",
+                         [(r["ratio"], f"{r['name']} {r['devices']} dev") for r in blocks], 3.2))
+    rows.append(_at_most("grad", "tape overhead per recorded op", "<= 1 us",
+                         [(r["overhead_us"], r["name"]) for r in o if r["part"] == "tape"], 1.0, fmt=lambda v: f"{v:.3f} us"))
+    # train (issue 13)
+    tr = g("train")
+    rows.append(_faster("train", "tokens/s of each recipe beside JAX (same model, strategy, devices)", _ours(tr),
+                        [r for r in tr if r["backend"] == "jax-cpu"], lambda r: (r["name"], r["devices"]), "JAX"))
+    # loops and stencils (issue 15)
+    lp = _ours(g("loops"))
+    rows.append(_at_least("loops", "parallel_for / parallel_reduce speed of the hand-written loop", ">= 0.95",
+                          [(r["ratio_to_baseline"], f"{r['name']} {r['devices']} dev") for r in lp if r["part"] != "alternatives"], 0.95))
+    st = _ours(g("stencil"))
+    sweeps = [r for r in st if r["part"] == "sweep"]
+    rows.append(_at_least("stencil", "2-D 5-point sweep of the copy-bandwidth limit (per device)", ">= 0.60",
+                          [(r["fraction_of_copy_bandwidth"], f"{r['name']} {r['backend']} {r['devices']} dev") for r in sweeps
+                           if r["name"].startswith("jacobi5")], 0.60))
+    rows.append(_at_least("stencil", "stencil_for speed of the plain loop over local()", ">= 0.95",
+                          [(r["ratio_to_baseline"], f"{r['name']} {r['backend']} {r['devices']} dev") for r in sweeps], 0.95))
+    rows.append(_at_least("stencil", "ghost exchange (mpi, 2+ ranks) speed of the hand-written MPI exchange", ">= 0.95",
+                          [(r["baseline_seconds"] / r["seconds"], f"{r['name']} {r['backend']} {r['devices']} dev")
+                           for r in st if r["part"] == "exchange" and r["backend"] == "mpi" and r["devices"] > 1], 0.95))
+    rows.append(_at_most("stencil", "overlapped step / max(sweep, exchange)", "<= 1.10",
+                         [(r["ratio_to_baseline"], f"{r['name']} {r['backend']} {r['devices']} dev")
+                          for r in st if r["part"] == "step"], 1.10))
+    # io (issue 16)
+    io = _ours(g("io"))
+    rows.append(_at_least("io", "save and load of >= 256 MiB, of the plain file's bandwidth (loads onto the replicated "
+                                "spec, which read the file once per device, left out)", ">= 0.70",
+                          [(r["fraction_of_baseline"], f"{r['name']} {r['backend']} {r['devices']} dev {r['cache']}")
+                           for r in io if r["bytes"] >= 256 << 20 and not r["name"].endswith("->R")], 0.70))
+    # compile (issue 10)
+    cp = g("compile")
+    rows.append(_at_most("compile", "quickstart.cpp at -O2 (CPU seconds of the compiler)", "<= 10 s",
+                         [(r["seconds"], f"{r['backend'].split()[0]}, Kokkos alone {r['baseline_seconds']:.1f} s")
+                          for r in cp if r["name"] == "quickstart" and r["part"] == "O2"], 10.0, fmt=lambda v: f"{v:.1f} s"))
+    return rows

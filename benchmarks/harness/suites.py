@@ -1,0 +1,574 @@
+"""The benchmarks: for each, the executables it builds, its cases (commands, ours and the peers'),
+and the table it prints from its records. benchmarks/run's docstring says what each one measures.
+
+A suite's `cases(args, exes, peers)` returns the cases to run; `table(records)` prints the table;
+`devices(args)` the device counts (--devices, else the suite's own; `all` runs take `all_devices`,
+sized so that `benchmarks/run all` fits in about 20 minutes on 2 cores).
+"""
+import atexit
+import json
+import os
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from .runner import BUILD, ROOT, Case, CaseFailed, has_mpi, mpi_env
+
+PEERS = os.path.join(ROOT, "benchmarks", "peers")
+
+
+class Peers:
+    """The peers' Python: the benchmark's own virtual environment (build-bench/peers-venv) with
+    jax / torch installed from PyPI on first use; `why` says what is missing when one is not."""
+
+    def __init__(self, enabled):
+        self.enabled = enabled
+        self._python = {}
+        self.why = {}
+
+    def python(self, package):
+        """The venv's python with `package` importable, or None (self.why[package] says why)."""
+        if not self.enabled:
+            self.why[package] = "skipped (--no-peers)"
+            return None
+        if package not in self._python:
+            sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+            from peers import venv  # noqa: E402 (benchmarks/peers/venv.py)
+            py = venv.ensure_venv(os.path.join(BUILD, "peers-venv"), [package])
+            self._python[package] = py
+            if py is None:
+                self.why[package] = f"{package} could not be installed from PyPI ({venv.last_error}); its records are left out"
+        return self._python[package]
+
+
+def faster(ours, theirs, who="jax"):
+    """'ours 1.23x' or 'jax 1.23x': who is faster, by how much."""
+    return f"ours {theirs / ours:.2f}x" if ours <= theirs else f"{who} {ours / theirs:.2f}x"
+
+
+def threads_and_mpi(bench, exe, args, devices, extra, label):
+    """Cases of `exe` on the threads backend for each device count, then under mpirun."""
+    cases = [Case(f"{label}, threads, {n} devices", bench, [exe, "--backend", "threads", "--devices", str(n)] + extra)
+             for n in devices]
+    if not args.no_mpi and has_mpi(exe):
+        cases += [Case(f"{label}, mpi, {n} processes", bench,
+                       ["mpirun", "-np", str(n), "--oversubscribe", exe, "--backend", "mpi"] + extra, mpi_env())
+                  for n in devices]
+    return cases
+
+
+def jax_cases(bench, peers, script, runs, label):
+    """Peer cases: `script` (in benchmarks/peers) under the venv's python, one per argument list."""
+    py = peers.python("jax")
+    if py is None:
+        return []
+    return [Case(f"{label}: jax {' '.join(a)}", bench, [py, os.path.join(PEERS, script)] + a, peer="jax", timeout=600)
+            for a in runs]
+
+
+def dtensor_cases(bench, peers, runs, label):
+    """Peer cases: benchmarks/peers/dtensor_bench.py under torchrun (gloo, N processes)."""
+    py = peers.python("torch")
+    if py is None:
+        return []
+    out = []
+    for n, a in runs:
+        argv = [py, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_port", str(29500 + n),
+                os.path.join(PEERS, "dtensor_bench.py")] + a
+        env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_CPP_LOG_LEVEL="ERROR")
+        out.append(Case(f"{label}: dtensor {n} processes {' '.join(a)}", bench, argv, env, peer="dtensor", timeout=600))
+    return out
+
+
+# ---- collectives -------------------------------------------------------------------------------
+
+def collectives_cases(args, exes, peers):
+    return threads_and_mpi("collectives", exes["bench_collectives"], args, args.devs,
+                           ["--max-bytes", str(args.max_bytes)], "collectives")
+
+
+def collectives_table(records):
+    print(f"{'collective':<15}{'backend':<9}{'dev':>4}{'bytes':>12}{'time us':>12}{'busbw GB/s':>12}"
+          f"{'baseline':>18}{'base us':>12}{'base/ours':>10}")
+    for r in records:
+        print(f"{r['name']:<15}{r['backend']:<9}{r['devices']:>4}{r['bytes']:>12.0f}{r['seconds'] * 1e6:>12.2f}"
+              f"{r['busbw_GBps']:>12.3f}{r['baseline']:>18}{r['baseline_seconds'] * 1e6:>12.2f}"
+              f"{r['fraction_of_baseline']:>10.3f}")
+
+
+# ---- reshard -----------------------------------------------------------------------------------
+
+def reshard_cases(args, exes, peers):
+    extra = ["--max-bytes", str(args.max_bytes)]
+    cases = threads_and_mpi("reshard", exes["bench_reshard"], args, args.devs, extra, "reshard")
+    cases += jax_cases("reshard", peers, "jax_layout.py", [["--bench", "reshard", "--devices", str(n)] + extra
+                                                           for n in args.devs], "reshard")
+    cases += dtensor_cases("reshard", peers, [(n, ["--bench", "reshard"] + extra) for n in args.devs], "reshard")
+    return cases
+
+
+def reshard_table(records):
+    ours = [r for r in records if r["backend"] in ("threads", "mpi")]
+    print(f"{'name':<23}{'backend':<9}{'dev':>4}{'bytes':>11}{'time us':>11}{'baseline':>34}{'base us':>11}"
+          f"{'ours/base':>10}{'ours/bare':>10}{'bytes/bound':>12}")
+    for r in ours:
+        print(f"{r['name']:<23}{r['backend']:<9}{r['devices']:>4}{r['bytes']:>11.0f}{r['seconds'] * 1e6:>11.1f}"
+              f"{r['baseline']:>34}{r['baseline_seconds'] * 1e6:>11.1f}{r['ratio_to_baseline']:>10.3f}"
+              f"{r['ratio_to_bare_call']:>10.3f}{r['bytes_over_bound']:>12.3f}")
+    side_by_side(records, "threads", ("jax-cpu", "dtensor-gloo"), key=("name", "devices", "bytes"),
+                 title="reshard, side by side")
+
+
+def side_by_side(records, ours_backend, peer_backends, key, title):
+    """A table of ours next to each peer's record with the same key."""
+    ours = {tuple(r[k] for k in key): r for r in records if r["backend"] == ours_backend}
+    peers = {(r["backend"],) + tuple(r[k] for k in key): r for r in records if r["backend"] in peer_backends}
+    if not peers:
+        return
+    print()
+    print(f"{title:<40}{'dev':>4}{'bytes':>11}{'ours us':>11}" + "".join(f"{b + ' us':>18}{'faster':>15}"
+                                                                     for b in peer_backends))
+    for k, r in ours.items():
+        line = f"{r['name']:<40}{r['devices']:>4}{r.get('bytes', 0):>11.0f}{r['seconds'] * 1e6:>11.1f}"
+        any_peer = False
+        for b in peer_backends:
+            p = peers.get((b,) + k)
+            if p:
+                any_peer = True
+                line += f"{p['seconds'] * 1e6:>18.1f}{faster(r['seconds'], p['seconds'], b.split('-')[0]):>15}"
+            else:
+                line += f"{'-':>18}{'-':>15}"
+        if any_peer:
+            print(line)
+
+
+# ---- ops ---------------------------------------------------------------------------------------
+
+def ops_cases(args, exes, peers):
+    exe = exes["bench_ops"]
+    base = [exe, "--backend", "threads", "--devices"]
+    c = [Case("ops: peak FLOP/s and copy bandwidth", "ops", base + ["1", "--part", "peak"]),
+         Case("ops: per-op overhead, 1 device", "ops", base + ["1", "--part", "overhead"])]
+    c += [Case(f"ops: matmul, {n} device(s)", "ops", base + [str(n), "--part", "matmul"]) for n in (1, 2)]
+    c.append(Case("ops: elementwise, softmax and norm kernels", "ops", base + ["1", "--part", "kernels"]))
+    c += [Case(f"ops: MLP block, {n} device(s)", "ops", base + [str(n), "--part", "mlp"]) for n in args.devs]
+    c += jax_cases("ops", peers, "jax_blocks.py", [["--bench", "ops", "--devices", str(n)] for n in args.devs], "ops")
+    c += jax_cases("ops", peers, "jax_layout.py", [["--bench", "overhead", "--devices", "1"]], "ops")
+    c += dtensor_cases("ops", peers, [(1, ["--bench", "overhead"])] +
+                       [(n, ["--bench", "mlp"]) for n in args.devs if n in (1, 2, 4, 8)], "ops")
+    return c
+
+
+def ops_table(records):
+    for r in records:
+        if r["part"] != "peak":
+            continue
+        if not r.get("measured", True):
+            print(f"peak: not measured ({r['why']})")
+        elif "peak_gflops" in r:
+            print(f"peak: {r['name']}: {r['peak_gflops']:.1f} GFLOP/s = {r['fma_units']} FMA unit(s) (measured: "
+                  f"{r['flops_per_cycle']:.2f} flops/cycle) x {r['lanes']} lanes ({r['isa']}) x 2 x {r['clock_ghz']:.3f} GHz "
+                  f"(measured)")
+        else:
+            print(f"peak: {r['name']}: {r['gbytes_per_second']:.1f} GB/s (memcpy of {r['bytes'] / 2 / 2**20:.0f} MiB, "
+                  f"read + write counted)")
+    print()
+    print(f"{'part':<9}{'name':<26}{'dev':>4}{'time us':>12}{'baseline':>44}{'base us':>11}{'ratio':>8}")
+    for r in records:
+        if r["part"] not in ("overhead", "matmul") or r["backend"] != "threads":
+            continue
+        base = r.get("baseline", "")
+        base_s = r.get("baseline_seconds", float("nan")) * 1e6
+        ratio = r.get("fraction_of_baseline", r.get("ratio_to_baseline", float("nan")))
+        if r["part"] == "overhead":
+            extra = f"  overhead {r['overhead_us']:.3f} us"
+        else:
+            extra = f"  {r['dtype']} {r['gflops']:.1f} GFLOP/s local {r['local_shape']}"
+            if r.get("peak_gflops"):
+                extra += (f"; of peak {r['peak_gflops']:.1f}: ours {r['fraction_of_peak']:.2f}, BLAS "
+                          f"{r['baseline_fraction_of_peak']:.2f}")
+                if "target_fraction_of_peak" in r:
+                    extra += f" (target >= {r['target_fraction_of_peak']:.2f})"
+        print(f"{r['part']:<9}{r['name']:<26}{r['devices']:>4}{r['seconds'] * 1e6:>12.2f}{base:>44}{base_s:>11.2f}"
+              f"{ratio:>8.3f}{extra}")
+    peer_overhead = [r for r in records if r["part"] == "overhead" and r["backend"] != "threads"]
+    if peer_overhead:
+        print()
+        ours = {r["name"]: r for r in records if r["part"] == "overhead" and r["backend"] == "threads"}
+        print(f"{'per-op time, side by side':<28}{'ours us':>10}{'peer':>14}{'peer us':>10}{'faster':>15}  peer's way")
+        for p in peer_overhead:
+            r = ours.get(p["name"])
+            if r:
+                print(f"{p['name']:<28}{r['seconds'] * 1e6:>10.2f}{p['backend']:>14}{p['seconds'] * 1e6:>10.2f}"
+                      f"{faster(r['seconds'], p['seconds'], p['backend'].split('-')[0]):>15}  {p.get('how', '')}")
+    print()
+    print(f"{'kernel':<24}{'dtype':<9}{'shape':<13}{'ms':>9}{'ns/elem':>9}{'GB/s':>8}{'memcpy GB/s':>13}{'of copy':>9}")
+    for r in records:
+        if r["part"] == "kernels":
+            target = f"  (target >= {r['target_fraction_of_copy']:.2f})" if "target_fraction_of_copy" in r else ""
+            shape = "x".join(str(d) for d in r["local_shape"])
+            print(f"{r['name']:<24}{r['dtype']:<9}{shape:<13}{r['seconds'] * 1e3:>9.3f}{r['ns_per_element']:>9.2f}"
+                  f"{r['gbytes_per_second']:>8.1f}{r['copy_gbytes_per_second']:>13.1f}{r['fraction_of_copy']:>9.2f}{target}")
+    print()
+    mlp = {r["devices"]: r for r in records if r["part"] == "mlp" and r["backend"] == "threads"}
+    jax = {r["devices"]: r for r in records if r["part"] == "mlp" and r["backend"] == "jax-cpu"}
+    dt = {r["devices"]: r for r in records if r["part"] == "mlp" and r["backend"] == "dtensor-gloo"}
+    print(f"{'mlp block':<10}{'dev':>4}{'mesh':>22}{'ours ms':>10}{'GFLOP/s':>9}{'jax ms':>10}{'GFLOP/s':>9}{'faster':>13}"
+          f"{'dtensor ms':>12}{'faster':>15}  threads per device (ours)")
+    for n, r in sorted(mlp.items()):
+        p = jax.get(n)
+        side = f"{p['seconds'] * 1e3:>10.2f}{p['gflops']:>9.1f}{faster(r['seconds'], p['seconds']):>13}" if p else \
+            f"{'-':>10}{'-':>9}{'-':>13}"
+        d = dt.get(n)
+        side += f"{d['seconds'] * 1e3:>12.2f}{faster(r['seconds'], d['seconds'], 'dtensor'):>15}" if d else \
+            f"{'-':>12}{'-':>15}"
+        print(f"{'':<10}{n:>4}{r['mesh']:>22}{r['seconds'] * 1e3:>10.2f}{r['gflops']:>9.1f}{side}"
+              f"  gemm {r.get('gemm_threads', '?')}, kernels {r.get('kernel_threads', '?')}")
+    if jax:
+        cores = next(iter(jax.values())).get("host_cores")
+        print(f"(jax: XLA's CPU client runs the virtual devices on a thread pool over the machine's {cores} cores)")
+    if 1 in mlp:
+        for n, r in sorted(mlp.items()):
+            if n != 1:
+                print(f"mlp block: {n} devices {mlp[1]['seconds'] / r['seconds']:.2f}x the speed of 1 device")
+
+
+# ---- io ----------------------------------------------------------------------------------------
+
+def io_cases(args, exes, peers):
+    exe = exes.get("bench_io")
+    extra = ["--bytes", str(args.bytes), "--reps", str(args.reps or 5), "--dir", args.dir]
+    cases = []
+    for cache in ([], ["--cold"]):
+        cases += threads_and_mpi("io", exe, args, args.devs, extra + cache, "io " + ("cold" if cache else "warm"))
+    return cases
+
+
+def io_table(records):
+    print(f"{'name':<14}{'backend':<9}{'dev':>4}{'cache':>6}{'MiB':>6}{'ms':>9}{'GB/s':>7}{'baseline':>30}{'base ms':>9}"
+          f"{'GB/s':>7}{'ours/base':>10}")
+    for r in records:
+        print(f"{r['name']:<14}{r['backend']:<9}{r['devices']:>4}{r['cache']:>6}{r['bytes'] / 2**20:>6.0f}"
+              f"{r['seconds'] * 1e3:>9.1f}{r['GBps']:>7.2f}{r['baseline']:>30}{r['baseline_seconds'] * 1e3:>9.1f}"
+              f"{r['baseline_GBps']:>7.2f}{r['fraction_of_baseline']:>10.2f}")
+
+
+# ---- grad --------------------------------------------------------------------------------------
+
+def grad_cases(args, exes, peers):
+    exe = exes["bench_grad"]
+    extra = ["--quick"] if args.quick else []
+    for flag in ("batch", "seq", "dmodel", "heads", "dff", "reps"):
+        if getattr(args, flag) is not None:
+            extra += ["--" + flag, str(getattr(args, flag))]
+    base = [exe, "--backend", "threads"]
+    cases = [Case("grad: tape overhead", "grad", base + ["--devices", "1", "--part", "tape"] + extra)]
+    for n in args.devs:  # 1: the block on one device; more: DP {n,1} and Megatron TP {n/2,2}
+        cases.append(Case(f"grad: block, dp, {n} device(s)", "grad",
+                          base + ["--devices", str(n), "--part", "block", "--layout", "dp"] + extra))
+        if n > 1 and n % 2 == 0:
+            cases.append(Case(f"grad: block, tp, {n} devices", "grad",
+                              base + ["--devices", str(n), "--part", "block", "--layout", "tp", "--model", "2"] + extra))
+    # The peer: the same block in JAX, the same shapes, layouts and device counts.
+    sizes = ["--seq", "16", "--dmodel", "64", "--heads", "2", "--dff", "256", "--reps", "3"] if args.quick else []
+    for flag in ("batch", "seq", "dmodel", "heads", "dff", "reps"):
+        if getattr(args, flag) is not None:
+            sizes += ["--" + flag, str(getattr(args, flag))]
+    runs = []
+    for n in args.devs:
+        runs.append(["--bench", "grad", "--devices", str(n), "--layout", "dp"] + sizes)
+        if n > 1 and n % 2 == 0:
+            runs.append(["--bench", "grad", "--devices", str(n), "--layout", "tp", "--model", "2"] + sizes)
+    return cases + jax_cases("grad", peers, "jax_blocks.py", runs, "grad")
+
+
+def grad_table(records):
+    print(f"{'part':<7}{'name':<38}{'dev':>4}{'time us':>13}{'baseline':>10}{'base us':>13}{'ratio':>8}  figure")
+    for r in records:
+        if r["backend"] == "jax-cpu":
+            continue
+        if r["part"] == "tape":
+            extra_text = f"overhead {r['overhead_us']:.3f} us (target <= 1)"
+            ratio = r.get("ratio", float("nan"))
+            base_name = "plain" if r["baseline_seconds"] else "none"
+        else:
+            extra_text = (f"recorded fwd {r['recorded_forward_seconds'] * 1e3:.1f} ms + backward "
+                          f"{r['backward_seconds'] * 1e3:.1f} ms ({r['backward_over_forward']:.2f}x forward); "
+                          f"{r['gflops']:.1f} GFLOP/s vs {r['baseline_gflops']:.1f}; collectives fwd "
+                          f"{r['collectives_forward']}, fwd+bwd {r['collectives_recorded_forward']}+"
+                          f"{r['collectives_backward']} (target ratio <= 3.2, FLOP ratio 3)")
+            ratio = r["ratio"]
+            base_name = r["baseline"]
+        print(f"{r['part']:<7}{r['name']:<38}{r['devices']:>4}{r['seconds'] * 1e6:>13.3f}{base_name:>10}"
+              f"{r['baseline_seconds'] * 1e6:>13.3f}{ratio:>8.3f}  {extra_text}")
+    jax = {(r["name"], r["devices"]): r for r in records if r["backend"] == "jax-cpu"}
+    if jax:
+        print()
+        print(f"{'block, side by side with jax':<30}{'dev':>4}{'fwd ms':>9}{'jax ms':>9}{'faster':>13}"
+              f"{'fwd+bwd ms':>12}{'jax ms':>9}{'faster':>13}")
+        for r in records:
+            p = jax.get((r["name"], r["devices"]))
+            if r["part"] != "block" or r["backend"] == "jax-cpu" or p is None:
+                continue
+            fb = p.get("forward_backward_seconds")
+            fbs = f"{fb * 1e3:>9.1f}{faster(r['seconds'], fb):>13}" if fb else f"{'-':>9}{'-':>13}"
+            print(f"{r['name']:<30}{r['devices']:>4}{r['baseline_seconds'] * 1e3:>9.1f}{p['seconds'] * 1e3:>9.1f}"
+                  f"{faster(r['baseline_seconds'], p['seconds']):>13}{r['seconds'] * 1e3:>12.1f}{fbs}"
+                  f"  gemm {r.get('gemm_threads', '?')}, kernels {r.get('kernel_threads', '?')} thread(s) per device")
+        cores = next(iter(jax.values())).get("host_cores")
+        print(f"(ours: each device's threads as listed; jax: XLA's CPU client, a thread pool over the machine's {cores} cores)")
+
+
+# ---- loops -------------------------------------------------------------------------------------
+
+def loops_cases(args, exes, peers):
+    extra = []
+    for flag in ("rows", "cols"):
+        if getattr(args, flag) is not None:
+            extra += ["--" + flag, str(getattr(args, flag))]
+    return [Case(f"loops: {n} device(s)", "loops", [exes["bench_loops"], "--backend", "threads", "--devices", str(n)] + extra)
+            for n in args.devs]
+
+
+def loops_table(records):
+    print(f"{'part':<13}{'name':<26}{'dev':>4}{'ms':>9}{'hand ms':>9}{'hand/ours':>10}{'GB/s':>8}{'hand GB/s':>10}"
+          f"{'copy GB/s':>10}{'of copy':>8}")
+    for r in records:
+        print(f"{r['part']:<13}{r['name']:<26}{r['devices']:>4}{r['seconds'] * 1e3:>9.3f}{r['baseline_seconds'] * 1e3:>9.3f}"
+              f"{r['ratio_to_baseline']:>10.3f}{r['GBps']:>8.2f}{r['baseline_GBps']:>10.2f}{r['copy_GBps']:>10.2f}"
+              f"{r['fraction_of_copy']:>8.2f}")
+
+
+# ---- stencil -----------------------------------------------------------------------------------
+
+def stencil_cases(args, exes, peers):
+    exe = exes["bench_stencil"]
+    extra = ["--weak", "0" if args.strong else "1"]
+    if args.n:
+        extra += ["--n", str(args.n)]
+    if args.m:
+        extra += ["--m", str(args.m)]
+    mpi = not args.no_mpi and has_mpi(exe)
+    cases = []
+    for part in ("sweep", "exchange", "step"):
+        for backend in ["threads"] + (["mpi"] if mpi else []):
+            for n in args.devs:
+                if backend == "threads":
+                    argv, env = [exe, "--backend", "threads", "--devices", str(n), "--part", part] + extra, None
+                else:
+                    argv = ["mpirun", "-np", str(n), "--oversubscribe", exe, "--backend", "mpi", "--part", part] + extra
+                    env = mpi_env()
+                cases.append(Case(f"stencil: {part}, {backend}, {n} device(s)", "stencil", argv, env))
+    for n in (1, 4):  # whole-array form (4 rolls) vs stencil_for, 2048^2
+        cases.append(Case(f"stencil: roll, threads, {n} device(s)", "stencil",
+                          [exe, "--backend", "threads", "--devices", str(n), "--part", "roll"] + extra))
+    return cases
+
+
+def stencil_table(records):
+    print(f"{'part':<9}{'name':<13}{'backend':<8}{'dev':>4}{'ms':>10}{'base ms':>10}{'base/ours':>10}  figure")
+    for r in records:
+        if r["part"] == "sweep":
+            fig = (f"{r['GBps']:.1f} GB/s: {r['fraction_of_copy_bandwidth']:.2f} of STREAM copy's {r['copy_GBps']:.1f} "
+                   f"(target >= 0.60), {r['fraction_of_memcpy']:.2f} of memcpy's {r['memcpy_GBps']:.1f}; "
+                   f"plain loop / ours {r['ratio_to_baseline']:.2f} (target >= 0.95)")
+        elif r["part"] == "roll":
+            fig = (f"4 rolls {r['seconds'] * 1e3:.2f} ms vs stencil_for (periodic ghosts) {r['baseline_seconds'] * 1e3:.2f} ms: "
+                   f"the roll form takes {r['seconds'] / r['baseline_seconds']:.2f}x as long")
+        elif r["part"] == "exchange":
+            fig = f"{r['bytes'] / 1e3:.1f} kB to device 0 (target >= 0.95 of the hand-written exchange)"
+        else:
+            fig = (f"overlapped / max(sweep {r['sweep_seconds'] * 1e3:.2f}, exchange {r['exchange_seconds'] * 1e3:.3f} ms) "
+                   f"= {r['ratio_to_baseline']:.2f} (target <= 1.1); blocking {r['blocking_seconds'] * 1e3:.2f} ms")
+        ratio = r["baseline_seconds"] / r["seconds"] if r["part"] != "step" else r["ratio_to_baseline"]
+        print(f"{r['part']:<9}{r['name']:<13}{r['backend']:<8}{r['devices']:>4}{r['seconds'] * 1e3:>10.3f}"
+              f"{r['baseline_seconds'] * 1e3:>10.3f}{ratio:>10.3f}  {fig}")
+
+
+# ---- train -------------------------------------------------------------------------------------
+
+TRAIN_SIZES = {"vocab": 512, "seq": 128, "dim": 256, "heads": 8, "ff": 1024, "layers": 2, "batch": 16}
+TRAIN_RECIPES = "dp,zero1,zero2,zero3,tp,dp_tp"
+
+
+def _xla_names(r):
+    """A jax_train.py record with XLA's op names (all-reduce) as ours (all_reduce), kinds that occurred only."""
+    r["collectives"] = {k.replace("-", "_"): v for k, v in r.get("collectives", {}).items() if v}
+    return r
+
+
+def train_cases(args, exes, peers):
+    sizes = []
+    for k, v in TRAIN_SIZES.items():
+        sizes += ["--" + k, str(getattr(args, "train_" + k, None) or v)]
+    recipes = args.recipe or TRAIN_RECIPES
+    steps = str(args.steps or 10)
+    cases = [Case(f"train: {recipes}, {n} device(s)", "train",
+                  [exes["bench_train"], "--devices", str(n), "--recipe", recipes, "--steps", steps] + sizes)
+             for n in args.devs]
+    peer = jax_cases("train", peers, "jax_train.py",
+                     [["--devices", str(n), "--recipe", recipes, "--steps", steps] + sizes for n in args.devs], "train")
+    for c in peer:
+        c.post = _xla_names
+    return cases + peer
+
+
+def train_table(records):
+    ours = {(r["name"], r["devices"]): r for r in records if r["backend"] != "jax-cpu"}
+    peer = {(r["name"], r["devices"]): r for r in records if r["backend"] == "jax-cpu"}
+    print(f"{'recipe':<8}{'dev':>4}{'tokens/s':>11}{'x 1 device':>11}{'loss':>17}{'jax tokens/s':>14}"
+          f"{'ours/jax':>10}  collectives per step (ours)")
+    for key, r in ours.items():
+        p = peer.get(key)
+        jt = f"{p['tokens_per_second']:>14.0f}" if p else f"{'-':>14}"
+        ratio = f"{r['tokens_per_second'] / p['tokens_per_second']:>10.2f}" if p else f"{'-':>10}"
+        coll = ", ".join(f"{k} {v}" for k, v in r["collectives"].items())
+        print(f"{r['name']:<8}{r['devices']:>4}{r['tokens_per_second']:>11.0f}"
+              f"{r['baseline_seconds'] / r['seconds']:>11.2f}{r['first_loss']:>8.3f} ->{r['last_loss']:>6.3f}"
+              f"{jt}{ratio}  {coll}")
+
+
+# ---- compile -----------------------------------------------------------------------------------
+
+COMPILE_TUS = [  # (name, source relative to the root); the first is the baseline
+    ("kokkos_core_only", "benchmarks/compile/kokkos_core.cpp"),
+    ("shardlib_hpp_only", "benchmarks/compile/shardlib_header.cpp"),
+    ("one_matmul", "benchmarks/compile/one_matmul.cpp"),
+    ("one_reshard", "benchmarks/compile/one_reshard.cpp"),
+    ("quickstart", "examples/quickstart.cpp"),
+    ("mlp_backward", "benchmarks/compile/mlp_backward.cpp"),
+]
+
+
+def compile_commands():
+    """The release build's compile command of each benchmark TU (the build configured by the caller)."""
+    subprocess.run(["ninja", "-C", BUILD, "build.ninja"], check=True, stdout=subprocess.DEVNULL)
+    with open(os.path.join(BUILD, "compile_commands.json")) as f:
+        entries = json.load(f)
+    out = {}
+    for name, src in COMPILE_TUS:
+        want = os.path.realpath(os.path.join(ROOT, src))
+        for e in entries:
+            if "compile_bench_tus" in e["output"] and \
+                    os.path.realpath(os.path.join(e["directory"], e["file"])) == want:
+                out[name] = (e["directory"], shlex.split(e["command"]))
+        if name not in out:
+            raise CaseFailed(f"no compile command for {src} in {BUILD}/compile_commands.json")
+    return out
+
+
+def compile_argv(argv, mode, compiler, obj):
+    """The TU's command for `mode` ("frontend": -fsyntax-only; "O2": -O2 object, no debug info), run by
+    `compiler` when given, never through ccache, without dependency-file output. The benchmarks'
+    -march=native is left out: the TUs are compiled with the flags a user's portable build has."""
+    args = list(argv)
+    while args and os.path.basename(args[0]) in ("ccache", "sccache"):
+        args = args[1:]
+    if compiler:
+        args[0] = compiler
+    out, skip = [args[0]], False
+    for a in args[1:]:
+        if skip:
+            skip = False
+            continue
+        if a in ("-o", "-MQ", "-MF", "-MT"):
+            skip = True
+            continue
+        if a in ("-c", "-MD", "-MMD", "-fdiagnostics-color=always", "-march=native") or \
+                re.fullmatch(r"-O[0-3sgz]?|-g[0-3]?", a):
+            continue
+        out.append(a)
+    return out + (["-fsyntax-only"] if mode == "frontend" else ["-O2", "-c", "-o", obj])
+
+
+def compiler_version(cmd0):
+    first = subprocess.run([cmd0, "--version"], capture_output=True, text=True).stdout.splitlines()
+    return first[0] if first else cmd0
+
+
+def time_compile(cwd, argv):
+    """CPU seconds (user + sys), wall seconds and peak memory of one compiler run."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, ru = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    err = p.stderr.read().decode(errors="replace")
+    p.stderr.close()
+    if status != 0:
+        raise CaseFailed("the compiler failed: $ " + shlex.join(argv), err[-3000:])
+    return ru.ru_utime + ru.ru_stime, wall, ru.ru_maxrss / 1024.0
+
+
+def compile_cases(args, exes, peers):
+    cmds = compile_commands()
+    compilers = args.compilers.split(",") if args.compilers else [None]
+    tmp = tempfile.mkdtemp(prefix="shardlib-compile-")
+    atexit.register(shutil.rmtree, tmp, True)
+    obj = os.path.join(tmp, "tu.o")
+    cases = []
+    for rep in range(args.reps):  # repetitions interleaved: noise from the shared machine spreads evenly
+        for c in compilers:
+            for mode in ("frontend", "O2"):
+                for name, src in COMPILE_TUS:
+                    def one(c=c, mode=mode, name=name, src=src):
+                        cwd, argv = cmds[name]
+                        full = compile_argv(argv, mode, c, obj)
+                        cpu, wall, rss = time_compile(cwd, full)
+                        return [{"bench": "compile", "part": "raw", "mode": mode, "name": name,
+                                 "compiler": compiler_version(full[0]), "cpu": cpu, "wall": wall, "rss": rss,
+                                 "source": src}]
+                    cases.append(Case(f"compile: {name}, {mode}" + (f", {c}" if c else "") +
+                                      (f", run {rep + 1}" if args.reps > 1 else ""), "compile", fn=one))
+    return cases
+
+
+def compile_finish(records):
+    """The raw compiler runs as one record per (compiler, mode, TU): medians, next to Kokkos alone."""
+    raw = [r for r in records if r.get("part") == "raw"]
+    groups = {}
+    for r in raw:
+        groups.setdefault((r["compiler"], r["mode"], r["name"]), []).append(r)
+    out = []
+    for (comp, mode, name), runs in groups.items():
+        cpu = statistics.median(r["cpu"] for r in runs)
+        base_runs = groups.get((comp, mode, COMPILE_TUS[0][0]))
+        base = statistics.median(r["cpu"] for r in base_runs) if base_runs else float("nan")
+        out.append({"bench": "compile", "part": mode, "name": name, "backend": comp, "devices": None, "seconds": cpu,
+                    "wall_seconds": statistics.median(r["wall"] for r in runs),
+                    "peak_rss_mb": max(r["rss"] for r in runs), "runs": len(runs), "baseline": COMPILE_TUS[0][0],
+                    "baseline_seconds": base, "ratio_to_baseline": cpu / base, "source": runs[0]["source"],
+                    "blas_kernel": None})
+    return [r for r in records if r.get("part") != "raw"] + out
+
+
+def compile_table(records):
+    print(f"{'part':<10}{'translation unit':<20}{'compiler':<40}{'cpu s':>8}{'wall s':>8}{'MiB':>7}{'x kokkos':>10}")
+    for r in records:
+        print(f"{r['part']:<10}{r['name']:<20}{r['backend'][:38]:<40}{r['seconds']:>8.2f}{r['wall_seconds']:>8.2f}"
+              f"{r['peak_rss_mb']:>7.0f}{r['ratio_to_baseline']:>10.2f}")
+
+
+class Suite:
+    def __init__(self, name, targets, cases, table, devices, all_devices=None, finish=None):
+        self.name, self.targets, self.cases, self.table = name, targets, cases, table
+        self.default_devices, self.all_devices = devices, all_devices or devices
+        self.finish = finish
+
+
+SUITES = [
+    Suite("collectives", ["bench_collectives"], collectives_cases, collectives_table, "2,4,8", "2,8"),
+    Suite("reshard", ["bench_reshard"], reshard_cases, reshard_table, "8"),
+    Suite("ops", ["bench_ops"], ops_cases, ops_table, "1,8", "1,2,4,8"),
+    Suite("grad", ["bench_grad"], grad_cases, grad_table, "1,8"),
+    Suite("io", ["bench_io"], io_cases, io_table, "1,8"),
+    Suite("loops", ["bench_loops"], loops_cases, loops_table, "1,8"),
+    Suite("stencil", ["bench_stencil"], stencil_cases, stencil_table, "1,2,4,8", "1,8"),
+    Suite("train", ["bench_train"], train_cases, train_table, "8"),
+    Suite("compile", [], compile_cases, compile_table, "1", finish=compile_finish),
+]
+BY_NAME = {s.name: s for s in SUITES}

@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Tests of benchmarks/run's harness (benchmarks/harness/): names, the report folder, failing cases
+and peers, the progress estimate, the goals table and the report without matplotlib. Nothing is
+built and no benchmark runs: the cases are small Python commands.
+
+usage: bench_harness.py  (unittest; exit status 0 when all pass)
+"""
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+from contextlib import redirect_stderr
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+from harness import goals, report  # noqa: E402
+from harness.runner import Case, Progress, run_cases  # noqa: E402
+
+RUN = os.path.join(ROOT, "benchmarks", "run")
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def py(code):
+    return [sys.executable, "-c", code]
+
+
+def record(**kw):
+    r = {"bench": "x", "part": "p", "name": "n", "backend": "threads", "devices": 1, "seconds": 1.0,
+         "baseline": None, "baseline_seconds": None}
+    r.update(kw)
+    return r
+
+
+class Names(unittest.TestCase):
+    def test_unknown_name_lists_the_benchmarks(self):
+        r = subprocess.run([sys.executable, RUN, "colectives"], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("unknown benchmark 'colectives'", r.stderr)
+        for name in ("collectives", "reshard", "ops", "grad", "io", "loops", "stencil", "train", "compile", "all"):
+            self.assertIn(name, r.stderr)
+
+    def test_report_is_given_alone(self):
+        r = subprocess.run([sys.executable, RUN, "report", "ops"], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("give it alone", r.stderr)
+
+    def test_unwritable_report_folder_is_said_before_anything_runs(self):
+        with tempfile.NamedTemporaryFile() as f:  # a file where the folder should be (root ignores modes)
+            r = subprocess.run([sys.executable, RUN, "loops", "--report", os.path.join(f.name, "report")],
+                               capture_output=True, text=True)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("cannot write the report to", r.stderr)
+        self.assertIn("--report DIR", r.stderr)
+        self.assertNotIn("building", r.stderr)
+
+    def test_report_without_records(self):
+        with tempfile.TemporaryDirectory() as d:
+            r = subprocess.run([sys.executable, RUN, "report", "--report", d], capture_output=True, text=True)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("no records", r.stderr)
+
+
+class Cases(unittest.TestCase):
+    def run_quiet(self, cases, **kw):
+        with redirect_stderr(io.StringIO()) as err:
+            out = run_cases(cases, **kw)
+        return out + (err.getvalue(),)
+
+    def test_a_crashing_case_is_a_note_and_the_others_go_on(self):
+        with tempfile.TemporaryDirectory() as d:
+            log = os.path.join(d, "x.log")
+            cases = [Case("good 1", "x", py('print(\'{"name": "a", "seconds": 1}\')')),
+                     Case("crash", "x", py('import sys; print(\'{"name": "half"}\'); sys.stderr.write("boom\\n"); '
+                                           'sys.exit(7)')),
+                     Case("good 2", "y", py('print(\'{"name": "b", "seconds": 2}\')'))]
+            records, notes, durations, err = self.run_quiet(cases, log={"x": log, "y": log})
+            self.assertEqual([r["name"] for r in records], ["a", "half", "b"])  # what the crashed case printed is kept
+            self.assertEqual([r["bench"] for r in records], ["x", "x", "y"])
+            self.assertEqual(len(notes), 1)
+            self.assertEqual(notes[0][0], "x")
+            self.assertIn('case "crash" failed', notes[0][1])
+            self.assertIn("exit status 7", notes[0][1])
+            self.assertIn("its 1 record(s) before that are kept", notes[0][1])
+            self.assertIn("boom", notes[0][1])  # the tail of its log
+            self.assertEqual(len(durations), 3)
+            self.assertIn("case 3/3", err)
+
+    def test_a_failing_peer_is_a_peer_note(self):
+        cases = [Case("jax thing", "x", py("import sys; sys.exit(3)"), peer="jax")]
+        records, notes, _, _ = self.run_quiet(cases)
+        self.assertEqual(records, [])
+        self.assertTrue(notes[0][1].startswith('peer jax "jax thing" failed'))
+
+    def test_a_case_that_hangs_is_stopped_with_its_children(self):
+        with tempfile.TemporaryDirectory() as d:
+            marker = os.path.join(d, "child-alive")
+            child = os.path.join(d, "child.py")  # would write the marker after 3 s
+            with open(child, "w") as f:
+                f.write(f"import time\ntime.sleep(3)\nopen({marker!r}, 'w').close()\n")
+            # the case prints a record, starts the child and hangs; both are killed at 1 s
+            code = (f"import subprocess, sys, time; print('{{\"v\": 1}}', flush=True); "
+                    f"subprocess.Popen([sys.executable, {child!r}]); time.sleep(60)")
+            t0 = time.perf_counter()
+            records, notes, _, _ = self.run_quiet([Case("hang", "x", py(code), timeout=1),
+                                                   Case("next", "x", py('print(\'{"v": 2}\')'))])
+            self.assertLess(time.perf_counter() - t0, 30)
+            self.assertIn("stopped after 1 s", notes[0][1])
+            self.assertEqual([r["v"] for r in records], [1, 2])
+            time.sleep(3.5)
+            self.assertFalse(os.path.exists(marker))
+
+    def test_a_command_that_cannot_start(self):
+        records, notes, _, _ = self.run_quiet([Case("missing", "x", ["/nonexistent/bench"])])
+        self.assertIn("could not run", notes[0][1])
+
+    def test_records_are_saved_after_every_case(self):
+        seen = []
+        self.run_quiet([Case("a", "x", py('print(\'{"v": 1}\')')), Case("b", "x", py('print(\'{"v": 2}\')'))],
+                       on_case=lambda recs, notes: seen.append(len(recs)))
+        self.assertEqual(seen, [1, 2])
+
+    def test_post_maps_records(self):
+        records, _, _, _ = self.run_quiet([Case("a", "x", py('print(\'{"v": 1}\')'), post=lambda r: dict(r, w=2))])
+        self.assertEqual(records[0]["w"], 2)
+
+
+class ProgressEstimate(unittest.TestCase):
+    def test_from_the_previous_run_then_the_mean(self):
+        p = Progress(["a", "b", "c"], {"b": 10.0, "c": 20.0})
+        self.assertEqual(p.estimate_left(1, [4.0]), 30.0)
+        p = Progress(["a", "b", "c"], {})
+        self.assertIsNone(p.estimate_left(0, []))
+        self.assertEqual(p.estimate_left(1, [4.0]), 8.0)
+
+
+class Goals(unittest.TestCase):
+    def rows(self, by_bench):
+        return {r[1]: r for r in goals.evaluate(by_bench)}
+
+    def test_pass_short_and_not_measured(self):
+        ov = [record(bench="ops", part="overhead", name="add", overhead_us=0.4),
+              record(bench="ops", part="overhead", name="gelu", overhead_us=1.6)]
+        rows = self.rows({"ops": ov})
+        row = rows["host overhead per op above the local kernel (1 device, 32x32)"]
+        self.assertEqual(row[4], "short")
+        self.assertIn("worst 1.600 us (gelu)", row[3])
+        ov[1]["overhead_us"] = 0.9
+        self.assertEqual(self.rows({"ops": ov})["host overhead per op above the local kernel (1 device, 32x32)"][4],
+                         "pass")
+        self.assertEqual(rows["tape overhead per recorded op"][4], "not measured")
+
+    def test_faster_than_a_peer_matches_name_and_devices(self):
+        recs = [record(bench="ops", part="mlp", name="mlp block", devices=1, seconds=1.0),
+                record(bench="ops", part="mlp", name="mlp block", devices=8, seconds=1.0),
+                record(bench="ops", part="mlp", name="mlp block", devices=1, seconds=1.5, backend="jax-cpu"),
+                record(bench="ops", part="mlp", name="mlp block", devices=8, seconds=0.8, backend="jax-cpu")]
+        row = self.rows({"ops": recs})["MLP block beside JAX (same devices)"]
+        self.assertEqual(row[4], "short")
+        self.assertIn("0.80x (8)", row[3])
+        self.assertEqual(self.rows({"ops": recs})["MLP block beside DTensor (same devices)"][4], "not measured")
+
+
+class Report(unittest.TestCase):
+    def test_sections_merge_and_the_report_renders_without_plots(self):
+        with tempfile.TemporaryDirectory() as d:
+            saved = report.load(d)
+            self.assertEqual(saved["sections"], {})
+            loops = [record(bench="loops", part="for", name="add", seconds=0.002, baseline="hand loop",
+                            baseline_seconds=0.002, ratio_to_baseline=1.0, GBps=30.0, baseline_GBps=30.0, copy_GBps=29.0,
+                            fraction_of_copy=1.03)]
+            report.save(d, saved, {"loops": {"status": "ok", "notes": [], "records": loops}})
+            report.save(d, report.load(d), {"io": {"status": "failed", "notes": ["io was not run: no HDF5"],
+                                                   "records": []}})
+            saved = report.load(d)
+            self.assertEqual(set(saved["sections"]), {"loops", "io"})  # the second run kept the first's section
+            with redirect_stderr(io.StringIO()):
+                report.render(d, saved, "matplotlib is not installed")
+            md = read(os.path.join(d, "report.md"))
+            self.assertIn("**No plots**: matplotlib is not installed.", md)
+            self.assertIn("| loops | parallel_for / parallel_reduce speed of the hand-written loop | >= 0.95 |", md)
+            self.assertIn("io was not run: no HDF5", md)
+            self.assertIn("| CPU |", md)
+            html = read(os.path.join(d, "report.html"))
+            self.assertIn("<table>", html)
+            self.assertIn("class='pass'", html)
+            json.loads(read(os.path.join(d, "records.json")))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=1)
