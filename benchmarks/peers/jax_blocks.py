@@ -40,11 +40,11 @@ import json
 import math
 import os
 import re
-import statistics
 import sys
 import time
 
-from jax_env import force_cpu_devices
+import jax_env
+from jax_env import force_cpu_devices, time_calls
 
 
 def parse_args(argv=None):
@@ -79,42 +79,19 @@ try:
     import numpy as np
     import jax
     import jax.numpy as jnp
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding, PartitionSpec as P
 except Exception as e:  # noqa: BLE001 -- any failure to import is "no jax"
     print(f"jax_blocks.py: cannot import jax ({type(e).__name__}: {e}); install it (pip install jax)", file=sys.stderr)
     sys.exit(3)
 
 
 def make_mesh(shape):
-    devs = np.array(jax.devices()[:math.prod(shape)]).reshape(shape)
-    try:  # the classic (GSPMD, "auto") axes: shardings by in/out specs and constraints
-        from jax.sharding import AxisType
-        return Mesh(devs, ("data", "model"), axis_types=(AxisType.Auto,) * 2)
-    except (ImportError, TypeError):
-        return Mesh(devs, ("data", "model"))
+    return jax_env.make_mesh(shape, ("data", "model"))
 
 
 def mesh_text(shape):
     """shardlib's Mesh::to_string of the same mesh."""
     return "{data: %d, model: %d}" % shape
-
-
-def time_calls(f, args, reps, warmup, min_seconds):
-    """Median seconds per call of f(*args) over `reps` repetitions of ~min_seconds each."""
-    for _ in range(warmup):
-        jax.block_until_ready(f(*args))
-    t0 = time.perf_counter()
-    jax.block_until_ready(f(*args))
-    one = time.perf_counter() - t0
-    iters = max(1, min(20000, int(min_seconds / max(one, 1e-9))))
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            out = f(*args)
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - t0) / iters)
-    return statistics.median(times)
 
 
 def compiled(fn, args, in_shardings, out_shardings):

@@ -23,13 +23,10 @@ when jax cannot be imported.
 """
 import argparse
 import json
-import math
 import os
-import statistics
 import sys
-import time
 
-from jax_env import force_cpu_devices
+from jax_env import force_cpu_devices, make_mesh, time_calls
 
 
 def parse_args(argv=None):
@@ -55,7 +52,7 @@ try:
     import numpy as np
     import jax
     import jax.numpy as jnp
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding, PartitionSpec as P
     try:
         from jax import shard_map
     except ImportError:
@@ -63,37 +60,6 @@ try:
 except Exception as e:  # noqa: BLE001
     print(f"jax_layout.py: cannot import jax ({type(e).__name__}: {e}); install it (pip install jax)", file=sys.stderr)
     sys.exit(3)
-
-
-def time_calls(f, args, reps, min_seconds, sync_each=False):
-    """Median seconds per call; `sync_each`: wait for every call (XLA's CPU collectives can deadlock
-    with many executions in flight: seen here as an all-to-all rendezvous that 7 of 8 devices reach,
-    then an abort after 40 s)."""
-    for _ in range(2):
-        jax.block_until_ready(f(*args))
-    t0 = time.perf_counter()
-    jax.block_until_ready(f(*args))
-    one = time.perf_counter() - t0
-    iters = max(1, min(20000, int(min_seconds / max(one, 1e-9))))
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            out = f(*args)
-            if sync_each:
-                jax.block_until_ready(out)
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - t0) / iters)
-    return statistics.median(times)
-
-
-def mesh_of(shape, names):
-    devs = np.array(jax.devices()[:math.prod(shape)]).reshape(shape)
-    try:
-        from jax.sharding import AxisType
-        return Mesh(devs, names, axis_types=(AxisType.Auto,) * len(names))
-    except (ImportError, TypeError):
-        return Mesh(devs, names)
 
 
 def common(cfg):
@@ -115,8 +81,8 @@ def reshard(cfg):
     def rows_for(b):
         return max(b // 4 // cols // n, 1) * n
 
-    m1 = mesh_of((n,), ("x",))
-    m2 = mesh_of((n // 2, 2), ("x", "y")) if n % 2 == 0 else None
+    m1 = make_mesh((n,), ("x",))
+    m2 = make_mesh((n // 2, 2), ("x", "y")) if n % 2 == 0 else None
     rng = np.random.default_rng(1)
     records = []
 
@@ -126,7 +92,7 @@ def reshard(cfg):
         f = jax.jit(lambda t: t, out_shardings=NamedSharding(mesh, dst))
         out = f(a)
         assert np.array_equal(np.asarray(out), data), name  # the move is right
-        return time_calls(f, (a,), cfg.reps, cfg.min_seconds, sync_each=True)
+        return time_calls(f, (a,), cfg.reps, min_seconds=cfg.min_seconds, sync_each=True)
 
     def partial_case(name, rows, scatter):
         data = rng.uniform(-1, 1, size=(n * rows, cols)).astype(np.float32)  # device i's addend: rows i*rows...
@@ -145,7 +111,7 @@ def reshard(cfg):
         out = np.asarray(f(a))
         want = data.reshape(n, rows, cols).sum(axis=0)
         assert np.allclose(out, want, rtol=1e-4, atol=1e-4), name
-        return time_calls(f, (a,), cfg.reps, cfg.min_seconds, sync_each=True)
+        return time_calls(f, (a,), cfg.reps, min_seconds=cfg.min_seconds, sync_each=True)
 
     cases = [("reshard S0->R", lambda r: identity_case("S0->R", r, m1, P("x", None), P(None, None))),
              ("reshard S1->R", lambda r: identity_case("S1->R", r, m1, P(None, "x"), P(None, None))),
@@ -182,9 +148,9 @@ def overhead(cfg):
            ("matmul", lambda: a @ w), ("transpose", lambda: jnp.transpose(w)), ("reshape_merge", lambda: a.reshape(-1))]
     records = []
     for name, f in ops:
-        eager = time_calls(lambda: f(), (), cfg.reps, cfg.min_seconds)
+        eager = time_calls(lambda: f(), (), cfg.reps, min_seconds=cfg.min_seconds)
         jf = jax.jit(f)
-        jitted = time_calls(lambda: jf(), (), cfg.reps, cfg.min_seconds)
+        jitted = time_calls(lambda: jf(), (), cfg.reps, min_seconds=cfg.min_seconds)
         rec = {"bench": "ops", "part": "overhead", "name": name, "shape": [n, n], "seconds": eager, "jit_seconds": jitted,
                "how": "eager jnp call (jit of one op: %.1f us)" % (jitted * 1e6)}
         rec.update(common(cfg))
