@@ -472,6 +472,62 @@ TEST_SUITE("collectives") {
     });
   }
 
+  TEST_CASE("dry_run: collectives counted, not performed; each receive buffer gets this device's own part and zeros") {
+    for_each_run([](sl::Context& ctx) {
+      auto& c = ctx.world();
+      const int n = c.size(), me = c.rank();
+      const auto un = static_cast<std::size_t>(n);
+      std::vector<float> own(4, static_cast<float>(me + 1)), all(4 * un, -1.f), big(4 * un);
+      for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(me * 100 + static_cast<int>(i));
+      auto step = [&] {
+        c.all_gather(own.data(), all.data(), 4, DType::f32);
+        c.all_reduce(own.data(), own.data(), 4, DType::f32, Op::sum);
+        c.barrier();
+      };
+      const sl::coll::CommTrace dry = sl::coll::dry_run(step);
+      CHECK_FALSE(sl::coll::DryRun::active());
+      for (std::size_t i = 0; i < all.size(); ++i)  // own block, zeros for the others' (none sent)
+        CHECK(all[i] == (i / 4 == static_cast<std::size_t>(me) ? static_cast<float>(me + 1) : 0.f));
+      CHECK(own[0] == static_cast<float>(me + 1));  // the in-place all_reduce left this device's input
+      const sl::coll::CommTrace real = sl::coll::trace(step);
+      CHECK(dry.to_string() == real.to_string());  // the same calls, groups and bytes as the real run
+      CHECK(own[0] == static_cast<float>(n * (n + 1) / 2));
+      sl::coll::dry_run([&] {
+        std::vector<float> rs(4, -1.f), a2a(4 * un, -1.f), out(4, -1.f), b(4, static_cast<float>(me));
+        c.reduce_scatter(big.data(), rs.data(), 4, DType::f32, Op::sum);
+        for (std::size_t i = 0; i < 4; ++i) CHECK(rs[i] == big[4 * static_cast<std::size_t>(me) + i]);
+        c.all_to_all(big.data(), a2a.data(), 4, DType::f32);
+        for (std::size_t i = 0; i < a2a.size(); ++i)
+          CHECK(a2a[i] == (i / 4 == static_cast<std::size_t>(me) ? big[i] : 0.f));
+        c.all_reduce(b.data(), out.data(), 4, DType::f32, Op::max);
+        CHECK(out[3] == static_cast<float>(me));
+        c.broadcast(b.data(), 4, DType::f32, 0);
+        CHECK(b[0] == 0.f);  // root 0 keeps its 0; the others get zeros
+        std::vector<float> pr(4, -1.f);
+        c.permute(own.data(), 4, (me + 1) % n, pr.data(), 4, (me + n - 1) % n, DType::f32);
+        CHECK(pr[0] == (n == 1 ? own[0] : 0.f));
+        // exchange: the pair to itself copied (a column of a 2 x n block into a row), the others zeroed
+        std::vector<float> src(2 * un), dst(2 * un, -1.f);
+        for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i + 1);
+        std::vector<sl::coll::Region> send(un), recv(un);
+        for (int p = 0; p < n; ++p) {
+          send[static_cast<std::size_t>(p)] = sl::coll::Region::strided(static_cast<std::size_t>(p), {2}, {un});
+          recv[static_cast<std::size_t>(p)] = sl::coll::Region::contiguous(2 * static_cast<std::size_t>(p), 2);
+        }
+        c.exchange(src.data(), send, dst.data(), recv, DType::f32);
+        for (int p = 0; p < n; ++p)
+          for (std::size_t j = 0; j < 2; ++j)
+            CHECK(dst[2 * static_cast<std::size_t>(p) + j] ==
+                  (p == me ? src[j * un + static_cast<std::size_t>(me)] : 0.f));
+        auto pending = c.start_exchange(src.data(), send, dst.data(), recv, DType::f32);
+        pending->wait();
+      });
+      // A dry run that throws leaves no dry state behind.
+      CHECK_THROWS_AS(sl::coll::dry_run([] { throw std::runtime_error("step failed"); }), std::runtime_error);
+      CHECK_FALSE(sl::coll::DryRun::active());
+    });
+  }
+
   TEST_CASE("bytes_text: bytes as people read them") {
     CHECK(sl::coll::bytes_text(0) == "0 B");
     CHECK(sl::coll::bytes_text(1023) == "1023 B");

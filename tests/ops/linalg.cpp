@@ -360,9 +360,11 @@ TEST_CASE("Megatron MLP: column-parallel then row-parallel; one all_reduce or on
               const auto yy = sl::einsum<"bsf,fd->bsd">(sl::einsum<"bsd,df->bsf">(x, w1), w2);
               sl::DistributedTensor<float, DM, Spec<"data", none, none>> z = yy;
             };
+            const auto before = coll::dry_run(step);  // described before it runs
             const auto first = coll::trace(step), second = coll::trace(step);
             REQUIRE(first.calls.size() == one);
             CHECK(first.to_string() == second.to_string());
+            CHECK(before.to_string() == first.to_string());
             if (one) {
               CHECK(first.calls[0].kind == coll::Kind::all_reduce);
               CHECK(first.calls[0].group_size == model);

@@ -31,6 +31,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <memory>
@@ -39,6 +40,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace shardlib::coll {
 
@@ -183,6 +185,7 @@ class Communicator {
     check_buffers("all_reduce", send, recv, count, count);
     std::uint64_t b = bytes(count, t), moved = size_ > 1 ? 2 * b * static_cast<std::uint64_t>(size_ - 1) / static_cast<std::uint64_t>(size_) : 0;
     CommRecorder::record(Kind::all_reduce, moved, moved, name_, size_);
+    if (DryRun::active()) return dry_copy(recv, send, count, t);
     do_all_reduce(send, recv, count, t, op);
   }
 
@@ -204,6 +207,7 @@ class Communicator {
   void exchange(const void* send, std::span<const Region> send_regions, void* recv,
                 std::span<const Region> recv_regions, DType t, Kind counted_as = Kind::all_to_all) {
     check_exchange("exchange", send, send_regions, recv, recv_regions, t, counted_as);
+    if (DryRun::active()) return dry_exchange(send, send_regions, recv, recv_regions, t);
     do_exchange(send, send_regions, recv, recv_regions, t);
   }
 
@@ -218,6 +222,10 @@ class Communicator {
   [[nodiscard]] std::unique_ptr<PendingExchange> start_exchange(const void* send, std::span<const Region> send_regions,
                                                                 void* recv, std::span<const Region> recv_regions, DType t) {
     check_exchange("start_exchange", send, send_regions, recv, recv_regions, t);
+    if (DryRun::active()) {
+      dry_exchange(send, send_regions, recv, recv_regions, t);
+      return std::make_unique<detail::CompletedExchange>();
+    }
     return do_start_exchange(send, send_regions, recv, recv_regions, t);
   }
 
@@ -228,6 +236,7 @@ class Communicator {
     std::uint64_t b = bytes(count, t);
     CommRecorder::record(Kind::broadcast, rank_ == root ? b * static_cast<std::uint64_t>(size_ - 1) : 0,
                          rank_ == root ? 0 : b, name_, size_);
+    if (DryRun::active()) return rank_ == root ? void() : dry_zero(buf, count, t);
     do_broadcast(buf, count, t, root);
   }
 
@@ -236,12 +245,14 @@ class Communicator {
     check_rank("send", "peer", peer);
     check_buffers("send", buf, buf, count, 0);
     CommRecorder::record(Kind::send, peer == rank_ ? 0 : bytes(count, t), 0, name_, size_);
+    if (DryRun::active()) return;
     do_send(buf, count, t, peer, tag);
   }
   void recv(void* buf, std::size_t count, DType t, int peer, int tag = 0) {
     check_rank("recv", "peer", peer);
     check_buffers("recv", buf, buf, 0, count);
     CommRecorder::record(Kind::recv, 0, peer == rank_ ? 0 : bytes(count, t), name_, size_);
+    if (DryRun::active()) return dry_zero(buf, count, t);
     do_recv(buf, count, t, peer, tag);
   }
 
@@ -255,12 +266,18 @@ class Communicator {
     check_buffers("permute", send, recv, dest == -1 ? 0 : send_count, source == -1 ? 0 : recv_count);
     CommRecorder::record(Kind::permute, dest != -1 && dest != rank_ ? bytes(send_count, t) : 0,
                          source != -1 && source != rank_ ? bytes(recv_count, t) : 0, name_, size_);
+    if (DryRun::active()) {
+      if (source == -1) return;
+      if (source == rank_ && dest == rank_) return dry_copy(recv, send, std::min(send_count, recv_count), t);
+      return dry_zero(recv, recv_count, t);
+    }
     do_permute(send, dest == -1 ? 0 : send_count, dest, recv, source == -1 ? 0 : recv_count, source, t);
   }
 
   /// Returns once every rank of the group has called it.
   void barrier() {
     CommRecorder::record(Kind::barrier, 0, 0, name_, size_);
+    if (DryRun::active()) return;
     do_barrier();
   }
 
@@ -353,6 +370,49 @@ class Communicator {
     CommRecorder::record(counted_as, bytes(send_total - send_own, t), bytes(recv_total - recv_own, t), name_, size_);
   }
 
+  // What a collective leaves in a dry run (see DryRun in counters.hpp): this device's own part.
+  static void dry_zero(void* p, std::size_t count, DType t) {
+    if (count) std::memset(p, 0, static_cast<std::size_t>(bytes(count, t)));
+  }
+  static void dry_copy(void* dst, const void* src, std::size_t count, DType t) {
+    if (count && dst != src) std::memmove(dst, src, static_cast<std::size_t>(bytes(count, t)));
+  }
+  /// Calls f(element offset) for each element of `r` in row-major order.
+  template <class F>
+  static void for_each_offset(const Region& r, F&& f) {
+    if (r.count() == 0) return;
+    std::array<std::size_t, max_region_rank> i{};
+    const int rank = std::min(r.rank, max_region_rank);
+    for (;;) {
+      std::size_t off = r.offset;
+      for (int k = 0; k < rank; ++k) off += i[static_cast<std::size_t>(k)] * r.stride[static_cast<std::size_t>(k)];
+      f(off);
+      int k = rank - 1;
+      for (; k >= 0; --k) {
+        const auto ku = static_cast<std::size_t>(k);
+        if (++i[ku] < r.extent[ku]) break;
+        i[ku] = 0;
+      }
+      if (k < 0) return;
+    }
+  }
+  void dry_exchange(const void* send, std::span<const Region> send_regions, void* recv, std::span<const Region> recv_regions,
+                    DType t) const {
+    const std::size_t e = size_of(t);
+    auto* out = static_cast<unsigned char*>(recv);
+    for (int p = 0; p < size_; ++p)
+      if (p != rank_)
+        for_each_offset(recv_regions[static_cast<std::size_t>(p)], [&](std::size_t o) { std::memset(out + o * e, 0, e); });
+    std::vector<std::size_t> from;  // the pair to itself, element by element in row-major order
+    from.reserve(send_regions[static_cast<std::size_t>(rank_)].count());
+    for_each_offset(send_regions[static_cast<std::size_t>(rank_)], [&](std::size_t o) { from.push_back(o); });
+    std::size_t n = 0;
+    const auto* in = static_cast<const unsigned char*>(send);
+    for_each_offset(recv_regions[static_cast<std::size_t>(rank_)], [&](std::size_t o) {
+      if (n < from.size()) std::memcpy(out + o * e, in + from[n++] * e, e);
+    });
+  }
+
   void check_regions(std::string_view call, std::string_view side, std::span<const Region> regions) const {
     if (regions.size() != static_cast<std::size_t>(size_))
       throw CollectiveError("shardlib: " + where(call) + ": " + std::to_string(regions.size()) + " " + std::string(side) +
@@ -394,6 +454,10 @@ class Communicator {
     check_buffers("all_gather", send, recv, blocks.count(rank_), blocks.total());
     std::uint64_t own = bytes(blocks.count(rank_), t);
     CommRecorder::record(Kind::all_gather, own * static_cast<std::uint64_t>(size_ - 1), bytes(blocks.total(), t) - own, name_, size_);
+    if (DryRun::active()) {
+      dry_zero(recv, blocks.total(), t);
+      return dry_copy(static_cast<unsigned char*>(recv) + bytes(blocks.offset(rank_), t), send, blocks.count(rank_), t);
+    }
     do_all_gather(send, recv, blocks, t);
   }
   void reduce_scatter_blocks(const void* send, void* recv, const Blocks& blocks, DType t, Op op) {
@@ -402,6 +466,8 @@ class Communicator {
     check_disjoint("reduce_scatter", send, blocks.total(), recv, blocks.count(rank_), t);
     std::uint64_t own = bytes(blocks.count(rank_), t);
     CommRecorder::record(Kind::reduce_scatter, bytes(blocks.total(), t) - own, own * static_cast<std::uint64_t>(size_ - 1), name_, size_);
+    if (DryRun::active())
+      return dry_copy(recv, static_cast<const unsigned char*>(send) + bytes(blocks.offset(rank_), t), blocks.count(rank_), t);
     do_reduce_scatter(send, recv, blocks, t, op);
   }
   void all_to_all_blocks(const void* send, const Blocks& sb, void* recv, const Blocks& rb, DType t) {
@@ -410,6 +476,12 @@ class Communicator {
     check_buffers("all_to_all", send, recv, sb.total(), rb.total());
     check_disjoint("all_to_all", send, sb.total(), recv, rb.total(), t);
     CommRecorder::record(Kind::all_to_all, bytes(sb.total() - sb.count(rank_), t), bytes(rb.total() - rb.count(rank_), t), name_, size_);
+    if (DryRun::active()) {
+      dry_zero(recv, rb.total(), t);
+      return dry_copy(static_cast<unsigned char*>(recv) + bytes(rb.offset(rank_), t),
+                      static_cast<const unsigned char*>(send) + bytes(sb.offset(rank_), t),
+                      std::min(sb.count(rank_), rb.count(rank_)), t);
+    }
     do_all_to_all(send, sb, recv, rb, t);
   }
 

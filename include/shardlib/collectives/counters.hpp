@@ -32,6 +32,16 @@
 ///
 /// shardlib's collectives follow from the tensors' types, shapes and mesh, never from their
 /// values, so the trace of one training step is the plan of every step with the same shapes.
+///
+/// `coll::dry_run(f)` is the trace of `f` before it runs for real: while it runs `f`, every
+/// collective of this device is counted but not performed (no data moves, no device waits for
+/// another); each receive buffer gets what this device contributed itself and zeros in place
+/// of the others' parts (all_gather: its own block; reduce_scatter: its own block of its input;
+/// all_reduce: its input; all_to_all and exchange: the pair to itself; broadcast from another
+/// root, recv, a permute from another device: zeros). The local work of `f` runs on those values,
+/// so what `f` computes is meaningless: dry-run a step on state you throw away (a model made for
+/// it, copies), never on the parameters you train. Every device of the group must dry-run the
+/// same code; a branch on a value that came from a collective may differ from the real run.
 #pragma once
 
 #include <array>
@@ -212,6 +222,33 @@ CommTrace trace(F&& f) {
   CommRecorder rec(keep_calls);
   static_cast<F&&>(f)();
   return CommTrace{rec.stats(), rec.calls()};
+}
+
+/// While alive on this device (thread), collectives are counted and not performed (see
+/// `dry_run` in the file comment). Scopes nest.
+class DryRun {
+ public:
+  DryRun() noexcept : prev_(flag()) { flag() = true; }
+  DryRun(const DryRun&) = delete;
+  DryRun& operator=(const DryRun&) = delete;
+  ~DryRun() { flag() = prev_; }
+  /// Whether this device is in a dry run now.
+  static bool active() noexcept { return flag(); }
+
+ private:
+  static bool& flag() noexcept {
+    static thread_local bool f = false;
+    return f;
+  }
+  bool prev_;
+};
+
+/// The collectives `f()` would call on this device, in order, with bytes, without performing
+/// them (see the file comment: `f`'s values are meaningless).
+template <class F>
+CommTrace dry_run(F&& f) {
+  DryRun dry;
+  return trace(static_cast<F&&>(f));
 }
 
 }  // namespace shardlib::coll
