@@ -7,8 +7,9 @@
 //       [--layers N] [--dim N] [--batch N] [--seq N] [--vocab N] [--heads N] [--ff N]
 //       [--check 1]   also train on everything replicated (one device's computation) and exit
 //                     non-zero when a step's loss differs by more than 1e-4 relative
-//       [--describe 1] print the first step's collectives in order, with group and bytes (every
-//                     later step emits the same: they follow from types, shapes and mesh)
+//       [--describe 1] before training, print the collectives of a step in order, with group and
+//                     bytes, from a dry run (coll::dry_run) of one step on a model made for it (every
+//                     step emits the same: they follow from types, shapes and mesh)
 //
 // Under mpirun each rank is a device: mpirun -np 4 gpt --recipe zero2
 #include "common.hpp"
@@ -36,10 +37,14 @@ void print_stats(const char* phase, const shardlib::coll::CommStats& s) {
 template <class R>
 std::vector<double> run(shardlib::Context& ctx, const gpt::Config& cfg, int steps, bool verbose, bool describe) {
   std::vector<double> losses;
+  if (describe) {  // before training: one step of a model made for it, with the collectives counted, not performed
+    gpt::StepReport dry;
+    shardlib::coll::dry_run([&] { gpt::train<R>(ctx, cfg, 1, [&](int, const gpt::StepReport& r) { dry = r; }); });
+    if (ctx.device() == 0) std::printf("the collectives of every step, in order (a dry run):\n%s", dry.trace.to_string().c_str());
+  }
   gpt::train<R>(ctx, cfg, steps, [&](int s, const gpt::StepReport& r) {
     losses.push_back(r.loss);
     if (!verbose || ctx.device() != 0) return;
-    if (s == 0 && describe) std::printf("the collectives of a step, in order:\n%s", r.trace.to_string().c_str());
     std::printf("step %3d  loss %.6f  grad norm %.4f\n", s, r.loss, r.grad_norm);
     if (s == 0 || s == steps - 1) {
       print_stats("forward", r.forward);

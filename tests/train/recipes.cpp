@@ -86,6 +86,10 @@ void against_one_device(Check check, const gpt::Config& cfg = config()) {
         const std::string first = got.reports.front().trace.to_string();
         CHECK(got.reports.front().trace.calls.size() == got.reports.front().trace.totals.total_calls());
         for (const gpt::StepReport& s : got.reports) CHECK_MESSAGE(s.trace.to_string() == first, R::name);
+        // ... and a dry run of one step on a model made for it says so before anything runs.
+        gpt::StepReport dry;
+        sl::coll::dry_run([&] { gpt::train<R>(ctx, cfg, 1, [&](int, const gpt::StepReport& s) { dry = s; }); });
+        CHECK_MESSAGE(dry.trace.to_string() == first, R::name << ": dry run\n" << dry.trace.to_string() << "real\n" << first);
         for (const gpt::StepReport& s : got.reports) check(ctx, s);
       },
       {4, 8});
