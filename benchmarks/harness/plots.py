@@ -47,6 +47,14 @@ def _bars(ax, labels, series, ylabel, log=False):
     ax.grid(axis="y", alpha=0.3)
 
 
+def _device_axis(ax, devices):
+    """A log2 x axis of device counts, labelled with the counts."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(devices)
+    ax.set_xticklabels([str(d) for d in devices])
+    ax.set_xlabel("devices")
+
+
 def plot(name, recs, folder):
     fn = globals().get("plot_" + name)
     return fn(recs, folder) if fn else []
@@ -192,7 +200,8 @@ def plot_ops(recs, folder):
     if ov:
         names = [r["name"] for r in ov]
         series = [("ours: op", [r["seconds"] * 1e6 for r in ov], COLORS["ours"]),
-                  ("ours: the bare local kernel", [r["baseline_seconds"] * 1e6 if r["baseline_seconds"] else None
+                  ("ours: the bare local kernel", [r["baseline_seconds"] * 1e6 if r["baseline_seconds"] and
+                                                   not str(r.get("baseline", "")).startswith("none") else None
                                                    for r in ov], COLORS["baseline"])]
         for b, label in PEERS.items():
             p = {r["name"]: r for r in recs if r["part"] == "overhead" and r["backend"] == b}
@@ -242,8 +251,7 @@ def plot_ops(recs, folder):
         cores = next((r.get("host_cores") for r in mlp if r.get("host_cores")), None)
         if peak and cores:
             ax.axhline(peak * cores, color=COLORS["limit"], ls="--", lw=1, label=f"float32 peak, {cores} cores")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("devices")
+        _device_axis(ax, sorted({r["devices"] for r in mlp}))
         ax.set_ylabel("GFLOP/s (whole block)")
         ax.set_title("MLP block scaling with devices (goal: faster than JAX)", fontsize=9)
         ax.grid(alpha=0.3)
@@ -313,28 +321,38 @@ def plot_grad(recs, folder):
               ("ours fwd+bwd", [r["seconds"] * 1e3 for r in blocks], "#aec7e8"),
               ("JAX fwd+bwd", [jax[(r["name"], r["devices"])].get("forward_backward_seconds", 0) * 1e3
                                if (r["name"], r["devices"]) in jax else None for r in blocks], "#ffbb78")]
+    dt = {(r["name"], r["devices"]): r for r in recs if r["backend"] == "dtensor-gloo"}
+    if dt:
+        series.insert(2, ("DTensor forward", [dt[(r["name"], r["devices"])]["seconds"] * 1e3
+                                              if (r["name"], r["devices"]) in dt else None for r in blocks], COLORS["DTensor"]))
+        series.append(("DTensor fwd+bwd", [dt[(r["name"], r["devices"])]["forward_backward_seconds"] * 1e3
+                                           if (r["name"], r["devices"]) in dt else None for r in blocks], "#ff9896"))
     fig, ax = plt.subplots(figsize=(9, 4))
     _bars(ax, labels, series, "ms")
-    ax.set_title("pre-LN transformer block (goal: faster than JAX; backward <= 3.2x forward)", fontsize=9)
+    ax.set_title("pre-LN transformer block (goal: faster than JAX and DTensor; backward <= 3.2x forward)", fontsize=9)
     return [(_save(fig, folder, "grad_block"), "transformer block beside JAX")]
 
 
 def tables_grad(recs):
-    jax = {(r["name"], r["devices"]): r for r in recs if r["backend"] == "jax-cpu"}
+    peers = {(r["backend"], r["name"], r["devices"]): r for r in recs if r["backend"] in PEERS}
     rows = []
     for r in recs:
-        if r["backend"] == "jax-cpu":
+        if r["backend"] in PEERS:
             continue
         if r["part"] == "tape":
-            rows.append([r["name"], r["devices"], f"{r['seconds'] * 1e6:.2f} us", "-", f"overhead {r['overhead_us']:.3f} us", "-", "-"])
+            rows.append([r["name"], r["devices"], f"{r['seconds'] * 1e6:.2f} us", "-", f"overhead {r['overhead_us']:.3f} us",
+                         "-", "-", "-", "-"])
             continue
-        p = jax.get((r["name"], r["devices"]))
-        rows.append([r["name"], r["devices"], f"{r['baseline_seconds'] * 1e3:.1f}", f"{r['seconds'] * 1e3:.1f}",
-                     f"{r['ratio']:.2f}", f"{p['seconds'] * 1e3:.1f} ({p['seconds'] / r['baseline_seconds']:.2f}x)" if p else "-",
-                     f"{p['forward_backward_seconds'] * 1e3:.1f} ({p['forward_backward_seconds'] / r['seconds']:.2f}x)"
-                     if p and p.get("forward_backward_seconds") else "-"])
-    return [("ms; JAX's time and its time / ours (> 1: ours faster)",
-             ["case", "devices", "ours fwd", "ours fwd+bwd", "fwd+bwd / fwd (goal <= 3.2)", "JAX fwd", "JAX fwd+bwd"], rows)]
+        row = [r["name"], r["devices"], f"{r['baseline_seconds'] * 1e3:.1f}", f"{r['seconds'] * 1e3:.1f}", f"{r['ratio']:.2f}"]
+        for b in PEERS:
+            p = peers.get((b, r["name"], r["devices"]))
+            row.append(f"{p['seconds'] * 1e3:.1f} ({p['seconds'] / r['baseline_seconds']:.2f}x)" if p else "-")
+            row.append(f"{p['forward_backward_seconds'] * 1e3:.1f} ({p['forward_backward_seconds'] / r['seconds']:.2f}x)"
+                       if p and p.get("forward_backward_seconds") else "-")
+        rows.append(row)
+    return [("ms; each peer's time and its time / ours (> 1: ours faster)",
+             ["case", "devices", "ours fwd", "ours fwd+bwd", "fwd+bwd / fwd (goal <= 3.2)", "JAX fwd", "JAX fwd+bwd",
+              "DTensor fwd", "DTensor fwd+bwd"], rows)]
 
 
 # ---- train -------------------------------------------------------------------------------------
@@ -410,8 +428,7 @@ def plot_stencil(recs, folder):
                     color=COLORS["baseline"], label=f"plain loop ({b})")
             ax.plot(xs, [p[1]["copy_GBps"] for p in pts], ":", color=COLORS["limit"], label="copy limit")
             ax.plot(xs, [0.6 * p[1]["copy_GBps"] for p in pts], ":", color=COLORS["goal"], label="goal 0.60 of copy")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("devices")
+        _device_axis(ax, sorted({r["devices"] for r in sw}))
         ax.set_ylabel("GB/s per device")
         ax.set_title(nm, fontsize=9)
         ax.grid(alpha=0.3)

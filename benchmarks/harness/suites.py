@@ -279,18 +279,20 @@ def grad_cases(args, exes, peers):
     for flag in ("batch", "seq", "dmodel", "heads", "dff", "reps"):
         if getattr(args, flag) is not None:
             sizes += ["--" + flag, str(getattr(args, flag))]
-    runs = []
+    runs, druns = [], []
     for n in args.devs:
         runs.append(["--bench", "grad", "--devices", str(n), "--layout", "dp"] + sizes)
+        druns.append((n, ["--bench", "block", "--layout", "dp"] + sizes))
         if n > 1 and n % 2 == 0:
             runs.append(["--bench", "grad", "--devices", str(n), "--layout", "tp", "--model", "2"] + sizes)
-    return cases + jax_cases("grad", peers, "jax_blocks.py", runs, "grad")
+            druns.append((n, ["--bench", "block", "--layout", "tp", "--model", "2"] + sizes))
+    return cases + jax_cases("grad", peers, "jax_blocks.py", runs, "grad") + dtensor_cases("grad", peers, druns, "grad")
 
 
 def grad_table(records):
     print(f"{'part':<7}{'name':<38}{'dev':>4}{'time us':>13}{'baseline':>10}{'base us':>13}{'ratio':>8}  figure")
     for r in records:
-        if r["backend"] == "jax-cpu":
+        if r["backend"] in ("jax-cpu", "dtensor-gloo"):
             continue
         if r["part"] == "tape":
             extra_text = f"overhead {r['overhead_us']:.3f} us (target <= 1)"
@@ -306,22 +308,26 @@ def grad_table(records):
             base_name = r["baseline"]
         print(f"{r['part']:<7}{r['name']:<38}{r['devices']:>4}{r['seconds'] * 1e6:>13.3f}{base_name:>10}"
               f"{r['baseline_seconds'] * 1e6:>13.3f}{ratio:>8.3f}  {extra_text}")
-    jax = {(r["name"], r["devices"]): r for r in records if r["backend"] == "jax-cpu"}
-    if jax:
+    for backend, who in (("jax-cpu", "jax"), ("dtensor-gloo", "dtensor")):
+        peer = {(r["name"], r["devices"]): r for r in records if r["backend"] == backend}
+        if not peer:
+            continue
         print()
-        print(f"{'block, side by side with jax':<30}{'dev':>4}{'fwd ms':>9}{'jax ms':>9}{'faster':>13}"
-              f"{'fwd+bwd ms':>12}{'jax ms':>9}{'faster':>13}")
+        print(f"{'block, side by side with ' + who:<30}{'dev':>4}{'fwd ms':>9}{who + ' ms':>12}{'faster':>15}"
+              f"{'fwd+bwd ms':>12}{who + ' ms':>12}{'faster':>15}")
         for r in records:
-            p = jax.get((r["name"], r["devices"]))
-            if r["part"] != "block" or r["backend"] == "jax-cpu" or p is None:
+            p = peer.get((r["name"], r["devices"]))
+            if r["part"] != "block" or r["backend"] not in ("threads", "mpi") or p is None:
                 continue
             fb = p.get("forward_backward_seconds")
-            fbs = f"{fb * 1e3:>9.1f}{faster(r['seconds'], fb):>13}" if fb else f"{'-':>9}{'-':>13}"
-            print(f"{r['name']:<30}{r['devices']:>4}{r['baseline_seconds'] * 1e3:>9.1f}{p['seconds'] * 1e3:>9.1f}"
-                  f"{faster(r['baseline_seconds'], p['seconds']):>13}{r['seconds'] * 1e3:>12.1f}{fbs}"
+            fbs = f"{fb * 1e3:>12.1f}{faster(r['seconds'], fb, who):>15}" if fb else f"{'-':>12}{'-':>15}"
+            print(f"{r['name']:<30}{r['devices']:>4}{r['baseline_seconds'] * 1e3:>9.1f}{p['seconds'] * 1e3:>12.1f}"
+                  f"{faster(r['baseline_seconds'], p['seconds'], who):>15}{r['seconds'] * 1e3:>12.1f}{fbs}"
                   f"  gemm {r.get('gemm_threads', '?')}, kernels {r.get('kernel_threads', '?')} thread(s) per device")
-        cores = next(iter(jax.values())).get("host_cores")
-        print(f"(ours: each device's threads as listed; jax: XLA's CPU client, a thread pool over the machine's {cores} cores)")
+    jax = [r for r in records if r["backend"] == "jax-cpu"]
+    if jax:
+        print(f"(ours: each device's threads as listed; jax: XLA's CPU client, a thread pool over the machine's "
+              f"{jax[0].get('host_cores')} cores; dtensor: one process per device, cores / devices torch threads each)")
 
 
 # ---- loops -------------------------------------------------------------------------------------
@@ -511,7 +517,8 @@ def compile_cases(args, exes, peers):
     atexit.register(shutil.rmtree, tmp, True)
     obj = os.path.join(tmp, "tu.o")
     cases = []
-    for rep in range(args.reps):  # repetitions interleaved: noise from the shared machine spreads evenly
+    reps = args.reps or (1 if args.all else 3)
+    for rep in range(reps):  # repetitions interleaved: noise from the shared machine spreads evenly
         for c in compilers:
             for mode in ("frontend", "O2"):
                 for name, src in COMPILE_TUS:
@@ -523,7 +530,7 @@ def compile_cases(args, exes, peers):
                                  "compiler": compiler_version(full[0]), "cpu": cpu, "wall": wall, "rss": rss,
                                  "source": src}]
                     cases.append(Case(f"compile: {name}, {mode}" + (f", {c}" if c else "") +
-                                      (f", run {rep + 1}" if args.reps > 1 else ""), "compile", fn=one))
+                                      (f", run {rep + 1}" if reps > 1 else ""), "compile", fn=one))
     return cases
 
 

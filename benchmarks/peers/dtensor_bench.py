@@ -3,8 +3,9 @@
 `overhead` part and of its MLP block: the same moves, ops and shapes as the shardlib records of the
 same name. Started by torchrun:
 
-  python -m torch.distributed.run --nproc_per_node N dtensor_bench.py --bench reshard|overhead|mlp
-         [--min-bytes 1048576] [--max-bytes 67108864] [--n 32] [--reps 7] [--json FILE]
+  python -m torch.distributed.run --nproc_per_node N dtensor_bench.py --bench reshard|overhead|mlp|block
+         [--min-bytes 1048576] [--max-bytes 67108864] [--n 32] [--layout dp|tp] [--model 2] [--reps 7]
+         [--batch 8 --seq 128 --dmodel 512 --heads 8 --dff 2048] [--json FILE]
 
 --bench reshard: a float32 rows x cols tensor (cols = 1024 // N * N, rows a multiple of N, as
   bench_reshard) as a DTensor with the source placements, then `redistribute` to the target:
@@ -16,6 +17,13 @@ same name. Started by torchrun:
 --bench mlp: y = gelu(x @ w1) @ w2 on the mesh (data, model) = (N/m, m), m = 2 when it divides N:
   x [8, 128, 512] Shard(0) over data, w1 [512, 2048] Shard(1) over model, w2 Shard(0) over model,
   the partial sum redistributed to x's placements (one all_reduce), as bench_ops's mlp.
+--bench block: bench_grad's pre-LN transformer block (the same as jax_blocks.py --bench grad):
+  layer_norm (eps 1e-5, no affine inside) * g + b, q/k/v projections, softmax attention over 8 heads
+  of 64, the output projection and a residual, a second norm, the exact-erf gelu MLP and a
+  residual, loss = sum(out * r); --layout dp: mesh (N, 1), the batch over data, weights
+  replicated; tp: mesh (N/m, m), Megatron (wq, wk, wv, w1 Shard(1) over model, wo, w2 Shard(0),
+  the row-parallel products' partial sums redistributed to the hidden placements). `seconds`: the
+  forward (the loss); `forward_backward_seconds`: the loss and its backward into every parameter.
 
 Each process uses (cores // N, at least 1) torch threads, as shardlib's devices share the cores.
 Timing: --reps repetitions of as many calls as take ~20 ms, between barriers; the slowest rank's
@@ -32,7 +40,11 @@ import time
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bench", choices=("reshard", "overhead", "mlp"), required=True)
+    ap.add_argument("--bench", choices=("reshard", "overhead", "mlp", "block"), required=True)
+    ap.add_argument("--layout", choices=("dp", "tp"), default="dp")
+    ap.add_argument("--model", type=int, default=2)
+    for flag, default in (("batch", 8), ("seq", 128), ("dmodel", 512), ("heads", 8), ("dff", 2048)):
+        ap.add_argument("--" + flag, type=int, default=default)
     ap.add_argument("--min-bytes", type=int, default=1 << 20)
     ap.add_argument("--max-bytes", type=int, default=64 << 20)
     ap.add_argument("--n", type=int, default=32)
@@ -174,11 +186,79 @@ def mlp(cfg, n, rank):
     return [rec]
 
 
+def block(cfg, n, rank):
+    import math
+    B, S, D, H, F = cfg.batch, cfg.seq, cfg.dmodel, cfg.heads, cfg.dff
+    E = D // H
+    if cfg.layout == "dp" or n == 1:
+        shape = (n, 1)
+        col = row = [Replicate(), Replicate()]
+    else:
+        m = cfg.model if n % cfg.model == 0 else 1
+        shape = (n // m, m)
+        col, row = [Replicate(), Shard(1)], [Replicate(), Shard(0)]
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=("data", "model"))
+    hid, vec = [Shard(0), Replicate()], [Replicate(), Replicate()]
+    gen = torch.Generator().manual_seed(1)
+
+    def u(*size, lo=-1.0, hi=1.0):
+        return torch.rand(*size, generator=gen) * (hi - lo) + lo
+
+    def param(t, placements):
+        return distribute_tensor(t, mesh, placements).requires_grad_()
+
+    wd, wf = 1 / math.sqrt(D), 1 / math.sqrt(F)
+    x = param(u(B, S, D), hid)
+    g1, b1, g2, b2 = (param(torch.ones(D), vec), param(torch.zeros(D), vec), param(torch.ones(D), vec),
+                      param(torch.zeros(D), vec))
+    wq, wk, wv = (param(u(D, D, lo=-wd, hi=wd), col) for _ in range(3))
+    w1 = param(u(D, F, lo=-wd, hi=wd), col)
+    wo, w2 = param(u(D, D, lo=-wd, hi=wd), row), param(u(F, D, lo=-wf, hi=wf), row)
+    params = [x, g1, b1, g2, b2, wq, wk, wv, w1, wo, w2]
+    r = distribute_tensor(u(B, S, D), mesh, hid)
+
+    def norm(t):
+        mu = t.mean(-1, keepdim=True)
+        return (t - mu) * torch.rsqrt(((t - mu) ** 2).mean(-1, keepdim=True) + 1e-5)
+
+    def loss():
+        h = norm(x) * g1 + b1
+        q, k, v = ((h @ w).view(B, S, H, E).transpose(1, 2) for w in (wq, wk, wv))
+        att = torch.softmax((q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(E)), dim=-1)
+        o = (att @ v).transpose(1, 2).reshape(B, S, D)
+        x1 = x + (o @ wo).redistribute(mesh, hid)
+        h2 = norm(x1) * g2 + b2
+        out = x1 + (torch.nn.functional.gelu(h2 @ w1) @ w2).redistribute(mesh, hid)
+        return (out * r).sum()
+
+    def forward():
+        with torch.no_grad():
+            return loss().to_local()
+
+    def forward_backward():
+        for p in params:
+            p.grad = None
+        loss().backward()
+
+    fwd = time_calls(forward, cfg.reps, 0.05)
+    fb = time_calls(forward_backward, cfg.reps, 0.05)
+    mesh_text = "{data: %d, model: %d}" % shape
+    name = "1 device" if n == 1 else f"{cfg.layout} {mesh_text}"
+    rec = {"bench": "grad", "part": "block", "name": name, "layout": cfg.layout, "mesh": mesh_text,
+           "shape": {"batch": B, "seq": S, "d_model": D, "heads": H, "head_dim": E, "d_ff": F},
+           "seconds": fwd, "what": "forward (loss) under no_grad", "forward_backward_seconds": fb}
+    rec.update(common(n))
+    if rank == 0:
+        print(f"  dtensor block {name}: forward {fwd * 1e3:.2f} ms, forward + backward {fb * 1e3:.2f} ms", file=sys.stderr,
+              flush=True)
+    return [rec]
+
+
 def main(cfg):
     dist.init_process_group("gloo")
     n, rank = dist.get_world_size(), dist.get_rank()
     torch.set_num_threads(max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()) // n))
-    records = {"reshard": reshard, "overhead": overhead, "mlp": mlp}[cfg.bench](cfg, n, rank)
+    records = {"reshard": reshard, "overhead": overhead, "mlp": mlp, "block": block}[cfg.bench](cfg, n, rank)
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:
