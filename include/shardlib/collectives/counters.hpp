@@ -26,7 +26,7 @@
 /// `CommTrace`, whose `to_string()` is one line per collective:
 ///
 /// ```
-/// 3 collectives: 1.5 MiB sent, 1.5 MiB received (this device)
+/// 3 collectives: 1.50 MiB sent, 1.50 MiB received (this device)
 ///   1. all_gather over group {data} of mesh {data: 4, model: 2} (4 devices): 384 KiB sent, 384 KiB received
 /// ```
 ///
@@ -70,7 +70,7 @@ struct KindStats {
   std::uint64_t bytes_received = 0;
 };
 
-/// "1.5 MiB", "384 KiB", "96 B": a byte count as people read it.
+/// "1.50 MiB", "384 KiB", "96 B": a byte count as people read it.
 inline std::string bytes_text(std::uint64_t b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = static_cast<double>(b);
