@@ -521,6 +521,12 @@ TEST_SUITE("collectives") {
                   (p == me ? src[j * un + static_cast<std::size_t>(me)] : 0.f));
         auto pending = c.start_exchange(src.data(), send, dst.data(), recv, DType::f32);
         pending->wait();
+        // all_gather in place: this device's block is already in the output, and stays
+        std::vector<float> inplace(4 * un, 7.f);
+        for (std::size_t i = 0; i < 4; ++i) inplace[4 * static_cast<std::size_t>(me) + i] = static_cast<float>(me + 1);
+        c.all_gather(inplace.data() + 4 * me, inplace.data(), 4, DType::f32);
+        for (std::size_t i = 0; i < inplace.size(); ++i)
+          CHECK(inplace[i] == (i / 4 == static_cast<std::size_t>(me) ? static_cast<float>(me + 1) : 0.f));
       });
       // A dry run that throws leaves no dry state behind.
       CHECK_THROWS_AS(sl::coll::dry_run([] { throw std::runtime_error("step failed"); }), std::runtime_error);

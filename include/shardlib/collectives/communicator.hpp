@@ -454,9 +454,12 @@ class Communicator {
     check_buffers("all_gather", send, recv, blocks.count(rank_), blocks.total());
     std::uint64_t own = bytes(blocks.count(rank_), t);
     CommRecorder::record(Kind::all_gather, own * static_cast<std::uint64_t>(size_ - 1), bytes(blocks.total(), t) - own, name_, size_);
-    if (DryRun::active()) {
-      dry_zero(recv, blocks.total(), t);
-      return dry_copy(static_cast<unsigned char*>(recv) + bytes(blocks.offset(rank_), t), send, blocks.count(rank_), t);
+    if (DryRun::active()) {  // zeros around its own block (which `send` may already be: in place)
+      auto* out = static_cast<unsigned char*>(recv);
+      const std::size_t at = blocks.offset(rank_), n = blocks.count(rank_);
+      dry_zero(out, at, t);
+      dry_zero(out + bytes(at + n, t), blocks.total() - at - n, t);
+      return dry_copy(out + bytes(at, t), send, n, t);
     }
     do_all_gather(send, recv, blocks, t);
   }
