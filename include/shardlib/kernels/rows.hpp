@@ -45,39 +45,99 @@ void for_rows(const Exec& exec, const char* label, std::int64_t rows, std::int64
   if (rows > 0 && n > 0) Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, rows), row);
   exec.fence();
 }
+
+/// softmax (or log_softmax) of one row shorter than a SIMD packet, as Eigen array expressions (which
+/// take such a row in smaller packets or one value at a time; padding it to a packet was slower: 46
+/// ns a row of 8 floats against 35, AVX-512).
+template <class T>
+inline void softmax_row_short(const T* x, T* y, std::int64_t n, bool log, T scale) {
+  // Eigen's fast max (a NaN may or may not win it: either way exp(NaN - m) or exp(x - NaN) makes
+  // the sum, and so the row, NaN); its NaN-propagating max costs 3x as much.
+  const T m = (vmath::ConstRun<T>(x, n) * scale).maxCoeff();
+  const auto e = Eigen::exp(vmath::ConstRun<T>(x, n) * scale - m);
+  if (log) {
+    const T shift = m + static_cast<T>(std::log(static_cast<double>(e.sum())));
+    vmath::Run<T>(y, n) = vmath::ConstRun<T>(x, n) * scale - shift;
+  } else {
+    vmath::Run<T> out(y, n);
+    out = e;
+    out *= static_cast<T>(1 / static_cast<double>(out.sum()));
+  }
+}
+
+/// softmax (or log_softmax) of one row of n >= lanes<T> values, on Eigen's packets: a pass for the
+/// max, one for exp (stored) and its sum, one to scale (log_softmax: the exp is not stored and the
+/// last pass subtracts). The n % lanes values past the last whole packet are taken as the row's
+/// last lanes values, one packet overlapping the one before it; only its top n % lanes lanes are
+/// summed and stored, and they are not written before they are read (so `y` may be `x`).
+/// Measured on 1 M floats (AVX-512, one core, rows 64-byte aligned), against the same passes as
+/// Eigen array expressions (as softmax_row_short), which take a row's unaligned ends one scalar exp
+/// at a time: rows of 128 0.41 ms against 0.46, of 100 0.51 against 0.86, of 17 1.2 against 3.7;
+/// exp alone 0.22 ms.
+template <class T>
+inline void softmax_row_packets(const T* x, T* y, std::int64_t n, bool log, T scale) {
+  namespace ei = Eigen::internal;
+  using P = vmath::Packet<T>;
+  constexpr std::int64_t W = vmath::lanes<T>;
+  const std::int64_t full = n / W * W, rest = n - full;
+  const P s = ei::pset1<P>(scale);
+  const P last = ei::pmul(ei::ploadu<P>(x + n - W), s);  // the last n % W values in its top lanes
+  // Two running maxima: a NaN may or may not win them (either way exp(NaN - m) or exp(x - NaN)
+  // makes the sum, and so the row, NaN).
+  P m0 = last, m1 = last;
+  std::int64_t j = 0;
+  for (; j + 2 * W <= full; j += 2 * W) {
+    m0 = ei::pmax(m0, ei::pmul(ei::ploadu<P>(x + j), s));
+    m1 = ei::pmax(m1, ei::pmul(ei::ploadu<P>(x + j + W), s));
+  }
+  if (j < full) m0 = ei::pmax(m0, ei::pmul(ei::ploadu<P>(x + j), s));
+  const T m = ei::predux_max(ei::pmax(m0, m1));
+  const P pm = ei::pset1<P>(m);
+  double sum = 0;
+  for (std::int64_t b = 0; b < full; b += vmath::chunk) {  // float partial sums per chunk
+    const std::int64_t end = full - b < vmath::chunk ? full : b + vmath::chunk;
+    P acc = ei::pset1<P>(T(0));
+    for (std::int64_t k = b; k < end; k += W) {
+      const P e = ei::pexp(ei::psub(ei::pmul(ei::ploadu<P>(x + k), s), pm));
+      if (!log) ei::pstoreu(y + k, e);
+      acc = ei::padd(acc, e);
+    }
+    sum += static_cast<double>(ei::predux(acc));
+  }
+  if (rest > 0) {
+    alignas(sizeof(P)) T e[W];
+    ei::pstore(e, ei::pexp(ei::psub(last, pm)));
+    for (std::int64_t k = W - rest; k < W; ++k) {
+      if (!log) y[n - W + k] = e[k];
+      sum += static_cast<double>(e[k]);
+    }
+  }
+  if (log) {
+    const T shift = m + static_cast<T>(std::log(sum));
+    const P ps = ei::pset1<P>(shift);
+    for (j = 0; j < full; j += W) ei::pstoreu(y + j, ei::psub(ei::pmul(ei::ploadu<P>(x + j), s), ps));
+    for (j = full; j < n; ++j) y[j] = x[j] * scale - shift;
+  } else {
+    const T inv = static_cast<T>(1 / sum);
+    const P pinv = ei::pset1<P>(inv);
+    for (j = 0; j < full; j += W) ei::pstoreu(y + j, ei::pmul(ei::ploadu<P>(y + j), pinv));
+    for (j = full; j < n; ++j) y[j] *= inv;
+  }
+}
 }  // namespace detail
 
 /// out = softmax(scale * in) along each row (or, with `log`, log_softmax). `out` may be `in`.
+/// A row's max and sum are kept in SIMD registers: three passes over the row while it is in cache.
 template <class Exec, class T>
 void softmax_rows(const Exec& exec, const T* in, T* out, std::int64_t rows, std::int64_t n, bool log, T scale = T(1)) {
   static_assert(vmath::is_host_v<Exec> && vmath::is_vector_type_v<T>,
                 "shardlib::kernels::softmax_rows: host execution spaces, float or double");
   detail::check_rows("softmax_rows", rows, n, 0);
-  detail::for_rows(exec, "shardlib::kernels::softmax_rows", rows, n, [=](std::int64_t r) {
-    const T* x = in + r * n;
-    T* y = out + r * n;
-    // Eigen's fast max (a NaN may or may not win it: either way exp(NaN - m) or exp(x - NaN) makes
-    // the sum, and so the row, NaN); its NaN-propagating max costs 3x as much.
-    const T m = (vmath::ConstRun<T>(x, n) * scale).maxCoeff();
-    double sum = 0;
-    for (std::int64_t b = 0; b < n; b += vmath::chunk) {
-      const std::int64_t len = n - b < vmath::chunk ? n - b : vmath::chunk;
-      const auto e = Eigen::exp(vmath::ConstRun<T>(x + b, len) * scale - m);
-      if (log) {
-        sum += static_cast<double>(e.sum());
-      } else {
-        vmath::Run<T> yb(y + b, len);
-        yb = e;
-        sum += static_cast<double>(yb.sum());
-      }
-    }
-    if (log) {
-      const T shift = m + static_cast<T>(std::log(sum));
-      vmath::Run<T>(y, n) = vmath::ConstRun<T>(x, n) * scale - shift;
-    } else {
-      vmath::Run<T>(y, n) *= static_cast<T>(1 / sum);
-    }
-  });
+  detail::for_rows(exec, "shardlib::kernels::softmax_rows", rows, n,
+                   [=](std::int64_t r) {
+                     if (n >= vmath::lanes<T>) detail::softmax_row_packets(in + r * n, out + r * n, n, log, scale);
+                     else detail::softmax_row_short(in + r * n, out + r * n, n, log, scale);
+                   });
 }
 
 /// out = (in - mean) / sqrt(var + eps) along each row (biased variance, as torch), then, when they

@@ -88,9 +88,16 @@ auto log(const X& x) {
 /// FMA, AVX2, ...", "None").
 inline const char* simd_in_use() noexcept { return Eigen::SimdInstructionSetsInUse(); }
 
+/// Eigen's SIMD packet of T in this build (for float: 4 lanes with SSE, 8 with AVX, 16 with
+/// AVX-512), for the row kernels that keep a row's statistics in registers (kernels/rows.hpp).
+template <class T>
+using Packet = typename Eigen::internal::packet_traits<T>::type;
+
+/// Values of T in one Packet<T>.
+template <class T>
+inline constexpr std::int64_t lanes = Eigen::internal::unpacket_traits<Packet<T>>::size;
+
 /// Bytes in one SIMD packet of float in this build (16 for SSE, 32 for AVX, 64 for AVX-512).
-inline constexpr int packet_bytes() noexcept {
-  return static_cast<int>(sizeof(typename Eigen::internal::packet_traits<float>::type));
-}
+inline constexpr int packet_bytes() noexcept { return static_cast<int>(sizeof(Packet<float>)); }
 
 }  // namespace shardlib::kernels::vmath
