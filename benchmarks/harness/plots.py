@@ -55,6 +55,17 @@ def _device_axis(ax, devices):
     ax.set_xlabel("devices")
 
 
+def _loglog(ax, ylabel, title):
+    """Bytes (log 2) against `ylabel` (log 10), with a grid and a legend: the by-size plots."""
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("bytes")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
 def plot(name, recs, folder):
     fn = globals().get("plot_" + name)
     return fn(recs, folder) if fn else []
@@ -92,13 +103,7 @@ def plot_collectives(recs, folder):
             else:
                 ax.plot(xs, base, "--", color=COLORS["baseline"], label="raw MPI call")
                 ax.plot(xs, [0.95 * b for b in base], ":", color=COLORS["goal"], label="goal 0.95 of MPI (>= 1 MiB)")
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xlabel("bytes")
-            ax.set_ylabel("bus bandwidth GB/s")
-            ax.set_title(f"{cname}, {backend}, {n} devices", fontsize=9)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
+            _loglog(ax, "bus bandwidth GB/s", f"{cname}, {backend}, {n} devices")
         out.append((_save(fig, folder, f"collectives_{backend}"), f"collectives bandwidth by size, {backend}"))
     return out
 
@@ -162,13 +167,7 @@ def plot_reshard(recs, folder):
                      and r["devices"] == n)
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "--", color=COLORS["baseline"], label="hand-written call")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("bytes")
-        ax.set_ylabel("ms")
-        ax.set_title(f"{nm}, {n} devices", fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _loglog(ax, "ms", f"{nm}, {n} devices")
     out.append((_save(fig, folder, "reshard_sizes"), "reshard time by size"))
     return out
 
