@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // detail::copy_region, the strided copy under exchange: checked against a plain element loop
-// for every element size, for mismatched shapes of equal count, and for random boxes.
+// for every element size, for mismatched shapes of equal count, and for random boxes; and
+// detail::plan_region_copy (the same copy as cudaMemcpy2DAsync rectangles), carried out here
+// row by row as cudaMemcpy2D defines it.
 #include <doctest/doctest.h>
 #include <shardlib/collectives/detail/region_copy.hpp>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <random>
 #include <string>
@@ -35,7 +38,28 @@ std::vector<std::size_t> offsets(const Region& r) {
   return out;
 }
 
-/// Copies with copy_region and with the element loop, on T elements; "" when they agree.
+/// Carries out plan_region_copy's rectangles as cudaMemcpy2D does, checking their pitches.
+void copy_by_plan(void* dst, const Region& dr, const void* src, const Region& sr, std::size_t e) {
+  std::vector<coll::detail::Copy2D> plan;
+  coll::detail::plan_region_copy(plan, dr, sr, e);
+  for (const auto& c : plan) {
+    REQUIRE(c.height >= 1);
+    if (c.height > 1) REQUIRE((c.dst_pitch >= c.width && c.src_pitch >= c.width));
+    for (std::size_t i = 0; i < c.height; ++i)
+      std::memcpy(static_cast<char*>(dst) + c.dst_offset + i * c.dst_pitch,
+                  static_cast<const char*>(src) + c.src_offset + i * c.src_pitch, c.width);
+  }
+}
+
+/// The number of rectangles plan_region_copy makes.
+std::size_t rectangles(const Region& dr, const Region& sr, std::size_t e = 4) {
+  std::vector<coll::detail::Copy2D> plan;
+  coll::detail::plan_region_copy(plan, dr, sr, e);
+  return plan.size();
+}
+
+/// Copies with copy_region (and with its plan of rectangles) and with the element loop, on T
+/// elements; "" when they agree.
 template <class T>
 std::string compare(const Region& dst, std::size_t dst_size, const Region& src, std::size_t src_size) {
   std::vector<T> s(src_size), want(dst_size), got(dst_size);
@@ -47,6 +71,11 @@ std::string compare(const Region& dst, std::size_t dst_size, const Region& src, 
   coll::detail::copy_region(got.data(), dst, s.data(), src, sizeof(T));
   for (std::size_t i = 0; i < dst_size; ++i)
     if (got[i] != want[i]) return "element " + std::to_string(i) + " (size " + std::to_string(sizeof(T)) + ")";
+  std::fill(got.begin(), got.end(), static_cast<T>(-1));
+  copy_by_plan(got.data(), dst, s.data(), src, sizeof(T));
+  for (std::size_t i = 0; i < dst_size; ++i)
+    if (got[i] != want[i])
+      return "element " + std::to_string(i) + " by the plan of rectangles (size " + std::to_string(sizeof(T)) + ")";
   return "";
 }
 
@@ -133,6 +162,27 @@ TEST_SUITE("collectives") {
     CHECK(dst == std::vector<int>(4, -1));
     // Stride 0 on the source reads one element again and again.
     CHECK(compare_all(box(0, {2, 3}, {3, 1}), 6, box(2, {6}, {0}), 3) == "");
+  }
+
+  TEST_CASE("region_copy: a plan of rectangles has one for a box of rows, a column or a contiguous run") {
+    CHECK(rectangles(Region::contiguous(3, 10), Region::contiguous(0, 10)) == 1);
+    CHECK(rectangles(box(1, {3, 4}, {10, 1}), box(5, {3, 4}, {7, 1})) == 1);      // rows into rows
+    CHECK(rectangles(Region::contiguous(2, 12), box(3, {3, 4}, {10, 1})) == 1);  // rows packed
+    CHECK(rectangles(box(1, {5, 1}, {8, 1}), Region::contiguous(0, 5)) == 1);    // a column
+    CHECK(rectangles(box(0, {2, 3, 4}, {30, 10, 1}), Region::contiguous(0, 24)) == 1);  // two planes, rows evenly spaced
+    CHECK(rectangles(box(0, {2, 3, 4}, {50, 10, 1}), Region::contiguous(0, 24)) == 2);  // a gap between the planes
+    CHECK(rectangles(box(0, {4, 3}, {1, 4}), Region::contiguous(0, 12)) == 4);  // a transpose: one per row of the box
+    CHECK(rectangles(Region{}, Region{}) == 0);
+    // The plan's offsets and pitches are in bytes.
+    std::vector<coll::detail::Copy2D> plan;
+    coll::detail::plan_region_copy(plan, Region::contiguous(2, 12), box(3, {3, 4}, {10, 1}), 8);
+    REQUIRE(plan.size() == 1);
+    CHECK(plan[0].dst_offset == 16);
+    CHECK(plan[0].dst_pitch == 32);
+    CHECK(plan[0].src_offset == 24);
+    CHECK(plan[0].src_pitch == 80);
+    CHECK(plan[0].width == 32);
+    CHECK(plan[0].height == 3);
   }
 
   TEST_CASE("region_copy: random boxes of up to 8 dimensions against the element loop") {

@@ -7,6 +7,9 @@
 /// extent-1 dimensions and merging neighbours that are contiguous (stride[k] == extent[k+1] *
 /// stride[k+1]). Stretches that are contiguous on both sides go in one memcpy, so a contiguous
 /// region or a run of full matrix rows is one memcpy; other stretches are an element loop.
+///
+/// `plan_region_copy` describes the same copy as rectangles (`Copy2D`, what cudaMemcpy2DAsync
+/// takes), for backends whose buffers are in GPU memory: a box of rows is one rectangle.
 #pragma once
 
 #include <shardlib/collectives/communicator.hpp>
@@ -15,6 +18,7 @@
 #include <array>
 #include <cstddef>
 #include <cstring>
+#include <vector>
 
 namespace shardlib::coll::detail {
 
@@ -120,6 +124,65 @@ inline void copy_region(void* dst, const Region& dst_region, const void* src, co
     case 4: copy_region_as<4>(d, dst_region, s, src_region, n, 4); break;
     case 8: copy_region_as<8>(d, dst_region, s, src_region, n, 8); break;
     default: copy_region_as<0>(d, dst_region, s, src_region, n, elem_size); break;
+  }
+}
+
+/// `height` rows of `width` bytes: row i goes from byte `src_offset + i * src_pitch` of the source
+/// to byte `dst_offset + i * dst_pitch` of the destination (cudaMemcpy2DAsync's arguments; both
+/// pitches are at least `width` when height > 1).
+struct Copy2D {
+  std::size_t dst_offset = 0;
+  std::size_t dst_pitch = 0;
+  std::size_t src_offset = 0;
+  std::size_t src_pitch = 0;
+  std::size_t width = 0;
+  std::size_t height = 0;
+};
+
+/// Appends to `out` the rectangles that copy_region(dst, dst_region, src, src_region, elem_size)
+/// moves, in row-major order of the elements: contiguous runs become rows, and rows (or single
+/// elements) that follow at a fixed step on both sides merge into one rectangle. A box of rows,
+/// a column, or a whole contiguous region is one rectangle.
+inline void plan_region_copy(std::vector<Copy2D>& out, const Region& dst_region, const Region& src_region,
+                             std::size_t elem_size) {
+  std::size_t n = std::min(dst_region.count(), src_region.count());
+  if (n == 0 || elem_size == 0) return;
+  const std::size_t e = elem_size;
+  bool open = false;  // whether out.back() was started by this call (and may grow)
+  // Adds `h` rows of `w` bytes, `dp` / `sp` bytes apart (pitches >= w when h > 1), merging them into
+  // the open rectangle when they continue its steps.
+  auto rect = [&](std::size_t d, std::size_t dp, std::size_t s, std::size_t sp, std::size_t w, std::size_t h) {
+    if (open && out.back().width == w) {
+      Copy2D& c = out.back();
+      if (c.height == 1 && d >= c.dst_offset + w && s >= c.src_offset + w &&
+          (h == 1 || (dp == d - c.dst_offset && sp == s - c.src_offset))) {
+        c.dst_pitch = d - c.dst_offset;
+        c.src_pitch = s - c.src_offset;
+        c.height = 1 + h;
+        return;
+      }
+      if (c.height > 1 && d == c.dst_offset + c.height * c.dst_pitch && s == c.src_offset + c.height * c.src_pitch &&
+          (h == 1 || (dp == c.dst_pitch && sp == c.src_pitch))) {
+        c.height += h;
+        return;
+      }
+    }
+    out.push_back(h == 1 ? Copy2D{d, w, s, w, w, 1} : Copy2D{d, dp, s, sp, w, h});
+    open = true;
+  };
+  RegionCursor dc(normalise(dst_region)), sc(normalise(src_region));
+  while (n != 0) {
+    const std::size_t k = std::min({n, dc.left(), sc.left()});
+    if (dc.step() == 1 && sc.step() == 1) {
+      rect(dc.at() * e, 0, sc.at() * e, 0, k * e, 1);
+    } else if (dc.step() != 0 && sc.step() != 0) {  // k single elements at fixed steps
+      rect(dc.at() * e, dc.step() * e, sc.at() * e, sc.step() * e, e, k);
+    } else {  // a step of 0 (one element read or written again): rows would overlap
+      for (std::size_t i = 0; i < k; ++i) rect((dc.at() + i * dc.step()) * e, 0, (sc.at() + i * sc.step()) * e, 0, e, 1);
+    }
+    dc.advance(k);
+    sc.advance(k);
+    n -= k;
   }
 }
 
