@@ -311,6 +311,56 @@ class Communicator {
   virtual void do_barrier() = 0;
   virtual std::unique_ptr<Communicator> do_split(int color, int key, std::string name) = 0;
 
+  // What a collective leaves in a dry run (see DryRun in counters.hpp): this device's own part.
+  // Host memory here; a backend whose buffers live in GPU memory overrides the three.
+
+  /// Sets `count` elements at `p` to zero bits.
+  virtual void dry_zero(void* p, std::size_t count, DType t) {
+    if (count) std::memset(p, 0, static_cast<std::size_t>(bytes(count, t)));
+  }
+  /// Copies `count` elements (the two may overlap).
+  virtual void dry_copy(void* dst, const void* src, std::size_t count, DType t) {
+    if (count && dst != src) std::memmove(dst, src, static_cast<std::size_t>(bytes(count, t)));
+  }
+  /// Calls f(element offset) for each element of `r` in row-major order.
+  template <class F>
+  static void for_each_offset(const Region& r, F&& f) {
+    if (r.count() == 0) return;
+    std::array<std::size_t, max_region_rank> i{};
+    const int rank = std::min(r.rank, max_region_rank);
+    for (;;) {
+      std::size_t off = r.offset;
+      for (int k = 0; k < rank; ++k) off += i[static_cast<std::size_t>(k)] * r.stride[static_cast<std::size_t>(k)];
+      f(off);
+      int k = rank - 1;
+      for (; k >= 0; --k) {
+        const auto ku = static_cast<std::size_t>(k);
+        if (++i[ku] < r.extent[ku]) break;
+        i[ku] = 0;
+      }
+      if (k < 0) return;
+    }
+  }
+  /// Zeros the receive regions of the other ranks and copies the pair to itself.
+  virtual void dry_exchange(const void* send, std::span<const Region> send_regions, void* recv,
+                            std::span<const Region> recv_regions, DType t) {
+    const std::size_t e = size_of(t);
+    auto* out = static_cast<unsigned char*>(recv);
+    for (int p = 0; p < size_; ++p)
+      if (p != rank_)
+        for_each_offset(recv_regions[static_cast<std::size_t>(p)], [&](std::size_t o) { std::memset(out + o * e, 0, e); });
+    std::vector<std::size_t> from;  // the pair to itself, element by element in row-major order
+    from.reserve(send_regions[static_cast<std::size_t>(rank_)].count());
+    for_each_offset(send_regions[static_cast<std::size_t>(rank_)], [&](std::size_t o) { from.push_back(o); });
+    std::size_t n = 0;
+    const auto* in = static_cast<const unsigned char*>(send);
+    for_each_offset(recv_regions[static_cast<std::size_t>(rank_)], [&](std::size_t o) {
+      if (n < from.size()) std::memcpy(out + o * e, in + from[n++] * e, e);
+    });
+  }
+
+  static std::uint64_t bytes(std::size_t count, DType t) noexcept { return static_cast<std::uint64_t>(count) * size_of(t); }
+
   /// "all_reduce on world (threads, rank 2 of 4)": the start of every error message.
   std::string where(std::string_view call) const {
     return std::string(call) + " on " + name_ + " (" + std::string(backend()) + ", rank " + std::to_string(rank_) +
@@ -318,8 +368,6 @@ class Communicator {
   }
 
  private:
-  static std::uint64_t bytes(std::size_t count, DType t) noexcept { return static_cast<std::uint64_t>(count) * size_of(t); }
-
   void check_rank(std::string_view call, std::string_view what, int r) const {
     if (r < 0 || r >= size_)
       throw CollectiveError("shardlib: " + where(call) + ": " + std::string(what) + " " + std::to_string(r) +
@@ -368,49 +416,6 @@ class Communicator {
       throw CollectiveError("shardlib: " + where(call) + ": the send and receive buffers overlap; " + std::string(call) +
                             " cannot run in place");
     CommRecorder::record(counted_as, bytes(send_total - send_own, t), bytes(recv_total - recv_own, t), name_, size_);
-  }
-
-  // What a collective leaves in a dry run (see DryRun in counters.hpp): this device's own part.
-  static void dry_zero(void* p, std::size_t count, DType t) {
-    if (count) std::memset(p, 0, static_cast<std::size_t>(bytes(count, t)));
-  }
-  static void dry_copy(void* dst, const void* src, std::size_t count, DType t) {
-    if (count && dst != src) std::memmove(dst, src, static_cast<std::size_t>(bytes(count, t)));
-  }
-  /// Calls f(element offset) for each element of `r` in row-major order.
-  template <class F>
-  static void for_each_offset(const Region& r, F&& f) {
-    if (r.count() == 0) return;
-    std::array<std::size_t, max_region_rank> i{};
-    const int rank = std::min(r.rank, max_region_rank);
-    for (;;) {
-      std::size_t off = r.offset;
-      for (int k = 0; k < rank; ++k) off += i[static_cast<std::size_t>(k)] * r.stride[static_cast<std::size_t>(k)];
-      f(off);
-      int k = rank - 1;
-      for (; k >= 0; --k) {
-        const auto ku = static_cast<std::size_t>(k);
-        if (++i[ku] < r.extent[ku]) break;
-        i[ku] = 0;
-      }
-      if (k < 0) return;
-    }
-  }
-  void dry_exchange(const void* send, std::span<const Region> send_regions, void* recv, std::span<const Region> recv_regions,
-                    DType t) const {
-    const std::size_t e = size_of(t);
-    auto* out = static_cast<unsigned char*>(recv);
-    for (int p = 0; p < size_; ++p)
-      if (p != rank_)
-        for_each_offset(recv_regions[static_cast<std::size_t>(p)], [&](std::size_t o) { std::memset(out + o * e, 0, e); });
-    std::vector<std::size_t> from;  // the pair to itself, element by element in row-major order
-    from.reserve(send_regions[static_cast<std::size_t>(rank_)].count());
-    for_each_offset(send_regions[static_cast<std::size_t>(rank_)], [&](std::size_t o) { from.push_back(o); });
-    std::size_t n = 0;
-    const auto* in = static_cast<const unsigned char*>(send);
-    for_each_offset(recv_regions[static_cast<std::size_t>(rank_)], [&](std::size_t o) {
-      if (n < from.size()) std::memcpy(out + o * e, in + from[n++] * e, e);
-    });
   }
 
   void check_regions(std::string_view call, std::string_view side, std::span<const Region> regions) const {
