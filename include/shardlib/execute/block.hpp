@@ -1,0 +1,285 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// Kernels over one device's block, on the device's execution-space instance: walking a block
+/// with global indices (`Index`, loops), filling it (creation functions), copying boxes between
+/// row-major blocks (`copy_box`, what local reshard steps and layout ops run) and the regions
+/// that name such boxes for the collectives (`region_in`).
+///
+/// Part of the layer that executes plans (execute/): it knows blocks and Contexts, not tensors.
+/// Host memory for now: every kernel runs on the host execution space; device memory spaces come
+/// here (docs/12_gpus.md).
+#pragma once
+
+#include <shardlib/collectives/communicator.hpp>
+#include <shardlib/detail/attributes.hpp>
+#include <shardlib/runtime/runtime.hpp>
+#include <shardlib/sharding/block.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+namespace shardlib {
+
+/// A global multi-index, handed to loop bodies: `i[0]` is the index along dim 0.
+template <std::size_t R>
+struct Index {
+  std::int64_t i[R > 0 ? R : 1] = {};
+  static constexpr std::size_t rank = R;
+  KOKKOS_INLINE_FUNCTION constexpr std::int64_t operator[](std::size_t d) const { return i[d]; }
+};
+
+namespace detail {
+
+/// Walks the elements of a box (a device's block, row-major) in chunks of `chunk` consecutive
+/// elements, one Kokkos work item each: item `c` covers the local linear indices
+/// [c * chunk, min(size, (c + 1) * chunk)). The global index is carried from element to element
+/// (an add per element, a carry per row); only a chunk's first element costs a divide per dim.
+/// Along the last (contiguous) dim the walk is a plain counted loop, which the compiler can
+/// vectorise once the loop body is inlined.
+template <std::size_t R>
+struct BlockWalk {
+  /// Elements per work item by default: enough to hide the per-item start, small enough to
+  /// spread a block over the threads of an OpenMP execution space.
+  static constexpr std::int64_t default_chunk = std::int64_t{1} << 13;
+  std::int64_t offset[R > 0 ? R : 1] = {};
+  std::int64_t extent[R > 0 ? R : 1] = {};
+  std::int64_t size = 0;              ///< elements in the box
+  std::int64_t chunk = default_chunk;  ///< elements per work item
+  BlockWalk() = default;
+  /// The walk of box `b` in at most `max_items` work items (chunks of default_chunk or more).
+  explicit BlockWalk(const ShardBox& b, std::int64_t max_items = std::numeric_limits<std::int64_t>::max())
+      : size(b.num_elements()) {
+    for (std::size_t d = 0; d < R; ++d) {
+      offset[d] = b.offset[d];
+      extent[d] = b.extent[d];
+    }
+    if (chunks() > max_items) chunk = (size + max_items - 1) / max_items;
+  }
+  /// Number of work items.
+  std::int64_t chunks() const noexcept { return (size + chunk - 1) / chunk; }
+  /// Calls `elem(const Index<R>& global, std::int64_t k)` for each element of item `c`, in order;
+  /// `k` is the element's row-major position in the block.
+  template <class Elem>
+  KOKKOS_FORCEINLINE_FUNCTION void operator()(std::int64_t c, Elem elem) const {  // a copy: kept in registers
+    std::int64_t k = c * chunk;
+    const std::int64_t end = size - k < chunk ? size : k + chunk;
+    if constexpr (R == 0) {
+      if (k < end) elem(Index<R>{}, k);
+    } else {
+      constexpr std::size_t last = R - 1;
+      Index<R> g;
+      std::int64_t rest = k;
+      for (std::size_t d = R; d-- > 0;) {
+        g.i[d] = offset[d] + rest % extent[d];
+        rest /= extent[d];
+      }
+      const std::int64_t row_end = offset[last] + extent[last];
+      for (;;) {
+        const std::int64_t first = g.i[last];
+        const std::int64_t len = end - k < row_end - first ? end - k : row_end - first;
+        Index<R> h = g;  // a copy indexed by constants only: it lives in registers
+        for (std::int64_t j = 0; j < len; ++j) {  // along the contiguous dim
+          h.i[last] = first + j;
+          elem(static_cast<const Index<R>&>(h), k + j);
+        }
+        k += len;
+        if (k >= end) return;
+        g.i[last] = offset[last];  // next row: carry into the outer dims
+        for (std::size_t d = last; d-- > 0;) {
+          if (++g.i[d] < offset[d] + extent[d]) break;
+          g.i[d] = offset[d];
+        }
+      }
+    }
+  }
+};
+
+/// Runs `elem(const Index<R>& global, std::int64_t k)` on every element of block `box` (k: its
+/// row-major position in the block) as a Kokkos kernel on the device's execution space instance.
+template <std::size_t R, class Elem>
+void for_each_in_block(const char* label, const Context& ctx, const ShardBox& box, const Elem& elem) {
+  const BlockWalk<R> walk(box);
+  if (walk.size == 0) return;
+  auto guard = kernel_guard(ctx, false);
+  Kokkos::parallel_for(label, Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, walk.chunks()),
+                       [=](std::int64_t c) { walk(c, elem); });
+  ctx.exec().fence();
+}
+
+/// Row-major linear index of `g` in a tensor of `shape`.
+template <std::size_t R>
+KOKKOS_INLINE_FUNCTION std::int64_t linear_index(const Index<R>& g, const std::int64_t (&shape)[R > 0 ? R : 1]) {
+  std::int64_t k = 0;
+  for (std::size_t d = 0; d < R; ++d) k = k * shape[d] + g.i[d];
+  return k;
+}
+
+/// splitmix64's finaliser: a bijective 64-bit mix (counter-based random numbers).
+KOKKOS_INLINE_FUNCTION std::uint64_t mix64(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+/// The random value of element `k` (global linear index) for `seed`: uniform in [lo, hi).
+template <class T>
+KOKKOS_INLINE_FUNCTION T random_value(std::uint64_t seed, std::int64_t k, T lo, T hi) {
+  const std::uint64_t x = mix64(static_cast<std::uint64_t>(k) ^ mix64(seed));
+  if constexpr (std::is_floating_point_v<T>) {
+    if constexpr (sizeof(T) <= 4) {
+      const float u = static_cast<float>(x >> 40) * (1.0f / 16777216.0f);  // 24 bits: exact, < 1
+      const T v = static_cast<T>(lo + (hi - lo) * u);
+      return v < hi ? v : lo;
+    } else {
+      const double u = static_cast<double>(x >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
+      const T v = static_cast<T>(lo + (hi - lo) * u);
+      return v < hi ? v : lo;
+    }
+  } else {
+    const auto span = static_cast<std::uint64_t>(static_cast<std::int64_t>(hi) - static_cast<std::int64_t>(lo));
+    return static_cast<T>(static_cast<std::int64_t>(lo) + static_cast<std::int64_t>(span ? x % span : 0));
+  }
+}
+
+/// A box inside a row-major buffer that holds box `layout` (global indices), as a region.
+inline coll::Region region_in(const ShardBox& layout, const ShardBox& part) {
+  coll::Region r;
+  if (part.num_elements() == 0) return r;
+  if (layout.rank == 0) return coll::Region::contiguous(0, 1);
+  r.rank = layout.rank;
+  std::size_t stride = 1;
+  for (int d = layout.rank - 1; d >= 0; --d) {
+    const auto u = static_cast<std::size_t>(d);
+    r.stride[u] = stride;
+    r.extent[u] = static_cast<std::size_t>(part.extent[u]);
+    r.offset += static_cast<std::size_t>(part.offset[u] - layout.offset[u]) * stride;
+    stride *= static_cast<std::size_t>(layout.extent[u]);
+  }
+  return r;
+}
+
+/// Whether a region is one contiguous run (row-major strides with no gaps).
+inline bool is_contiguous(const coll::Region& r) {
+  std::size_t expect = 1;
+  for (int d = r.rank - 1; d >= 0; --d) {
+    const auto u = static_cast<std::size_t>(d);
+    if (r.extent[u] != 1 && r.stride[u] != expect) return false;
+    expect *= r.extent[u];
+  }
+  return true;
+}
+
+/// Copies box `part` (global indices) from a row-major buffer holding box `src_layout` to one
+/// holding `dst_layout`, as a Kokkos kernel: contiguous runs along the last dim, in chunks.
+template <class T>
+void copy_box(const Context& ctx, const T* src, const ShardBox& src_layout, T* dst, const ShardBox& dst_layout,
+              const ShardBox& part) {
+  const std::int64_t n = part.num_elements();
+  if (n == 0) return;
+  const coll::Region from = region_in(src_layout, part), to = region_in(dst_layout, part);
+  if (is_contiguous(from) && is_contiguous(to)) {  // one run (e.g. whole rows): chunks of one memcpy
+    constexpr std::int64_t chunk = 1 << 16;
+    const T* s = src + from.offset;
+    T* d = dst + to.offset;
+    auto guard = kernel_guard(ctx, false);
+    Kokkos::parallel_for(
+        "shardlib::copy_run", Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, (n + chunk - 1) / chunk),
+        [=](std::int64_t c) {
+          const std::int64_t len = n - c * chunk < chunk ? n - c * chunk : chunk;
+          std::memcpy(d + c * chunk, s + c * chunk, static_cast<std::size_t>(len) * sizeof(T));
+        });
+    ctx.exec().fence();
+    return;
+  }
+  const int r = part.rank;
+  const std::int64_t run = r == 0 ? 1 : part.extent[static_cast<std::size_t>(r - 1)];
+  const std::int64_t rows = n / run;
+  constexpr std::int64_t chunk = 1 << 14;
+  const std::int64_t chunks = (run + chunk - 1) / chunk;
+  struct Walk {
+    int rank;
+    std::int64_t ext[max_tensor_rank], soff[max_tensor_rank], doff[max_tensor_rank], sstr[max_tensor_rank],
+        dstr[max_tensor_rank];
+  } w{};
+  w.rank = r;
+  std::int64_t ss = 1, ds = 1;
+  for (int d = r - 1; d >= 0; --d) {
+    const auto u = static_cast<std::size_t>(d);
+    w.ext[u] = part.extent[u];
+    w.soff[u] = part.offset[u] - src_layout.offset[u];
+    w.doff[u] = part.offset[u] - dst_layout.offset[u];
+    w.sstr[u] = ss;
+    w.dstr[u] = ds;
+    ss *= src_layout.extent[u];
+    ds *= dst_layout.extent[u];
+  }
+  auto guard = kernel_guard(ctx, false);
+  Kokkos::parallel_for(
+      "shardlib::copy_box", Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, rows * chunks),
+      [=](std::int64_t item) {
+        std::int64_t row = item / chunks, c = item % chunks;
+        std::int64_t so = 0, dof = 0;
+        for (int d = w.rank - 2; d >= 0; --d) {
+          const std::int64_t i = row % w.ext[d];
+          row /= w.ext[d];
+          so += (w.soff[d] + i) * w.sstr[d];
+          dof += (w.doff[d] + i) * w.dstr[d];
+        }
+        if (w.rank > 0) {
+          so += w.soff[w.rank - 1] + c * chunk;
+          dof += w.doff[w.rank - 1] + c * chunk;
+        }
+        const std::int64_t len = run - c * chunk < chunk ? run - c * chunk : chunk;
+        std::memcpy(dst + dof, src + so, static_cast<std::size_t>(len) * sizeof(T));
+      });
+  ctx.exec().fence();
+}
+
+/// Sets `n` elements of `dst` to `value`, as a Kokkos kernel.
+template <class T>
+void fill(const Context& ctx, T* dst, std::int64_t n, T value) {
+  if (n == 0) return;
+  auto guard = kernel_guard(ctx, false);
+  Kokkos::parallel_for(
+      "shardlib::fill", Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, n),
+      [=](std::int64_t k) { dst[k] = value; });
+  ctx.exec().fence();
+}
+
+/// The values creation functions fill a block with, by global linear index (functors rather
+/// than lambdas: one Kokkos kernel per element type and rank, shared by every spec type).
+template <class T>
+struct FullValue {
+  T v;
+  KOKKOS_INLINE_FUNCTION T operator()(std::int64_t) const { return v; }
+};
+template <class T>
+struct IotaValue {
+  KOKKOS_INLINE_FUNCTION T operator()(std::int64_t k) const { return static_cast<T>(k); }
+};
+template <class T>
+struct RandomValue {
+  std::uint64_t seed;
+  T lo, hi;
+  KOKKOS_INLINE_FUNCTION T operator()(std::int64_t k) const { return random_value<T>(seed, k, lo, hi); }
+};
+
+/// Fills block `box` (row-major at `data`) of a tensor of global `shape` with `value(k)` of each
+/// element's global linear index k, as a Kokkos kernel.
+template <std::size_t R, class T, class G>
+SHARDLIB_NOINLINE void generate_block(const Context& ctx, T* data, const ShardBox& box, const std::int64_t* shape, G value) {
+  struct Shape {
+    std::int64_t s[R > 0 ? R : 1] = {};
+  } gshape;
+  for (std::size_t d = 0; d < R; ++d) gshape.s[d] = shape[d];
+  for_each_in_block<R>("shardlib::generate", ctx, box, [=](const Index<R>& g, std::int64_t k) { data[k] = value(linear_index<R>(g, gshape.s)); });
+}
+
+}  // namespace detail
+}  // namespace shardlib
