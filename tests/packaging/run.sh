@@ -20,6 +20,10 @@ ln -s "$src" "$work/sub/subprojects/shardlib"
 meson setup "$work/sub/build" "$work/sub" >"$work/sub.log" 2>&1 || { cat "$work/sub.log"; exit 1; }
 meson compile -C "$work/sub/build" >>"$work/sub.log" 2>&1 || { cat "$work/sub.log"; exit 1; }
 "$work/sub/build/consumer"
+# The NCCL consumer is built only (no GPU here): wherever the subproject had the NCCL backend,
+# CMake's shardlib::nccl must build it too.
+need_nccl=0
+if [ -x "$work/sub/build/consumer_nccl" ]; then need_nccl=1; echo "consumer_nccl built through the subproject"; fi
 run_io() {  # the checkpoint consumer, required when this build has HDF5
   if [ -x "$1/consumer_io" ]; then (cd "$1" && ./consumer_io)
   elif [ "$need_io" = 1 ]; then echo "consumer_io was not built through $2"; exit 1; fi
@@ -49,4 +53,8 @@ cmake -S "$consumer" -B "$work/cmake" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUIL
 cmake --build "$work/cmake" >>"$work/cmake.log" 2>&1 || { cat "$work/cmake.log"; exit 1; }
 "$work/cmake/consumer"
 run_io "$work/cmake" CMake
+if [ "$need_nccl" = 1 ]; then
+  [ -x "$work/cmake/consumer_nccl" ] || { echo "consumer_nccl was not built through CMake (shardlib::nccl missing)"; exit 1; }
+  echo "consumer_nccl built through CMake"
+fi
 echo "packaging: subproject, pkg-config and CMake consumers all built and ran"
