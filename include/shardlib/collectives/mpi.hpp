@@ -46,17 +46,8 @@
 
 #if defined(SHARDLIB_HAVE_MPI)
 
+#include <shardlib/collectives/detail/mpi_c.hpp>
 #include <shardlib/collectives/detail/region_copy.hpp>
-
-// The C API only: MPI's C++ bindings left the standard with MPI-3.0 and Open MPI's warn under
-// -Wextra. (Without effect where <mpi.h> was included before this header.)
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
 
 #include <algorithm>
 #include <atomic>

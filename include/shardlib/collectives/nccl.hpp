@@ -50,16 +50,10 @@
 #error "shardlib: the nccl backend needs MPI (the ncclUniqueId travels over MPI): define SHARDLIB_HAVE_MPI and link MPI (Meson's shardlib-nccl dependency does both)"
 #endif
 
+#include <shardlib/collectives/detail/mpi_c.hpp>
 #include <shardlib/collectives/detail/region_copy.hpp>
 
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
 #include <cuda_runtime.h>
-#include <mpi.h>
 #include <nccl.h>
 
 #include <algorithm>
