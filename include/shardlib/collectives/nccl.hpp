@@ -236,7 +236,7 @@ class NcclCommunicator final : public Communicator {
  protected:
   void do_all_gather(const void* send, void* recv, const Blocks& blocks, DType t) override {
     constexpr std::string_view call = "all_gather";
-    Enqueue q(*this, call, {{send, blocks.count(rank())}, {recv, blocks.total()}}, t);
+    Enqueue q(*this, call, {{send, blocks.count(rank())}, {recv, blocks.total()}});
     const auto type = detail::nccl::datatype(t);
     if (blocks.is_uniform()) {
       q.nccl(ncclAllGather(send, recv, blocks.count(0), type, comm_, stream_), "ncclAllGather");
@@ -254,7 +254,7 @@ class NcclCommunicator final : public Communicator {
 
   void do_reduce_scatter(const void* send, void* recv, const Blocks& blocks, DType t, Op op) override {
     constexpr std::string_view call = "reduce_scatter";
-    Enqueue q(*this, call, {{send, blocks.total()}, {recv, blocks.count(rank())}}, t);
+    Enqueue q(*this, call, {{send, blocks.total()}, {recv, blocks.count(rank())}});
     q.reducible(t);
     const auto type = detail::nccl::datatype(t);
     if (blocks.is_uniform()) {
@@ -273,14 +273,14 @@ class NcclCommunicator final : public Communicator {
   }
 
   void do_all_reduce(const void* send, void* recv, std::size_t count, DType t, Op op) override {
-    Enqueue q(*this, "all_reduce", {{send, count}, {recv, count}}, t);
+    Enqueue q(*this, "all_reduce", {{send, count}, {recv, count}});
     q.reducible(t);
     q.nccl(ncclAllReduce(send, recv, count, detail::nccl::datatype(t), detail::nccl::redop(op), comm_, stream_),
            "ncclAllReduce");
   }
 
   void do_all_to_all(const void* send, const Blocks& sb, void* recv, const Blocks& rb, DType t) override {
-    Enqueue q(*this, "all_to_all", {{send, sb.total()}, {recv, rb.total()}}, t);
+    Enqueue q(*this, "all_to_all", {{send, sb.total()}, {recv, rb.total()}});
     const std::size_t e = size_of(t);
     const auto type = detail::nccl::datatype(t);
     const auto* in = static_cast<const char*>(send);
@@ -301,7 +301,7 @@ class NcclCommunicator final : public Communicator {
   void do_exchange(const void* send, std::span<const Region> send_regions, void* recv,
                    std::span<const Region> recv_regions, DType t) override {
     constexpr std::string_view call = "exchange";
-    Enqueue q(*this, call, {{send, 1}, {recv, 1}}, t);
+    Enqueue q(*this, call, {{send, 1}, {recv, 1}});
     const std::size_t e = size_of(t);
     const int me = rank(), n = size();
     for (int p = 0; p < n; ++p) {
@@ -319,16 +319,17 @@ class NcclCommunicator final : public Communicator {
     send_at_.assign(static_cast<std::size_t>(n), nullptr);
     recv_at_.assign(static_cast<std::size_t>(n), nullptr);
     std::size_t scratch = 0;
-    std::vector<std::size_t> send_scratch(static_cast<std::size_t>(n), 0), recv_scratch(static_cast<std::size_t>(n), 0);
+    send_scratch_.assign(static_cast<std::size_t>(n), 0);
+    recv_scratch_.assign(static_cast<std::size_t>(n), 0);
     for (int p = 0; p < n; ++p) {
       const auto pu = static_cast<std::size_t>(p);
       if (p == me) continue;
       if (send_regions[pu].count() != 0 && !contiguous(send_regions[pu])) {
-        send_scratch[pu] = scratch + 1;  // 1 + offset, 0: none
+        send_scratch_[pu] = scratch + 1;  // 1 + offset, 0: none
         scratch += send_regions[pu].count() * e;
       }
       if (recv_regions[pu].count() != 0 && !contiguous(recv_regions[pu])) {
-        recv_scratch[pu] = scratch + 1;
+        recv_scratch_[pu] = scratch + 1;
         scratch += recv_regions[pu].count() * e;
       }
     }
@@ -338,13 +339,13 @@ class NcclCommunicator final : public Communicator {
     for (int p = 0; p < n; ++p) {
       const auto pu = static_cast<std::size_t>(p);
       if (p == me) continue;
-      if (send_scratch[pu] != 0) {
-        send_at_[pu] = base + send_scratch[pu] - 1;
-        copy(q, base + send_scratch[pu] - 1, Region::contiguous(0, send_regions[pu].count()), in, send_regions[pu], e);
+      if (send_scratch_[pu] != 0) {
+        send_at_[pu] = base + send_scratch_[pu] - 1;
+        copy(q, base + send_scratch_[pu] - 1, Region::contiguous(0, send_regions[pu].count()), in, send_regions[pu], e);
       } else {
         send_at_[pu] = in + detail::normalise(send_regions[pu]).offset * e;
       }
-      recv_at_[pu] = recv_scratch[pu] != 0 ? base + recv_scratch[pu] - 1 : out + detail::normalise(recv_regions[pu]).offset * e;
+      recv_at_[pu] = recv_scratch_[pu] != 0 ? base + recv_scratch_[pu] - 1 : out + detail::normalise(recv_regions[pu]).offset * e;
     }
     copy(q, out, recv_regions[static_cast<std::size_t>(me)], in, send_regions[static_cast<std::size_t>(me)], e);
     // Bytes, so that a piece's element count never overflows NCCL's size_t for any type.
@@ -361,31 +362,31 @@ class NcclCommunicator final : public Communicator {
     q.nccl(ncclGroupEnd(), "ncclGroupEnd");
     for (int p = 0; p < n; ++p) {
       const auto pu = static_cast<std::size_t>(p);
-      if (p != me && recv_scratch[pu] != 0)
-        copy(q, out, recv_regions[pu], base + recv_scratch[pu] - 1, Region::contiguous(0, recv_regions[pu].count()), e);
+      if (p != me && recv_scratch_[pu] != 0)
+        copy(q, out, recv_regions[pu], base + recv_scratch_[pu] - 1, Region::contiguous(0, recv_regions[pu].count()), e);
     }
   }
 
   void do_broadcast(void* buf, std::size_t count, DType t, int root) override {
-    Enqueue q(*this, "broadcast", {{buf, count}}, t);
+    Enqueue q(*this, "broadcast", {{buf, count}});
     q.nccl(ncclBroadcast(buf, buf, count, detail::nccl::datatype(t), root, comm_, stream_), "ncclBroadcast");
   }
 
   void do_send(const void* buf, std::size_t count, DType t, int peer, int) override {
-    Enqueue q(*this, "send", {{buf, count}}, t);
+    Enqueue q(*this, "send", {{buf, count}});
     if (peer == rank()) throw CollectiveError("shardlib: " + where("send") + ": a send to itself (NCCL would wait for ever)");
     q.nccl(ncclSend(buf, count, detail::nccl::datatype(t), peer, comm_, stream_), "ncclSend");
   }
 
   void do_recv(void* buf, std::size_t count, DType t, int peer, int) override {
-    Enqueue q(*this, "recv", {{buf, count}}, t);
+    Enqueue q(*this, "recv", {{buf, count}});
     if (peer == rank()) throw CollectiveError("shardlib: " + where("recv") + ": a recv from itself (NCCL would wait for ever)");
     q.nccl(ncclRecv(buf, count, detail::nccl::datatype(t), peer, comm_, stream_), "ncclRecv");
   }
 
   void do_permute(const void* send, std::size_t send_count, int dest, void* recv, std::size_t recv_count, int source,
                   DType t) override {
-    Enqueue q(*this, "permute", {{send, send_count}, {recv, recv_count}}, t);
+    Enqueue q(*this, "permute", {{send, send_count}, {recv, recv_count}});
     const auto type = detail::nccl::datatype(t);
     const int me = rank();
     if (dest == me && source == me) {
@@ -401,7 +402,7 @@ class NcclCommunicator final : public Communicator {
 
   void do_barrier() override {
     {
-      Enqueue q(*this, "barrier", {}, DType::i32);
+      Enqueue q(*this, "barrier", {});
       q.nccl(ncclAllReduce(flag_, flag_, 1, ncclInt32, ncclSum, comm_, stream_), "ncclAllReduce");
     }
     synchronize();
@@ -480,13 +481,12 @@ class NcclCommunicator final : public Communicator {
       const void* p;
       std::size_t count;
     };
-    Enqueue(NcclCommunicator& c, std::string_view call, std::initializer_list<Buffer> buffers, DType t)
+    Enqueue(NcclCommunicator& c, std::string_view call, std::initializer_list<Buffer> buffers)
         : c_(c), call_(call) {
       c_.check_alive(call_);
       c_.cuda_ok(cudaSetDevice(c_.device_), "cudaSetDevice", call_);
       for (const Buffer& b : buffers)
         if (b.count != 0 && b.p != nullptr) c_.check_device_memory(b.p, call_);
-      (void)t;
     }
     Enqueue(const Enqueue&) = delete;
     Enqueue& operator=(const Enqueue&) = delete;
@@ -573,7 +573,8 @@ class NcclCommunicator final : public Communicator {
   void* scratch_ = nullptr;
   std::size_t scratch_bytes_ = 0;
   std::vector<detail::Copy2D> plan_;
-  std::vector<const void*> send_at_, recv_at_;
+  std::vector<const void*> send_at_, recv_at_;  // exchange: where each peer's piece travels from / to
+  std::vector<std::size_t> send_scratch_, recv_scratch_;  // exchange: 1 + its offset in scratch, 0: none
   std::unique_ptr<detail::nccl::Watchdog> watchdog_;
 };
 
