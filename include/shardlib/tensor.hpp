@@ -28,6 +28,7 @@
 #include <shardlib/detail/function_ref.hpp>
 #include <shardlib/execute/block.hpp>
 #include <shardlib/execute/reshard.hpp>
+#include <shardlib/half.hpp>
 #include <shardlib/memory.hpp>
 #include <shardlib/mesh.hpp>
 #include <shardlib/runtime/runtime.hpp>
@@ -95,8 +96,8 @@ struct view_data<T, 0> {
 };
 
 template <class T>
-inline constexpr bool is_element_v = std::is_arithmetic_v<T> && !std::is_same_v<T, bool> && !std::is_const_v<T> &&
-                                     !std::is_volatile_v<T>;
+inline constexpr bool is_element_v = (std::is_arithmetic_v<T> || is_half_v<T>) && !std::is_same_v<T, bool> &&
+                                     !std::is_const_v<T> && !std::is_volatile_v<T>;
 
 inline std::string shape_text(detail::ArrayRef<std::int64_t> shape) {
   std::string s = "[";
@@ -116,7 +117,7 @@ class DistributedTensor {
   static_assert(is_mesh_v<MeshT>, "shardlib: DistributedTensor<T, Mesh, Spec>: Mesh must be a shardlib::Mesh<...>");
   static_assert(is_spec_v<SpecT>, "shardlib: DistributedTensor<T, Mesh, Spec>: Spec must be a shardlib::Spec<...>");
   SHARDLIB_STATIC_REQUIRE((detail::is_element_v<T>),
-                          "shardlib: the element type of a DistributedTensor must be arithmetic (not bool, const or volatile)",
+                          "shardlib: the element type of a DistributedTensor must be arithmetic (not bool, const or volatile) or shardlib::f16/bf16",
                           error::tensor_element_type_must_be_arithmetic<T>);
   static_assert(Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible,
                 "shardlib: DistributedTensor's MemorySpace must be host-accessible with the threads and mpi backends");
@@ -170,7 +171,7 @@ class DistributedTensor {
   /// tensor for a seed whatever the mesh, spec and backend. Defaults: [0, 1) for floating-point
   /// types, [0, 100) for integers.
   static DistributedTensor random(const MeshT& mesh, const Shape& shape, std::uint64_t seed,
-                                  T lo = T{0}, T hi = std::is_floating_point_v<T> ? T{1} : T{100}) {
+                                  T lo = T{0}, T hi = is_floating_v<T> ? T{1} : T{100}) {
     if (!(lo < hi))
       throw std::invalid_argument("shardlib: random: the range [" + std::to_string(lo) + ", " + std::to_string(hi) +
                                   ") is empty");
@@ -180,7 +181,7 @@ class DistributedTensor {
   }
   template <std::size_t N>
   static DistributedTensor random(const MeshT& mesh, const std::int64_t (&shape)[N], std::uint64_t seed,
-                                  T lo = T{0}, T hi = std::is_floating_point_v<T> ? T{1} : T{100}) {
+                                  T lo = T{0}, T hi = is_floating_v<T> ? T{1} : T{100}) {
     return random(mesh, checked_shape(shape), seed, lo, hi);
   }
 
@@ -538,13 +539,15 @@ constexpr R reduce_identity() noexcept {
   else return std::numeric_limits<R>::max();
 }
 
+// map's result: f's on the element's compute type (a 16-bit element reaches f as float), stored
+// back in 16 bits when f returns float (half.hpp's stored_t).
 template <class F, class I, class T, bool Indexed>
 struct map_result {
-  using type = std::remove_cvref_t<std::invoke_result_t<F, const T&>>;
+  using type = stored_t<std::remove_cvref_t<std::invoke_result_t<F, const compute_t<T>&>>, T>;
 };
 template <class F, class I, class T>
 struct map_result<F, I, T, true> {
-  using type = std::remove_cvref_t<std::invoke_result_t<F, const I&, const T&>>;
+  using type = stored_t<std::remove_cvref_t<std::invoke_result_t<F, const I&, const compute_t<T>&>>, T>;
 };
 
 template <class Tensor, class Args, std::size_t... I>
@@ -672,21 +675,23 @@ auto parallel_reduce(const DistributedTensor<T, MeshT, SpecT, Mem>& t, Args&&...
 
 /// A new tensor of the same mesh, spec and shape whose elements are `f(element)`, or
 /// `f(const Index<rank>&, element)` when `f` takes the index too. No communication. Not for
-/// partial tensors (f need not be linear).
+/// partial tensors (f need not be linear). A 16-bit element reaches `f` as float, and a float
+/// result is stored in the element's 16-bit type.
 template <class T, class MeshT, class SpecT, class Mem, class F>
 auto map(const DistributedTensor<T, MeshT, SpecT, Mem>& t, F f) {
   using Tensor = DistributedTensor<T, MeshT, SpecT, Mem>;
   SHARDLIB_STATIC_REQUIRE((!Tensor::sharding.is_partial()),
                           "shardlib: map on a partial tensor: its blocks hold addends; reshard it first",
                           error::loop_over_a_partial_tensor_reshard_it_first<SpecT>);
-  constexpr bool indexed = std::is_invocable_v<F, const Index<Tensor::rank>&, const T&>;
+  using C = compute_t<T>;
+  constexpr bool indexed = std::is_invocable_v<F, const Index<Tensor::rank>&, const C&>;
   using U = typename detail::map_result<F, Index<Tensor::rank>, T, indexed>::type;
   DistributedTensor<U, MeshT, SpecT, Mem> out(t.mesh(), t.shape());
   const T* in = t.local().data();
   U* o = out.local().data();
   t.for_each_local([=](const Index<Tensor::rank>& g, std::int64_t k) {
-    if constexpr (indexed) o[k] = f(g, in[k]);
-    else o[k] = f(in[k]);
+    if constexpr (indexed) o[k] = static_cast<U>(f(g, static_cast<C>(in[k])));
+    else o[k] = static_cast<U>(f(static_cast<C>(in[k])));
   });
   return out;
 }

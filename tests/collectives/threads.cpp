@@ -264,8 +264,8 @@ TEST_SUITE("collectives_threads") {
 
   TEST_CASE("f16 and bf16 reduce through float") {
     sl::Runtime::threads(3).spmd([](sl::Context& ctx) {
-      using sl::coll::float_to_f16;
-      using sl::coll::float_to_bf16;
+      using sl::float_to_f16;
+      using sl::float_to_bf16;
       std::vector<std::uint16_t> h(5), b(5);
       for (std::size_t i = 0; i < 5; ++i) {
         h[i] = float_to_f16(0.5f * static_cast<float>(ctx.device() + 1) + static_cast<float>(i));
@@ -274,32 +274,10 @@ TEST_SUITE("collectives_threads") {
       ctx.world().all_reduce(h.data(), h.data(), 5, DType::f16, Op::sum);
       ctx.world().all_reduce(b.data(), b.data(), 5, DType::bf16, Op::max);
       for (std::size_t i = 0; i < 5; ++i) {
-        CHECK(sl::coll::f16_to_float(h[i]) == 3.0f + 3.0f * static_cast<float>(i));  // 0.5+1+1.5 + 3i
-        CHECK(sl::coll::bf16_to_float(b[i]) == 6.0f * static_cast<float>(i + 1));
+        CHECK(sl::f16_to_float(h[i]) == 3.0f + 3.0f * static_cast<float>(i));  // 0.5+1+1.5 + 3i
+        CHECK(sl::bf16_to_float(b[i]) == 6.0f * static_cast<float>(i + 1));
       }
     });
-  }
-
-  TEST_CASE("f16/bf16 conversions: exact on every half, round to nearest even") {
-    int bad = 0;
-    for (unsigned u = 0; u < 65536; ++u) {
-      auto h = static_cast<std::uint16_t>(u);
-      float f = sl::coll::f16_to_float(h);
-      if (f == f && sl::coll::float_to_f16(f) != h) ++bad;
-#if defined(__FLT16_MAX__)
-      _Float16 ref;
-      std::memcpy(&ref, &h, 2);
-      if (f == f && static_cast<float>(ref) != f) ++bad;
-#endif
-    }
-    CHECK(bad == 0);
-    CHECK(sl::coll::float_to_f16(1.0f + 1.0f / 2048) == 0x3c00);   // tie: to even (1.0)
-    CHECK(sl::coll::float_to_f16(1.0f + 3.0f / 2048) == 0x3c02);   // tie: to even (up)
-    CHECK(sl::coll::float_to_f16(65520.0f) == 0x7c00);             // overflows to inf
-    CHECK(sl::coll::float_to_f16(5.96e-8f) == 0x0001);             // smallest subnormal
-    CHECK(sl::coll::float_to_bf16(1.0f + 1.0f / 256) == 0x3f80);   // tie: to even
-    CHECK(sl::coll::float_to_bf16(1.0f + 3.0f / 256) == 0x3f82);
-    CHECK(sl::coll::bf16_to_float(0x4049) == 3.140625f);
   }
 
   TEST_CASE("eight devices on two cores make progress through many small collectives") {

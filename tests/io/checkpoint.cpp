@@ -78,7 +78,7 @@ struct SharedDir {
 // The global values of test tensors: a function of the global index, so every mesh agrees.
 template <class T>
 T value_at(std::int64_t k, int salt) {
-  if constexpr (std::is_floating_point_v<T>) return static_cast<T>(k) * T(0.25) + static_cast<T>(salt);
+  if constexpr (sl::is_floating_v<T>) return static_cast<T>(static_cast<float>(k) * 0.25f + static_cast<float>(salt));
   else return static_cast<T>((k * 7 + salt) % 120);
 }
 template <class T>
@@ -135,10 +135,12 @@ TEST_CASE("save on one mesh and spec, load onto others: the one-device values, a
   sl::test::for_each_run([](sl::Context& ctx) {
     SharedDir dir(ctx);
     std::mt19937 rng(42);  // the same shapes on every device
-    for (int trial = 0; trial < 6; ++trial) {
+    for (int trial = 0; trial < 8; ++trial) {
       std::array<std::int64_t, 2> shape{static_cast<std::int64_t>(rng() % 13), static_cast<std::int64_t>(1 + rng() % 11)};
       if (trial == 0) shape = {0, 5};  // empty
-      switch (trial % 6) {
+      switch (trial % 8) {
+        case 6: round_trip<sl::bf16, Rows>(ctx, dir, shape); break;
+        case 7: round_trip<sl::f16, Grid>(ctx, dir, shape); break;
         case 0: round_trip<float, Grid>(ctx, dir, shape); break;
         case 1: round_trip<double, Rows>(ctx, dir, shape); break;
         case 2: round_trip<std::int32_t, Both>(ctx, dir, shape); break;

@@ -180,6 +180,127 @@ TEST_CASE("integer and mixed element types: exact integers, the result type foll
       DEVICE_COUNTS);
 }
 
+TEST_CASE("16-bit operands: every op computes in float and rounds once; bf16 op bf16 is bf16, bf16 op float is float") {
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        auto rng = oracle::rng_for(ctx, 19);
+        using B = sl::bf16;
+        using H = sl::f16;
+        const auto rb = [](double x) { return static_cast<double>(static_cast<float>(B(static_cast<float>(x)))); };
+        const auto rh = [](double x) { return static_cast<double>(static_cast<float>(H(static_cast<float>(x)))); };
+        // Exact where no partial sum is involved: the float result rounded once.
+        oracle::for_each_type(oracle::List<P<Rows, Grid>, P<Rep, ColsY>>{}, [&]<class SA, class SB>(std::type_identity<P<SA, SB>>) {
+          for (int c = 0; c < cases; ++c) {
+            binary_case<SA, SB, B, B>(
+                ctx, rng, "bf16 a * b",
+                [](const auto& a, const auto& b) {
+                  auto r = a * b;
+                  static_assert(std::is_same_v<typename decltype(r)::value_type, B>);
+                  return r;
+                },
+                [&](double a, double b) { return rb(static_cast<float>(a) * static_cast<float>(b)); }, oracle::Tol::exact());
+            binary_case<SA, SB, H, H>(
+                ctx, rng, "f16 a - b", [](const auto& a, const auto& b) { return a - b; },
+                [&](double a, double b) { return rh(static_cast<float>(a) - static_cast<float>(b)); }, oracle::Tol::exact());
+            binary_case<SA, SB, B, float>(
+                ctx, rng, "bf16 a + float b",
+                [](const auto& a, const auto& b) {
+                  auto r = a + b;
+                  static_assert(std::is_same_v<typename decltype(r)::value_type, float>);
+                  return r;
+                },
+                [&](double a, double b) { return static_cast<float>(a) + static_cast<float>(b); }, oracle::Tol::exact());
+            unary_case<SA, B>(
+                ctx, rng, "bf16 gelu", [](const auto& a) { return sl::gelu(a); },
+                [&](double x) { return rb(static_cast<float>(gelu_ref(x))); }, oracle::Tol::rel_abs(1.0 / 128, 1e-6));
+            unary_case<SA, H>(
+                ctx, rng, "f16 a * 3 + 0.5", [](const auto& a) { return a * 3 + 0.5f; },
+                [&](double x) { return rh(rh(x * 3) + 0.5); }, oracle::Tol::exact());
+          }
+        });
+        // Partial sums stay partial through linear ops; the addends round, so within bf16's step.
+        for (int c = 0; c < cases; ++c) {
+          binary_case<PSumX, PSumX, B, B>(
+              ctx, rng, "bf16 partial a + b",
+              [](const auto& a, const auto& b) {
+                auto r = a + b;
+                static_assert(std::is_same_v<typename decltype(r)::spec_type, PSumX>);
+                return r;
+              },
+              [](double a, double b) { return a + b; }, oracle::Tol::rel_abs(1.0 / 64, 1.0 / 64));
+        }
+      },
+      DEVICE_COUNTS);
+}
+
+TEST_CASE("cast<U>: rounds to nearest into 16 bits and back exactly; linear between floating types") {
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        auto rng = oracle::rng_for(ctx, 20);
+        oracle::for_each_type(oracle::List<Rows, Grid, PSumX, RowsPSum, PMaxY>{}, [&](auto s) {
+          using S = typename decltype(s)::type;
+          for (int c = 0; c < cases; ++c) {
+            const M2 mesh = oracle::random_mesh<M2>(ctx, rng);
+            const auto shape = oracle::random_shape<2>(rng);
+            const auto a = oracle::operand<Ten<S>>(mesh, shape, rng.g(), -100.f, 100.f);
+            const auto b = sl::cast<sl::bf16>(a);
+            const auto h = sl::cast<sl::f16>(a);
+            const auto i = sl::cast<std::int32_t>(a);
+            static_assert(std::is_same_v<typename decltype(b)::value_type, sl::bf16>);
+            // floating to floating keeps a partial sum partial; to an integer reduces first
+            static_assert(decltype(b)::sharding.is_partial() == (Ten<S>::sharding.is_partial() && Ten<S>::sharding.op == sl::ReduceOp::sum));
+            static_assert(!decltype(i)::sharding.is_partial());
+            const auto back = sl::cast<float>(b);
+            static_assert(std::is_same_v<typename decltype(back)::value_type, float>);
+            const auto ra = oracle::host(a);
+            oracle::Ref<2> wb(ra.shape), wh(ra.shape), wi(ra.shape);
+            oracle::for_each_index(ra.shape, [&](const oracle::Idx<2>& k) {
+              const float x = static_cast<float>(ra(k));
+              wb(k) = static_cast<float>(sl::bf16(x));
+              wh(k) = static_cast<float>(sl::f16(x));
+              wi(k) = static_cast<double>(static_cast<std::int32_t>(x));
+            });
+            // Each addend of a partial sum rounds by itself: within a step of the rounded sum.
+            const auto tol = Ten<S>::sharding.is_partial() && Ten<S>::sharding.op == sl::ReduceOp::sum ? oracle::Tol::rel_abs(1.0 / 32, 1.0)
+                                                                                     : oracle::Tol::exact();
+            const std::string what = oracle::describe(a);
+            oracle::expect_tensor(b, wb, tol, "cast<bf16>: " + what);
+            oracle::expect_tensor(h, wh, tol, "cast<f16>: " + what);
+            oracle::expect_tensor(back, wb, tol, "cast<float>(cast<bf16>): " + what);
+            oracle::expect_tensor(i, wi, oracle::Tol::exact(), "cast<int32>: " + what);
+          }
+        });
+      },
+      DEVICE_COUNTS);
+}
+
+TEST_CASE("zip and map over 16-bit tensors: the functor sees float, a float result is stored in 16 bits") {
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        const M2 mesh(ctx, {1, ctx.num_devices()});
+        const auto a = Ten<Grid, sl::bf16>::random(mesh, {5, 7}, 3);
+        const auto b = Ten<Grid, sl::bf16>::random(mesh, {5, 7}, 4);
+        const auto z = sl::zip(
+            [](auto x, auto y) {
+              static_assert(std::is_same_v<decltype(x), float> && std::is_same_v<decltype(y), float>);
+              return x * y + 1;
+            },
+            a, b);
+        static_assert(std::is_same_v<typename decltype(z)::value_type, sl::bf16>);
+        const auto m = sl::map(a, [](float x) { return static_cast<double>(x) * 2; });  // a double result stays double
+        static_assert(std::is_same_v<typename decltype(m)::value_type, double>);
+        const auto ha = a.to_host(), hb = b.to_host(), hz = z.to_host();
+        const auto hm = m.to_host();
+        int bad = 0;
+        for (std::size_t k = 0; k < ha.size(); ++k) {
+          bad += hz[k].bits() != sl::bf16(float(ha[k]) * float(hb[k]) + 1).bits();
+          bad += hm[k] != 2.0 * static_cast<float>(ha[k]);
+        }
+        CHECK(bad == 0);
+      },
+      DEVICE_COUNTS);
+}
+
 TEST_CASE("scalars on either side and negation match the oracle; linear ones keep a partial sum") {
   sl::test::for_each_run(
       [](sl::Context& ctx) {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// Differentiable elementwise ops: `+ - * /` (Vars, tensors and scalars, numpy broadcasting),
-/// `maximum`, `minimum` and the unary math of ops/elementwise.hpp.
+/// `maximum`, `minimum`, `cast` and the unary math of ops/elementwise.hpp.
 ///
 /// Backward rules are the forward ops on the gradient: `a * b` hands `g * b` to `a`, summed over
 /// the dims `a` was broadcast along (a bias's gradient is the sum over the batch: local, partial
@@ -209,6 +209,21 @@ template <VarType A>
 auto operator-(const A& a) {
   return autodiff::detail::record("neg", -a.value(),
                                   [na = a.node()](const auto& g, autodiff::BackwardPass& p) { give(p, 0, *na, -g); }, a.node());
+}
+
+/// `cast<U>(a)` of a Var between floating-point element types: the gradient is cast back to
+/// `a`'s type, keeping its spec (a partial float32 gradient of a bf16 parameter reaches the
+/// parameter in bf16 and is reduced there: half the bytes of a float32 reduction).
+template <class U, VarType A>
+auto cast(const A& a) {
+  using In = autodiff::detail::tensor_of_t<A>;
+  static_assert(is_floating_v<U> && is_floating_v<typename In::value_type>,
+                "shardlib: cast<U> of a Var converts between floating-point types (float, double, f16, bf16)");
+  auto out = shardlib::cast<U>(a.value());
+  using Out = decltype(out);
+  if (!a.requires_grad()) return Var<Out>(std::move(out));
+  auto n = std::make_shared<autodiff::detail::CastNode<Out, In>>(a.node(), out);
+  return Var<Out>(std::move(out), std::move(n));
 }
 
 namespace autodiff::detail {

@@ -184,12 +184,23 @@ void add_blocks(const Context& ctx, T* out, const T* a, const T* b, std::int64_t
   ctx.exec().fence();
 }
 
+/// out[k] = in[k] converted (`n` elements; a kernel).
+template <class T, class U>
+void convert_block(const Context& ctx, T* out, const U* in, std::int64_t n) {
+  if (n == 0) return;
+  auto guard = kernel_guard(ctx, false);
+  Kokkos::parallel_for("shardlib::autodiff::convert",
+                       Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, n),
+                       [=](std::int64_t k) { out[k] = static_cast<T>(in[k]); });
+  ctx.exec().fence();
+}
+
 /// Whether a block holds a NaN or an infinity.
 template <class T>
 bool has_non_finite(const T* p, std::int64_t n) {
-  if constexpr (std::is_floating_point_v<T>) {
+  if constexpr (is_floating_v<T>) {
     for (std::int64_t k = 0; k < n; ++k)
-      if (!std::isfinite(p[k])) return true;
+      if (!std::isfinite(static_cast<compute_t<T>>(p[k]))) return true;
   }
   return false;
 }

@@ -139,6 +139,7 @@ auto cross_entropy(const L& logits0, const Targets& targets) {
   using namespace autodiff::detail;
   using LT = tensor_of_t<L>;
   using I = typename Targets::value_type;
+  SHARDLIB_REQUIRE_NOT_HALF("cross_entropy", typename LT::value_type);
   SHARDLIB_STATIC_REQUIRE((LT::rank == 2 && Targets::rank == 1 && std::is_integral_v<I>),
                           "shardlib: cross_entropy needs rank-2 logits [rows, classes] and rank-1 integer targets",
                           error::cross_entropy_needs_rank_2_logits_and_rank_1_integer_targets<

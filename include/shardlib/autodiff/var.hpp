@@ -144,6 +144,36 @@ class ReshardNode final : public TensorNode<Out> {
   std::shared_ptr<TensorNode<In>> input_;
 };
 
+/// A cast's node: each contribution goes to the input laid out as it is (a partial one stays
+/// partial), its elements converted to the input's type: a float32 gradient of a 16-bit
+/// parameter is reduced in 16 bits at the parameter (half the bytes).
+template <class Out, class In>
+class CastNode final : public TensorNode<Out> {
+ public:
+  CastNode(std::shared_ptr<TensorNode<In>> input, const Out& value)
+      : TensorNode<Out>("cast", {input}, value), input_(std::move(input)) {}
+  void backward(BackwardPass&) override {
+    using U = typename Out::value_type;
+    using T = typename In::value_type;
+    using Mem = typename In::memory_space;
+    Context& ctx = this->mesh_.context();
+    for (Contribution& c : this->pending_) {
+      const std::int64_t n = c.box.num_elements();
+      std::shared_ptr<void> keep = block_cache<Mem>(ctx).allocate(static_cast<std::size_t>(n) * sizeof(T));
+      T* out = static_cast<T*>(keep.get());
+      convert_block(ctx, out, static_cast<const U*>(c.data), n);
+      input_->add(Contribution{c.sharding, c.box, std::move(keep), out});
+    }
+    this->pending_.clear();
+  }
+
+ protected:
+  void release_saved() override { input_.reset(); }
+
+ private:
+  std::shared_ptr<TensorNode<In>> input_;
+};
+
 /// A parameter's node: its gradient, accumulated over backward passes until zeroed.
 template <class Tensor>
 class LeafNode final : public TensorNode<Tensor>, public LeafGrad {

@@ -3,10 +3,11 @@
 /// Element types and reduction operations of the collectives layer.
 ///
 /// The collectives know nothing of tensors or Kokkos: a buffer is a pointer, an element count
-/// and a `DType`. f16 and bf16 are 16-bit storage formats here (IEEE binary16 and bfloat16);
-/// backends that reduce them convert to float and back.
+/// and a `DType`. f16 and bf16 are the 16-bit storage formats of half.hpp (IEEE binary16 and
+/// bfloat16); backends that reduce them on the host convert to float and back.
 #pragma once
 
+#include <shardlib/half.hpp>
 #include <shardlib/reduce_op.hpp>
 
 #include <cmath>
@@ -54,24 +55,15 @@ constexpr std::string_view name(DType t) noexcept {
 
 constexpr std::string_view name(Op op) noexcept { return ::shardlib::to_string(op); }
 
-/// 16-bit IEEE binary16 storage (what f16 buffers hold).
-struct f16_bits {
-  std::uint16_t bits;
-};
-/// 16-bit bfloat16 storage (what bf16 buffers hold).
-struct bf16_bits {
-  std::uint16_t bits;
-};
-
-/// The DType of a C++ element type: arithmetic types, f16_bits and bf16_bits.
+/// The DType of a C++ element type: arithmetic types, shardlib::f16 and shardlib::bf16 (half.hpp).
 /// (Kokkos' half_t / bhalf_t map here in collectives/views.hpp, where the Kokkos in use has them.)
 template <class T>
 constexpr DType dtype_of() noexcept {
   using U = std::remove_cv_t<T>;
-  static_assert(std::is_arithmetic_v<U> || std::is_same_v<U, f16_bits> || std::is_same_v<U, bf16_bits>,
+  static_assert(std::is_arithmetic_v<U> || is_half_v<U>,
                 "shardlib::coll::dtype_of: collectives move arithmetic types, f16 and bf16 only");
-  if constexpr (std::is_same_v<U, f16_bits>) return DType::f16;
-  else if constexpr (std::is_same_v<U, bf16_bits>) return DType::bf16;
+  if constexpr (std::is_same_v<U, f16>) return DType::f16;
+  else if constexpr (std::is_same_v<U, bf16>) return DType::bf16;
   else if constexpr (std::is_same_v<U, bool>) return DType::u8;
   else if constexpr (std::is_floating_point_v<U>) {
     static_assert(sizeof(U) == 4 || sizeof(U) == 8, "shardlib::coll: long double is not supported");
@@ -81,64 +73,6 @@ constexpr DType dtype_of() noexcept {
   } else {
     return sizeof(U) == 1 ? DType::u8 : sizeof(U) == 2 ? DType::u16 : sizeof(U) == 4 ? DType::u32 : DType::u64;
   }
-}
-
-/// IEEE binary16 <-> float (round to nearest even), for backends that reduce f16 on the host.
-inline float f16_to_float(std::uint16_t h) noexcept {
-  std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  std::uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
-  if (exp == 0) {
-    if (man == 0) {
-      bits = sign;
-    } else {  // subnormal: normalise
-      int e = -1;
-      do {
-        ++e;
-        man <<= 1;
-      } while ((man & 0x400u) == 0);
-      bits = sign | (static_cast<std::uint32_t>(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
-    }
-  } else if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (man << 13);
-  } else {
-    bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-inline std::uint16_t float_to_f16(float f) noexcept {
-  std::uint32_t x;
-  std::memcpy(&x, &f, 4);
-  std::uint32_t sign = (x >> 16) & 0x8000u;
-  std::uint32_t absx = x & 0x7fffffffu;
-  if (absx >= 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0));
-  if (absx >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // overflow to inf
-  if (absx < 0x38800000u) {  // below half's smallest normal: a multiple of 2^-24, rounded to even
-    float a;
-    std::memcpy(&a, &absx, 4);
-    return static_cast<std::uint16_t>(sign | static_cast<std::uint32_t>(std::nearbyint(a * 16777216.0f)));
-  }
-  std::uint32_t e = ((absx >> 23) - 127 + 15) << 10;
-  std::uint32_t m = (absx >> 13) & 0x3ffu;
-  std::uint32_t rest = absx & 0x1fffu;
-  std::uint32_t h = e | m;
-  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
-  return static_cast<std::uint16_t>(sign | h);
-}
-/// bfloat16 <-> float (round to nearest even; NaN stays NaN).
-inline float bf16_to_float(std::uint16_t b) noexcept {
-  std::uint32_t bits = static_cast<std::uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-inline std::uint16_t float_to_bf16(float f) noexcept {
-  std::uint32_t x;
-  std::memcpy(&x, &f, 4);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<std::uint16_t>(x >> 16);
 }
 
 }  // namespace shardlib::coll

@@ -131,8 +131,8 @@ KOKKOS_INLINE_FUNCTION std::uint64_t mix64(std::uint64_t x) {
 template <class T>
 KOKKOS_INLINE_FUNCTION T random_value(std::uint64_t seed, std::int64_t k, T lo, T hi) {
   const std::uint64_t x = mix64(static_cast<std::uint64_t>(k) ^ mix64(seed));
-  if constexpr (std::is_floating_point_v<T>) {
-    if constexpr (sizeof(T) <= 4) {
+  if constexpr (is_floating_v<T>) {
+    if constexpr (sizeof(T) <= 4) {  // float, f16, bf16: the float value, rounded
       const float u = static_cast<float>(x >> 40) * (1.0f / 16777216.0f);  // 24 bits: exact, < 1
       const T v = static_cast<T>(lo + (hi - lo) * u);
       return v < hi ? v : lo;

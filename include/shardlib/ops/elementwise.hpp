@@ -2,7 +2,11 @@
 /// @file
 /// Elementwise ops: `+ - * /` between tensors and with scalars, unary math (exp, log, sqrt, tanh,
 /// relu, gelu, ...), and user functors over one (`map`, tensor.hpp) or several tensors (`zip`),
-/// with numpy broadcasting.
+/// with numpy broadcasting; `cast<U>` between element types.
+///
+/// 16-bit operands (f16, bf16; half.hpp) reach every functor, a user's too, as float, and the
+/// result is stored back in 16 bits when every floating-point operand has that type (bf16 + bf16
+/// is bf16, bf16 + float is float): each op rounds once.
 ///
 /// The output spec comes from `elementwise_rule` (sharding/elementwise.hpp) at compile time:
 /// operands align to the right, each dim keeps the more sharded operand's axes, the other operand
@@ -113,8 +117,35 @@ SHARDLIB_NOINLINE void elementwise_run(Context& ctx, F f, U* out, const ShardBox
       blocks);
 }
 
+/// The element type of `f` over operands of element types `Ts`: what `f` returns on their compute
+/// types (16-bit values reach `f` as float), stored back in 16 bits when every floating-point
+/// operand is of one 16-bit type (half.hpp's `stored_t`). `Forced`, when not void, instead.
+template <class Forced, class F, class... Ts>
+struct elementwise_result {
+  using computed = std::remove_cvref_t<std::invoke_result_t<F, const compute_t<Ts>&...>>;
+  using type = std::conditional_t<std::is_void_v<Forced>, stored_t<computed, Ts...>, Forced>;
+};
+
+}  // namespace detail
+
+namespace fn {
+/// `f` over operands some of which are 16-bit: each reaches `f` as its compute type (float), and
+/// the result is stored as `U` (rounded once).
+template <class F, class U>
+struct widened {
+  F f;
+  template <class... A>
+  KOKKOS_INLINE_FUNCTION constexpr U operator()(const A&... a) const {
+    return static_cast<U>(f(static_cast<compute_t<A>>(a)...));
+  }
+};
+}  // namespace fn
+
+namespace detail {
+
 /// The op: rule at compile time, broadcast shape and operand layouts at run time, one kernel.
-template <OpName Name, Linearity Kind, class F, class Tensor0, class... Tensors>
+/// `Forced`: the output's element type when the op says it (cast), not `f`'s result.
+template <OpName Name, Linearity Kind, class Forced = void, class F, class Tensor0, class... Tensors>
 auto elementwise_op(F f, const Tensor0& t0, const Tensors&... ts) {
   using MeshT = typename Tensor0::mesh_type;
   using Mem = typename Tensor0::memory_space;
@@ -127,12 +158,17 @@ auto elementwise_op(F f, const Tensor0& t0, const Tensors&... ts) {
                           error::op_has_no_sharding_rule_for_these_specs<Name, rule.status, typename Tensor0::spec_type,
                                                                          typename Tensors::spec_type...>);
   constexpr std::size_t R = static_cast<std::size_t>(rule.out.rank);
-  using U = std::remove_cvref_t<std::invoke_result_t<F, const element_t<Tensor0>&, const element_t<Tensors>&...>>;
+  using U = typename elementwise_result<Forced, F, element_t<Tensor0>, element_t<Tensors>...>::type;
   using Out = DistributedTensor<U, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, Mem>;
   (check_same_mesh(Name.text, t0, ts), ...);
   const std::array<std::int64_t, R> shape = broadcast_shape<R>(Name.text, t0, ts...);
   Out out(t0.mesh(), shape);
-  elementwise_run<R, Mem>(out.context(), f, out.local().data(), out.block(), shape, rule.in.data(),
+  constexpr bool widen = is_half_v<element_t<Tensor0>> || (is_half_v<element_t<Tensors>> || ...);
+  auto g = [&] {
+    if constexpr (widen) return fn::widened<F, U>{f};
+    else return f;
+  }();
+  elementwise_run<R, Mem>(out.context(), g, out.local().data(), out.block(), shape, rule.in.data(),
                           std::index_sequence_for<Tensor0, Tensors...>{}, ref(t0), ref(ts)...);
   return out;
 }
@@ -301,6 +337,29 @@ SHARDLIB_UNARY(silu)
 SHARDLIB_UNARY(gelu)
 SHARDLIB_UNARY(gelu_tanh)
 #undef SHARDLIB_UNARY
+
+namespace fn {
+/// Conversion to U (C++'s, rounded to nearest for f16 and bf16).
+template <class U>
+struct cast {
+  template <class A>
+  KOKKOS_INLINE_FUNCTION constexpr U operator()(const A& a) const {
+    return static_cast<U>(a);
+  }
+};
+}  // namespace fn
+
+/// The elements of `a` converted to `U`, in `a`'s spec (no communication): float to bf16 or f16
+/// rounds to nearest even (overflow to infinity), back is exact. Between floating-point types it
+/// is treated as linear, so a partial tensor stays partial and its addends are converted (a
+/// float32 gradient cast to bf16 is then reduced in bf16: half the bytes); an integer source or
+/// target reduces a partial operand first. `cast<T>` of a tensor of T is a copy.
+template <class U, TensorType A>
+auto cast(const A& a) {
+  static_assert(detail::is_element_v<U>, "shardlib: cast<U>: U must be a tensor element type (arithmetic, f16 or bf16)");
+  constexpr bool linear = is_floating_v<U> && is_floating_v<typename A::value_type>;
+  return detail::elementwise_op<"cast", linear ? Linearity::additive : Linearity::nonlinear, U>(fn::cast<U>{}, a);
+}
 
 /// `f(a_i, b_i, ...)` elementwise over tensors that broadcast against each other (numpy rules);
 /// `f` is treated as nonlinear (partial operands are reduced first). The element type of the

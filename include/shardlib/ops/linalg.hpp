@@ -235,6 +235,7 @@ auto einsum_op(const A& a, const B& b) {
                           "shardlib: einsum operands on different mesh types",
                           error::op_operands_are_on_different_meshes<Name, typename A::mesh_type, typename B::mesh_type>);
   using T = typename A::value_type;
+  SHARDLIB_REQUIRE_NOT_HALF(Name, T);
   SHARDLIB_STATIC_REQUIRE((std::is_same_v<T, typename B::value_type>),
                           "shardlib: einsum operands need the same element type",
                           error::einsum_operands_have_different_element_types<T, typename B::value_type>);

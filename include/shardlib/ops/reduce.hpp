@@ -112,6 +112,7 @@ auto reduce_op(const A& a) {
                           error::op_has_no_sharding_rule_for_these_specs<Name, rule.status, typename A::spec_type>);
   using T = typename A::value_type;
   using MeshT = typename A::mesh_type;
+  SHARDLIB_REQUIRE_NOT_HALF(Name, T);
   static_assert(Kind != Reduction::mean || std::is_floating_point_v<T>,
                 "shardlib: mean needs a floating-point element type (as torch.mean)");
   using U = std::conditional_t<Kind == Reduction::argmax, std::int64_t, T>;
@@ -204,6 +205,7 @@ auto normalize_op(const A& a, double eps, double scale = 1) {
   SHARDLIB_STATIC_REQUIRE((rule.status == OpRule::ok), "shardlib: no sharding rule for this normalisation (is the dim in range?)",
                           error::op_has_no_sharding_rule_for_these_specs<Name, rule.status, typename A::spec_type>);
   using T = typename A::value_type;
+  SHARDLIB_REQUIRE_NOT_HALF(Name, T);
   static_assert(std::is_floating_point_v<T>, "shardlib: softmax and the norms need a floating-point element type");
   using MeshT = typename A::mesh_type;
   using Mem = typename A::memory_space;

@@ -34,6 +34,8 @@ using coll::CollectiveError;
 using coll::DType;
 using coll::MpiCommunicator;
 using coll::Op;
+using shardlib::bf16;
+using shardlib::f16;
 
 // ---- MPI calls, counted through PMPI ----------------------------------------------------------
 
@@ -182,18 +184,16 @@ void at_small_and_default_limit(F&& body) {
 }
 
 template <class T>
-constexpr bool is_half = std::is_same_v<T, coll::f16_bits> || std::is_same_v<T, coll::bf16_bits>;
+constexpr bool is_half = std::is_same_v<T, f16> || std::is_same_v<T, bf16>;
 
 template <class T>
 T make(double x) {
-  if constexpr (std::is_same_v<T, coll::f16_bits>) return T{coll::float_to_f16(static_cast<float>(x))};
-  else if constexpr (std::is_same_v<T, coll::bf16_bits>) return T{coll::float_to_bf16(static_cast<float>(x))};
+  if constexpr (is_half<T>) return T(static_cast<float>(x));
   else return static_cast<T>(x);
 }
 template <class T>
 double num(T v) {
-  if constexpr (std::is_same_v<T, coll::f16_bits>) return coll::f16_to_float(v.bits);
-  else if constexpr (std::is_same_v<T, coll::bf16_bits>) return coll::bf16_to_float(v.bits);
+  if constexpr (is_half<T>) return static_cast<double>(static_cast<float>(v));
   else return static_cast<double>(v);
 }
 
@@ -259,11 +259,11 @@ void for_types(F&& f) {
 template <class F>
 void for_all_dtypes(F&& f) {
   for_types<std::int8_t, std::uint8_t, std::int16_t, std::uint16_t, std::int32_t, std::uint32_t, std::int64_t,
-            std::uint64_t, coll::f16_bits, coll::bf16_bits, float, double>(f);
+            std::uint64_t, f16, bf16, float, double>(f);
 }
 template <class F>
 void for_reduce_dtypes(F&& f) {
-  for_types<std::int32_t, std::int64_t, std::uint8_t, float, double, coll::f16_bits, coll::bf16_bits>(f);
+  for_types<std::int32_t, std::int64_t, std::uint8_t, float, double, f16, bf16>(f);
 }
 constexpr Op all_ops[] = {Op::sum, Op::prod, Op::max, Op::min};
 
@@ -371,7 +371,7 @@ TEST_CASE("all_gather, uneven blocks with empty ones, in place and not") {
     one[static_cast<std::size_t>(n - 1)] = 4;  // one block, the last rank's
     shapes = {a, zeros, one};
   }
-  for_types<std::int32_t, double, coll::f16_bits, std::uint8_t>([&]<class T>(std::type_identity<T>) {
+  for_types<std::int32_t, double, f16, std::uint8_t>([&]<class T>(std::type_identity<T>) {
     const DType t = coll::dtype_of<T>();
     for (const auto& counts : shapes) {
       const Blocks b(counts);
@@ -495,7 +495,7 @@ TEST_CASE("all_reduce, every op, several dtypes, in place, mixed and not") {
 TEST_CASE("f16 and bf16 reductions follow float, NaN and overflow included") {
   auto& c = world();
   const int n = c.size(), me = c.rank();
-  for_types<coll::f16_bits, coll::bf16_bits>([&]<class T>(std::type_identity<T>) {
+  for_types<f16, bf16>([&]<class T>(std::type_identity<T>) {
     const DType t = coll::dtype_of<T>();
     INFO(std::string(coll::name(t)));
     // max with a NaN on rank 0 at index 0: NaN wins wherever it sits in the reduction order.
@@ -509,10 +509,10 @@ TEST_CASE("f16 and bf16 reductions follow float, NaN and overflow included") {
     CHECK(num(s) == 0.5 * n + 0.25 * n * (n - 1) / 2);
   });
   // f16 overflows to inf past 65504; bf16 holds the sum.
-  coll::f16_bits h{coll::float_to_f16(40000.f)};
+  f16 h(40000.f);
   c.all_reduce(&h, &h, 1, DType::f16, Op::sum);
   if (n > 1) CHECK(std::isinf(num(h)));
-  coll::bf16_bits b{coll::float_to_bf16(40000.f)};
+  bf16 b(40000.f);
   c.all_reduce(&b, &b, 1, DType::bf16, Op::sum);
   CHECK(num(b) == doctest::Approx(40000.0 * n).epsilon(0.05));
 }
@@ -522,7 +522,7 @@ TEST_CASE("f16 and bf16 reductions follow float, NaN and overflow included") {
 TEST_CASE("all_to_all, equal blocks") {
   auto& c = world();
   const int n = c.size(), me = c.rank();
-  for_types<std::int32_t, double, coll::f16_bits, std::uint8_t, std::int64_t>([&]<class T>(std::type_identity<T>) {
+  for_types<std::int32_t, double, f16, std::uint8_t, std::int64_t>([&]<class T>(std::type_identity<T>) {
     const DType t = coll::dtype_of<T>();
     for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{3}}) {
       const std::size_t total = count * static_cast<std::size_t>(n);
@@ -587,7 +587,7 @@ TEST_CASE("exchange: point to point with the ranks that carry data; strided boxe
   // start at row 4q); from rank p: the same count, transposed into column-major order (column
   // stride 4) at 12p.
   auto rows = [](int p, int q) { return static_cast<std::size_t>(1 + (p + q) % 3); };
-  for_types<std::int8_t, coll::bf16_bits, std::int32_t, double>([&]<class T>(std::type_identity<T>) {
+  for_types<std::int8_t, bf16, std::int32_t, double>([&]<class T>(std::type_identity<T>) {
     const DType t = coll::dtype_of<T>();
     std::vector<T> send(un * 4 * 5, make<T>(99)), recv(un * 12, make<T>(-1)), want(un * 12, make<T>(-1));
     std::vector<coll::Region> sr(un), rr(un);
@@ -683,7 +683,7 @@ TEST_CASE("exchange: bad regions are refused before MPI") {
 TEST_CASE("broadcast from every root") {
   auto& c = world();
   const int n = c.size(), me = c.rank();
-  for_types<std::int32_t, double, coll::bf16_bits, std::uint8_t>([&]<class T>(std::type_identity<T>) {
+  for_types<std::int32_t, double, bf16, std::uint8_t>([&]<class T>(std::type_identity<T>) {
     const DType t = coll::dtype_of<T>();
     for (int root = 0; root < n; ++root) {
       for (std::size_t count : {std::size_t{0}, std::size_t{6}}) {
@@ -774,7 +774,7 @@ TEST_CASE("collectives allocate nothing once warm") {
   std::vector<std::size_t> counts(un), sc(un, 1);
   for (int p = 0; p < n; ++p) counts[static_cast<std::size_t>(p)] = static_cast<std::size_t>(p % 3);
   std::vector<float> a(4 * un, 1.f), b(4 * un, 0.f);
-  std::vector<coll::f16_bits> h(4, coll::f16_bits{coll::float_to_f16(1.f)});
+  std::vector<f16> h(4, f16(1.f));
   std::vector<coll::Region> boxes(un), runs(un);  // 2x1 boxes (stride 2) to and from runs of 2
   for (std::size_t p = 0; p < un; ++p) {
     boxes[p] = box(p, {2, 1}, {un, 1});
@@ -1096,10 +1096,10 @@ TEST_SUITE("count_limit") {
         c.all_reduce(v.data(), out.data(), count, DType::i32, Op::sum);
         CHECK(diff(out, want) == "");
         CHECK(calls("MPI_Allreduce") == static_cast<int>(pieces(count)));
-        std::vector<coll::f16_bits> h(count), hw(count);
+        std::vector<f16> h(count), hw(count);
         for (std::size_t i = 0; i < count; ++i) {
-          h[i] = input<coll::f16_bits>(Op::max, me, static_cast<long long>(i), 1);
-          hw[i] = reduced<coll::f16_bits>(Op::max, n, static_cast<long long>(i), 1);
+          h[i] = input<f16>(Op::max, me, static_cast<long long>(i), 1);
+          hw[i] = reduced<f16>(Op::max, n, static_cast<long long>(i), 1);
         }
         c.all_reduce(h.data(), h.data(), count, DType::f16, Op::max);
         CHECK(diff(h, hw) == "");
