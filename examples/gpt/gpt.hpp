@@ -122,11 +122,16 @@ struct Replicated : DP {
 
 // ---- The model ---------------------------------------------------------------------------------
 
-template <class R>
+/// The model of recipe R with parameters of element type E: float, or bf16/f16 for mixed
+/// precision (16-bit parameters and gradients, float32 master weights and optimizer state, the
+/// forward and backward computed in float32 from the parameters cast up where they are used).
+template <class R, class E = float>
 struct Model {
   using Mesh = typename R::Mesh;
   template <class S>
   using Ten = sl::DistributedTensor<float, Mesh, S>;
+  template <class S>
+  using PTen = sl::DistributedTensor<E, Mesh, S>;
   /// Where a parameter used with spec S is kept: S, or split over "data" under FSDP.
   template <class S, bool Split = R::fsdp>
   struct stored {
@@ -134,12 +139,12 @@ struct Model {
   };
   template <class S>
   struct stored<S, true> {
-    using type = sl::optim::zero_spec_t<Ten<S>, "data">;
+    using type = sl::optim::zero_spec_t<PTen<S>, "data">;
   };
   template <class S>
   using Stored = typename stored<S>::type;
   template <class S>
-  using P = sl::Param<Ten<Stored<S>>>;
+  using P = sl::Param<PTen<Stored<S>>>;
   using Vec = Spec<none>;
   using Pos = Spec<none, none>;
 
@@ -228,12 +233,21 @@ struct Model {
  private:
   template <class S, std::size_t N>
   P<S> init(const std::int64_t (&shape)[N], std::uint64_t salt, float amp) const {
-    return P<S>(Ten<Stored<S>>::random(mesh, shape, cfg.seed * 7919 + salt, -amp, amp));
+    return P<S>(PTen<Stored<S>>::random(mesh, shape, cfg.seed * 7919 + salt, -amp, amp));
   }
-  P<Vec> vec(float value) const { return P<Vec>(Ten<Stored<Vec>>::full(mesh, {cfg.dim}, value)); }
-  /// A parameter as the forward uses it: gathered under FSDP (its gradient reduce-scattered).
+  P<Vec> vec(float value) const { return P<Vec>(PTen<Stored<Vec>>::full(mesh, {cfg.dim}, value)); }
+  /// A parameter as the forward uses it: gathered under FSDP (its gradient reduce-scattered),
+  /// and cast to float32 when it is 16-bit (its gradient cast back to 16 bits, so that the
+  /// gradient reductions move 16-bit words).
   template <class S, class Param>
   static decltype(auto) use(const Param& p) {
+    if constexpr (!std::is_same_v<E, float>)
+      return sl::cast<float>(gathered<S>(p));
+    else
+      return gathered<S>(p);
+  }
+  template <class S, class Param>
+  static decltype(auto) gathered(const Param& p) {
     if constexpr (std::is_same_v<typename Param::spec_type, S>)
       return static_cast<const sl::Var<typename Param::tensor_type>&>(p);
     else
@@ -296,18 +310,22 @@ class TokenStream {
 struct StepReport {
   double loss = 0;
   double grad_norm = 0;
+  bool skipped = false;  // f16: the step was skipped (its gradients overflowed; the loss scale halved)
   sl::coll::CommStats forward, backward, update;  // collectives of each phase
   sl::coll::CommTrace trace;  // the whole step's collectives in order (the loss's read-back included)
   sl::MemoryUsage memory;  // after the update; its peak: the step's high point
 };
 
-/// Trains `R`'s model for `steps` steps with AdamW and calls `on_step(step, report)` after each.
-/// Collective: every device runs it. Returns the final model's parameters gathered on the host
-/// (in for_each_param order), for comparisons.
-template <class R, class OnStep>
+/// Trains `R`'s model with parameters of element type `E` for `steps` steps with AdamW and calls
+/// `on_step(step, report)` after each. f16 trains with dynamic loss scaling (a step whose
+/// gradients overflow is skipped: `StepReport::skipped`). Collective: every device runs it.
+/// Returns the final model's parameters gathered on the host (in for_each_param order, as
+/// float), for comparisons.
+template <class R, class E = float, class OnStep>
 std::vector<std::vector<float>> train(sl::Context& ctx, const Config& cfg, int steps, OnStep&& on_step) {
   auto mesh = R::mesh(ctx);
-  Model<R> model(cfg, mesh);
+  Model<R, E> model(cfg, mesh);
+  sl::optim::LossScaler scaler;  // used by f16 only
   sl::optim::AdamW opt({.lr = cfg.lr, .weight_decay = 0.01, .clip_norm = cfg.clip});
   model.for_each_param([&](auto& p) {
     if constexpr (R::zero == Zero::none)
@@ -331,12 +349,18 @@ std::vector<std::vector<float>> train(sl::Context& ctx, const Config& cfg, int s
     }();
     {
       sl::coll::CommRecorder rec;
-      sl::backward(loss, {.sync = R::zero != Zero::stage2});
+      if constexpr (std::is_same_v<E, sl::f16>)
+        sl::backward(loss * scaler.scale(), {.sync = R::zero != Zero::stage2});
+      else
+        sl::backward(loss, {.sync = R::zero != Zero::stage2});
       r.backward = rec.stats();
     }
     {
       sl::coll::CommRecorder rec;
-      opt.step();
+      if constexpr (std::is_same_v<E, sl::f16>)
+        r.skipped = !opt.step(scaler);
+      else
+        opt.step();
       r.update = rec.stats();
     }
     r.memory = sl::memory_usage(ctx);
@@ -346,7 +370,10 @@ std::vector<std::vector<float>> train(sl::Context& ctx, const Config& cfg, int s
     on_step(s, r);
   }
   std::vector<std::vector<float>> out;
-  model.for_each_param([&](auto& p) { out.push_back(p.value().to_host()); });
+  model.for_each_param([&](auto& p) {
+    const auto v = p.value().to_host();
+    out.emplace_back(v.begin(), v.end());
+  });
   return out;
 }
 

@@ -88,6 +88,13 @@ struct Reference {
     for (auto& x : p) m.emplace_back(x.size(), 0.0), v.emplace_back(x.size(), 0.0);
   }
 
+  static double norm_of(const std::vector<Host>& g) {
+    double sq = 0;
+    for (auto& gi : g)
+      for (double x : gi) sq += x * x;
+    return std::sqrt(sq);
+  }
+
   void step(std::vector<Host> g, double lr) {
     ++t;
     norm = qnan;
@@ -178,7 +185,7 @@ void add_to(Opt& opt, Layout layout, const sl::Param<W>& w, const sl::Param<Bias
   if (layout == Layout::zero1 || layout == Layout::zero2) {
     opt.template add_zero<"data">(w, b);
   } else if (layout == Layout::zero1_dim1) {
-    if constexpr (std::is_same_v<W, Rep2>) {
+    if constexpr (std::is_same_v<typename W::spec_type, Spec<none, none>>) {
       opt.template add<Spec<none, "data">>(w);
       opt.template add<Spec<"data">>(b);
     }
@@ -283,6 +290,100 @@ sl::optim::AdamWOptions adamw(double lr, double beta1, double beta2, double weig
   sl::optim::AdamWOptions o;
   o.lr = lr, o.beta1 = beta1, o.beta2 = beta2, o.weight_decay = weight_decay, o.clip_norm = clip;
   return o;
+}
+
+// -- mixed precision ---------------------------------------------------------------------------------
+
+template <class E, class S>
+using HTen = sl::DistributedTensor<E, M, S>;
+
+/// A batch whose constants are multiples of 1/2 in [-1, 1]: every gradient (a sum of at most 8
+/// of them, partial or whole) and every power-of-two multiple of one is exact in f16 and bf16,
+/// so the optimizer sees the reference's gradients exactly.
+Batch exact_batch(const M& mesh, std::int64_t B, std::int64_t R, std::int64_t C, std::uint64_t seed) {
+  auto half = [](float v) { return std::round(v * 2) / 2; };
+  return {sl::map(Batch3::random(mesh, {B, R, C}, seed, -1.f, 1.f), half),
+          sl::map(Split2::random(mesh, {B, C}, seed + 1, -1.f, 1.f), half)};
+}
+
+/// loss_of for 16-bit parameters: each cast to float32 where it is used (its gradient cast back).
+template <class S, class P>
+auto replicated_var(const sl::Param<P>& p) {
+  if constexpr (std::is_same_v<typename P::spec_type, S>) return sl::Var<P>(p);
+  else return sl::reshard<S>(p);
+}
+template <class W, class Bias>
+auto mixed_loss_of(const sl::Param<W>& w, const sl::Param<Bias>& b, const Batch& x, double scale = 1) {
+  auto wr = sl::cast<float>(replicated_var<Spec<none, none>>(w));
+  auto br = sl::cast<float>(replicated_var<Spec<none>>(b));
+  return (sl::sum_all(wr * x.c3) + sl::sum_all(br * x.c2)) * scale;
+}
+
+/// `x`'s 16-bit values are `want` rounded to E (within one step of E where float32 and double
+/// round differently).
+template <class E, class Tensor>
+void expect_rounded(const Tensor& x, const Host& want, const std::string& what) {
+  const auto got = x.to_host();
+  REQUIRE(got.size() == want.size());
+  int bad = 0;
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double g = static_cast<float>(got[i]), r = static_cast<float>(E(static_cast<float>(want[i])));
+    const double ulp = std::abs(r) * std::ldexp(1.0, 1 - std::numeric_limits<E>::digits);
+    if (std::abs(g - r) > ulp) ++bad;
+    worst = std::max(worst, std::abs(g - want[i]));
+  }
+  CHECK_MESSAGE(bad == 0, what << ": " << bad << " values are not the reference rounded; worst difference " << worst);
+}
+
+/// Trains 16-bit w [R, C] and b [C] with AdamW on `layout` and checks every step against the
+/// double reference: the parameters are its values rounded, although each step's update (lr
+/// 1e-3 on values near 1) is below half a step of bf16 there: only float32 master weights
+/// accumulate it. Then the memory: 2 + 2 + 12 bytes per parameter (ZeRO's mixed-precision
+/// Adam), divided as the layout divides it.
+template <class E, class W, class Bias>
+void mixed_train_and_compare(sl::Context& ctx, Layout layout) {
+  const int n = ctx.num_devices();
+  M mesh(ctx, {n});
+  constexpr std::int64_t R = 8, C = 16;
+  const auto before = sl::memory_usage(ctx);
+  sl::Param w(W::random(mesh, {R, C}, 1, 0.5f, 1.f));
+  sl::Param b(Bias::random(mesh, {C}, 2, 0.5f, 1.f));
+  sl::optim::AdamWOptions o = adamw(1e-3, 0.9, 0.999, 0.0, 0.0);
+  sl::optim::AdamW opt(o);
+  add_to(opt, layout, w, b);
+  const auto host = [](const auto& t) {
+    const auto v = t.to_host();
+    return Host(v.begin(), v.end());
+  };
+  Reference ref(o, {host(w.value()), host(b.value())});
+  const Host w0 = ref.p[0];
+  const std::string what = std::string(name(layout)) + ", " + sl::element_name<E>() + ", " + std::to_string(n) + " devices";
+  for (int s = 0; s < 6; ++s) {
+    opt.zero_grad();
+    const Batch x = exact_batch(mesh, 4, R, C, 300);  // one batch: the updates add up in one direction
+    sl::backward(mixed_loss_of(w, b, x), {.sync = synced(layout)});
+    opt.step();
+    ref.step(x.grads(), o.lr);
+    expect_rounded<E>(w.value(), ref.p[0], what + ", step " + std::to_string(s + 1) + ": w");
+    expect_rounded<E>(b.value(), ref.p[1], what + ", step " + std::to_string(s + 1) + ": b");
+  }
+  // The parameters moved by about 6 lr in all: without master weights, most would not have.
+  int moved = 0;
+  const auto wh = w.value().to_host();
+  for (std::size_t i = 0; i < wh.size(); ++i) moved += static_cast<float>(wh[i]) != static_cast<float>(E(float(w0[i])));
+  CHECK_MESSAGE(moved > static_cast<int>(wh.size()) / 2, what << ": " << moved << " of " << wh.size() << " moved");
+  if (8 % n != 0) return;  // memory formulas for even splits only
+  const std::int64_t psi = R * C + C;
+  const auto u = sl::memory_usage(ctx);
+  const std::int64_t params = u.parameters() - before.parameters();
+  const std::int64_t grads = u.gradients() - before.gradients();
+  const std::int64_t state = u.optimizer_state() - before.optimizer_state();
+  INFO(what << ": " << u.to_string());
+  const bool zero_any = layout != Layout::dp && layout != Layout::dp_nosync;
+  CHECK(params == (split_param(layout) ? 2 * psi / n : 2 * psi));
+  CHECK(grads == (layout == Layout::zero2 || split_param(layout) ? 2 * psi / n : 2 * psi));
+  CHECK(state == (zero_any ? 12 * psi / n : 12 * psi));  // master weights and two moments, float32
 }
 
 using shardlib::test::message_of;
@@ -645,5 +746,108 @@ TEST_CASE("bad options are refused, naming the option") {
   scheduled.schedule = [](std::int64_t) { return 1e-3; };
   CHECK(adamw_error(scheduled) == "no throw");
   CHECK(sgd_error(sgd(0.1, 0.9, true, 0.1)) == "no throw");
+}
+
+TEST_CASE("mixed precision: bf16 and f16 parameters step float32 master weights on every layout; 16 bytes per parameter") {
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        for (Layout l : all_layouts) {
+          if (split_param(l)) {
+            mixed_train_and_compare<sl::bf16, HTen<sl::bf16, Spec<"data", none>>, HTen<sl::bf16, Spec<"data">>>(ctx, l);
+            mixed_train_and_compare<sl::f16, HTen<sl::f16, Spec<"data", none>>, HTen<sl::f16, Spec<"data">>>(ctx, l);
+          } else {
+            mixed_train_and_compare<sl::bf16, HTen<sl::bf16, Spec<none, none>>, HTen<sl::bf16, Spec<none>>>(ctx, l);
+            mixed_train_and_compare<sl::f16, HTen<sl::f16, Spec<none, none>>, HTen<sl::f16, Spec<none>>>(ctx, l);
+          }
+        }
+      },
+      {1, 2, 4, 8});
+}
+
+TEST_CASE("mixed precision: 16-bit gradients are reduced in 16 bits (half the bytes), the values gathered back in 16 bits") {
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        const int n = ctx.num_devices();
+        if (n == 1 || 8 % n != 0) return;
+        M mesh(ctx, {n});
+        using W = HTen<sl::bf16, Spec<none, none>>;
+        using Bias = HTen<sl::bf16, Spec<none>>;
+        sl::Param w(W::random(mesh, {8, 16}, 1, -1.f, 1.f));
+        sl::Param b(Bias::random(mesh, {16}, 2, -1.f, 1.f));
+        sl::optim::AdamW opt(adamw(1e-3, 0.9, 0.999, 0.0, 0.0));
+        opt.add_zero<"data">(w, b);  // ZeRO-2
+        const Batch x = exact_batch(mesh, 2 * n, 8, 16, 5);
+        sl::coll::CommRecorder bwd;
+        sl::backward(mixed_loss_of(w, b, x), {.sync = false});
+        // What a device sends: all but its own block, 2 bytes an element (float32 would be 4).
+        const std::uint64_t sent = 2 * std::uint64_t(8 * 16 + 16) * std::uint64_t(n - 1) / std::uint64_t(n);
+        CHECK_MESSAGE(bwd[Kind::reduce_scatter].calls == 2, bwd.to_string());
+        CHECK(bwd[Kind::reduce_scatter].bytes_sent == sent);
+        sl::coll::CommRecorder rec;
+        opt.step();
+        CHECK(rec[Kind::all_gather].calls == 2);
+        CHECK(rec[Kind::all_gather].bytes_sent == sent);
+      },
+      {1, 2, 4, 8});
+}
+
+TEST_CASE("f16 loss scaling: an overflowing step is skipped whole and the scale backs off; the scale grows after good steps") {
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        const int n = ctx.num_devices();
+        M mesh(ctx, {n});
+        using W = HTen<sl::f16, Spec<none, none>>;
+        using Bias = HTen<sl::f16, Spec<none>>;
+        sl::Param w(W::random(mesh, {8, 16}, 1, 0.5f, 1.f));
+        sl::Param b(Bias::random(mesh, {16}, 2, 0.5f, 1.f));
+        sl::optim::AdamWOptions o = adamw(1e-3, 0.9, 0.999, 0.0, 0.0);
+        sl::optim::AdamW opt(o);
+        opt.add(w, b);
+        const auto host = [](const auto& t) {
+          const auto v = t.to_host();
+          return Host(v.begin(), v.end());
+        };
+        Reference ref(o, {host(w.value()), host(b.value())});
+        // 2^30: every scaled gradient of at least 2^-14 overflows f16 (65504): the first steps overflow.
+        sl::optim::LossScaler scaler({.init_scale = std::ldexp(1.0, 30), .growth_interval = 2});
+        const Batch x = exact_batch(mesh, 4, 8, 16, 9);
+        int skipped = 0;
+        while (true) {
+          opt.zero_grad();
+          const double s = scaler.scale();
+          sl::backward(mixed_loss_of(w, b, x, s));
+          const Host w_before = host(w.value());
+          if (opt.step(scaler)) break;
+          ++skipped;
+          CHECK(scaler.scale() == s / 2);
+          CHECK(host(w.value()) == w_before);  // nothing changed
+          CHECK(opt.steps() == 0);
+          REQUIRE(skipped < 40);
+        }
+        // The gradients (at most 4 in magnitude, multiples of 1/2) fit by S = 2^13 at the latest
+        // (and not before S = 2^16 at 1/2): each skip halved S.
+        CHECK(skipped >= 14);
+        CHECK(skipped <= 17);
+        CHECK(scaler.scale() == std::ldexp(1.0, 30 - skipped));
+        CHECK(scaler.skipped() == skipped);
+        CHECK(opt.steps() == 1);
+        ref.step(x.grads(), o.lr);  // the taken step used the unscaled gradients
+        expect_rounded<sl::f16>(w.value(), ref.p[0], "f16 after the first taken step: w");
+        expect_rounded<sl::f16>(b.value(), ref.p[1], "f16 after the first taken step: b");
+        CHECK(std::abs(opt.last_grad_norm() - ref.norm_of(x.grads())) <= 1e-6 * ref.norm_of(x.grads()));
+        // One more good step: two in a row, the scale doubles.
+        opt.zero_grad();
+        sl::backward(mixed_loss_of(w, b, x, scaler.scale()));
+        CHECK(opt.step(scaler));
+        CHECK(scaler.scale() == std::ldexp(1.0, 31 - skipped));
+      },
+      {1, 2, 4, 8});
+}
+
+TEST_CASE("LossScaler: bad options are refused, naming the option") {
+  CHECK_THROWS_WITH_AS(sl::optim::LossScaler({.init_scale = 0}), doctest::Contains("init_scale is 0"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(sl::optim::LossScaler({.growth_factor = 0.5}), doctest::Contains("growth_factor"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(sl::optim::LossScaler({.backoff_factor = 1}), doctest::Contains("backoff_factor"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(sl::optim::LossScaler({.growth_interval = 0}), doctest::Contains("growth_interval"), std::invalid_argument);
 }
 }  // TEST_SUITE

@@ -2,12 +2,16 @@
 /// @file
 /// Optimizer updates on one shard: SGD with momentum and AdamW, elementwise over a parameter
 /// block, its gradient block and its state blocks (all laid out alike), and the sum of squares
-/// of a gradient block (for clipping by the global norm).
+/// of a gradient block (for clipping by the global norm). The gradient may have another element
+/// type than the parameter and state (mixed precision: bf16 or f16 gradients, float32 master
+/// weights and state); it is read in the parameter's type.
 ///
 /// Knows nothing of tensors or collectives: raw pointers, a length, an execution-space instance.
 /// The formulas are PyTorch's (torch.optim.SGD with dampening 0, torch.optim.AdamW), so a
 /// model trained here and there takes the same steps.
 #pragma once
+
+#include <shardlib/half.hpp>
 
 #include <Kokkos_Core.hpp>
 
@@ -25,18 +29,18 @@ struct SgdStep {
 /// p -= lr * d, where g' = grad_scale g + weight_decay p, buf = momentum buf + g' (buf starts at
 /// zero, so the first step's buf is g'), d = nesterov ? g' + momentum buf : buf (momentum 0: d =
 /// g', and `buf` may be null).
-template <class Exec, class T>
-void sgd_update(const Exec& exec, std::int64_t n, T* p, const T* g, T* buf, const SgdStep& s) {
+template <class Exec, class T, class G>
+void sgd_update(const Exec& exec, std::int64_t n, T* p, const G* g, T* buf, const SgdStep& s) {
   if (n == 0) return;
   const T lr = static_cast<T>(s.lr), mu = static_cast<T>(s.momentum), wd = static_cast<T>(s.weight_decay),
           gs = static_cast<T>(s.grad_scale);
   const bool nesterov = s.nesterov;
   if (buf == nullptr) {
     Kokkos::parallel_for("shardlib::sgd", Kokkos::RangePolicy<Exec>(exec, 0, n),
-                         [=](std::int64_t i) { p[i] -= lr * (gs * g[i] + wd * p[i]); });
+                         [=](std::int64_t i) { p[i] -= lr * (gs * static_cast<T>(g[i]) + wd * p[i]); });
   } else {
     Kokkos::parallel_for("shardlib::sgd_momentum", Kokkos::RangePolicy<Exec>(exec, 0, n), [=](std::int64_t i) {
-      const T d = gs * g[i] + wd * p[i];
+      const T d = gs * static_cast<T>(g[i]) + wd * p[i];
       const T b = mu * buf[i] + d;
       buf[i] = b;
       p[i] -= lr * (nesterov ? d + mu * b : b);
@@ -53,8 +57,8 @@ struct AdamWStep {
 
 /// Decoupled weight decay, then Adam: p *= 1 - lr wd; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g²;
 /// p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps), with g = grad_scale * grad.
-template <class Exec, class T>
-void adamw_update(const Exec& exec, std::int64_t n, T* p, const T* g, T* m, T* v, const AdamWStep& s) {
+template <class Exec, class T, class G>
+void adamw_update(const Exec& exec, std::int64_t n, T* p, const G* g, T* m, T* v, const AdamWStep& s) {
   if (n == 0) return;
   const double t = static_cast<double>(s.step);
   const T decay = static_cast<T>(1 - s.lr * s.weight_decay), b1 = static_cast<T>(s.beta1),
@@ -62,7 +66,7 @@ void adamw_update(const Exec& exec, std::int64_t n, T* p, const T* g, T* m, T* v
           step_size = static_cast<T>(s.lr / (1 - std::pow(s.beta1, t))),
           bc2_sqrt = static_cast<T>(std::sqrt(1 - std::pow(s.beta2, t)));
   Kokkos::parallel_for("shardlib::adamw", Kokkos::RangePolicy<Exec>(exec, 0, n), [=](std::int64_t i) {
-    const T gi = gs * g[i];
+    const T gi = gs * static_cast<T>(g[i]);
     const T mi = b1 * m[i] + (T(1) - b1) * gi;
     const T vi = b2 * v[i] + (T(1) - b2) * gi * gi;
     m[i] = mi;
@@ -79,7 +83,11 @@ double sum_of_squares(const Exec& exec, std::int64_t n, const T* g) {
   if (n == 0) return s;
   Kokkos::parallel_reduce(
       "shardlib::sum_of_squares", Kokkos::RangePolicy<Exec>(exec, 0, n),
-      [=](std::int64_t i, double& acc) { acc += static_cast<double>(g[i]) * static_cast<double>(g[i]); }, s);
+      [=](std::int64_t i, double& acc) {
+        const double x = static_cast<double>(static_cast<compute_t<T>>(g[i]));
+        acc += x * x;
+      },
+      s);
   exec.fence();
   return s;
 }

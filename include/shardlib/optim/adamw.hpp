@@ -42,8 +42,8 @@ struct AdamWRule {
   static Step make_step(const Options& o, double lr, double grad_scale, std::int64_t t) noexcept {
     return Step{lr, o.beta1, o.beta2, o.eps, o.weight_decay, grad_scale, t};
   }
-  template <class Exec, class T>
-  static void update(const Exec& exec, std::int64_t n, T* p, const T* g, T* const* state, const Step& s) {
+  template <class Exec, class T, class G>
+  static void update(const Exec& exec, std::int64_t n, T* p, const G* g, T* const* state, const Step& s) {
     kernels::adamw_update(exec, n, p, g, state[0], state[1], s);
   }
 };

@@ -20,12 +20,21 @@
 ///      back into the parameter's block (one all_gather for a replicated parameter: ZeRO-1/2).
 ///   A step either updates every parameter or, when it throws before step 4 (a bad learning
 ///   rate, a non-finite gradient norm), none.
+///
+/// Mixed precision: a parameter of f16 or bf16 elements gets float32 master weights, kept at its
+/// state's shard with the state (float32 too); the update runs on them and the parameter gets
+/// them rounded (gathered back in 16 bits where the specs differ). Its gradients stay 16-bit:
+/// reduced in 16 bits (half the bytes), read as float32 by the update. With AdamW that is the
+/// ZeRO paper's 16 bytes per parameter: 2 (parameter) + 2 (gradient) + 12 (master, two moments).
+/// f16 gradients need loss scaling (`step(LossScaler&)`, optim/loss_scaler.hpp); bf16 ones do not.
 #pragma once
 
 #include <shardlib/autodiff/var.hpp>
 #include <shardlib/kernels/optim.hpp>
 #include <shardlib/detail/diagnostics.hpp>
 #include <shardlib/memory.hpp>
+#include <shardlib/ops/elementwise.hpp>
+#include <shardlib/optim/loss_scaler.hpp>
 #include <shardlib/tensor.hpp>
 
 #include <cmath>
@@ -143,12 +152,21 @@ template <class Rule, class Tensor, class StateSpec>
 class TypedSlot final : public Slot<Rule> {
  public:
   using T = typename Tensor::value_type;
-  using State = DistributedTensor<T, typename Tensor::mesh_type, StateSpec, typename Tensor::memory_space>;
-  static constexpr bool same_spec = std::is_same_v<State, Tensor>;
+  /// Mixed precision: a 16-bit parameter gets float32 master weights and state.
+  static constexpr bool mixed = is_half_v<T>;
+  using M = compute_t<T>;
+  using Mesh = typename Tensor::mesh_type;
+  using Mem = typename Tensor::memory_space;
+  /// Optimizer state (and master weights): float32 for a 16-bit parameter.
+  using State = DistributedTensor<M, Mesh, StateSpec, Mem>;
+  /// The parameter's type in the state's spec: the step's gradient, and the updated values.
+  using Shard = DistributedTensor<T, Mesh, StateSpec, Mem>;
+  static constexpr bool same_spec = std::is_same_v<Shard, Tensor>;
 
   TypedSlot(const Param<Tensor>& p, int num_states) : param_(p) {
     MemoryRoleScope role(MemoryRole::optimizer_state);
     for (int i = 0; i < num_states; ++i) state_.push_back(State::zeros(p.value().mesh(), p.value().shape()));
+    if constexpr (mixed) master_.emplace(shardlib::cast<M>(p.value()));  // at the state's shard: local
     // ZeRO-2: a backward that leaves the gradient pending reduce-scatters it into the state's
     // layout as soon as it is done with the parameter (the full-size addend freed then).
     if constexpr (!same_spec) param_.leaf().settle_into(State::sharding);
@@ -170,9 +188,9 @@ class TypedSlot final : public Slot<Rule> {
   bool take_grad() override {
     auto& leaf = param_.leaf();
     if (leaf.has_pending()) {  // resolve straight into the state's spec
-      State g = leaf.template take_grad<State>();
+      Shard g = leaf.template take_grad<Shard>();
       if (leaf.grad()) {  // an earlier synchronised pass left a gradient: add it in the state's spec
-        const State c(*leaf.grad());
+        const Shard c(*leaf.grad());
         autodiff::detail::add_blocks(context(), g.local().data(), g.local().data(), c.local().data(), g.block().num_elements());
       }
       if (held_)  // the gradient held since the last zero_grad: gradients add up until zero_grad
@@ -186,8 +204,8 @@ class TypedSlot final : public Slot<Rule> {
     }
     if (held_) {  // a step again without a new backward: the same gradient
       if (leaf.grad()) {  // but a synchronised backward since: its gradient adds to the held one
-        const State c(*leaf.grad());
-        State g = State::uninitialized(held_->mesh(), held_->shape());
+        const Shard c(*leaf.grad());
+        Shard g = Shard::uninitialized(held_->mesh(), held_->shape());
         autodiff::detail::add_blocks(context(), g.local().data(), held_->local().data(), c.local().data(),
                                      g.block().num_elements());
         leaf.zero_grad();
@@ -201,20 +219,24 @@ class TypedSlot final : public Slot<Rule> {
     if constexpr (same_spec)
       grad_ = *leaf.grad();
     else
-      grad_ = State(*leaf.grad());  // a local slice when the parameter is replicated (ZeRO-1)
+      grad_ = Shard(*leaf.grad());  // a local slice when the parameter is replicated (ZeRO-1)
     return true;
   }
   double local_sum_of_squares() const override {
-    const State& g = *grad_;
+    const Shard& g = *grad_;
     if (!is_primary_replica(State::sharding, g.mesh().shape(), context().device())) return 0;
     auto guard = shardlib::detail::kernel_guard(context(), true);
     return kernels::sum_of_squares(context().exec(), g.block().num_elements(), g.local().data());
   }
   void update(const typename Rule::Step& step) override {
-    if constexpr (same_spec) {
+    if constexpr (mixed) {
+      run(*master_, step);  // float32 master weights; the parameter gets them rounded
+      if constexpr (same_spec) round_into(param_.value());
+      else round_into(values_.emplace(Shard::uninitialized(param_.value().mesh(), param_.value().shape())));
+    } else if constexpr (same_spec) {
       run(param_.value(), step);
     } else {
-      values_ = State(param_.value());  // the parameter's values at the state's shard
+      values_ = Shard(param_.value());  // the parameter's values at the state's shard
       run(*values_, step);
     }
   }
@@ -224,7 +246,7 @@ class TypedSlot final : public Slot<Rule> {
         grad_.reset();
         return;
       }
-      const Tensor back(*values_);  // one all_gather for a replicated parameter
+      const Tensor back(*values_);  // one all_gather for a replicated parameter (16-bit: half the bytes)
       Kokkos::deep_copy(param_.value().context().exec(), param_.value().local(), back.local());
       param_.value().context().exec().fence();
       values_.reset();
@@ -238,18 +260,31 @@ class TypedSlot final : public Slot<Rule> {
   std::int64_t num_elements() const noexcept override { return param_.value().size(); }
 
  private:
-  void run(State& p, const typename Rule::Step& step) {
-    T* s[Rule::max_states] = {};
+  template <class P>
+  void run(P& p, const typename Rule::Step& step) {
+    M* s[Rule::max_states] = {};
     for (std::size_t i = 0; i < state_.size(); ++i) s[i] = state_[i].local().data();
     auto guard = shardlib::detail::kernel_guard(context(), false);
     Rule::update(context().exec(), p.block().num_elements(), p.local().data(), grad_->local().data(), s, step);
   }
+  /// The master weights rounded into `out`'s block (laid out as the state's; local).
+  template <class Out>
+  void round_into(Out& out) {
+    auto guard = shardlib::detail::kernel_guard(context(), false);
+    const M* src = master_->local().data();
+    T* dst = out.local().data();
+    Kokkos::parallel_for("shardlib::optim::round_master",
+                         Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(context().exec(), 0, out.block().num_elements()),
+                         [=](std::int64_t i) { dst[i] = static_cast<T>(src[i]); });
+    context().exec().fence();
+  }
 
   Param<Tensor> param_;
   std::vector<State> state_;
-  std::optional<State> grad_;    // the step's gradient, in the state's spec
-  std::optional<State> held_;    // a gradient resolved into the state's spec (ZeRO-2), until zero_grad
-  std::optional<State> values_;  // the parameter's updated values at the state's shard
+  std::optional<State> master_;  // mixed precision: the float32 master weights, at the state's shard
+  std::optional<Shard> grad_;    // the step's gradient, in the state's spec
+  std::optional<Shard> held_;    // a gradient resolved into the state's spec (ZeRO-2), until zero_grad
+  std::optional<Shard> values_;  // the parameter's updated values at the state's shard
 };
 
 }  // namespace detail
@@ -290,45 +325,15 @@ class Optimizer {
   }
 
   /// One step (see the file comment). Collective.
-  void step() {
-    if (slots_.empty()) return;
-    const std::int64_t t = steps_ + 1;
-    const double lr = options_.schedule ? options_.schedule(t) : options_.lr;
-    if (!std::isfinite(lr) || lr < 0)
-      throw std::invalid_argument(std::string("shardlib: ") + Rule::name + " step " + std::to_string(t) +
-                                  ": the learning rate is " + std::to_string(lr) +
-                                  (options_.schedule ? " (from the schedule)" : "") +
-                                  ": it must be finite and >= 0; no parameter changed");
-    // Pending gradients: the bucketed all_reduce first (state in the parameter's spec), then
-    // each other slot resolves its own into the state's spec.
-    std::vector<autodiff::LeafGrad*> bucketed;
-    for (auto& s : slots_)
-      if (autodiff::LeafGrad* l = s->bucketed_pending()) bucketed.push_back(l);
-    if (!bucketed.empty()) autodiff::detail::resolve_leaves(bucketed, options_.bucket_bytes);
-    std::vector<detail::Slot<Rule>*> live;
-    for (auto& s : slots_)
-      if (s->take_grad()) live.push_back(s.get());
-    double scale = 1;
-    last_norm_ = std::numeric_limits<double>::quiet_NaN();
-    if (options_.clip_norm > 0) {
-      double sq = 0;
-      for (auto* s : live) sq += s->local_sum_of_squares();
-      Context& ctx = slots_.front()->context();
-      if (ctx.num_devices() > 1) ctx.world().all_reduce(&sq, &sq, 1, coll::DType::f64, coll::Op::sum);
-      last_norm_ = std::sqrt(sq);
-      if (!std::isfinite(last_norm_)) {
-        for (auto* s : live) s->finish();
-        throw std::runtime_error(std::string("shardlib: ") + Rule::name + " step " + std::to_string(t) +
-                                 ": the gradients' global norm is " + std::to_string(last_norm_) +
-                                 " (a NaN or infinity in a gradient); no parameter changed");
-      }
-      scale = std::min(1.0, options_.clip_norm / (last_norm_ + 1e-6));  // torch.nn.utils.clip_grad_norm_
-    }
-    const typename Rule::Step st = Rule::make_step(options_, lr, scale, t);
-    for (auto* s : live) s->update(st);
-    for (auto* s : live) s->finish();
-    steps_ = t;
-  }
+  void step() { step_impl(nullptr); }
+
+  /// One step of loss-scaled training (f16; optim/loss_scaler.hpp): the gradients are those of
+  /// `loss * scaler.scale()`. Their global norm is taken whether or not clipping is on (one
+  /// all_reduce of one number); when it is not finite (an overflow on any device) the step is
+  /// skipped (no parameter, state or step count changes, the step's gradients are dropped as
+  /// after any step) and the scale backs off; otherwise the gradients are divided by the scale
+  /// (and clipped by their true norm) in the update. Returns whether the step was taken.
+  bool step(LossScaler& scaler) { return step_impl(&scaler); }
 
   /// Forgets every parameter's gradient (and those the optimizer holds in its state's spec).
   void zero_grad() noexcept {
@@ -349,6 +354,54 @@ class Optimizer {
   const Options& options() const noexcept { return options_; }
 
  private:
+  bool step_impl(LossScaler* scaler) {
+    if (slots_.empty()) return true;
+    const std::int64_t t = steps_ + 1;
+    const double lr = options_.schedule ? options_.schedule(t) : options_.lr;
+    if (!std::isfinite(lr) || lr < 0)
+      throw std::invalid_argument(std::string("shardlib: ") + Rule::name + " step " + std::to_string(t) +
+                                  ": the learning rate is " + std::to_string(lr) +
+                                  (options_.schedule ? " (from the schedule)" : "") +
+                                  ": it must be finite and >= 0; no parameter changed");
+    // Pending gradients: the bucketed all_reduce first (state in the parameter's spec), then
+    // each other slot resolves its own into the state's spec.
+    std::vector<autodiff::LeafGrad*> bucketed;
+    for (auto& s : slots_)
+      if (autodiff::LeafGrad* l = s->bucketed_pending()) bucketed.push_back(l);
+    if (!bucketed.empty()) autodiff::detail::resolve_leaves(bucketed, options_.bucket_bytes);
+    std::vector<detail::Slot<Rule>*> live;
+    for (auto& s : slots_)
+      if (s->take_grad()) live.push_back(s.get());
+    const double unscale = scaler ? 1 / scaler->scale() : 1;
+    double scale = unscale;
+    last_norm_ = std::numeric_limits<double>::quiet_NaN();
+    if (options_.clip_norm > 0 || scaler) {
+      double sq = 0;
+      for (auto* s : live) sq += s->local_sum_of_squares();
+      Context& ctx = slots_.front()->context();
+      if (ctx.num_devices() > 1) ctx.world().all_reduce(&sq, &sq, 1, coll::DType::f64, coll::Op::sum);
+      last_norm_ = std::sqrt(sq) * unscale;
+      if (!std::isfinite(last_norm_)) {
+        for (auto* s : live) s->finish();
+        if (scaler) {  // an overflow: skip the step, back off
+          scaler->update(false);
+          return false;
+        }
+        throw std::runtime_error(std::string("shardlib: ") + Rule::name + " step " + std::to_string(t) +
+                                 ": the gradients' global norm is " + std::to_string(last_norm_) +
+                                 " (a NaN or infinity in a gradient); no parameter changed");
+      }
+      if (options_.clip_norm > 0)  // torch.nn.utils.clip_grad_norm_, on the unscaled gradients
+        scale *= std::min(1.0, options_.clip_norm / (last_norm_ + 1e-6));
+    }
+    const typename Rule::Step st = Rule::make_step(options_, lr, scale, t);
+    for (auto* s : live) s->update(st);
+    for (auto* s : live) s->finish();
+    steps_ = t;
+    if (scaler) scaler->update(true);
+    return true;
+  }
+
   template <class StateSpec, class Tensor>
   void add_one(const Param<Tensor>& p) {
     using S = spec_sharding<StateSpec, typename Tensor::mesh_type>;

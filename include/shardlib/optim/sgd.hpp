@@ -41,8 +41,8 @@ struct SgdRule {
   static Step make_step(const Options& o, double lr, double grad_scale, std::int64_t) noexcept {
     return Step{lr, o.momentum, o.weight_decay, grad_scale, o.nesterov};
   }
-  template <class Exec, class T>
-  static void update(const Exec& exec, std::int64_t n, T* p, const T* g, T* const* state, const Step& s) {
+  template <class Exec, class T, class G>
+  static void update(const Exec& exec, std::int64_t n, T* p, const G* g, T* const* state, const Step& s) {
     kernels::sgd_update(exec, n, p, g, s.momentum != 0 ? state[0] : nullptr, s);
   }
 };
