@@ -292,6 +292,27 @@ sl::optim::AdamWOptions adamw(double lr, double beta1, double beta2, double weig
   return o;
 }
 
+/// This device's bytes of parameters, gradients and optimizer state since `before`, for Ψ = `psi`
+/// parameters of `param`, `grad` and `state` bytes each, as `layout` divides them over the
+/// devices (ZeRO's formulas; even shapes): the state split from ZeRO-1 on, the gradients from
+/// ZeRO-2 on, the parameters in ZeRO-3; the three add up to (param + grad + state) Ψ under DP
+/// and a 1/N of it under ZeRO-3.
+void check_memory(sl::Context& ctx, const sl::MemoryUsage& before, Layout layout, std::int64_t psi, std::int64_t param,
+                  std::int64_t grad, std::int64_t state, const std::string& what) {
+  const std::int64_t n = ctx.num_devices();
+  const auto u = sl::memory_usage(ctx);
+  const std::int64_t p = u.parameters() - before.parameters();
+  const std::int64_t g = u.gradients() - before.gradients();
+  const std::int64_t s = u.optimizer_state() - before.optimizer_state();
+  INFO(what << ": " << u.to_string());
+  const bool zero_any = layout != Layout::dp && layout != Layout::dp_nosync;
+  CHECK(p == (split_param(layout) ? param * psi / n : param * psi));
+  CHECK(g == (layout == Layout::zero2 || split_param(layout) ? grad * psi / n : grad * psi));
+  CHECK(s == (zero_any ? state * psi / n : state * psi));
+  if (!zero_any) CHECK(p + g + s == (param + grad + state) * psi);
+  if (split_param(layout)) CHECK(p + g + s == (param + grad + state) * psi / n);
+}
+
 // -- mixed precision ---------------------------------------------------------------------------------
 
 template <class E, class S>
@@ -374,16 +395,7 @@ void mixed_train_and_compare(sl::Context& ctx, Layout layout) {
   for (std::size_t i = 0; i < wh.size(); ++i) moved += static_cast<float>(wh[i]) != static_cast<float>(E(float(w0[i])));
   CHECK_MESSAGE(moved > static_cast<int>(wh.size()) / 2, what << ": " << moved << " of " << wh.size() << " moved");
   if (8 % n != 0) return;  // memory formulas for even splits only
-  const std::int64_t psi = R * C + C;
-  const auto u = sl::memory_usage(ctx);
-  const std::int64_t params = u.parameters() - before.parameters();
-  const std::int64_t grads = u.gradients() - before.gradients();
-  const std::int64_t state = u.optimizer_state() - before.optimizer_state();
-  INFO(what << ": " << u.to_string());
-  const bool zero_any = layout != Layout::dp && layout != Layout::dp_nosync;
-  CHECK(params == (split_param(layout) ? 2 * psi / n : 2 * psi));
-  CHECK(grads == (layout == Layout::zero2 || split_param(layout) ? 2 * psi / n : 2 * psi));
-  CHECK(state == (zero_any ? 12 * psi / n : 12 * psi));  // master weights and two moments, float32
+  check_memory(ctx, before, layout, R * C + C, 2, 2, 12, what);  // 16 bits; float32 master weights and moments
 }
 
 using shardlib::test::message_of;
@@ -514,17 +526,7 @@ TEST_CASE("memory per device: DP 16 bytes per parameter, ZeRO-1, -2 and -3 split
               REQUIRE(opt.num_parameters() == psi);
               sl::backward(loss_of(pw, pb, x), {.sync = synced(layout)});
               opt.step();
-              const auto u = sl::memory_usage(ctx);
-              const std::int64_t params = u.parameters() - before.parameters();
-              const std::int64_t grads = u.gradients() - before.gradients();
-              const std::int64_t state = u.optimizer_state() - before.optimizer_state();
-              INFO(what << ": " << u.to_string());
-              const bool zero_any = layout != Layout::dp && layout != Layout::dp_nosync;
-              CHECK(params == (split_param(layout) ? f * psi / n : f * psi));
-              CHECK(grads == (layout == Layout::zero2 || split_param(layout) ? f * psi / n : f * psi));
-              CHECK(state == (zero_any ? 2 * f * psi / n : 2 * f * psi));
-              if (!zero_any) CHECK(params + grads + state == 16 * psi);
-              if (split_param(layout)) CHECK(params + grads + state == 16 * psi / n);
+              check_memory(ctx, before, layout, psi, f, f, 2 * f, what);  // float32, two moments
               opt.zero_grad();  // ZeRO-2's gradient was held by the optimizer
               CHECK(sl::memory_usage(ctx).gradients() == before.gradients());
             }
