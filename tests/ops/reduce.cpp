@@ -7,6 +7,7 @@
 // spec types, the collectives each op runs, and ties of argmax across devices. Runs on 1..8
 // threads devices and under mpirun.
 #include <doctest/doctest.h>
+#include <shardlib/autodiff.hpp>
 #include <shardlib/ops.hpp>
 
 #include "../collectives/harness.hpp"
@@ -440,6 +441,58 @@ TEST_CASE("softmax with a scale and layer_norm with a gain and a bias: the compo
                              std::invalid_argument);
         const auto g = Ten<Spec<none>>::random(mesh, {4}, 2);
         CHECK_THROWS_AS(sl::layer_norm<1>(a, g, g), std::invalid_argument);  // gain of the wrong extent
+      },
+      DEVICE_COUNTS);
+}
+
+TEST_CASE("bf16 and f16 operands: reductions, normalisations, products and the loss in float32, rounded once") {
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        auto rng = oracle::rng_for(ctx, 41);
+        using B = sl::bf16;
+        using H = sl::f16;
+        // A partial sum resolves in 16 bits (each addend rounded): within a few steps of the type.
+        constexpr oracle::Tol b_tol = oracle::Tol::rel_abs(1.0 / 32, 1.0 / 32), h_tol = oracle::Tol::rel_abs(1.0 / 256, 1.0 / 256);
+        oracle::for_each_type(oracle::List<Rows, Grid, PSumX, PMaxY>{}, [&](auto s) {
+          using S = typename decltype(s)::type;
+          for (int c = 0; c < cases; ++c) {
+            reduce_case<Op::sum, 1, false, S, B>(ctx, rng, b_tol);
+            reduce_case<Op::mean, 0, true, S, H>(ctx, rng, h_tol);
+            reduce_case<Op::max, 0, false, S, B>(ctx, rng, oracle::Tol::exact());
+            reduce_case<Op::argmax, 1, false, S, H>(ctx, rng, oracle::Tol::exact());
+            normalize_case<Op::softmax, 1, S, B>(ctx, rng, oracle::Tol::rel_abs(1.0 / 64, 1.0 / 256), 0);
+            normalize_case<Op::layer_norm, 0, S, H>(ctx, rng, oracle::Tol::rel_abs(1.0 / 256, 1.0 / 256), 1e-5);
+          }
+        });
+        // Products: float32 accumulation; a contraction over a split dim is partial, resolved in bf16.
+        for (int c = 0; c < cases; ++c) {
+          const M2 mesh = oracle::random_mesh<M2>(ctx, rng);
+          const std::int64_t m = 1 + rng.below(6), k = 1 + rng.below(40), n = 1 + rng.below(6);
+          const auto a = oracle::operand<Ten<Spec<none, "x">, B>>(mesh, {m, k}, rng.g());
+          const auto b = oracle::operand<Ten<Spec<"x", "y">, B>>(mesh, {k, n}, rng.g());
+          const auto r = sl::matmul(a, b);
+          static_assert(std::is_same_v<typename decltype(r)::value_type, B>);
+          static_assert(decltype(r)::sharding.is_partial());
+          const auto e = sl::einsum<"mk,kn->nm">(a, b);
+          const auto ra = oracle::host(a), rb = oracle::host(b);
+          oracle::Ref<2> want({m, n}), want_t({n, m});
+          oracle::for_each_index(want.shape, [&](const oracle::Idx<2>& i) {
+            double acc = 0;
+            for (std::int64_t j = 0; j < k; ++j) acc += ra({i[0], j}) * rb({j, i[1]});
+            want(i) = acc;
+            want_t({i[1], i[0]}) = acc;
+          });
+          oracle::expect_tensor(r, want, b_tol, "bf16 matmul: " + oracle::describe(a, b));
+          oracle::expect_tensor(e, want_t, b_tol, "bf16 einsum: " + oracle::describe(a, b));
+        }
+        // The loss of 16-bit logits is the float32 loss of their values.
+        const M2 mesh = oracle::random_mesh<M2>(ctx, rng);
+        const auto logits = Ten<Spec<"y", "x">, B>::random(mesh, {6, 10}, 7, -2.f, 2.f);
+        const auto targets = sl::DistributedTensor<std::int64_t, M2, Spec<"y">>::random(mesh, {6}, 8, 0, 10);
+        const auto l16 = sl::cross_entropy(logits, targets);
+        static_assert(std::is_same_v<typename decltype(l16)::value_type, float>);
+        const double got = l16.to_host()[0], want = sl::cross_entropy(sl::cast<float>(logits), targets).to_host()[0];
+        CHECK(got == want);
       },
       DEVICE_COUNTS);
 }

@@ -139,45 +139,48 @@ auto cross_entropy(const L& logits0, const Targets& targets) {
   using namespace autodiff::detail;
   using LT = tensor_of_t<L>;
   using I = typename Targets::value_type;
-  SHARDLIB_REQUIRE_NOT_HALF("cross_entropy", typename LT::value_type);
-  SHARDLIB_STATIC_REQUIRE((LT::rank == 2 && Targets::rank == 1 && std::is_integral_v<I>),
-                          "shardlib: cross_entropy needs rank-2 logits [rows, classes] and rank-1 integer targets",
-                          error::cross_entropy_needs_rank_2_logits_and_rank_1_integer_targets<
-                              typename LT::spec_type, typename Targets::spec_type>);
-  if constexpr (LT::rank == 2 && Targets::rank == 1 && std::is_integral_v<I>) {
-    const auto& logits = resolved(logits0);
-    using Z = tensor_of_t<std::remove_cvref_t<decltype(logits)>>;
-    using T = typename Z::value_type;
-    using Mem = typename Z::memory_space;
-    using MeshT = typename Z::mesh_type;
-    static constexpr Sharding layout = Z::sharding;
-    static constexpr Sharding out_sharding = cross_entropy_sharding(layout);
-    using Out = DistributedTensor<T, MeshT, spec_from_t<MeshT, decltype([] { return out_sharding; })>, Mem>;
-    const Z& z = value(logits);
-    check_same_mesh("cross_entropy", z, targets);
-    if (targets.shape()[0] != z.shape()[0])
-      throw std::invalid_argument("shardlib: cross_entropy: logits " + operand_text(z) + " and targets " +
-                                  operand_text(targets) + " have different row counts");
-    Sharding rows;
-    rows.rank = 1;
-    rows.dims[0] = layout.dims[0];
-    const Block<I> t = block_as(targets, rows);
-    const Block<T> zb{nullptr, z.local().data(), z.block()};
-    Out out(z.mesh(), {});
-    auto saved = std::make_shared<CrossEntropySaved<T>>();
-    cross_entropy_run<T, I, Mem>(z.context(), z.mesh().shape(), layout, z.shape(), zb, t, info(z), info(targets),
-                                 out.local().data(), *saved);
-    if constexpr (VarType<std::remove_cvref_t<decltype(logits)>>) {
-      return record("cross_entropy", std::move(out),
-                    [nz = logits.node(), z, saved](const auto& g, autodiff::BackwardPass& p) {
-                      Z gz(z.mesh(), z.shape());
-                      cross_entropy_grad<T>({nullptr, z.local().data(), z.block()}, z.shape()[0], *saved,
-                                            g.local().data()[0], gz.local().data());
-                      give(p, 0, *nz, gz);
-                    },
-                    logits.node());
-    } else {
-      return out;
+  if constexpr (is_half_v<typename LT::value_type>) {  // 16-bit logits: the loss in float32
+    return cross_entropy(shardlib::cast<float>(logits0), targets);
+  } else {
+    SHARDLIB_STATIC_REQUIRE((LT::rank == 2 && Targets::rank == 1 && std::is_integral_v<I>),
+                            "shardlib: cross_entropy needs rank-2 logits [rows, classes] and rank-1 integer targets",
+                            error::cross_entropy_needs_rank_2_logits_and_rank_1_integer_targets<
+                                typename LT::spec_type, typename Targets::spec_type>);
+    if constexpr (LT::rank == 2 && Targets::rank == 1 && std::is_integral_v<I>) {
+      const auto& logits = resolved(logits0);
+      using Z = tensor_of_t<std::remove_cvref_t<decltype(logits)>>;
+      using T = typename Z::value_type;
+      using Mem = typename Z::memory_space;
+      using MeshT = typename Z::mesh_type;
+      static constexpr Sharding layout = Z::sharding;
+      static constexpr Sharding out_sharding = cross_entropy_sharding(layout);
+      using Out = DistributedTensor<T, MeshT, spec_from_t<MeshT, decltype([] { return out_sharding; })>, Mem>;
+      const Z& z = value(logits);
+      check_same_mesh("cross_entropy", z, targets);
+      if (targets.shape()[0] != z.shape()[0])
+        throw std::invalid_argument("shardlib: cross_entropy: logits " + operand_text(z) + " and targets " +
+                                    operand_text(targets) + " have different row counts");
+      Sharding rows;
+      rows.rank = 1;
+      rows.dims[0] = layout.dims[0];
+      const Block<I> t = block_as(targets, rows);
+      const Block<T> zb{nullptr, z.local().data(), z.block()};
+      Out out(z.mesh(), {});
+      auto saved = std::make_shared<CrossEntropySaved<T>>();
+      cross_entropy_run<T, I, Mem>(z.context(), z.mesh().shape(), layout, z.shape(), zb, t, info(z), info(targets),
+                                   out.local().data(), *saved);
+      if constexpr (VarType<std::remove_cvref_t<decltype(logits)>>) {
+        return record("cross_entropy", std::move(out),
+                      [nz = logits.node(), z, saved](const auto& g, autodiff::BackwardPass& p) {
+                        Z gz(z.mesh(), z.shape());
+                        cross_entropy_grad<T>({nullptr, z.local().data(), z.block()}, z.shape()[0], *saved,
+                                              g.local().data()[0], gz.local().data());
+                        give(p, 0, *nz, gz);
+                      },
+                      logits.node());
+      } else {
+        return out;
+      }
     }
   }
 }

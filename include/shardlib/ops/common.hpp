@@ -46,17 +46,8 @@ struct op_has_no_sharding_rule_for_these_specs;
 /// The operands of an op live on meshes of different types.
 template <OpName Op, class... Meshes>
 struct op_operands_are_on_different_meshes;
-/// Reductions, norms, products and losses do not take 16-bit elements yet: cast<float> first.
-template <OpName Op, class Element>
-struct op_does_not_take_f16_or_bf16_cast_to_float_first;
 }  // namespace error
 
-/// Rejects 16-bit element types in ops that compute in float32 only (see the error's name).
-#define SHARDLIB_REQUIRE_NOT_HALF(NAME, T)                                                                          \
-  SHARDLIB_STATIC_REQUIRE((!is_half_v<T>),                                                                        \
-                          "shardlib: reductions, softmax, norms, einsum/matmul and losses do not take f16/bf16 "  \
-                          "elements yet: cast<float>() first",                                                    \
-                          error::op_does_not_take_f16_or_bf16_cast_to_float_first<NAME, T>)
 
 template <class T>
 inline constexpr bool is_tensor_v = false;

@@ -15,6 +15,7 @@
 #include <shardlib/kernels/layout.hpp>
 #include <shardlib/kernels/reduce.hpp>
 #include <shardlib/ops/common.hpp>
+#include <shardlib/ops/elementwise.hpp>
 #include <shardlib/sharding/einsum.hpp>
 
 #include <array>
@@ -228,35 +229,39 @@ SHARDLIB_NOINLINE void einsum_run(const char* name, const EinsumSubscripts& s, c
 /// The einsum op on tensors `a`, `b` with parsed subscripts `S` (compile-time string).
 template <OpName Name, OpName Sub, class A, class B>
 auto einsum_op(const A& a, const B& b) {
-  static constexpr EinsumSubscripts s = parse_einsum(std::string_view(Sub.text));
-  SHARDLIB_STATIC_REQUIRE((s.status == OpRule::ok), "shardlib: einsum subscripts do not parse",
-                          error::einsum_subscripts_do_not_parse<Sub, OpName(s.error), s.error_pos>);
-  SHARDLIB_STATIC_REQUIRE((std::is_same_v<typename A::mesh_type, typename B::mesh_type>),
-                          "shardlib: einsum operands on different mesh types",
-                          error::op_operands_are_on_different_meshes<Name, typename A::mesh_type, typename B::mesh_type>);
-  using T = typename A::value_type;
-  SHARDLIB_REQUIRE_NOT_HALF(Name, T);
-  SHARDLIB_STATIC_REQUIRE((std::is_same_v<T, typename B::value_type>),
-                          "shardlib: einsum operands need the same element type",
-                          error::einsum_operands_have_different_element_types<T, typename B::value_type>);
-  static constexpr OpRule rule = s.status == OpRule::ok && s.n_in == 2 ? einsum_rule(s, A::sharding, B::sharding) : OpRule{};
-  SHARDLIB_STATIC_REQUIRE((s.status != OpRule::ok || s.n_in == 2 || rule.status == OpRule::ok),
-                          "shardlib: einsum of two tensors needs two operands in its subscripts",
-                          error::op_has_no_sharding_rule_for_these_specs<Name, OpRule::rank_mismatch,
-                                                                         typename A::spec_type, typename B::spec_type>);
-  SHARDLIB_STATIC_REQUIRE((rule.status == OpRule::ok), "shardlib: no sharding rule for this contraction and these specs",
-                          error::op_has_no_sharding_rule_for_these_specs<Name, rule.status, typename A::spec_type,
-                                                                         typename B::spec_type>);
-  using MeshT = typename A::mesh_type;
-  using Mem = typename A::memory_space;
-  using Out = DistributedTensor<T, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, Mem>;
-  static constexpr EinsumLayout L = einsum_layout(s);
-  check_same_mesh(Name.text, a, b);
-  typename Out::Shape shape{};
-  einsum_shape(Name.text, Sub.text, s, info(a), info(b), shape.data());
-  Out out(a.mesh(), shape);
-  einsum_run<T, Mem>(Name.text, s, L, rule, ref(a), ref(b), out.local().data(), out.block());
-  return out;
+  if constexpr (is_half_v<typename A::value_type> && std::is_same_v<typename A::value_type, typename B::value_type>) {
+    // float32 products and sums (cuBLAS's GemmEx with float32 accumulation), the result rounded once
+    return shardlib::cast<typename A::value_type>(einsum_op<Name, Sub>(shardlib::cast<float>(a), shardlib::cast<float>(b)));
+  } else {
+    static constexpr EinsumSubscripts s = parse_einsum(std::string_view(Sub.text));
+    SHARDLIB_STATIC_REQUIRE((s.status == OpRule::ok), "shardlib: einsum subscripts do not parse",
+                            error::einsum_subscripts_do_not_parse<Sub, OpName(s.error), s.error_pos>);
+    SHARDLIB_STATIC_REQUIRE((std::is_same_v<typename A::mesh_type, typename B::mesh_type>),
+                            "shardlib: einsum operands on different mesh types",
+                            error::op_operands_are_on_different_meshes<Name, typename A::mesh_type, typename B::mesh_type>);
+    using T = typename A::value_type;
+    SHARDLIB_STATIC_REQUIRE((std::is_same_v<T, typename B::value_type>),
+                            "shardlib: einsum operands need the same element type",
+                            error::einsum_operands_have_different_element_types<T, typename B::value_type>);
+    static constexpr OpRule rule = s.status == OpRule::ok && s.n_in == 2 ? einsum_rule(s, A::sharding, B::sharding) : OpRule{};
+    SHARDLIB_STATIC_REQUIRE((s.status != OpRule::ok || s.n_in == 2 || rule.status == OpRule::ok),
+                            "shardlib: einsum of two tensors needs two operands in its subscripts",
+                            error::op_has_no_sharding_rule_for_these_specs<Name, OpRule::rank_mismatch,
+                                                                           typename A::spec_type, typename B::spec_type>);
+    SHARDLIB_STATIC_REQUIRE((rule.status == OpRule::ok), "shardlib: no sharding rule for this contraction and these specs",
+                            error::op_has_no_sharding_rule_for_these_specs<Name, rule.status, typename A::spec_type,
+                                                                           typename B::spec_type>);
+    using MeshT = typename A::mesh_type;
+    using Mem = typename A::memory_space;
+    using Out = DistributedTensor<T, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, Mem>;
+    static constexpr EinsumLayout L = einsum_layout(s);
+    check_same_mesh(Name.text, a, b);
+    typename Out::Shape shape{};
+    einsum_shape(Name.text, Sub.text, s, info(a), info(b), shape.data());
+    Out out(a.mesh(), shape);
+    einsum_run<T, Mem>(Name.text, s, L, rule, ref(a), ref(b), out.local().data(), out.block());
+    return out;
+  }
 }
 
 /// "ab...yz,..." subscripts for matmul of ranks RA and RB (numpy's matmul on equal batch ranks, or

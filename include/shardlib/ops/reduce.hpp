@@ -107,20 +107,25 @@ SHARDLIB_NOINLINE void reduce_run(const OpRule& rule, int dim, const OperandRef<
 
 template <OpName Name, Reduction Kind, int Dim, bool KeepDim, class A>
 auto reduce_op(const A& a) {
-  static constexpr OpRule rule = reduce_rule(Kind, A::sharding, Dim, KeepDim);
-  SHARDLIB_STATIC_REQUIRE((rule.status == OpRule::ok), "shardlib: no sharding rule for this reduction (is the dim in range?)",
-                          error::op_has_no_sharding_rule_for_these_specs<Name, rule.status, typename A::spec_type>);
-  using T = typename A::value_type;
-  using MeshT = typename A::mesh_type;
-  SHARDLIB_REQUIRE_NOT_HALF(Name, T);
-  static_assert(Kind != Reduction::mean || std::is_floating_point_v<T>,
-                "shardlib: mean needs a floating-point element type (as torch.mean)");
-  using U = std::conditional_t<Kind == Reduction::argmax, std::int64_t, T>;
-  using Mem = typename A::memory_space;
-  using Out = DistributedTensor<U, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, Mem>;
-  Out out(a.mesh(), reduced_shape<Out::rank>(a.shape(), Dim, KeepDim));
-  reduce_run<Kind, T, U, Mem>(rule, Dim, ref(a), out.local().data(), out.block());
-  return out;
+  if constexpr (is_half_v<typename A::value_type>) {  // in float32, the result rounded once
+    auto r = reduce_op<Name, Kind, Dim, KeepDim>(shardlib::cast<float>(a));
+    if constexpr (Kind == Reduction::argmax) return r;
+    else return shardlib::cast<typename A::value_type>(r);
+  } else {
+    static constexpr OpRule rule = reduce_rule(Kind, A::sharding, Dim, KeepDim);
+    SHARDLIB_STATIC_REQUIRE((rule.status == OpRule::ok), "shardlib: no sharding rule for this reduction (is the dim in range?)",
+                            error::op_has_no_sharding_rule_for_these_specs<Name, rule.status, typename A::spec_type>);
+    using T = typename A::value_type;
+    using MeshT = typename A::mesh_type;
+    static_assert(Kind != Reduction::mean || std::is_floating_point_v<T>,
+                  "shardlib: mean needs a floating-point element type (as torch.mean)");
+    using U = std::conditional_t<Kind == Reduction::argmax, std::int64_t, T>;
+    using Mem = typename A::memory_space;
+    using Out = DistributedTensor<U, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, Mem>;
+    Out out(a.mesh(), reduced_shape<Out::rank>(a.shape(), Dim, KeepDim));
+    reduce_run<Kind, T, U, Mem>(rule, Dim, ref(a), out.local().data(), out.block());
+    return out;
+  }
 }
 
 enum class Normalization : std::uint8_t { softmax, log_softmax, layer_norm, rms_norm };
@@ -198,21 +203,24 @@ SHARDLIB_NOINLINE void normalize_run(const OpRule& rule, int dim, double eps, do
 
 template <OpName Name, Normalization Kind, int Dim, class A>
 auto normalize_op(const A& a, double eps, double scale = 1) {
-  if (!std::isfinite(scale))
-    throw std::invalid_argument(std::string("shardlib: ") + Name.text + ": scale must be finite, got " + std::to_string(scale) +
-                                " (operand " + operand_text(info(a)) + ")");
-  static constexpr OpRule rule = normalize_rule(A::sharding, Dim);
-  SHARDLIB_STATIC_REQUIRE((rule.status == OpRule::ok), "shardlib: no sharding rule for this normalisation (is the dim in range?)",
-                          error::op_has_no_sharding_rule_for_these_specs<Name, rule.status, typename A::spec_type>);
-  using T = typename A::value_type;
-  SHARDLIB_REQUIRE_NOT_HALF(Name, T);
-  static_assert(std::is_floating_point_v<T>, "shardlib: softmax and the norms need a floating-point element type");
-  using MeshT = typename A::mesh_type;
-  using Mem = typename A::memory_space;
-  using Out = DistributedTensor<T, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, Mem>;
-  Out out(a.mesh(), a.shape());
-  normalize_run<Kind, T, Mem>(rule, Dim, eps, scale, ref(a), out.local().data());
-  return out;
+  if constexpr (is_half_v<typename A::value_type>) {  // in float32, the result rounded once
+    return shardlib::cast<typename A::value_type>(normalize_op<Name, Kind, Dim>(shardlib::cast<float>(a), eps, scale));
+  } else {
+    if (!std::isfinite(scale))
+      throw std::invalid_argument(std::string("shardlib: ") + Name.text + ": scale must be finite, got " + std::to_string(scale) +
+                                  " (operand " + operand_text(info(a)) + ")");
+    static constexpr OpRule rule = normalize_rule(A::sharding, Dim);
+    SHARDLIB_STATIC_REQUIRE((rule.status == OpRule::ok), "shardlib: no sharding rule for this normalisation (is the dim in range?)",
+                            error::op_has_no_sharding_rule_for_these_specs<Name, rule.status, typename A::spec_type>);
+    using T = typename A::value_type;
+    static_assert(std::is_floating_point_v<T>, "shardlib: softmax and the norms need a floating-point element type");
+    using MeshT = typename A::mesh_type;
+    using Mem = typename A::memory_space;
+    using Out = DistributedTensor<T, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, Mem>;
+    Out out(a.mesh(), a.shape());
+    normalize_run<Kind, T, Mem>(rule, Dim, eps, scale, ref(a), out.local().data());
+    return out;
+  }
 }
 
 }  // namespace detail
