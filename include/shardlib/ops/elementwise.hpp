@@ -34,8 +34,9 @@
 namespace shardlib {
 namespace detail {
 
+/// A scalar operand of an elementwise op: arithmetic (not bool), f16 or bf16.
 template <class T>
-inline constexpr bool is_scalar_v = std::is_arithmetic_v<T> && !std::is_same_v<T, bool>;
+inline constexpr bool is_scalar_v = (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) || is_half_v<T>;
 
 /// The broadcast shape (rank `rank`, into `out`) of operands `ops` (numpy rules), or throws
 /// std::invalid_argument naming every operand's shape and spec and the dim that does not match.
