@@ -338,7 +338,9 @@ std::vector<std::vector<float>> train(sl::Context& ctx, const Config& cfg, int s
   for (int s = 0; s < steps; ++s) {
     StepReport r;
     sl::coll::CommRecorder whole(sl::coll::keep_calls);
-    auto [ids, targets] = stream.batch<Ids>(mesh, cfg.batch, s);
+    const auto batch = stream.batch<Ids>(mesh, cfg.batch, s);
+    const Ids& ids = batch.first;  // (not a structured binding: clang 14 cannot capture one)
+    const Ids& targets = batch.second;
     opt.zero_grad();
     sl::reset_peak_memory(ctx);  // r.memory.peak: this step's high point
     auto loss = [&] {

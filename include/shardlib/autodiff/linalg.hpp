@@ -65,8 +65,8 @@ auto einsum_var(const A& a, const B& b) {
     SHARDLIB_STATIC_REQUIRE((alone_a == 0 && alone_b == 0),
                             "shardlib: an einsum label summed over one operand alone is not differentiable",
                             error::einsum_label_summed_over_one_operand_is_not_differentiable<Sub, (alone_a ? alone_a : alone_b)>);
-    constexpr OpName ga = join_subscripts(s.out, s.out_rank, s.in[1], s.rank[1], s.in[0], s.rank[0]);
-    constexpr OpName gb = join_subscripts(s.in[0], s.rank[0], s.out, s.out_rank, s.in[1], s.rank[1]);
+    static constexpr OpName ga = join_subscripts(s.out, s.out_rank, s.in[1], s.rank[1], s.in[0], s.rank[0]);
+    static constexpr OpName gb = join_subscripts(s.in[0], s.rank[0], s.out, s.out_rank, s.in[1], s.rank[1]);
     using AT = tensor_of_t<A>;
     using BT = tensor_of_t<B>;
     auto na = node(a);
