@@ -270,13 +270,7 @@ class TypedSlot final : public Slot<Rule> {
   /// The master weights rounded into `out`'s block (laid out as the state's; local).
   template <class Out>
   void round_into(Out& out) {
-    auto guard = shardlib::detail::kernel_guard(context(), false);
-    const M* src = master_->local().data();
-    T* dst = out.local().data();
-    Kokkos::parallel_for("shardlib::optim::round_master",
-                         Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(context().exec(), 0, out.block().num_elements()),
-                         [=](std::int64_t i) { dst[i] = static_cast<T>(src[i]); });
-    context().exec().fence();
+    autodiff::detail::convert_block(context(), out.local().data(), master_->local().data(), out.block().num_elements());
   }
 
   Param<Tensor> param_;
