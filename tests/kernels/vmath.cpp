@@ -167,6 +167,30 @@ TEST_SUITE("kernels_vmath") {
     CHECK(std::string(k::vmath::simd_in_use()).size() > 0);
   }
 
+  TEST_CASE("double erf, tanh, exp and log take glibc's vector math where the build has it") {
+#if defined(__x86_64__) && defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 35)) && \
+    !defined(SHARDLIB_NO_LIBMVEC)
+    CHECK(k::vmath::uses_libmvec());
+#endif
+    // A packet at a time with libmvec; without it, Eigen 3.4 evaluates double erf and tanh a value at
+    // a time (no packets), and exp and log on its own packets.
+    auto packets = [](auto expr) {
+      return (Eigen::internal::evaluator<decltype(expr)>::Flags & Eigen::PacketAccessBit) != 0;
+    };
+    const k::vmath::ConstRun<double> x(nullptr, 0);
+    CHECK(packets(k::vmath::erf(x)) == k::vmath::uses_libmvec());
+    CHECK(packets(k::vmath::tanh(x * 2.0)) == k::vmath::uses_libmvec());
+    CHECK(packets(k::vmath::exp(x)));
+    CHECK(packets(k::vmath::log(x)));
+#if defined(SHARDLIB_VMATH_LIBMVEC)
+    CHECK(std::is_same_v<std::remove_cvref_t<decltype(k::vmath::erf(x).functor())>, k::vmath::detail::mvec_erf>);
+#endif
+    // float keeps Eigen's packets
+    const k::vmath::ConstRun<float> f(nullptr, 0);
+    CHECK(packets(k::vmath::erf(f)));
+    CHECK(std::is_same_v<std::remove_cv_t<decltype(k::vmath::erf(f))>, std::remove_cv_t<decltype(Eigen::erf(f))>>);
+  }
+
   TEST_CASE("strided and broadcast operands keep the scalar path and agree with it") {
     // [3, 5] out = gelu-free a + bias row (stride 0 along dim 0): not dense, so per row.
     std::vector<float> a(15), bias(5), out(15);

@@ -234,6 +234,8 @@ TEST_SUITE("runtime_host") {
       CHECK(d.find("\nKokkos host space: " + std::string(Kokkos::DefaultHostExecutionSpace::name())) != std::string::npos);
       CHECK(d.find("\nvector math: Eigen packets of " + std::to_string(sl::kernels::vmath::packet_bytes()) + " bytes (" +
                    sl::kernels::vmath::simd_in_use() + ")") != std::string::npos);
+      CHECK((d.find("; double exp, log, tanh, erf: glibc libmvec") != std::string::npos) ==
+            sl::kernels::vmath::uses_libmvec());
     };
     if (sl::Runtime* rt = sl::test::mpi_runtime()) {
       check(*rt);

@@ -37,7 +37,7 @@ namespace fn::grad {
     template <class X>                                                                           \
     auto array(const X& g, const X& v) const {                                                   \
       using A [[maybe_unused]] = typename X::Scalar;                                             \
-      using Eigen::tanh, Eigen::erf, kernels::vmath::exp;                                        \
+      using kernels::vmath::tanh, kernels::vmath::erf, kernels::vmath::exp;                                        \
       return EXPR;                                                                               \
     }                                                                                            \
   };

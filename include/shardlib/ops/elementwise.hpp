@@ -228,13 +228,14 @@ struct neg {
   template <class X>
   auto array(const X& x) const { return -x; }
 };
-// Unary: EXPR on scalars (std:: math), VEXPR the same on Eigen arrays (Eigen's math by ADL).
+// Unary: EXPR on scalars (std:: math), VEXPR the same on Eigen arrays (Eigen's math; tanh and erf
+// from kernels/vmath.hpp, which takes glibc's vector math for double).
 #define SHARDLIB_FN1(NAME, EXPR, VEXPR)                                          \
   struct NAME {                                                                  \
     template <class A>                                                           \
     KOKKOS_INLINE_FUNCTION A operator()(const A& x) const { using std::exp, std::log, std::sqrt, std::tanh, std::abs, std::erf; return EXPR; } \
     template <class X>                                                           \
-    auto array(const X& x) const { using A [[maybe_unused]] = typename X::Scalar; using Eigen::exp, Eigen::tanh, Eigen::abs, Eigen::erf; return VEXPR; } \
+    auto array(const X& x) const { using A [[maybe_unused]] = typename X::Scalar; using Eigen::exp, kernels::vmath::tanh, Eigen::abs, kernels::vmath::erf; return VEXPR; } \
   };
 SHARDLIB_FN1(exp, exp(x), kernels::vmath::exp(x))
 SHARDLIB_FN1(log, log(x), kernels::vmath::log(x))
@@ -247,7 +248,7 @@ struct rsqrt {
   template <class A>
   KOKKOS_INLINE_FUNCTION A operator()(const A& x) const { using std::sqrt; return A(1) / sqrt(x); }
 };
-SHARDLIB_FN1(tanh, tanh(x), tanh(x))
+SHARDLIB_FN1(tanh, tanh(x), kernels::vmath::tanh(x))
 SHARDLIB_FN1(abs, abs(x), abs(x))
 SHARDLIB_FN1(square, x * x, x * x)
 SHARDLIB_FN1(relu, x > A(0) ? x : A(0), (x > A(0)).select(x, A(0)))

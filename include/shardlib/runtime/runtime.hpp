@@ -381,7 +381,8 @@ class Runtime {
     if (!advice.text.empty()) s += "\nGEMM " + std::string(advice.warn ? "warning: " : "note: ") + advice.text;
     if (!advice.fix.empty()) s += ". Fix: " + advice.fix;
     s += "\nvector math: Eigen packets of " + std::to_string(kernels::vmath::packet_bytes()) + " bytes (" +
-         kernels::vmath::simd_in_use() + ")";
+         kernels::vmath::simd_in_use() + ")" +
+         (kernels::vmath::uses_libmvec() ? "; double exp, log, tanh, erf: glibc libmvec" : "");
     const std::string simd = host::simd_advice(host::detect_cpu().best, kernels::vmath::packet_bytes());
     if (!simd.empty()) s += "\nvector math note: " + simd;
     s += "\nKokkos host space: " + (kokkos_ ? kokkos_->host_threads_note() : std::string("not initialised"));
