@@ -412,5 +412,49 @@ TEST_SUITE("kernels_gemm") {
     k::gemm<float>(1, {at.data(), m, kk, 1, m + 2, 0}, {b.data(), kk, n, ldb, 1, 0}, {c2.data(), m, n, ldc, 1, 0});
     CHECK(std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)) == 0);
   }
+
+  TEST_CASE("with several BLAS threads, a batch of small products is spread over threads of its own, one BLAS thread each") {
+    const int before = k::blas_threads();
+    // Attention's scores: 8 heads of q [128 x 64] times k^T, read in place from [s, h, e] rows.
+    constexpr std::int64_t S = 128, H = 8, E = 64;
+    std::mt19937_64 g(11);
+    std::uniform_real_distribution<float> d(-1, 1);
+    std::vector<float> q(S * H * E), kt(S * H * E), want(H * S * S), got(H * S * S, std::nanf(""));
+    for (auto& x : q) x = d(g);
+    for (auto& x : kt) x = d(g);
+    const k::MatrixBatch<const float> a{q.data(), S, E, H * E, 1, E}, b{kt.data(), E, S, 1, H * E, E};
+    const k::MatrixBatch<float> c{got.data(), S, S, S, 1, S * S};
+    k::set_blas_threads(1);  // the batch in order, one product after the other
+    CHECK(k::detail::batch_threads(H, S, S, E, S * S) == 1);
+    k::gemm<float>(H, a, b, {want.data(), S, S, S, 1, S * S}, 0.5f);
+    double worst = 0;
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t i = 0; i < S; ++i)
+        for (std::int64_t j = 0; j < S; ++j) {
+          double r = 0;
+          for (std::int64_t e = 0; e < E; ++e) r += double(q[i * H * E + h * E + e]) * double(kt[j * H * E + h * E + e]);
+          worst = std::max(worst, std::abs(0.5 * r - double(want[h * S * S + i * S + j])));
+        }
+    CHECK(worst < 1e-4);
+    // Spread over two threads: the same calls on the same data (OpenBLAS splits no sum), so the same bits.
+    k::set_blas_threads(2);
+    CHECK(k::detail::batch_threads(H, S, S, E, S * S) == 2);
+    CHECK(k::detail::batch_threads(H, S, S, E, 0) == 1);       // C accumulates over the batch: in order
+    CHECK(k::detail::batch_threads(1, S, S, E, S * S) == 1);   // one product: the BLAS's own threads
+    CHECK(k::detail::batch_threads(H, 32, 32, 32, 1024) == 1);  // too little work to start a thread
+    k::gemm<float>(H, a, b, c, 0.5f);
+    CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
+    if (openblas_get_num_threads != nullptr) CHECK(openblas_get_num_threads() == 2);  // given back
+    // Two callers at once (two in-process devices): each right, and the BLAS's threads given back.
+    std::vector<float> got2(got.size(), std::nanf(""));
+    std::thread other([&] { k::gemm<float>(H, a, b, {got2.data(), S, S, S, 1, S * S}, 0.5f); });
+    std::fill(got.begin(), got.end(), std::nanf(""));
+    k::gemm<float>(H, a, b, c, 0.5f);
+    other.join();
+    CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(want.data(), got2.data(), want.size() * sizeof(float)) == 0);
+    if (openblas_get_num_threads != nullptr) CHECK(openblas_get_num_threads() == 2);
+    k::set_blas_threads(before);
+  }
 #endif
 }

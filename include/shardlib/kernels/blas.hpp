@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <mutex>
 #include <string>
 #include <string_view>
 
@@ -120,5 +121,48 @@ inline void set_blas_threads(int n) noexcept {
   if (openblas_set_num_threads != nullptr) openblas_set_num_threads(n);
 #endif
 }
+
+/// Whether this process can make the BLAS run single-threaded for a while (OpenBLAS loaded, its
+/// thread count settable): what `BlasSingleThreaded` needs.
+inline bool blas_threads_settable() noexcept {
+#if defined(EIGEN_USE_BLAS) && defined(SHARDLIB_OPENBLAS_WEAK)
+  return openblas_set_num_threads != nullptr;
+#else
+  return false;
+#endif
+}
+
+/// While one lives (anywhere in the process), every BLAS call runs on its caller's thread alone:
+/// for code that spreads independent products over threads of its own (kernels::gemm's batches).
+/// The last one to go gives the BLAS `blas_threads()` back. Meanwhile a product elsewhere in the
+/// process (another in-process device's) runs on one thread too: slower, never wrong.
+class BlasSingleThreaded {
+ public:
+  BlasSingleThreaded() {
+    const std::lock_guard<std::mutex> lock(mutex());
+    if (active()++ == 0) apply(1);
+  }
+  ~BlasSingleThreaded() {
+    const std::lock_guard<std::mutex> lock(mutex());
+    if (--active() == 0) apply(blas_threads());
+  }
+  BlasSingleThreaded(const BlasSingleThreaded&) = delete;
+  BlasSingleThreaded& operator=(const BlasSingleThreaded&) = delete;
+
+ private:
+  static std::mutex& mutex() noexcept {
+    static std::mutex m;
+    return m;
+  }
+  static int& active() noexcept {
+    static int n = 0;
+    return n;
+  }
+  static void apply([[maybe_unused]] int n) noexcept {
+#if defined(EIGEN_USE_BLAS) && defined(SHARDLIB_OPENBLAS_WEAK)
+    if (openblas_set_num_threads != nullptr) openblas_set_num_threads(n);
+#endif
+  }
+};
 
 }  // namespace shardlib::kernels

@@ -15,7 +15,9 @@
 /// runtime set each device's share of the host's cores (cores / devices on this host, at least
 /// 1), so that the devices together use the host's cores and no more; before the first product
 /// it is applied (OpenBLAS's pthread build would otherwise start a thread per core inside every
-/// call). Which BLAS kernel runs: `blas_info()` (kernels/blas.hpp). Eigen's
+/// call). A batch of small products is the exception: OpenBLAS splits each one over its threads at
+/// a loss, so the batch is spread over threads of this kernel's own instead, one BLAS thread each
+/// (detail::batch_threads). Which BLAS kernel runs: `blas_info()` (kernels/blas.hpp). Eigen's
 /// own threading is left as the user configured it: a translation unit compiled with OpenMP
 /// should define `EIGEN_DONT_PARALLELIZE` (or call `Eigen::setNbThreads(1)`), or each call
 /// splits its product over an OpenMP team.
@@ -34,6 +36,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <thread>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -257,6 +260,42 @@ void gemm_blas_one(const T* a, const GemmOperand& la, const T* b, const GemmOper
   else
     blas_gemm(b_row ? 'N' : 'T', a_row ? 'N' : 'T', i(n), i(m), i(k), alpha, b, i(lb.ld), a, i(la.ld), beta, c, i(lc.ld));
 }
+
+/// Threads for a batch of products spread over threads of our own, each product on one BLAS
+/// thread (gemm_blas_batches), or 1: the BLAS then runs the batch in order, each product on the
+/// device's BLAS threads. OpenBLAS splits each product of a batch over its threads, and on small
+/// ones that costs more than it gains: the attention scores of 64 heads, [128 x 64] x [64 x 128]
+/// each, ran at 97-101 GFLOP/s on OpenBLAS's 2 threads, 181-184 on 1, 289-292 as two halves of
+/// the batch on 1 thread each (AMD EPYC Zen 5, OpenBLAS 0.3.21). So: when the device has more
+/// than one BLAS thread, the batch has a product per thread, C's products are distinct (a
+/// batch_stride of 0 accumulates in order) and the BLAS's thread count can be set, at most one
+/// thread per 8 MFLOP of work (a thread's start is ~10-20 us).
+inline int batch_threads(std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t c_batch_stride) {
+  const int share = blas_threads();
+  if (share <= 1 || batch < 2 || c_batch_stride == 0 || !blas_threads_settable()) return 1;
+  const double flops = 2.0 * static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  const auto by_work = static_cast<std::int64_t>(flops / double(1 << 23));
+  return static_cast<int>(std::max<std::int64_t>(1, std::min({static_cast<std::int64_t>(share), batch, by_work})));
+}
+
+/// The batch in `threads` contiguous parts, the first on the calling thread, each product on one
+/// BLAS thread (BlasSingleThreaded). Operands in place (no packed one).
+template <class T>
+void gemm_blas_batches(int threads, std::int64_t batch, const MatrixBatch<const T>& a, const GemmOperand& la,
+                       const MatrixBatch<const T>& b, const GemmOperand& lb, const MatrixBatch<T>& c,
+                       const GemmOperand& lc, T alpha, T beta) {
+  const auto part = [&](int w) {
+    const std::int64_t end = batch * (w + 1) / threads;
+    for (std::int64_t i = batch * w / threads; i < end; ++i)
+      gemm_blas_one(a.data + i * a.batch_stride, la, b.data + i * b.batch_stride, lb, c.data + i * c.batch_stride, lc,
+                    a.rows, b.cols, a.cols, alpha, beta);
+  };
+  const BlasSingleThreaded one_thread_each;
+  std::vector<std::jthread> helpers;  // joined before one_thread_each goes, also when a start throws
+  helpers.reserve(static_cast<std::size_t>(threads - 1));
+  for (int w = 1; w < threads; ++w) helpers.emplace_back(part, w);
+  part(0);
+}
 #endif
 
 }  // namespace detail
@@ -265,7 +304,9 @@ void gemm_blas_one(const T* a, const GemmOperand& la, const T* b, const GemmOper
 ///
 /// Operands with a unit stride along one dim are used in place (see the file comment), others
 /// packed; matrices of the batch run in order on the calling thread, so a C with `batch_stride`
-/// 0 and beta = 1 accumulates over the batch. As in BLAS, beta = 0 never reads C (NaN there is
+/// 0 and beta = 1 accumulates over the batch. Except: when the device has several BLAS threads,
+/// a batch of distinct C's with operands in place is spread over as many threads of its own,
+/// each product on one BLAS thread (see detail::batch_threads: up to 3x on attention's products). As in BLAS, beta = 0 never reads C (NaN there is
 /// overwritten) and alpha = 0 or K = 0 never reads A and B. C's elements must not overlap A's or B's.
 /// Throws std::invalid_argument, naming the shapes, when A, B and C do not fit together, an
 /// extent or the batch is negative, or an operand with elements has no data.
@@ -298,6 +339,15 @@ void gemm(std::int64_t batch, std::type_identity_t<MatrixBatch<const T>> a,
       tb(pack_b ? static_cast<std::size_t>(b.rows * b.cols) : 0),
       tc(pack_c ? static_cast<std::size_t>(c.rows * c.cols) : 0);
 
+#if defined(EIGEN_USE_BLAS) && !defined(EIGEN_USE_MKL)
+  if constexpr (detail::direct_blas<T>) {
+    const int threads = pack_a || pack_b || pack_c ? 1 : detail::batch_threads(batch, a.rows, b.cols, a.cols, c.batch_stride);
+    if (threads > 1) {
+      detail::gemm_blas_batches(threads, batch, a, la, b, lb, c, lc, T(alpha), T(beta));
+      return;
+    }
+  }
+#endif
   for (std::int64_t i = 0; i < batch; ++i) {
     const T* pa = a.data + i * a.batch_stride;
     const T* pb = b.data + i * b.batch_stride;
