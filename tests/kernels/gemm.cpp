@@ -425,7 +425,7 @@ TEST_SUITE("kernels_gemm") {
     const k::MatrixBatch<const float> a{q.data(), S, E, H * E, 1, E}, b{kt.data(), E, S, 1, H * E, E};
     const k::MatrixBatch<float> c{got.data(), S, S, S, 1, S * S};
     k::set_blas_threads(1);  // the batch in order, one product after the other
-    CHECK(k::detail::batch_threads(H, S, S, E, S * S) == 1);
+    CHECK(k::detail::batch_threads(H, S, S, E, S * S, S * S) == 1);
     k::gemm<float>(H, a, b, {want.data(), S, S, S, 1, S * S}, 0.5f);
     double worst = 0;
     for (std::int64_t h = 0; h < H; ++h)
@@ -438,10 +438,11 @@ TEST_SUITE("kernels_gemm") {
     CHECK(worst < 1e-4);
     // Spread over two threads: the same calls on the same data (OpenBLAS splits no sum), so the same bits.
     k::set_blas_threads(2);
-    CHECK(k::detail::batch_threads(H, S, S, E, S * S) == 2);
-    CHECK(k::detail::batch_threads(H, S, S, E, 0) == 1);       // C accumulates over the batch: in order
-    CHECK(k::detail::batch_threads(1, S, S, E, S * S) == 1);   // one product: the BLAS's own threads
-    CHECK(k::detail::batch_threads(H, 32, 32, 32, 1024) == 1);  // too little work to start a thread
+    CHECK(k::detail::batch_threads(H, S, S, E, S * S, S * S) == 2);
+    CHECK(k::detail::batch_threads(H, S, S, E, 0, S * S) == 1);       // C accumulates over the batch: in order
+    CHECK(k::detail::batch_threads(H, S, S, E, S, S * S) == 1);       // C's matrices overlap: in order
+    CHECK(k::detail::batch_threads(1, S, S, E, S * S, S * S) == 1);   // one product: the BLAS's own threads
+    CHECK(k::detail::batch_threads(H, 32, 32, 32, 1024, 1024) == 1);  // too little work to start a thread
     k::gemm<float>(H, a, b, c, 0.5f);
     CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
     if (openblas_get_num_threads != nullptr) CHECK(openblas_get_num_threads() == 2);  // given back

@@ -35,6 +35,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 #include <stdexcept>
@@ -267,12 +268,14 @@ void gemm_blas_one(const T* a, const GemmOperand& la, const T* b, const GemmOper
 /// ones that costs more than it gains: the attention scores of 64 heads, [128 x 64] x [64 x 128]
 /// each, ran at 97-101 GFLOP/s on OpenBLAS's 2 threads, 181-184 on 1, 289-292 as two halves of
 /// the batch on 1 thread each (AMD EPYC Zen 5, OpenBLAS 0.3.21). So: when the device has more
-/// than one BLAS thread, the batch has a product per thread, C's products are distinct (a
-/// batch_stride of 0 accumulates in order) and the BLAS's thread count can be set, at most one
-/// thread per 8 MFLOP of work (a thread's start is ~10-20 us).
-inline int batch_threads(std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t c_batch_stride) {
+/// than one BLAS thread, the batch has a product per thread, C's matrices do not overlap (a
+/// batch_stride of 0 accumulates in order; `c_span`: the elements one C matrix spans) and the
+/// BLAS's thread count can be set, at most one thread per 8 MFLOP of work (a thread's start is
+/// ~10-20 us).
+inline int batch_threads(std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t c_batch_stride,
+                         std::int64_t c_span) {
   const int share = blas_threads();
-  if (share <= 1 || batch < 2 || c_batch_stride == 0 || !blas_threads_settable()) return 1;
+  if (share <= 1 || batch < 2 || std::abs(c_batch_stride) < c_span || !blas_threads_settable()) return 1;
   const double flops = 2.0 * static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   const auto by_work = static_cast<std::int64_t>(flops / double(1 << 23));
   return static_cast<int>(std::max<std::int64_t>(1, std::min({static_cast<std::int64_t>(share), batch, by_work})));
@@ -305,9 +308,9 @@ void gemm_blas_batches(int threads, std::int64_t batch, const MatrixBatch<const 
 /// Operands with a unit stride along one dim are used in place (see the file comment), others
 /// packed; matrices of the batch run in order on the calling thread, so a C with `batch_stride`
 /// 0 and beta = 1 accumulates over the batch. Except: when the device has several BLAS threads,
-/// a batch of distinct C's with operands in place is spread over as many threads of its own,
-/// each product on one BLAS thread (see detail::batch_threads: up to 3x on attention's products). As in BLAS, beta = 0 never reads C (NaN there is
-/// overwritten) and alpha = 0 or K = 0 never reads A and B. C's elements must not overlap A's or B's.
+/// a batch of C's that do not overlap, with operands in place, is spread over as many threads of
+/// its own, each product on one BLAS thread (detail::batch_threads: up to 3x on attention's
+/// products). As in BLAS, beta = 0 never reads C (NaN there is overwritten) and alpha = 0 or K = 0 never reads A and B. C's elements must not overlap A's or B's.
 /// Throws std::invalid_argument, naming the shapes, when A, B and C do not fit together, an
 /// extent or the batch is negative, or an operand with elements has no data.
 template <class T>
@@ -341,7 +344,9 @@ void gemm(std::int64_t batch, std::type_identity_t<MatrixBatch<const T>> a,
 
 #if defined(EIGEN_USE_BLAS) && !defined(EIGEN_USE_MKL)
   if constexpr (detail::direct_blas<T>) {
-    const int threads = pack_a || pack_b || pack_c ? 1 : detail::batch_threads(batch, a.rows, b.cols, a.cols, c.batch_stride);
+    const std::int64_t c_span = (c.rows - 1) * std::abs(c.row_stride) + (c.cols - 1) * std::abs(c.col_stride) + 1;
+    const int threads =
+        pack_a || pack_b || pack_c ? 1 : detail::batch_threads(batch, a.rows, b.cols, a.cols, c.batch_stride, c_span);
     if (threads > 1) {
       detail::gemm_blas_batches(threads, batch, a, la, b, lb, c, lc, T(alpha), T(beta));
       return;
