@@ -109,9 +109,11 @@ inline std::string shape_text(detail::ArrayRef<std::int64_t> shape) {
 
 /// A global tensor of `T` on `MeshT`, sharded by `SpecT` (see the file comment).
 ///
-/// `MemorySpace` is where blocks live; it must be host-accessible for now: the block kernels
-/// (execute/) run on the host execution space. The nccl backend already moves GPU memory
-/// (docs/12_gpus.md); tensors in it need device kernels there.
+/// `MemorySpace` is where blocks live: host memory (the default), or with a CUDA-enabled Kokkos
+/// `Kokkos::CudaSpace` (docs/12_gpus.md). In device memory, creation, `clone` and the loops run
+/// as kernels on the device's own stream (`Context::exec_for`); `from_host`, `to_host` and
+/// reshards copy through host memory, as the Runtime's communicators move host memory; the ops
+/// (ops.hpp) take tensors in host memory only, for now.
 template <class T, class MeshT, class SpecT, class MemorySpace = Kokkos::HostSpace>
 class DistributedTensor {
   static_assert(is_mesh_v<MeshT>, "shardlib: DistributedTensor<T, Mesh, Spec>: Mesh must be a shardlib::Mesh<...>");
@@ -119,8 +121,8 @@ class DistributedTensor {
   SHARDLIB_STATIC_REQUIRE((detail::is_element_v<T>),
                           "shardlib: the element type of a DistributedTensor must be arithmetic (not bool, const or volatile) or shardlib::f16/bf16",
                           error::tensor_element_type_must_be_arithmetic<T>);
-  static_assert(Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible,
-                "shardlib: DistributedTensor's MemorySpace must be host-accessible with the threads and mpi backends");
+  static_assert(Kokkos::is_memory_space<MemorySpace>::value,
+                "shardlib: DistributedTensor<T, Mesh, Spec, MemorySpace>: MemorySpace must be a Kokkos memory space");
 
  public:
   using value_type = T;
@@ -190,8 +192,8 @@ class DistributedTensor {
   static DistributedTensor from_host(const MeshT& mesh, const Shape& shape, std::span<const T> global) {
     DistributedTensor t(mesh, shape);
     t.check_host_size(global.size(), "from_host");
-    ShardBox all = t.global_box();
-    detail::copy_box(t.context(), global.data(), all, t.local_.data(), t.box_, t.box_);
+    const ShardBox all = t.global_box();
+    t.write_from_host([&](T* block) { detail::copy_box(t.context(), global.data(), all, block, t.box_, t.box_); });
     t.mask_partial();
     return t;
   }
@@ -216,7 +218,7 @@ class DistributedTensor {
       for (int d = 0; d < world.size(); ++d)
         send[static_cast<std::size_t>(d)] = detail::region_in(all, shard_box(sharding, mesh.shape(), t.shape_, d));
     recv[static_cast<std::size_t>(root)] = detail::region_in(t.box_, t.box_);
-    world.exchange(global.data(), send, t.local_.data(), recv, coll::dtype_of<T>());
+    t.write_from_host([&](T* block) { world.exchange(global.data(), send, block, recv, coll::dtype_of<T>()); });
     t.mask_partial();
     return t;
   }
@@ -233,14 +235,16 @@ class DistributedTensor {
     std::vector<T> out;
     if (sharding == all) {
       out.resize(static_cast<std::size_t>(box_.num_elements()));
-      detail::copy_box(context(), local_.data(), box_, out.data(), box_, box_);
+      detail::download<MemorySpace>(context(), local_.data(), out.data(), box_.num_elements());
       return out;
     }
     Context& ctx = context();
     const auto& c = detail::compiled_reshard(ctx, mesh_.shape(), sharding, all, shape_);
-    detail::run_reshard<T>(ctx, c, local_.data(), scratch(ctx), [&](std::size_t n) {
-      out.resize(n);
-      return out.data();
+    read_on_host([&](const T* block) {
+      detail::run_reshard<T>(ctx, c, block, host_scratch(ctx), [&](std::size_t n) {
+        out.resize(n);
+        return out.data();
+      });
     });
     return out;
   }
@@ -257,13 +261,17 @@ class DistributedTensor {
       reduced.op = ReduceOp::sum;
       const auto& c = detail::compiled_reshard(ctx, mesh_.shape(), sharding, reduced, shape_);
       std::shared_ptr<void> block;
-      detail::run_reshard<T>(ctx, c, local_.data(), scratch(ctx), [&](std::size_t n) {
-        block = scratch(ctx)(n);
-        return static_cast<T*>(block.get());
+      read_on_host([&](const T* mine) {
+        detail::run_reshard<T>(ctx, c, mine, host_scratch(ctx), [&](std::size_t n) {
+          block = host_scratch(ctx)(n);
+          return static_cast<T*>(block.get());
+        });
       });
       return detail::gather_block<T>(ctx, mesh_.shape(), reduced, shape_, static_cast<const T*>(block.get()), root);
     }
-    return detail::gather_block<T>(ctx, mesh_.shape(), sharding, shape_, local_.data(), root);
+    std::vector<T> out;
+    read_on_host([&](const T* mine) { out = detail::gather_block<T>(ctx, mesh_.shape(), sharding, shape_, mine, root); });
+    return out;
   }
 
   // -- shape and block ------------------------------------------------------------------------
@@ -289,7 +297,7 @@ class DistributedTensor {
   /// A tensor with its own copy of the block.
   DistributedTensor clone() const {
     DistributedTensor t(mesh_, shape_);
-    detail::copy_box(context(), local_.data(), box_, t.local_.data(), box_, box_);
+    detail::copy_box<MemorySpace>(context(), local_.data(), box_, t.local_.data(), box_, box_);
     return t;
   }
 
@@ -318,7 +326,7 @@ class DistributedTensor {
         owner_ = other.owner_;
         local_ = other.local_;
       } else {
-        detail::run_reshard<T>(ctx, c, other.local_.data(), scratch(ctx), [&](std::size_t) {
+        detail::run_reshard_in<MemorySpace, T>(ctx, c, other.local_.data(), [&](std::size_t) {
           allocate_block();
           return local_.data();
         });
@@ -362,7 +370,7 @@ class DistributedTensor {
   /// elements (detail::BlockWalk). Replicas each run it; partial tensors too (their addends).
   template <class F>
   void for_each_local(F f) const {
-    detail::for_each_in_block<rank>("shardlib::parallel_for", context(), box_, f);
+    detail::for_each_in_block<rank, MemorySpace>("shardlib::parallel_for", context(), box_, f);
   }
 
   /// Internal: an uninitialised tensor of `shape` on `mesh`.
@@ -414,6 +422,36 @@ class DistributedTensor {
   static auto scratch(Context& ctx) {
     return [cache = &detail::block_cache<MemorySpace>(ctx)](std::size_t n) { return cache->allocate(n * sizeof(T)); };
   }
+  /// Allocates `n` elements of host memory from the device's host block cache.
+  static auto host_scratch(Context& ctx) {
+    return [cache = &detail::block_cache<Kokkos::HostSpace>(ctx)](std::size_t n) { return cache->allocate(n * sizeof(T)); };
+  }
+  /// Calls `write(T* block)` to write the whole block in host memory: the block itself in host
+  /// memory, else a host buffer uploaded afterwards.
+  template <class Write>
+  void write_from_host(Write write) {
+    if constexpr (detail::host_memory_v<MemorySpace>) {
+      write(local_.data());
+    } else {
+      const std::int64_t n = box_.num_elements();
+      std::shared_ptr<void> staged = host_scratch(context())(static_cast<std::size_t>(n));
+      write(static_cast<T*>(staged.get()));
+      detail::upload<MemorySpace>(context(), static_cast<const T*>(staged.get()), local_.data(), n);
+    }
+  }
+  /// Calls `read(const T* block)` with the block in host memory: the block itself in host memory,
+  /// else a downloaded copy.
+  template <class Read>
+  void read_on_host(Read read) const {
+    if constexpr (detail::host_memory_v<MemorySpace>) {
+      read(static_cast<const T*>(local_.data()));
+    } else {
+      const std::int64_t n = box_.num_elements();
+      std::shared_ptr<void> staged = host_scratch(context())(static_cast<std::size_t>(n));
+      detail::download<MemorySpace>(context(), static_cast<const T*>(local_.data()), static_cast<T*>(staged.get()), n);
+      read(static_cast<const T*>(staged.get()));
+    }
+  }
   ShardBox global_box() const {
     ShardBox b;
     b.rank = static_cast<int>(rank);
@@ -429,14 +467,14 @@ class DistributedTensor {
   /// Fills the block with value(k) of each element's global linear index k, then masks.
   template <class G>
   void generate(G value) {
-    detail::generate_block<rank>(context(), local_.data(), box_, shape_.data(), value);
+    detail::generate_block<rank, MemorySpace>(context(), local_.data(), box_, shape_.data(), value);
     mask_partial();
   }
   /// A partial-sum tensor made from a global value holds it on coordinate 0 of its partial axes.
   void mask_partial() {
     if (sharding.is_partial() && sharding.op == ReduceOp::sum &&
         detail::off_first_coordinate(mesh_.shape(), context().device(), sharding.partial))
-      detail::fill(context(), local_.data(), box_.num_elements(), T{});
+      detail::fill<MemorySpace>(context(), local_.data(), box_.num_elements(), T{});
   }
   MeshT mesh_;
   Shape shape_{};
@@ -549,6 +587,58 @@ template <class F, class I, class T>
 struct map_result<F, I, T, true> {
   using type = stored_t<std::remove_cvref_t<std::invoke_result_t<F, const I&, const compute_t<T>&>>, T>;
 };
+/// map's kernel: o[k] = f(in[k]) or f(global index, in[k]), on the element's compute type.
+template <class F, class T, class U, std::size_t R, bool Indexed>
+struct MapKernel {
+  F f;
+  const T* in;
+  U* o;
+  KOKKOS_FORCEINLINE_FUNCTION void operator()(const Index<R>& g, std::int64_t k) const {
+    if constexpr (Indexed) o[k] = static_cast<U>(f(g, static_cast<compute_t<T>>(in[k])));
+    else o[k] = static_cast<U>(f(static_cast<compute_t<T>>(in[k])));
+  }
+};
+/// map's element type for `f` on a tensor of `T` and rank `R`.
+template <class F, class T, std::size_t R>
+using map_element_t =
+    typename map_result<F, Index<R>, T, std::is_invocable_v<F, const Index<R>&, const compute_t<T>&>>::type;
+
+/// The other tensors' block pointers a loop kernel carries: a tuple whose `get` also runs on a GPU
+/// (std::get is host code under nvcc without --expt-relaxed-constexpr).
+template <class... P>
+struct Pointers;
+template <>
+struct Pointers<> {};
+template <class H, class... P>
+struct Pointers<H, P...> {
+  H head;
+  Pointers<P...> rest;
+};
+template <class... P>
+Pointers<P...> pointers(P... p) {
+  if constexpr (sizeof...(P) == 0) {
+    return {};
+  } else {
+    return [](auto h, auto... r) { return Pointers<P...>{h, pointers(r...)}; }(p...);
+  }
+}
+template <std::size_t I, class H, class... P>
+KOKKOS_FORCEINLINE_FUNCTION auto get(const Pointers<H, P...>& p) {
+  if constexpr (I == 0) return p.head;
+  else return get<I - 1>(p.rest);
+}
+
+/// parallel_for's element functor: f(global index, out[k], in[k]...).
+template <class F, class T, class P, std::size_t... I>
+struct ForKernel {
+  F f;
+  T* out;
+  P in;
+  template <std::size_t R>
+  KOKKOS_FORCEINLINE_FUNCTION void operator()(const Index<R>& g, std::int64_t k) const {
+    f(g, out[k], detail::get<I>(in)[k]...);
+  }
+};
 
 template <class Tensor, class Args, std::size_t... I>
 void parallel_for_impl(Tensor& t, const Args& args, std::index_sequence<I...>) {
@@ -571,11 +661,67 @@ void parallel_for_impl(Tensor& t, const Args& args, std::index_sequence<I...>) {
           "auto&): it also accepts a temporary (it takes it by value, const& or auto&&), so what it writes is lost",
           error::parallel_for_functor_must_take_the_written_element_by_non_const_reference<F, T>);
       (check_loop_operand("parallel_for", t, I + 1, std::get<I>(args)), ...);
-      const F& f = std::get<sizeof...(I)>(args);
-      T* out = t.local().data();
-      const std::tuple<loop_pointer_t<std::tuple_element_t<I, Args>>...> in{std::get<I>(args).local().data()...};
-      t.for_each_local([=](const Idx& g, std::int64_t k) { f(g, out[k], std::get<I>(in)[k]...); });
+      const auto in = pointers<loop_pointer_t<std::tuple_element_t<I, Args>>...>(std::get<I>(args).local().data()...);
+      t.for_each_local(ForKernel<F, T, decltype(in), I...>{std::get<sizeof...(I)>(args), t.local().data(), in});
     }
+  }
+}
+
+/// The reduction by `Op` of `f(global index, a[k], in[k]...)` over block `box` (a in `Mem`).
+/// In host memory each work item reduces its chunk into a slot of `partial`, combined here in
+/// order: a parallel_for, not a Kokkos::parallel_reduce, so Kokkos 3's Serial (one reduction
+/// buffer per process) needs no lock across in-process devices, and the result does not depend
+/// on the thread schedule. In device memory, a Kokkos::parallel_reduce on the device's stream.
+/// parallel_reduce's work item on device memory: element `c` combined into `acc`.
+template <ReduceOp Op, class R, std::size_t Rank, class F, class T, class P, std::size_t... I>
+struct ReduceKernel {
+  BlockWalk<Rank> walk;
+  F f;
+  const T* a;
+  P in;
+  KOKKOS_FORCEINLINE_FUNCTION void operator()(std::int64_t c, R& acc) const {
+    walk(c, [&](const Index<Rank>& g, std::int64_t k) {
+      reduce_into<Op>(acc, static_cast<R>(f(g, a[k], detail::get<I>(in)[k]...)));
+    });
+  }
+};
+
+template <ReduceOp Op, class R, class Mem, std::size_t Rank, class F, class T, class P, std::size_t... I>
+R reduce_block(const Context& ctx, const ShardBox& box, const F& f, const T* a, const P& in, std::index_sequence<I...>) {
+  using Idx = Index<Rank>;
+  if constexpr (host_memory_v<Mem>) {
+    constexpr std::int64_t max_items = 256;
+    std::array<R, max_items> partial;
+    const BlockWalk<Rank> walk(box, max_items);
+    R* out = partial.data();
+    {
+      auto guard = kernel_guard(ctx, false);
+      Kokkos::parallel_for("shardlib::parallel_reduce",
+                           Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, walk.chunks()),
+                           [=](std::int64_t c) {
+                             R acc = reduce_identity<Op, R>();
+                             walk(c, [&acc, &f, a, in](const Idx& g, std::int64_t k) {
+                               reduce_into<Op>(acc, static_cast<R>(f(g, a[k], detail::get<I>(in)[k]...)));
+                             });
+                             out[c] = acc;
+                           });
+      ctx.exec().fence();
+    }
+    R result = reduce_identity<Op, R>();
+    for (std::int64_t c = 0; c < walk.chunks(); ++c) reduce_into<Op>(result, partial[static_cast<std::size_t>(c)]);
+    return result;
+  } else {
+    BlockWalk<Rank> walk(box);
+    walk.chunk = 1;
+    R result = reduce_identity<Op, R>();
+    const ReduceKernel<Op, R, Rank, F, T, P, I...> body{walk, f, a, in};
+    using Exec = exec_space_t<Mem>;
+    const Kokkos::RangePolicy<Exec> policy(ctx.exec_for<Mem>(), 0, walk.size);
+    if constexpr (Op == ReduceOp::sum) Kokkos::parallel_reduce("shardlib::parallel_reduce", policy, body, Kokkos::Sum<R>(result));
+    else if constexpr (Op == ReduceOp::prod) Kokkos::parallel_reduce("shardlib::parallel_reduce", policy, body, Kokkos::Prod<R>(result));
+    else if constexpr (Op == ReduceOp::max) Kokkos::parallel_reduce("shardlib::parallel_reduce", policy, body, Kokkos::Max<R>(result));
+    else Kokkos::parallel_reduce("shardlib::parallel_reduce", policy, body, Kokkos::Min<R>(result));
+    return result;
   }
 }
 
@@ -603,34 +749,13 @@ auto parallel_reduce_impl(const Tensor& t, const Args& args, std::index_sequence
     (check_loop_operand("parallel_reduce", t, I + 1, std::get<I>(args)), ...);
     Context& ctx = t.context();
     R result = reduce_identity<Op, R>();
-    // Each element counts once: only the primary replica of each block takes part. Each work item
-    // reduces its chunk into a slot of `partial`, combined here in order: a parallel_for, not a
-    // Kokkos::parallel_reduce, so Kokkos 3's Serial (one reduction buffer per process) needs no
-    // lock across in-process devices, and the result does not depend on the thread schedule.
-    if (is_primary_replica(Tensor::sharding, t.mesh().shape(), ctx.device()) && t.block().num_elements() > 0) {
-      constexpr std::int64_t max_items = 256;
-      std::array<R, max_items> partial;
-      const BlockWalk<Tensor::rank> walk(t.block(), max_items);
-      const F& f = std::get<sizeof...(I)>(args);
-      const T* a = t.local().data();
-      const std::tuple<const typename tensor_traits<std::remove_cvref_t<std::tuple_element_t<I, Args>>>::element*...> in{
-          std::get<I>(args).local().data()...};
-      R* out = partial.data();
-      {
-        auto guard = kernel_guard(ctx, false);
-        Kokkos::parallel_for("shardlib::parallel_reduce",
-                             Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, walk.chunks()),
-                             [=](std::int64_t c) {
-                               R acc = reduce_identity<Op, R>();
-                               walk(c, [&acc, &f, a, in](const Idx& g, std::int64_t k) {
-                                 reduce_into<Op>(acc, static_cast<R>(f(g, a[k], std::get<I>(in)[k]...)));
-                               });
-                               out[c] = acc;
-                             });
-        ctx.exec().fence();
-      }
-      for (std::int64_t c = 0; c < walk.chunks(); ++c) reduce_into<Op>(result, partial[static_cast<std::size_t>(c)]);
-    }
+    // Each element counts once: only the primary replica of each block takes part.
+    if (is_primary_replica(Tensor::sharding, t.mesh().shape(), ctx.device()) && t.block().num_elements() > 0)
+      result = reduce_block<Op, R, typename Tensor::memory_space, Tensor::rank>(
+          ctx, t.block(), std::get<sizeof...(I)>(args), t.local().data(),
+          pointers<const typename tensor_traits<std::remove_cvref_t<std::tuple_element_t<I, Args>>>::element*...>(
+              std::get<I>(args).local().data()...),
+          std::index_sequence<I...>{});
     ctx.world().all_reduce(&result, &result, 1, coll::dtype_of<R>(), Op);
     return result;
   } else {
@@ -678,21 +803,17 @@ auto parallel_reduce(const DistributedTensor<T, MeshT, SpecT, Mem>& t, Args&&...
 /// partial tensors (f need not be linear). A 16-bit element reaches `f` as float, and a float
 /// result is stored in the element's 16-bit type.
 template <class T, class MeshT, class SpecT, class Mem, class F>
-auto map(const DistributedTensor<T, MeshT, SpecT, Mem>& t, F f) {
+DistributedTensor<detail::map_element_t<F, T, SpecT::rank>, MeshT, SpecT, Mem> map(
+    const DistributedTensor<T, MeshT, SpecT, Mem>& t, F f) {
   using Tensor = DistributedTensor<T, MeshT, SpecT, Mem>;
   SHARDLIB_STATIC_REQUIRE((!Tensor::sharding.is_partial()),
                           "shardlib: map on a partial tensor: its blocks hold addends; reshard it first",
                           error::loop_over_a_partial_tensor_reshard_it_first<SpecT>);
   using C = compute_t<T>;
   constexpr bool indexed = std::is_invocable_v<F, const Index<Tensor::rank>&, const C&>;
-  using U = typename detail::map_result<F, Index<Tensor::rank>, T, indexed>::type;
+  using U = detail::map_element_t<F, T, SpecT::rank>;
   DistributedTensor<U, MeshT, SpecT, Mem> out(t.mesh(), t.shape());
-  const T* in = t.local().data();
-  U* o = out.local().data();
-  t.for_each_local([=](const Index<Tensor::rank>& g, std::int64_t k) {
-    if constexpr (indexed) o[k] = static_cast<U>(f(g, static_cast<C>(in[k])));
-    else o[k] = static_cast<U>(f(static_cast<C>(in[k])));
-  });
+  t.for_each_local(detail::MapKernel<F, T, U, Tensor::rank, indexed>{f, t.local().data(), out.local().data()});
   return out;
 }
 

@@ -6,8 +6,11 @@
 /// that name such boxes for the collectives (`region_in`).
 ///
 /// Part of the layer that executes plans (execute/): it knows blocks and Contexts, not tensors.
-/// Host memory for now: every kernel runs on the host execution space; device memory spaces come
-/// here (docs/12_gpus.md).
+/// Each kernel takes the block's memory space `Mem` (host memory by default): blocks in host
+/// memory run on the device's host execution space instance and are fenced before the call
+/// returns; blocks in device memory (Kokkos::CudaSpace) run on the device's own instance
+/// (`Context::exec_for<Mem>()`, its own stream) one element per GPU thread, ordered by the stream
+/// with no host wait. `download` and `upload` move a block between device and host memory.
 #pragma once
 
 #include <shardlib/collectives/communicator.hpp>
@@ -99,16 +102,36 @@ struct BlockWalk {
   }
 };
 
-/// Runs `elem(const Index<R>& global, std::int64_t k)` on every element of block `box` (k: its
-/// row-major position in the block) as a Kokkos kernel on the device's execution space instance.
+/// The device kernels below are functors, not lambdas: nvcc cannot name an extended lambda whose
+/// enclosing function has class-type template arguments (a Mesh's axis names, a Spec), and one
+/// functor serves every spec type.
+
+/// Work item `c` of a block walk: the element functor on its chunk.
 template <std::size_t R, class Elem>
+struct WalkKernel {
+  BlockWalk<R> walk;
+  Elem elem;
+  KOKKOS_FORCEINLINE_FUNCTION void operator()(std::int64_t c) const { walk(c, elem); }
+};
+
+/// Runs `elem(const Index<R>& global, std::int64_t k)` on every element of block `box` (k: its
+/// row-major position in the block) as a Kokkos kernel on the device's execution space instance
+/// for `Mem` (in device memory `elem` runs on the GPU: a KOKKOS_LAMBDA or a functor whose
+/// operator() is KOKKOS_INLINE_FUNCTION).
+template <std::size_t R, class Mem = Kokkos::HostSpace, class Elem>
 void for_each_in_block(const char* label, const Context& ctx, const ShardBox& box, const Elem& elem) {
-  const BlockWalk<R> walk(box);
+  BlockWalk<R> walk(box);
   if (walk.size == 0) return;
-  auto guard = kernel_guard(ctx, false);
-  Kokkos::parallel_for(label, Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, walk.chunks()),
-                       [=](std::int64_t c) { walk(c, elem); });
-  ctx.exec().fence();
+  if constexpr (host_memory_v<Mem>) {
+    auto guard = kernel_guard(ctx, false);
+    Kokkos::parallel_for(label, Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, walk.chunks()),
+                         [=](std::int64_t c) { walk(c, elem); });
+    ctx.exec().fence();
+  } else {
+    walk.chunk = 1;  // one element per GPU thread: neighbouring threads touch neighbouring elements
+    Kokkos::parallel_for(label, Kokkos::RangePolicy<exec_space_t<Mem>>(ctx.exec_for<Mem>(), 0, walk.size),
+                         WalkKernel<R, Elem>{walk, elem});
+  }
 }
 
 /// Row-major linear index of `g` in a tensor of `shape`.
@@ -175,15 +198,83 @@ inline bool is_contiguous(const coll::Region& r) {
   return true;
 }
 
-/// Copies box `part` (global indices) from a row-major buffer holding box `src_layout` to one
-/// holding `dst_layout`, as a Kokkos kernel: contiguous runs along the last dim, in chunks.
+/// The walk of a box copy between two row-major blocks: per dim of the part, its extent, its
+/// offsets in the source and destination blocks and their strides.
+struct BoxCopyWalk {
+  int rank = 0;
+  std::int64_t ext[max_tensor_rank] = {}, soff[max_tensor_rank] = {}, doff[max_tensor_rank] = {},
+               sstr[max_tensor_rank] = {}, dstr[max_tensor_rank] = {};
+  BoxCopyWalk(const ShardBox& src_layout, const ShardBox& dst_layout, const ShardBox& part) : rank(part.rank) {
+    std::int64_t ss = 1, ds = 1;
+    for (int d = rank - 1; d >= 0; --d) {
+      const auto u = static_cast<std::size_t>(d);
+      ext[u] = part.extent[u];
+      soff[u] = part.offset[u] - src_layout.offset[u];
+      doff[u] = part.offset[u] - dst_layout.offset[u];
+      sstr[u] = ss;
+      dstr[u] = ds;
+      ss *= src_layout.extent[u];
+      ds *= dst_layout.extent[u];
+    }
+  }
+  /// The source and destination positions of the part's element `e` (row-major in the part).
+  KOKKOS_INLINE_FUNCTION void at(std::int64_t e, std::int64_t& so, std::int64_t& dof) const {
+    so = 0;
+    dof = 0;
+    for (int d = rank - 1; d >= 0; --d) {
+      const std::int64_t i = e % ext[d];
+      e /= ext[d];
+      so += (soff[d] + i) * sstr[d];
+      dof += (doff[d] + i) * dstr[d];
+    }
+  }
+};
+
+/// One element of a box copy per work item (device memory).
 template <class T>
+struct CopyBoxKernel {
+  BoxCopyWalk w;
+  const T* src;
+  T* dst;
+  KOKKOS_FORCEINLINE_FUNCTION void operator()(std::int64_t e) const {
+    std::int64_t so, dof;
+    w.at(e, so, dof);
+    dst[dof] = src[so];
+  }
+};
+/// dst[k] = value (device memory).
+template <class T>
+struct FillKernel {
+  T* dst;
+  T value;
+  KOKKOS_FORCEINLINE_FUNCTION void operator()(std::int64_t k) const { dst[k] = value; }
+};
+
+/// Copies box `part` (global indices) from a row-major buffer holding box `src_layout` to one
+/// holding `dst_layout`, both in `Mem`, as a Kokkos kernel: in host memory, contiguous runs along
+/// the last dim in chunks of memcpy; in device memory, one asynchronous copy when the part is
+/// one run, else one element per GPU thread.
+template <class Mem = Kokkos::HostSpace, class T>
 void copy_box(const Context& ctx, const T* src, const ShardBox& src_layout, T* dst, const ShardBox& dst_layout,
               const ShardBox& part) {
   const std::int64_t n = part.num_elements();
   if (n == 0) return;
   const coll::Region from = region_in(src_layout, part), to = region_in(dst_layout, part);
-  if (is_contiguous(from) && is_contiguous(to)) {  // one run (e.g. whole rows): chunks of one memcpy
+  const bool one_run = is_contiguous(from) && is_contiguous(to);
+  if constexpr (!host_memory_v<Mem>) {
+    const auto& exec = ctx.exec_for<Mem>();
+    if (one_run) {
+      using View = Kokkos::View<T*, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+      using ConstView = Kokkos::View<const T*, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+      Kokkos::deep_copy(exec, View(dst + to.offset, static_cast<std::size_t>(n)),
+                        ConstView(src + from.offset, static_cast<std::size_t>(n)));
+      return;
+    }
+    Kokkos::parallel_for("shardlib::copy_box", Kokkos::RangePolicy<exec_space_t<Mem>>(exec, 0, n),
+                         CopyBoxKernel<T>{BoxCopyWalk(src_layout, dst_layout, part), src, dst});
+    return;
+  }
+  if (one_run) {  // one run (e.g. whole rows): chunks of one memcpy
     constexpr std::int64_t chunk = 1 << 16;
     const T* s = src + from.offset;
     T* d = dst + to.offset;
@@ -202,54 +293,70 @@ void copy_box(const Context& ctx, const T* src, const ShardBox& src_layout, T* d
   const std::int64_t rows = n / run;
   constexpr std::int64_t chunk = 1 << 14;
   const std::int64_t chunks = (run + chunk - 1) / chunk;
-  struct Walk {
-    int rank;
-    std::int64_t ext[max_tensor_rank], soff[max_tensor_rank], doff[max_tensor_rank], sstr[max_tensor_rank],
-        dstr[max_tensor_rank];
-  } w{};
-  w.rank = r;
-  std::int64_t ss = 1, ds = 1;
-  for (int d = r - 1; d >= 0; --d) {
-    const auto u = static_cast<std::size_t>(d);
-    w.ext[u] = part.extent[u];
-    w.soff[u] = part.offset[u] - src_layout.offset[u];
-    w.doff[u] = part.offset[u] - dst_layout.offset[u];
-    w.sstr[u] = ss;
-    w.dstr[u] = ds;
-    ss *= src_layout.extent[u];
-    ds *= dst_layout.extent[u];
-  }
+  const BoxCopyWalk w(src_layout, dst_layout, part);
   auto guard = kernel_guard(ctx, false);
   Kokkos::parallel_for(
       "shardlib::copy_box", Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, rows * chunks),
       [=](std::int64_t item) {
-        std::int64_t row = item / chunks, c = item % chunks;
-        std::int64_t so = 0, dof = 0;
-        for (int d = w.rank - 2; d >= 0; --d) {
-          const std::int64_t i = row % w.ext[d];
-          row /= w.ext[d];
-          so += (w.soff[d] + i) * w.sstr[d];
-          dof += (w.doff[d] + i) * w.dstr[d];
-        }
-        if (w.rank > 0) {
-          so += w.soff[w.rank - 1] + c * chunk;
-          dof += w.doff[w.rank - 1] + c * chunk;
-        }
+        const std::int64_t row = item / chunks, c = item % chunks;
+        std::int64_t so, dof;
+        w.at(row * run + c * chunk, so, dof);  // the run's first element: the divides once per run
         const std::int64_t len = run - c * chunk < chunk ? run - c * chunk : chunk;
         std::memcpy(dst + dof, src + so, static_cast<std::size_t>(len) * sizeof(T));
       });
   ctx.exec().fence();
 }
 
-/// Sets `n` elements of `dst` to `value`, as a Kokkos kernel.
-template <class T>
+/// Sets `n` elements of `dst` (in `Mem`) to `value`, as a Kokkos kernel.
+template <class Mem = Kokkos::HostSpace, class T>
 void fill(const Context& ctx, T* dst, std::int64_t n, T value) {
   if (n == 0) return;
-  auto guard = kernel_guard(ctx, false);
-  Kokkos::parallel_for(
-      "shardlib::fill", Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, n),
-      [=](std::int64_t k) { dst[k] = value; });
-  ctx.exec().fence();
+  if constexpr (host_memory_v<Mem>) {
+    auto guard = kernel_guard(ctx, false);
+    Kokkos::parallel_for(
+        "shardlib::fill", Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, n),
+        [=](std::int64_t k) { dst[k] = value; });
+    ctx.exec().fence();
+  } else {
+    Kokkos::parallel_for("shardlib::fill", Kokkos::RangePolicy<exec_space_t<Mem>>(ctx.exec_for<Mem>(), 0, n),
+                         FillKernel<T>{dst, value});
+  }
+}
+
+/// Copies `n` elements of a block in `Mem` to host memory at `host`, and waits for the copy
+/// (the host reads it next). A plain copy when `Mem` is host memory.
+template <class Mem, class T>
+void download(const Context& ctx, const T* src, T* host, std::int64_t n) {
+  if (n == 0) return;
+  if constexpr (host_memory_v<Mem>) {
+    ShardBox b;
+    b.rank = 1;
+    b.extent[0] = n;
+    copy_box(ctx, src, b, host, b, b);
+  } else {
+    const auto& exec = ctx.exec_for<Mem>();
+    Kokkos::deep_copy(exec, Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(host, static_cast<std::size_t>(n)),
+                      Kokkos::View<const T*, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(src, static_cast<std::size_t>(n)));
+    exec.fence();
+  }
+}
+
+/// Copies `n` elements from host memory at `host` into a block in `Mem`, and waits for the copy
+/// (the host buffer may go next). A plain copy when `Mem` is host memory.
+template <class Mem, class T>
+void upload(const Context& ctx, const T* host, T* dst, std::int64_t n) {
+  if (n == 0) return;
+  if constexpr (host_memory_v<Mem>) {
+    ShardBox b;
+    b.rank = 1;
+    b.extent[0] = n;
+    copy_box(ctx, host, b, dst, b, b);
+  } else {
+    const auto& exec = ctx.exec_for<Mem>();
+    Kokkos::deep_copy(exec, Kokkos::View<T*, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(dst, static_cast<std::size_t>(n)),
+                      Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(host, static_cast<std::size_t>(n)));
+    exec.fence();
+  }
 }
 
 /// The values creation functions fill a block with, by global linear index (functors rather
@@ -270,15 +377,30 @@ struct RandomValue {
   KOKKOS_INLINE_FUNCTION T operator()(std::int64_t k) const { return random_value<T>(seed, k, lo, hi); }
 };
 
-/// Fills block `box` (row-major at `data`) of a tensor of global `shape` with `value(k)` of each
-/// element's global linear index k, as a Kokkos kernel.
+/// A global shape, carried into kernels by value.
+template <std::size_t R>
+struct ShapeOf {
+  std::int64_t s[R > 0 ? R : 1] = {};
+};
+
+/// data[k] = value(global linear index of the element).
 template <std::size_t R, class T, class G>
+struct GenerateKernel {
+  T* data;
+  ShapeOf<R> shape;
+  G value;
+  KOKKOS_FORCEINLINE_FUNCTION void operator()(const Index<R>& g, std::int64_t k) const {
+    data[k] = value(linear_index<R>(g, shape.s));
+  }
+};
+
+/// Fills block `box` (row-major at `data`, in `Mem`) of a tensor of global `shape` with
+/// `value(k)` of each element's global linear index k, as a Kokkos kernel.
+template <std::size_t R, class Mem = Kokkos::HostSpace, class T, class G>
 SHARDLIB_NOINLINE void generate_block(const Context& ctx, T* data, const ShardBox& box, const std::int64_t* shape, G value) {
-  struct Shape {
-    std::int64_t s[R > 0 ? R : 1] = {};
-  } gshape;
+  ShapeOf<R> gshape;
   for (std::size_t d = 0; d < R; ++d) gshape.s[d] = shape[d];
-  for_each_in_block<R>("shardlib::generate", ctx, box, [=](const Index<R>& g, std::int64_t k) { data[k] = value(linear_index<R>(g, gshape.s)); });
+  for_each_in_block<R, Mem>("shardlib::generate", ctx, box, GenerateKernel<R, T, G>{data, gshape, value});
 }
 
 }  // namespace detail

@@ -5,6 +5,9 @@
 /// Context by `compiled_reshard`; `run_reshard` runs it on a block, allocating the intermediate
 /// and final blocks through callbacks; `gather_block` brings a whole tensor to one device.
 ///
+/// `run_reshard_in` runs it on a block in any memory space: blocks in device memory go through
+/// host memory, as every communicator of this Runtime moves host memory.
+///
 /// Part of the layer that executes plans (execute/): it knows blocks, collectives and Contexts,
 /// not tensors; tensor.hpp and the ops call it.
 #pragma once
@@ -14,6 +17,7 @@
 #include <shardlib/detail/attributes.hpp>
 #include <shardlib/detail/function_ref.hpp>
 #include <shardlib/execute/block.hpp>
+#include <shardlib/memory.hpp>
 #include <shardlib/mesh.hpp>
 #include <shardlib/runtime/runtime.hpp>
 #include <shardlib/sharding/block.hpp>
@@ -231,6 +235,33 @@ void run_reshard(const Context& ctx, const CompiledReshard& c, const T* src,
         break;
     }
     cur = out;
+  }
+}
+
+/// run_reshard on a block in `Mem`, the intermediate blocks from the device's block caches: in
+/// host memory, run_reshard itself; in device memory, through host memory (the block is
+/// downloaded, resharded by the collectives on host buffers, and the result uploaded into
+/// `alloc_final(elements)`), since the Runtime's communicators move host memory. Waits for the
+/// upload. `src` is never written; the final block is untouched when a collective throws.
+template <class Mem, class T>
+void run_reshard_in(Context& ctx, const CompiledReshard& c, const T* src,
+                    std::type_identity_t<FunctionRef<T*(std::size_t)>> alloc_final) {
+  auto& host_cache = block_cache<Kokkos::HostSpace>(ctx);
+  auto host_alloc = [&](std::size_t n) { return host_cache.allocate(n * sizeof(T)); };
+  if constexpr (host_memory_v<Mem>) {
+    auto& cache = block_cache<Mem>(ctx);
+    run_reshard<T>(ctx, c, src, [&](std::size_t n) { return cache.allocate(n * sizeof(T)); }, alloc_final);
+  } else {
+    if (c.steps.empty()) return;
+    const std::int64_t n_in = c.steps.front().in_box.num_elements();
+    std::shared_ptr<void> in = host_alloc(static_cast<std::size_t>(n_in)), out;
+    download<Mem>(ctx, src, static_cast<T*>(in.get()), n_in);
+    std::size_t n_out = 0;
+    run_reshard<T>(ctx, c, static_cast<const T*>(in.get()), host_alloc, [&](std::size_t n) {
+      out = host_alloc(n_out = n);
+      return static_cast<T*>(out.get());
+    });
+    upload<Mem>(ctx, static_cast<const T*>(out.get()), alloc_final(n_out), static_cast<std::int64_t>(n_out));
   }
 }
 

@@ -46,6 +46,10 @@ struct op_has_no_sharding_rule_for_these_specs;
 /// The operands of an op live on meshes of different types.
 template <OpName Op, class... Meshes>
 struct op_operands_are_on_different_meshes;
+/// The ops' kernels (kernels/) are host kernels: a tensor in device memory cannot be an operand
+/// yet (docs/12_gpus.md); its loops, creation, transfers and reshards work.
+template <class MemorySpace>
+struct ops_on_tensors_in_device_memory_are_not_built_yet;
 }  // namespace error
 
 
@@ -79,8 +83,19 @@ struct OperandRef {
   const T* data = nullptr;
   const ShardBox* box = nullptr;
 };
+/// Stops the build when an op gets a tensor in device memory (see the error's comment).
+template <class Mem>
+constexpr bool require_host_operand() {
+  SHARDLIB_STATIC_REQUIRE(host_memory_v<Mem>,
+                          "shardlib: the ops take tensors in host memory only, for now; a tensor in device memory "
+                          "has creation, loops (parallel_for, map, parallel_reduce), to_host/from_host and reshards",
+                          error::ops_on_tensors_in_device_memory_are_not_built_yet<Mem>);
+  return true;
+}
+
 template <class T, class MeshT, class SpecT, class Mem>
 OperandRef<T> ref(const DistributedTensor<T, MeshT, SpecT, Mem>& t) noexcept {
+  static_assert(require_host_operand<Mem>());
   return {&t.context(), &t.mesh().shape(), &DistributedTensor<T, MeshT, SpecT, Mem>::sharding, t.shape(),
           t.local().data(), &t.block()};
 }
@@ -91,6 +106,7 @@ OperandRef<T> ref(const DistributedTensor<T, MeshT, SpecT, Mem>& t) noexcept {
 template <class T, class Mem>
 SHARDLIB_NOINLINE Block<T> block_as(Context& ctx, const MeshShape& mesh, const Sharding& from, ArrayRef<std::int64_t> shape,
                                     const T* data, const ShardBox& box, const Sharding& target) {
+  static_assert(require_host_operand<Mem>());
   if (target == from) return {nullptr, data, box};
   const auto& c = compiled_reshard(ctx, mesh, from, target, shape);
   if (c.steps.empty()) return {nullptr, data, box};
@@ -150,6 +166,7 @@ void check_same_mesh(const char* op, const A& a, const B& b) {
 /// Kernel launch guard of the tensor's device (see runtime.hpp).
 template <class Tensor>
 auto guard(const Tensor& t, bool reduction = false) {
+  static_assert(require_host_operand<typename Tensor::memory_space>());
   return kernel_guard(t.context(), reduction);
 }
 

@@ -109,6 +109,7 @@ std::array<std::int64_t, R> take_shape(ArrayRef<std::int64_t> table, ArrayRef<st
 /// their dims; a local transpose of each block, no communication).
 template <int... Perm, TensorType A>
 auto permute(const A& a) {
+  static_assert(detail::require_host_operand<typename A::memory_space>());
   static constexpr std::array<int, sizeof...(Perm)> perm{Perm...};
   static constexpr OpRule rule = permute_rule(A::sharding, detail::ArrayRef<int>(perm.data(), perm.size()));
   SHARDLIB_STATIC_REQUIRE((rule.status == OpRule::ok), "shardlib: permute needs a permutation of 0..rank-1",

@@ -288,6 +288,7 @@ auto layer_norm(const A& a, const G& gain, const B& bias, double eps = 1e-5) {
   constexpr int D = static_cast<int>(A::rank) - 1;
   using Out = decltype(layer_norm<D>(a, eps) * gain + bias);
   using T = typename A::value_type;
+  static_assert(detail::require_host_operand<typename A::memory_space>());
   using Exec = std::remove_cvref_t<decltype(a.context().exec())>;
   constexpr bool fusable = kernels::vmath::is_host_v<Exec> && kernels::vmath::is_vector_type_v<T> &&
                            std::is_same_v<typename G::value_type, T> && std::is_same_v<typename B::value_type, T> &&

@@ -239,6 +239,7 @@ using shift_result_t = typename shift_result<std::remove_cvref_t<A>>::type;
 
 template <class A>
 shift_result_t<A> roll_op(const A& a, std::int64_t shift, int dim) {
+  static_assert(require_host_operand<typename A::memory_space>());
   const OpRule rule = roll_rule(A::sharding, dim);
   if (rule.status != OpRule::ok) throw_dim_out_of_range("roll", dim, info(a));
   shift_result_t<A> out(a.mesh(), a.shape());
@@ -249,6 +250,7 @@ shift_result_t<A> roll_op(const A& a, std::int64_t shift, int dim) {
 
 template <class A>
 shift_result_t<A> shift_op(const A& a, std::int64_t shift, int dim, typename A::value_type fill) {
+  static_assert(require_host_operand<typename A::memory_space>());
   using T = typename A::value_type;
   const OpRule rule = roll_rule(A::sharding, dim);
   if (rule.status != OpRule::ok) throw_dim_out_of_range("shift", dim, info(a));

@@ -65,6 +65,25 @@ constexpr bool has_mpi() noexcept {
 #endif
 }
 
+namespace detail {
+/// Whether blocks in `MemorySpace` are read and written by host kernels (HostSpace, and the
+/// host-accessible CUDA spaces: pinned and unified memory) rather than by the space's own
+/// execution space's kernels (CudaSpace).
+template <class MemorySpace>
+inline constexpr bool host_memory_v = Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible;
+/// Whether this Kokkos has a default execution space apart from the host's (CUDA enabled).
+inline constexpr bool has_device_space_v =
+    !std::is_same_v<Kokkos::DefaultExecutionSpace, Kokkos::DefaultHostExecutionSpace>;
+/// The execution space whose kernels work on blocks in `MemorySpace`: the host's for host memory,
+/// the space's own otherwise (Kokkos::Cuda for Kokkos::CudaSpace).
+template <class MemorySpace>
+using exec_space_t = std::conditional_t<host_memory_v<MemorySpace>, Kokkos::DefaultHostExecutionSpace,
+                                        typename MemorySpace::execution_space>;
+struct NoDeviceSpace {};
+/// What a Context keeps of its device execution space instance: nothing without one.
+using DeviceInstance = std::conditional_t<has_device_space_v, Kokkos::DefaultExecutionSpace, NoDeviceSpace>;
+}  // namespace detail
+
 /// One device's view of the run, handed to the SPMD body: who it is, and its communicators.
 class Context {
  public:
@@ -106,6 +125,21 @@ class Context {
   /// The Kokkos execution space instance this device's kernels run on: its own instance per
   /// in-process device where Kokkos can make one (Kokkos 4 and later), else the default one.
   const Kokkos::DefaultHostExecutionSpace& exec() const noexcept { return exec_; }
+  /// The instance whose kernels work on blocks in `MemorySpace`: exec() for host memory; on a
+  /// CUDA-enabled Kokkos, this device's own instance of Kokkos::Cuda (its own stream) for
+  /// Kokkos::CudaSpace. Kernels on it are ordered by its stream: nothing waits on the host until
+  /// the host reads a result.
+  template <class MemorySpace>
+  const detail::exec_space_t<MemorySpace>& exec_for() const noexcept {
+    if constexpr (detail::host_memory_v<MemorySpace>) {
+      return exec_;
+    } else {
+      static_assert(std::is_same_v<detail::exec_space_t<MemorySpace>, Kokkos::DefaultExecutionSpace>,
+                    "shardlib: tensors in device memory live in the memory of Kokkos's default execution space "
+                    "(Kokkos::CudaSpace on a CUDA-enabled Kokkos)");
+      return device_exec_;
+    }
+  }
   /// Whether other devices of this process launch kernels at the same time (the threads backend
   /// with several devices). Kokkos 3 cannot run some kernels from several threads at once;
   /// detail::kernel_guard serialises those.
@@ -124,9 +158,10 @@ class Context {
 
   /// Internal: the runtime creates one Context per device.
   Context(int device, int devices, std::unique_ptr<coll::Communicator> world,
-          Kokkos::DefaultHostExecutionSpace exec = {}, bool shares_process = false)
+          Kokkos::DefaultHostExecutionSpace exec = {}, bool shares_process = false,
+          detail::DeviceInstance device_exec = {})
       : device_(device), devices_(devices), world_(std::move(world)), exec_(std::move(exec)),
-        shares_process_(shares_process) {}
+        device_exec_(std::move(device_exec)), shares_process_(shares_process) {}
 
  private:
   struct CachedGroup {
@@ -142,6 +177,7 @@ class Context {
     std::shared_ptr<void> value;
   };
   Kokkos::DefaultHostExecutionSpace exec_;
+  [[no_unique_address]] detail::DeviceInstance device_exec_;
   bool shares_process_ = false;
   std::vector<CachedGroup> groups_;
   std::vector<State> states_;  // after groups_: destroyed first, as it may refer to them
@@ -169,6 +205,19 @@ inline std::vector<Kokkos::DefaultHostExecutionSpace> host_instances(int n, [[ma
 #else
   return std::vector<Exec>(static_cast<std::size_t>(n), Exec());
 #endif
+}
+
+/// One instance of the default (device) execution space per in-process device, each with its
+/// own stream on a CUDA-enabled Kokkos (partition_space), so that the devices' kernels and copies
+/// overlap on the GPU. Empty objects where the default execution space is the host's.
+inline std::vector<DeviceInstance> device_instances(int n) {
+  if constexpr (has_device_space_v) {
+#if KOKKOS_VERSION >= 40000
+    return Kokkos::Experimental::partition_space(Kokkos::DefaultExecutionSpace(),
+                                                 std::vector<int>(static_cast<std::size_t>(n), 1));
+#endif
+  }
+  return std::vector<DeviceInstance>(static_cast<std::size_t>(n));
 }
 
 /// Serialises a kernel launch where the Kokkos in use cannot run it from several threads at
@@ -407,7 +456,7 @@ class Runtime {
       return;
     }
 #if defined(SHARDLIB_HAVE_MPI)
-    Context ctx(mpi_rank_, devices_, coll::MpiCommunicator::world());
+    Context ctx(mpi_rank_, devices_, coll::MpiCommunicator::world(), {}, false, detail::device_instances(1)[0]);
     body(ctx);
 #endif
   }
@@ -434,13 +483,14 @@ class Runtime {
   void run_threads(Body& body) {
     auto world = coll::ThreadCommunicator::make_world(devices_, timeout_);
     const std::vector<Kokkos::DefaultHostExecutionSpace> spaces = detail::host_instances(devices_, kokkos_threads_each());
+    const std::vector<detail::DeviceInstance> device_spaces = detail::device_instances(devices_);
     std::exception_ptr first;
     bool first_is_root_cause = false;
     std::mutex m;
     auto run_device = [&](int d) {
       try {
         Context ctx(d, devices_, coll::ThreadCommunicator::world(world, d), spaces[static_cast<std::size_t>(d)],
-                    devices_ > 1);
+                    devices_ > 1, device_spaces[static_cast<std::size_t>(d)]);
         body(ctx);
       } catch (...) {
         std::exception_ptr e = std::current_exception();

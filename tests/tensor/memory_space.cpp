@@ -1,0 +1,130 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tensors in the memory of Kokkos's default execution space: Kokkos::CudaSpace with a
+// CUDA-enabled Kokkos (the GPU suite, docs/12_gpus.md), host memory otherwise (CI). Creation,
+// from_host/to_host, scatter_from/gather_to, clone, reshards and the loops (KOKKOS_LAMBDA
+// bodies) against the same program on tensors in host memory, on 1..4 devices: the host tensor
+// is the oracle of the device one.
+#include <doctest/doctest.h>
+#include <shardlib/memory.hpp>
+#include <shardlib/tensor.hpp>
+
+#include "../collectives/harness.hpp"
+
+#include <cstdint>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+namespace sl = shardlib;
+using sl::none;
+
+using Mem = Kokkos::DefaultExecutionSpace::memory_space;
+using M2 = sl::Mesh<"x", "y">;
+template <class Spec, class Space = Mem>
+using T2 = sl::DistributedTensor<float, M2, Spec, Space>;
+using Rows = sl::Spec<"x", none>;
+using Cols = sl::Spec<none, "y">;
+using Both = sl::Spec<"x", "y">;
+using Replicated = sl::Spec<none, none>;
+using RowsPartial = sl::Spec<"x", none, sl::partial_sum<"y">>;
+
+M2 mesh_of(sl::Context& ctx) {
+  const int n = ctx.num_devices();
+  return n % 2 == 0 ? M2(ctx, {n / 2, 2}) : M2(ctx, {n, 1});
+}
+
+// The loop bodies: functors whose operator() runs on the device (and the host).
+struct Twice {
+  KOKKOS_INLINE_FUNCTION float operator()(float v) const { return 2.0f * v; }
+};
+struct PlusRow {
+  KOKKOS_INLINE_FUNCTION float operator()(const sl::Index<2>& i, float v) const { return v + static_cast<float>(i[0]); }
+};
+
+void check_creation_and_transfers(sl::Context& ctx) {
+  const M2 mesh = mesh_of(ctx);
+  const std::int64_t shape[2] = {13, 7};  // uneven blocks on 2..4 devices
+  std::vector<float> global(13 * 7);
+  for (std::size_t k = 0; k < global.size(); ++k) global[k] = 0.25f * static_cast<float>(k) - 3.0f;
+
+  CHECK(T2<Rows>::random(mesh, shape, 7).to_host() == T2<Rows, Kokkos::HostSpace>::random(mesh, shape, 7).to_host());
+  CHECK(T2<Both>::iota(mesh, shape).to_host() == T2<Both, Kokkos::HostSpace>::iota(mesh, shape).to_host());
+  CHECK(T2<Cols>::full(mesh, shape, 1.5f).to_host() == std::vector<float>(global.size(), 1.5f));
+  CHECK(T2<Cols>::zeros(mesh, shape).to_host() == std::vector<float>(global.size(), 0.0f));
+
+  const auto a = T2<Rows>::from_host(mesh, shape, std::span<const float>(global));
+  CHECK(a.to_host() == global);
+  const std::vector<float> at0 = a.gather_to(0);
+  CHECK(at0 == (ctx.device() == 0 ? global : std::vector<float>{}));
+  const auto s = T2<Both>::scatter_from(mesh, shape, ctx.device() == 0 ? std::span<const float>(global) : std::span<const float>(), 0);
+  CHECK(s.to_host() == global);
+
+  // A partial-sum tensor made from a global value holds it on coordinate 0 of "y": the sum is it.
+  const auto p = T2<RowsPartial>::from_host(mesh, shape, std::span<const float>(global));
+  CHECK(p.to_host() == global);
+  CHECK(T2<Rows>(p).to_host() == global);
+  CHECK(p.gather_to(0) == (ctx.device() == 0 ? global : std::vector<float>{}));
+
+  // Reshards between every pair of these specs give the same global tensor.
+  const T2<Cols> c = a;
+  const T2<Both> b = c;
+  const T2<Replicated> r = b;
+  const T2<Rows> back = r;
+  CHECK(c.to_host() == global);
+  CHECK(b.to_host() == global);
+  CHECK(r.to_host() == global);
+  CHECK(back.to_host() == global);
+
+  // Blocks come from the device's block cache in that memory, counted as activations.
+  CHECK(sl::memory_usage<Mem>(ctx).activations() >= a.block().num_elements() * std::int64_t{sizeof(float)});
+  if (sl::detail::host_memory_v<Mem>)  // host memory: the host instance; device memory: the device's own
+    CHECK(static_cast<const void*>(&ctx.exec_for<Mem>()) == static_cast<const void*>(&ctx.exec()));
+}
+
+void check_loops(sl::Context& ctx) {
+  const M2 mesh = mesh_of(ctx);
+  const std::int64_t shape[2] = {11, 6};
+  const auto x = T2<Both>::random(mesh, shape, 3);
+  const auto hx = T2<Both, Kokkos::HostSpace>::random(mesh, shape, 3);
+  const std::vector<float> gx = hx.to_host();
+
+  // clone: a block of its own; parallel_for writes it, with another tensor read beside it.
+  auto y = x.clone();
+  sl::parallel_for(y, x, KOKKOS_LAMBDA(const sl::Index<2>& i, float& v, const float& w) {
+    v = 3.0f * w + static_cast<float>(i[0] * 10 + i[1]);
+  });
+  std::vector<float> want(gx.size());
+  for (std::size_t k = 0; k < gx.size(); ++k)
+    want[k] = 3.0f * gx[k] + static_cast<float>((static_cast<std::int64_t>(k) / 6) * 10 + static_cast<std::int64_t>(k) % 6);
+  CHECK(y.to_host() == want);
+  CHECK(x.to_host() == gx);  // the clone's writes did not reach x
+
+  // map, plain and indexed.
+  const auto twice = sl::map(x, Twice{});
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(twice)>, T2<Both>>);
+  CHECK(twice.to_host() == sl::map(hx, Twice{}).to_host());
+  CHECK(sl::map(x, PlusRow{}).to_host() == sl::map(hx, PlusRow{}).to_host());
+
+  // parallel_reduce: sum, max and a two-tensor dot product, each element once.
+  double sum = 0, dot = 0;
+  float mx = gx[0];
+  for (std::size_t k = 0; k < gx.size(); ++k) {
+    sum += gx[k];
+    dot += static_cast<double>(gx[k]) * want[k];
+    mx = gx[k] > mx ? gx[k] : mx;
+  }
+  CHECK(sl::parallel_reduce(x, KOKKOS_LAMBDA(const sl::Index<2>&, float v) { return static_cast<double>(v); }) ==
+        doctest::Approx(sum).epsilon(1e-12));
+  CHECK(sl::parallel_reduce<sl::ReduceOp::max>(x, KOKKOS_LAMBDA(const sl::Index<2>&, float v) { return v; }) == mx);
+  CHECK(sl::parallel_reduce(x, y, KOKKOS_LAMBDA(const sl::Index<2>&, float v, float w) { return static_cast<double>(v) * w; }) ==
+        doctest::Approx(dot).epsilon(1e-12));
+}
+
+TEST_SUITE("tensor_memory_space") {
+  TEST_CASE("tensors in the default execution space's memory: creation, transfers and reshards against host memory") {
+    sl::test::for_each_run(check_creation_and_transfers, {1, 2, 3, 4});
+  }
+  TEST_CASE("tensors in the default execution space's memory: clone and the loops against host memory") {
+    sl::test::for_each_run(check_loops, {1, 2, 3, 4});
+  }
+}
