@@ -323,40 +323,33 @@ void fill(const Context& ctx, T* dst, std::int64_t n, T value) {
   }
 }
 
-/// Copies `n` elements of a block in `Mem` to host memory at `host`, and waits for the copy
-/// (the host reads it next). A plain copy when `Mem` is host memory.
-template <class Mem, class T>
-void download(const Context& ctx, const T* src, T* host, std::int64_t n) {
+/// Copies `n` elements from a buffer in `From` to one in `To` (at least one of them host memory)
+/// and waits for the copy: on the device's instance for the device memory side, else a host copy.
+template <class From, class To, class T>
+void transfer(const Context& ctx, const T* src, T* dst, std::int64_t n) {
   if (n == 0) return;
-  if constexpr (host_memory_v<Mem>) {
+  if constexpr (host_memory_v<From> && host_memory_v<To>) {
     ShardBox b;
     b.rank = 1;
     b.extent[0] = n;
-    copy_box(ctx, src, b, host, b, b);
+    copy_box(ctx, src, b, dst, b, b);
   } else {
-    const auto& exec = ctx.exec_for<Mem>();
-    Kokkos::deep_copy(exec, Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(host, static_cast<std::size_t>(n)),
-                      Kokkos::View<const T*, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(src, static_cast<std::size_t>(n)));
+    using Device = std::conditional_t<host_memory_v<From>, To, From>;
+    const auto& exec = ctx.exec_for<Device>();
+    Kokkos::deep_copy(exec, Kokkos::View<T*, To, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(dst, static_cast<std::size_t>(n)),
+                      Kokkos::View<const T*, From, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(src, static_cast<std::size_t>(n)));
     exec.fence();
   }
 }
-
-/// Copies `n` elements from host memory at `host` into a block in `Mem`, and waits for the copy
-/// (the host buffer may go next). A plain copy when `Mem` is host memory.
+/// A block in `Mem` to host memory (the host reads it next).
+template <class Mem, class T>
+void download(const Context& ctx, const T* src, T* host, std::int64_t n) {
+  transfer<Mem, Kokkos::HostSpace>(ctx, src, host, n);
+}
+/// Host memory into a block in `Mem` (the host buffer may go next).
 template <class Mem, class T>
 void upload(const Context& ctx, const T* host, T* dst, std::int64_t n) {
-  if (n == 0) return;
-  if constexpr (host_memory_v<Mem>) {
-    ShardBox b;
-    b.rank = 1;
-    b.extent[0] = n;
-    copy_box(ctx, host, b, dst, b, b);
-  } else {
-    const auto& exec = ctx.exec_for<Mem>();
-    Kokkos::deep_copy(exec, Kokkos::View<T*, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(dst, static_cast<std::size_t>(n)),
-                      Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(host, static_cast<std::size_t>(n)));
-    exec.fence();
-  }
+  transfer<Kokkos::HostSpace, Mem>(ctx, host, dst, n);
 }
 
 /// The values creation functions fill a block with, by global linear index (functors rather
