@@ -14,11 +14,29 @@
 #include <shardlib/runtime/runtime.hpp>
 
 #include <cstdlib>
+#include <cstring>
+#include <stdexcept>
 
 namespace {
 #if defined(SHARDLIB_HAVE_MPI)
+// `--backend nccl` (a build with the nccl backend, one GPU per process) runs the bodies on the
+// nccl backend: tensors in GPU memory then reshard over NCCL (tests/tensor/memory_space.cpp).
+shardlib::Runtime start_mpi_runtime(int& argc, char**& argv) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], "--backend") == 0 && std::strcmp(argv[i + 1], "nccl") == 0) {
+#if defined(SHARDLIB_HAVE_NCCL)
+      for (int j = i; j + 2 <= argc; ++j) argv[j] = argv[j + 2];
+      argc -= 2;
+      return shardlib::Runtime::nccl(&argc, &argv);
+#else
+      throw std::invalid_argument("this test build has no nccl backend (build it with SHARDLIB_HAVE_NCCL)");
+#endif
+    }
+  return shardlib::Runtime::mpi(&argc, &argv);
+}
+
 int run_under_mpi(int argc, char** argv) {
-  auto rt = shardlib::Runtime::mpi(&argc, &argv);
+  auto rt = start_mpi_runtime(argc, argv);
   shardlib::test::mpi_runtime() = &rt;
   doctest::Context context(argc, argv);
   if (rt.first_local_device() != 0) {  // rank 0 reports; the others only their failures

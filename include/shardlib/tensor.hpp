@@ -320,7 +320,8 @@ class DistributedTensor {
           plan_reshard(DistributedTensor<T, MeshT, OtherSpec, MemorySpace>::sharding, sharding);
       shape_ = other.shape_;
       Context& ctx = context();
-      const auto& c = detail::compiled_reshard(ctx, mesh_.shape(), other.sharding, sharding, shape_, &plan);
+      const auto& c = detail::compiled_reshard(ctx, mesh_.shape(), other.sharding, sharding, shape_, &plan,
+                                               detail::reshards_on_device<MemorySpace>(ctx));
       box_ = c.steps.empty() ? other.box_ : c.steps.back().out_box;
       if (c.steps.empty()) {  // only the label changes: share the block
         owner_ = other.owner_;

@@ -53,7 +53,13 @@ TEST_SUITE("runtime") {
     CHECK_THROWS_AS(sl::Runtime::from_args(b.argc, b.ptrs.data()), std::invalid_argument);
     Args c({"prog", "--backend", "carrier-pigeon"});
     CHECK_THROWS_WITH_AS(sl::Runtime::from_args(c.argc, c.ptrs.data()),
-                         "shardlib: unknown backend 'carrier-pigeon'; use threads or mpi", std::invalid_argument);
+                         "shardlib: unknown backend 'carrier-pigeon'; use threads, mpi or nccl", std::invalid_argument);
+    if (!sl::has_nccl()) {  // this suite's build has no NCCL backend (tests/collectives/nccl checks the one with it)
+      Args e({"prog", "--backend", "nccl"});
+      CHECK_THROWS_WITH_AS(sl::Runtime::from_args(e.argc, e.ptrs.data()),
+                           doctest::Contains("backend 'nccl' was asked for, but this build has no NCCL backend"),
+                           std::invalid_argument);
+    }
     Args d({"prog", "--devices"});
     CHECK_THROWS_WITH_AS(sl::Runtime::from_args(d.argc, d.ptrs.data()), "shardlib: --devices needs a value",
                          std::invalid_argument);

@@ -84,6 +84,7 @@ struct CompiledStep {
   std::vector<coll::Region> send, recv;  // exchange
 };
 struct CompiledReshard {
+  bool on_device = false;  // the steps' communicators are the device world's groups (device memory)
   Sharding from, to;
   MeshShape mesh;
   std::vector<std::int64_t> shape;
@@ -96,9 +97,10 @@ struct ReshardCache {
 };
 
 inline CompiledReshard compile_reshard(Context& ctx, const MeshShape& mesh, const ReshardSchedule& sched,
-                                       ArrayRef<std::int64_t> shape) {
+                                       ArrayRef<std::int64_t> shape, bool on_device = false) {
   const int me = ctx.device();
   CompiledReshard c;
+  c.on_device = on_device;
   c.from = sched.plan.from;
   c.to = sched.plan.to;
   c.mesh = mesh;
@@ -114,7 +116,7 @@ inline CompiledReshard compile_reshard(Context& ctx, const MeshShape& mesh, cons
     k.op = st.before.op;
     const bool collective = st.kind == ReshardStepKind::all_reduce || st.kind == ReshardStepKind::all_gather ||
                             st.kind == ReshardStepKind::reduce_scatter || st.kind == ReshardStepKind::exchange;
-    if (collective) k.comm = &ctx.group(mesh, st.group);
+    if (collective) k.comm = on_device ? &ctx.device_group(mesh, st.group) : &ctx.group(mesh, st.group);
     const int g = collective ? k.comm->size() : 0;
     auto member = [&](int r) { return mesh.group_member(me, st.group, r); };
     switch (st.kind) {
@@ -159,20 +161,28 @@ inline CompiledReshard compile_reshard(Context& ctx, const MeshShape& mesh, cons
   return c;
 }
 
+/// Whether reshards of blocks in `Mem` run on device collectives: device memory under a backend
+/// with a device world (nccl). Otherwise blocks in device memory go through host memory.
+template <class Mem>
+bool reshards_on_device(Context& ctx) noexcept {
+  return !host_memory_v<Mem> && ctx.device_world() != nullptr;
+}
+
 /// The compiled reshard from `from` to `to` for this device, from the Context's cache (computing
-/// the schedule on a miss; `plan` is the plan when the caller has it, e.g. from the types).
+/// the schedule on a miss; `plan` is the plan when the caller has it, e.g. from the types), on
+/// the device world's groups when `on_device`.
 inline const CompiledReshard& compiled_reshard(Context& ctx, const MeshShape& mesh, const Sharding& from,
                                                const Sharding& to, ArrayRef<std::int64_t> shape,
-                                               const ReshardPlan* plan = nullptr) {
+                                               const ReshardPlan* plan = nullptr, bool on_device = false) {
   auto& cache = ctx.state<ReshardCache>().entries;
   for (std::size_t i = cache.size(); i-- > 0;) {
     const CompiledReshard& e = *cache[i];
-    if (e.from == from && e.to == to && e.mesh == mesh && e.shape.size() == shape.size() &&
+    if (e.on_device == on_device && e.from == from && e.to == to && e.mesh == mesh && e.shape.size() == shape.size() &&
         std::equal(e.shape.begin(), e.shape.end(), shape.begin()))
       return e;
   }
   const ReshardSchedule s = schedule_reshard(plan ? *plan : plan_reshard(from, to), mesh, shape);
-  auto entry = std::make_unique<CompiledReshard>(compile_reshard(ctx, mesh, s, shape));
+  auto entry = std::make_unique<CompiledReshard>(compile_reshard(ctx, mesh, s, shape, on_device));
   entry->from = from;  // the key as asked (plan_reshard normalises the op of non-partial shardings)
   entry->to = to;
   if (cache.size() >= ReshardCache::capacity) cache.erase(cache.begin());
@@ -183,8 +193,9 @@ inline const CompiledReshard& compiled_reshard(Context& ctx, const MeshShape& me
 /// Runs a compiled reshard on this device: reads the block `src`, writes the new block into
 /// `alloc_final(elements)` (not called when there are no steps). Intermediate blocks come from
 /// `alloc(elements)` (shared_ptr<void> owners). Throws what the collectives throw; `src` is
-/// never written. Compiled once per element type (the callbacks are FunctionRefs).
-template <class T>
+/// never written. Compiled once per element type and memory space `Mem` of the blocks (the
+/// callbacks are FunctionRefs); the communicators must take that memory.
+template <class T, class Mem = Kokkos::HostSpace>
 void run_reshard(const Context& ctx, const CompiledReshard& c, const T* src,
                  FunctionRef<std::shared_ptr<void>(std::size_t)> alloc,
                  std::type_identity_t<FunctionRef<T*(std::size_t)>> alloc_final) {
@@ -202,10 +213,10 @@ void run_reshard(const Context& ctx, const CompiledReshard& c, const T* src,
       out = static_cast<T*>(keep[i % 2].get());
     }
     switch (k.kind) {
-      case ReshardStepKind::local_copy: copy_box(ctx, cur, k.in_box, out, k.out_box, k.out_box); break;
+      case ReshardStepKind::local_copy: copy_box<Mem>(ctx, cur, k.in_box, out, k.out_box, k.out_box); break;
       case ReshardStepKind::mask:
-        if (k.zero) fill(ctx, out, static_cast<std::int64_t>(n_out), T{});
-        else copy_box(ctx, cur, k.in_box, out, k.out_box, k.out_box);
+        if (k.zero) fill<Mem>(ctx, out, static_cast<std::int64_t>(n_out), T{});
+        else copy_box<Mem>(ctx, cur, k.in_box, out, k.out_box, k.out_box);
         break;
       case ReshardStepKind::all_reduce: k.comm->all_reduce(cur, out, n_out, dt, k.op); break;
       case ReshardStepKind::all_gather:  // equal blocks: the plain form (MPI_Allgather, not ...v)
@@ -223,7 +234,7 @@ void run_reshard(const Context& ctx, const CompiledReshard& c, const T* src,
           std::shared_ptr<void> packed = alloc(total);
           T* p = static_cast<T*>(packed.get());
           for (std::size_t r = 0; r < k.counts.size(); ++r) {
-            copy_box(ctx, cur, k.in_box, p, k.boxes[r], k.boxes[r]);
+            copy_box<Mem>(ctx, cur, k.in_box, p, k.boxes[r], k.boxes[r]);
             p += k.counts[r];
           }
           if (k.uniform) k.comm->reduce_scatter(packed.get(), out, k.counts[0], dt, k.op);
@@ -239,18 +250,19 @@ void run_reshard(const Context& ctx, const CompiledReshard& c, const T* src,
 }
 
 /// run_reshard on a block in `Mem`, the intermediate blocks from the device's block caches: in
-/// host memory, run_reshard itself; in device memory, through host memory (the block is
-/// downloaded, resharded by the collectives on host buffers, and the result uploaded into
-/// `alloc_final(elements)`), since the Runtime's communicators move host memory. Waits for the
-/// upload. `src` is never written; the final block is untouched when a collective throws.
+/// host memory, and in device memory when `c` runs on the device world (`c.on_device`, compiled
+/// for reshards_on_device<Mem>: the nccl backend), run_reshard itself, ordered by the device's
+/// stream; otherwise, in device memory, through host memory (the block is downloaded, resharded
+/// by the collectives on host buffers, and the result uploaded into `alloc_final(elements)`),
+/// waiting for the upload. `src` is never written.
 template <class Mem, class T>
 void run_reshard_in(Context& ctx, const CompiledReshard& c, const T* src,
                     std::type_identity_t<FunctionRef<T*(std::size_t)>> alloc_final) {
   auto& host_cache = block_cache<Kokkos::HostSpace>(ctx);
   auto host_alloc = [&](std::size_t n) { return host_cache.allocate(n * sizeof(T)); };
-  if constexpr (host_memory_v<Mem>) {
+  if (host_memory_v<Mem> || c.on_device) {
     auto& cache = block_cache<Mem>(ctx);
-    run_reshard<T>(ctx, c, src, [&](std::size_t n) { return cache.allocate(n * sizeof(T)); }, alloc_final);
+    run_reshard<T, Mem>(ctx, c, src, [&](std::size_t n) { return cache.allocate(n * sizeof(T)); }, alloc_final);
   } else {
     if (c.steps.empty()) return;
     const std::int64_t n_in = c.steps.front().in_box.num_elements();

@@ -9,8 +9,10 @@
 /// - `threads`: N virtual CPU devices in this process, one thread each (the embedded default,
 ///   like XLA's forced host device count). N from `--devices N`, else `SHARDLIB_DEVICES`.
 /// - `mpi`: one device per MPI process (`mpirun -np N prog`), on one host or many.
-/// The backend is `--backend threads|mpi`, else `SHARDLIB_BACKEND`, else mpi when the program
-/// was started by mpirun (and shardlib was built with MPI), else threads.
+/// - `nccl`: as mpi, one GPU per process (local rank % GPUs on its node), and the reshards of
+///   tensors in GPU memory run on NCCL, on the device's stream (builds with SHARDLIB_HAVE_NCCL).
+/// The backend is `--backend threads|mpi|nccl`, else `SHARDLIB_BACKEND`, else mpi when the
+/// program was started by mpirun (and shardlib was built with MPI), else threads.
 ///
 /// The Runtime also owns the process's Kokkos initialisation (KokkosScope) and, under mpi,
 /// MPI's (unless the program initialised MPI itself).
@@ -33,6 +35,9 @@
 #if defined(SHARDLIB_HAVE_MPI)
 #include <shardlib/collectives/mpi.hpp>
 #endif
+#if defined(SHARDLIB_HAVE_NCCL)
+#include <shardlib/collectives/nccl.hpp>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -52,9 +57,21 @@
 namespace shardlib {
 
 /// Which backend runs the devices.
-enum class Backend { threads, mpi };
+enum class Backend { threads, mpi, nccl };
 
-constexpr std::string_view to_string(Backend b) noexcept { return b == Backend::threads ? "threads" : "mpi"; }
+constexpr std::string_view to_string(Backend b) noexcept {
+  return b == Backend::threads ? "threads" : b == Backend::mpi ? "mpi" : "nccl";
+}
+
+/// Whether this build of shardlib has the nccl backend (SHARDLIB_HAVE_NCCL: the shardlib-nccl
+/// dependency, or CMake's shardlib::nccl).
+constexpr bool has_nccl() noexcept {
+#if defined(SHARDLIB_HAVE_NCCL)
+  return true;
+#else
+  return false;
+#endif
+}
 
 /// Whether this build of shardlib has the MPI backend.
 constexpr bool has_mpi() noexcept {
@@ -93,7 +110,7 @@ class Context {
   /// This device, 0 <= device() < num_devices().
   int device() const noexcept { return device_; }
   int num_devices() const noexcept { return devices_; }
-  /// "threads" or "mpi".
+  /// "threads" or "mpi" (the nccl backend's host collectives are mpi's: see device_world()).
   std::string_view backend() const noexcept { return world_->backend(); }
   /// All devices of the run.
   coll::Communicator& world() noexcept { return *world_; }
@@ -102,8 +119,35 @@ class Context {
   /// axes), ranked by group rank (MeshShape::group_rank). Created on first use, which is
   /// collective over all devices (every device asks for the same group, in the same order),
   /// then cached: later calls cost a lookup.
-  coll::Communicator& group(const MeshShape& mesh, const AxisList& axes) {
-    for (auto& g : groups_)
+  coll::Communicator& group(const MeshShape& mesh, const AxisList& axes) { return group_of(*world_, groups_, mesh, axes); }
+  template <MeshType M>
+  coll::Communicator& group(const M& mesh, const AxisList& axes) {
+    return group(mesh.shape(), axes);
+  }
+
+  /// The collectives on device memory: under the nccl backend, its NCCL communicator over all
+  /// devices (on this device's stream, the one of `exec_for<Kokkos::CudaSpace>()`); nullptr on
+  /// the other backends, whose collectives move host memory (tensors in device memory go
+  /// through host memory there).
+  coll::Communicator* device_world() noexcept { return device_world_; }
+  /// This device's group along `axes` of `mesh` on device_world() (as group(); collective on
+  /// first use). Throws std::logic_error without a device world.
+  coll::Communicator& device_group(const MeshShape& mesh, const AxisList& axes) {
+    if (!device_world_)
+      throw std::logic_error("shardlib: Context::device_group: the " + std::string(backend()) +
+                             " backend has no collectives on device memory (the nccl backend has)");
+    return group_of(*device_world_, device_groups_, mesh, axes);
+  }
+
+ private:
+  struct CachedGroup {
+    MeshShape mesh;
+    AxisList axes;
+    std::unique_ptr<coll::Communicator> comm;
+  };
+  coll::Communicator& group_of(coll::Communicator& parent, std::vector<CachedGroup>& cache, const MeshShape& mesh,
+                               const AxisList& axes) {
+    for (auto& g : cache)
       if (g.mesh == mesh && g.axes == axes) return *g.comm;
     mesh.require_devices(devices_);
     const int key = mesh.group_rank(device_, axes);  // also validates `axes`
@@ -114,13 +158,11 @@ class Context {
     std::string name = "group {";
     for (int i = 0; i < axes.size(); ++i) name += (i ? ", " : "") + mesh.name(axes[i]).str();
     name += "} of mesh " + mesh.to_string();
-    groups_.push_back({mesh, axes, world_->split(color, key, std::move(name))});
-    return *groups_.back().comm;
+    cache.push_back({mesh, axes, parent.split(color, key, std::move(name))});
+    return *cache.back().comm;
   }
-  template <MeshType M>
-  coll::Communicator& group(const M& mesh, const AxisList& axes) {
-    return group(mesh.shape(), axes);
-  }
+
+ public:
 
   /// The Kokkos execution space instance this device's kernels run on: its own instance per
   /// in-process device where Kokkos can make one (Kokkos 4 and later), else the default one.
@@ -159,16 +201,11 @@ class Context {
   /// Internal: the runtime creates one Context per device.
   Context(int device, int devices, std::unique_ptr<coll::Communicator> world,
           Kokkos::DefaultHostExecutionSpace exec = {}, bool shares_process = false,
-          detail::DeviceInstance device_exec = {})
+          detail::DeviceInstance device_exec = {}, coll::Communicator* device_world = nullptr)
       : device_(device), devices_(devices), world_(std::move(world)), exec_(std::move(exec)),
-        device_exec_(std::move(device_exec)), shares_process_(shares_process) {}
+        device_exec_(std::move(device_exec)), shares_process_(shares_process), device_world_(device_world) {}
 
  private:
-  struct CachedGroup {
-    MeshShape mesh;
-    AxisList axes;
-    std::unique_ptr<coll::Communicator> comm;
-  };
   int device_;
   int devices_;
   std::unique_ptr<coll::Communicator> world_;
@@ -179,7 +216,8 @@ class Context {
   Kokkos::DefaultHostExecutionSpace exec_;
   [[no_unique_address]] detail::DeviceInstance device_exec_;
   bool shares_process_ = false;
-  std::vector<CachedGroup> groups_;
+  coll::Communicator* device_world_ = nullptr;  // the Runtime's (nccl backend)
+  std::vector<CachedGroup> groups_, device_groups_;
   std::vector<State> states_;  // after groups_: destroyed first, as it may refer to them
 };
 
@@ -219,6 +257,17 @@ inline std::vector<DeviceInstance> device_instances(int n) {
   }
   return std::vector<DeviceInstance>(static_cast<std::size_t>(n));
 }
+
+#if defined(SHARDLIB_HAVE_NCCL)
+/// The CUDA stream of a device instance (nullptr without a CUDA-enabled Kokkos: NCCL then makes
+/// a stream of its own).
+inline cudaStream_t device_stream([[maybe_unused]] const DeviceInstance& d) {
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (std::is_same_v<DeviceInstance, Kokkos::Cuda>) return d.cuda_stream();
+#endif
+  return nullptr;
+}
+#endif
 
 /// Serialises a kernel launch where the Kokkos in use cannot run it from several threads at
 /// once: Kokkos 3's Serial backend shares one reduction buffer among all callers, and its other
@@ -348,6 +397,35 @@ class Runtime {
  public:
 #endif
 
+#if defined(SHARDLIB_HAVE_NCCL)
+  /// One GPU per MPI process: the mpi backend (MPI and Kokkos started as Runtime::mpi does), with
+  /// an NCCL communicator over all processes on this device's own stream, on GPU
+  /// `local rank % GPUs of its node` (as Kokkos picks it under mpirun). Reshards of tensors in GPU
+  /// memory run on NCCL there; everything in host memory on MPI. Throws coll::CollectiveError on
+  /// every process when one cannot start (no GPU, two processes on one GPU: see
+  /// NcclCommunicator::world), std::runtime_error when Kokkos runs on another GPU than NCCL.
+  static Runtime nccl(int* argc = nullptr, char*** argv = nullptr) { return nccl(argc, argv, {}); }
+
+ private:
+  static Runtime nccl(int* argc, char*** argv, std::optional<std::string> threads_arg) {
+    Runtime rt = mpi(argc, argv, std::move(threads_arg));
+    rt.backend_ = Backend::nccl;
+    rt.device_instance_ = detail::device_instances(1)[0];
+    auto world = coll::NcclCommunicator::world(MPI_COMM_WORLD, detail::device_stream(rt.device_instance_));
+#if defined(KOKKOS_ENABLE_CUDA)
+    if (const int kokkos_gpu = Kokkos::Cuda().cuda_device(); kokkos_gpu != world->device())
+      throw std::runtime_error("shardlib: nccl backend, rank " + std::to_string(rt.mpi_rank_) + ": Kokkos runs on GPU " +
+                               std::to_string(kokkos_gpu) + " and NCCL on GPU " + std::to_string(world->device()) +
+                               " (local rank % GPUs); start Kokkos on that GPU: --kokkos-map-device-id-by=mpi_rank, "
+                               "or --kokkos-device-id=" + std::to_string(world->device()));
+#endif
+    rt.device_world_ = std::move(world);
+    return rt;
+  }
+
+ public:
+#endif
+
   /// Whether this process was started by an MPI launcher (mpirun/mpiexec of Open MPI, MPICH and
   /// others, srun with PMI/PMIx): what `from_args` picks the mpi backend by.
   static bool launched_by_mpirun() noexcept {
@@ -383,15 +461,31 @@ class Runtime {
                                   "(configure with MPI installed, or -Dmpi=enabled)");
 #endif
     }
-    throw std::invalid_argument("shardlib: unknown backend '" + *backend + "'; use threads or mpi");
+    if (*backend == "nccl") {
+#if defined(SHARDLIB_HAVE_NCCL)
+      Runtime rt = nccl(&argc, &argv, std::move(threads_arg));
+      if (devices && parse_int(*devices, "--devices") != rt.devices_)
+        throw std::invalid_argument("shardlib: --devices " + *devices + " but MPI started " + std::to_string(rt.devices_) +
+                                    " processes; under nccl the device count is the process count (mpirun -np N)");
+      return rt;
+#else
+      throw std::invalid_argument("shardlib: backend 'nccl' was asked for, but this build has no NCCL backend (it "
+                                  "needs the CUDA toolkit's NCCL and MPI: the shardlib-nccl dependency, or CMake's "
+                                  "shardlib::nccl, which define SHARDLIB_HAVE_NCCL)");
+#endif
+    }
+    throw std::invalid_argument("shardlib: unknown backend '" + *backend + "'; use threads, mpi or nccl");
   }
 
   Runtime(Runtime&& o) noexcept
       : backend_(o.backend_), devices_(o.devices_), mpi_rank_(o.mpi_rank_), host_rank_(o.host_rank_),
         owns_mpi_(std::exchange(o.owns_mpi_, false)), timeout_(o.timeout_), share_(std::move(o.share_)),
-        kokkos_(std::move(o.kokkos_)) {}
+        kokkos_(std::move(o.kokkos_)), device_instance_(std::move(o.device_instance_)),
+        device_world_(std::move(o.device_world_)) {}
   Runtime& operator=(Runtime&&) noexcept = delete;
   ~Runtime() {
+    device_world_.reset();  // before Kokkos (its stream) and MPI
+    device_instance_ = {};
 #if defined(SHARDLIB_HAVE_MPI)
     if (owns_mpi_) {
       kokkos_.reset();  // Kokkos goes first: it may hold MPI-aware resources
@@ -418,7 +512,8 @@ class Runtime {
   std::string describe() const {
     std::string s = backend_ == Backend::threads
                         ? "threads backend, " + std::to_string(devices_) + " in-process device" + (devices_ == 1 ? "" : "s")
-                        : "mpi backend, " + std::to_string(devices_) + " process" + (devices_ == 1 ? "" : "es");
+                        : std::string(to_string(backend_)) + " backend, " + std::to_string(devices_) + " process" +
+                              (devices_ == 1 ? "" : "es") + (backend_ == Backend::nccl ? " (one GPU each)" : "");
     const int t = share_.per_device;
     s += "\nhost threads: " + std::to_string(t) + " per device (" + share_.source +
          (share_.overridden ? "" : std::string("; ") + host::threads_per_device_variable + " sets it") + ")";
@@ -456,7 +551,8 @@ class Runtime {
       return;
     }
 #if defined(SHARDLIB_HAVE_MPI)
-    Context ctx(mpi_rank_, devices_, coll::MpiCommunicator::world(), {}, false, detail::device_instances(1)[0]);
+    Context ctx(mpi_rank_, devices_, coll::MpiCommunicator::world(), {}, false,
+                device_world_ ? device_instance_ : detail::device_instances(1)[0], device_world_.get());
     body(ctx);
 #endif
   }
@@ -565,6 +661,8 @@ class Runtime {
   std::chrono::milliseconds timeout_{120000};
   host::ThreadShare share_;
   std::unique_ptr<KokkosScope> kokkos_;
+  detail::DeviceInstance device_instance_{};          // nccl: this process's device instance (its stream)
+  std::unique_ptr<coll::Communicator> device_world_;  // nccl: the NCCL communicator over all processes
 };
 
 }  // namespace shardlib

@@ -14,6 +14,7 @@
 #include <doctest/doctest.h>
 
 #include <shardlib/collectives/nccl.hpp>
+#include <shardlib/runtime/runtime.hpp>
 
 #include <cuda_runtime.h>
 #include <mpi.h>
@@ -151,6 +152,18 @@ TEST_SUITE("nccl_no_gpu") {
     const std::string want = "nccl backend, rank " + std::to_string(rank) + " of " + std::to_string(size) + ": cudaGetDeviceCount: ";
     CHECK_THROWS_WITH_AS(NcclCommunicator::world(), doctest::Contains(want.c_str()), CollectiveError);
     CHECK_THROWS_WITH_AS(NcclCommunicator::world(), doctest::Contains("this process sees no usable GPU"), CollectiveError);
+  }
+  TEST_CASE("nccl: without a GPU, the nccl backend (from_args --backend nccl) refuses to start with world()'s error") {
+    int rank = 0, size = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    static_assert(shardlib::has_nccl());
+    const std::string want = "nccl backend, rank " + std::to_string(rank) + " of " + std::to_string(size) + ": cudaGetDeviceCount: ";
+    std::string arg0 = "prog", arg1 = "--backend", arg2 = "nccl";
+    char* argv[] = {arg0.data(), arg1.data(), arg2.data(), nullptr};
+    int argc = 3;
+    // Once per process: the Runtime starts Kokkos, which cannot start again after it finished.
+    CHECK_THROWS_WITH_AS(shardlib::Runtime::from_args(argc, argv), doctest::Contains(want.c_str()), CollectiveError);
   }
 }
 
