@@ -5,8 +5,8 @@
 /// Context by `compiled_reshard`; `run_reshard` runs it on a block, allocating the intermediate
 /// and final blocks through callbacks; `gather_block` brings a whole tensor to one device.
 ///
-/// `run_reshard_in` runs it on a block in any memory space: blocks in device memory go through
-/// host memory, as every communicator of this Runtime moves host memory.
+/// `run_reshard_in` runs it on a block in any memory space: blocks in device memory run on the
+/// device world's communicators where the backend has them (nccl), else through host memory.
 ///
 /// Part of the layer that executes plans (execute/): it knows blocks, collectives and Contexts,
 /// not tensors; tensor.hpp and the ops call it.
