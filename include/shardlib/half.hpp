@@ -12,12 +12,15 @@
 ///
 /// The conversions are exact bit manipulations (constexpr, no FPU mode involved), checked in
 /// tests/half.cpp against the compiler's own `_Float16` over every f16 value and random floats.
+/// They also run in GPU kernels (SHARDLIB_HOST_DEVICE; `__builtin_bit_cast`, which nvcc takes in
+/// device code, where std::bit_cast would need --expt-relaxed-constexpr).
 ///
 /// Knows nothing of tensors, collectives or Kokkos (the collectives map these types to their
 /// DType, collectives/types.hpp).
 #pragma once
 
-#include <bit>
+#include <shardlib/detail/attributes.hpp>
+
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -25,7 +28,7 @@
 namespace shardlib {
 
 /// IEEE binary16 bits -> float (exact).
-constexpr float f16_to_float(std::uint16_t h) noexcept {
+SHARDLIB_HOST_DEVICE constexpr float f16_to_float(std::uint16_t h) noexcept {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   const std::uint32_t exp = (h >> 10) & 0x1fu;
   std::uint32_t man = h & 0x3ffu, bits;
@@ -45,12 +48,12 @@ constexpr float f16_to_float(std::uint16_t h) noexcept {
   } else {
     bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
   }
-  return std::bit_cast<float>(bits);
+  return __builtin_bit_cast(float, bits);
 }
 
 /// float -> IEEE binary16 bits, rounded to nearest even (overflow to infinity, NaN kept quiet).
-constexpr std::uint16_t float_to_f16(float f) noexcept {
-  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+SHARDLIB_HOST_DEVICE constexpr std::uint16_t float_to_f16(float f) noexcept {
+  const std::uint32_t x = __builtin_bit_cast(std::uint32_t, f);
   const std::uint32_t sign = (x >> 16) & 0x8000u;
   const std::uint32_t absx = x & 0x7fffffffu;
   if (absx >= 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0));
@@ -74,13 +77,13 @@ constexpr std::uint16_t float_to_f16(float f) noexcept {
 }
 
 /// bfloat16 bits -> float (exact).
-constexpr float bf16_to_float(std::uint16_t b) noexcept {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
+SHARDLIB_HOST_DEVICE constexpr float bf16_to_float(std::uint16_t b) noexcept {
+  return __builtin_bit_cast(float, static_cast<std::uint32_t>(b) << 16);
 }
 
 /// float -> bfloat16 bits, rounded to nearest even (NaN kept quiet).
-constexpr std::uint16_t float_to_bf16(float f) noexcept {
-  std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+SHARDLIB_HOST_DEVICE constexpr std::uint16_t float_to_bf16(float f) noexcept {
+  std::uint32_t x = __builtin_bit_cast(std::uint32_t, f);
   if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);
   x += 0x7fffu + ((x >> 16) & 1u);
   return static_cast<std::uint16_t>(x >> 16);
@@ -93,28 +96,28 @@ template <class Self, float (*ToFloat)(std::uint16_t), std::uint16_t (*FromFloat
 class half_base {
  public:
   constexpr half_base() noexcept = default;
-  constexpr half_base(float f) noexcept : bits_(FromFloat(f)) {}  // NOLINT: implicit, rounds
-  constexpr half_base(double d) noexcept : bits_(FromFloat(static_cast<float>(d))) {}  // NOLINT
+  SHARDLIB_HOST_DEVICE constexpr half_base(float f) noexcept : bits_(FromFloat(f)) {}  // NOLINT: implicit, rounds
+  SHARDLIB_HOST_DEVICE constexpr half_base(double d) noexcept : bits_(FromFloat(static_cast<float>(d))) {}  // NOLINT
   template <class I>
     requires std::is_integral_v<I>
-  constexpr half_base(I i) noexcept : bits_(FromFloat(static_cast<float>(i))) {}  // NOLINT
-  constexpr operator float() const noexcept { return ToFloat(bits_); }  // NOLINT: implicit, exact
+  SHARDLIB_HOST_DEVICE constexpr half_base(I i) noexcept : bits_(FromFloat(static_cast<float>(i))) {}  // NOLINT
+  SHARDLIB_HOST_DEVICE constexpr operator float() const noexcept { return ToFloat(bits_); }  // NOLINT: implicit, exact
 
   /// The value with these bits.
-  static constexpr Self from_bits(std::uint16_t b) noexcept {
+  SHARDLIB_HOST_DEVICE static constexpr Self from_bits(std::uint16_t b) noexcept {
     Self s;
     s.bits_ = b;
     return s;
   }
-  constexpr std::uint16_t bits() const noexcept { return bits_; }
+  SHARDLIB_HOST_DEVICE constexpr std::uint16_t bits() const noexcept { return bits_; }
 
-  constexpr Self& operator+=(float x) noexcept { return self() = Self(float(*this) + x); }
-  constexpr Self& operator-=(float x) noexcept { return self() = Self(float(*this) - x); }
-  constexpr Self& operator*=(float x) noexcept { return self() = Self(float(*this) * x); }
-  constexpr Self& operator/=(float x) noexcept { return self() = Self(float(*this) / x); }
+  SHARDLIB_HOST_DEVICE constexpr Self& operator+=(float x) noexcept { return self() = Self(float(*this) + x); }
+  SHARDLIB_HOST_DEVICE constexpr Self& operator-=(float x) noexcept { return self() = Self(float(*this) - x); }
+  SHARDLIB_HOST_DEVICE constexpr Self& operator*=(float x) noexcept { return self() = Self(float(*this) * x); }
+  SHARDLIB_HOST_DEVICE constexpr Self& operator/=(float x) noexcept { return self() = Self(float(*this) / x); }
 
  private:
-  constexpr Self& self() noexcept { return static_cast<Self&>(*this); }
+  SHARDLIB_HOST_DEVICE constexpr Self& self() noexcept { return static_cast<Self&>(*this); }
   std::uint16_t bits_ = 0;
 };
 }  // namespace detail

@@ -120,11 +120,34 @@ void check_loops(sl::Context& ctx) {
         doctest::Approx(dot).epsilon(1e-12));
 }
 
+// 16-bit tensors: their conversions run in the kernels (creation, map's float compute type).
+void check_16bit(sl::Context& ctx) {
+  const M2 mesh = mesh_of(ctx);
+  const std::int64_t shape[2] = {9, 5};
+  using B = sl::DistributedTensor<sl::bf16, M2, Rows, Mem>;
+  const auto b = B::random(mesh, shape, 11, sl::bf16(-2.0f), sl::bf16(2.0f));
+  const auto hb = sl::DistributedTensor<sl::bf16, M2, Rows, Kokkos::HostSpace>::random(mesh, shape, 11, sl::bf16(-2.0f), sl::bf16(2.0f));
+  CHECK(b.to_host() == hb.to_host());
+  const sl::DistributedTensor<sl::bf16, M2, Cols, Mem> c = b;  // a reshard of 16-bit blocks
+  CHECK(c.to_host() == hb.to_host());
+
+  const auto h = sl::map(sl::DistributedTensor<sl::f16, M2, Both, Mem>::iota(mesh, shape), Twice{});  // f16 -> float -> f16
+  static_assert(std::is_same_v<typename std::remove_cvref_t<decltype(h)>::value_type, sl::f16>);
+  std::vector<sl::f16> want(9 * 5);
+  for (std::size_t k = 0; k < want.size(); ++k) want[k] = sl::f16(2.0f * static_cast<float>(k));
+  CHECK(h.to_host() == want);
+  CHECK(sl::parallel_reduce(h, KOKKOS_LAMBDA(const sl::Index<2>&, sl::f16 v) { return static_cast<double>(static_cast<float>(v)); }) ==
+        doctest::Approx(2.0 * 44 * 45 / 2));
+}
+
 TEST_SUITE("tensor_memory_space") {
   TEST_CASE("tensors in the default execution space's memory: creation, transfers and reshards against host memory") {
     sl::test::for_each_run(check_creation_and_transfers, {1, 2, 3, 4});
   }
   TEST_CASE("tensors in the default execution space's memory: clone and the loops against host memory") {
     sl::test::for_each_run(check_loops, {1, 2, 3, 4});
+  }
+  TEST_CASE("16-bit tensors in the default execution space's memory: creation, reshard, map and reduce") {
+    sl::test::for_each_run(check_16bit, {1, 2, 3, 4});
   }
 }
