@@ -111,9 +111,10 @@ inline std::string shape_text(detail::ArrayRef<std::int64_t> shape) {
 ///
 /// `MemorySpace` is where blocks live: host memory (the default), or with a CUDA-enabled Kokkos
 /// `Kokkos::CudaSpace` (docs/12_gpus.md). In device memory, creation, `clone` and the loops run
-/// as kernels on the device's own stream (`Context::exec_for`); `from_host`, `to_host` and
-/// reshards copy through host memory, as the Runtime's communicators move host memory; the ops
-/// (ops.hpp) take tensors in host memory only, for now.
+/// as kernels on the device's own stream (`Context::exec_for`); `from_host` and `to_host` copy
+/// through host memory; reshards run on the device world's communicators under the nccl backend
+/// and through host memory under threads and mpi; the ops (ops.hpp) take tensors in host memory
+/// only, for now.
 template <class T, class MeshT, class SpecT, class MemorySpace = Kokkos::HostSpace>
 class DistributedTensor {
   static_assert(is_mesh_v<MeshT>, "shardlib: DistributedTensor<T, Mesh, Spec>: Mesh must be a shardlib::Mesh<...>");

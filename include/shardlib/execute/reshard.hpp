@@ -258,13 +258,13 @@ void run_reshard(const Context& ctx, const CompiledReshard& c, const T* src,
 template <class Mem, class T>
 void run_reshard_in(Context& ctx, const CompiledReshard& c, const T* src,
                     std::type_identity_t<FunctionRef<T*(std::size_t)>> alloc_final) {
-  auto& host_cache = block_cache<Kokkos::HostSpace>(ctx);
-  auto host_alloc = [&](std::size_t n) { return host_cache.allocate(n * sizeof(T)); };
   if (host_memory_v<Mem> || c.on_device) {
     auto& cache = block_cache<Mem>(ctx);
     run_reshard<T, Mem>(ctx, c, src, [&](std::size_t n) { return cache.allocate(n * sizeof(T)); }, alloc_final);
   } else {
     if (c.steps.empty()) return;
+    auto& host_cache = block_cache<Kokkos::HostSpace>(ctx);
+    auto host_alloc = [&](std::size_t n) { return host_cache.allocate(n * sizeof(T)); };
     const std::int64_t n_in = c.steps.front().in_box.num_elements();
     std::shared_ptr<void> in = host_alloc(static_cast<std::size_t>(n_in)), out;
     download<Mem>(ctx, src, static_cast<T*>(in.get()), n_in);
