@@ -14,7 +14,8 @@
 // block: forward + backward of a pre-LN transformer block (x -> layer_norm (gain, bias) -> q, k, v
 //   projections -> attention over 'heads' heads: scores = q k^T / sqrt(head dim) by einsum, softmax
 //   over the keys, weighted sum of v -> output projection -> residual -> layer_norm (gain, bias) ->
-//   MLP with gelu -> residual; loss = sum_all(out * r), r a fixed tensor), every weight, gain, bias
+//   MLP with gelu -> residual (both residuals `einsum_add`: x folded into the projection's GEMM where
+//   it lies as the product does); loss = sum_all(out * r), r a fixed tensor), every weight, gain, bias
 //   and the input x a Param (the block as one layer in the middle of a stack: x needs its gradient),
 //   next to the same block and loss on plain tensors (no tape): `baseline` "forward". One step of
 //   the gradient pass is zero_grad of every Param, the recorded forward and backward(loss) (which
@@ -25,7 +26,7 @@
 //   device's, medians over repetitions that rotate the three.
 //   dp: batch over "data", weights replicated. tp: batch over "data"; Wq, Wk, Wv and W1 split by
 //   columns over "model", Wo and W2 by rows; the row-parallel products' partial sums resolved by
-//   sl::reshard to the replicated hidden spec (Megatron: one all_reduce each in the forward, and
+//   the residual add to the replicated hidden spec (Megatron: one all_reduce each in the forward, and
 //   one each at the layer norms' outputs in the backward).
 //   gemm_threads and kernel_threads: the threads one device's GEMM and Kokkos kernels run on (the
 //   device's share of the cores; 1 for the kernels on the Serial backend), for the side-by-side with benchmarks/peers/jax_blocks.py (the same
@@ -213,10 +214,12 @@ auto block_loss(const Dims& dm, const X& x, const V& g1, const V& b1, const C& w
   auto v = sl::reshape<"b s (h e) -> b s h e">(sl::einsum<"bsd,de->bse">(h, wv), {B, S, H, E});
   auto att = sl::softmax<3>(sl::einsum<"bqhe,bkhe->bhqk">(q, k), scale);  // the scale in the softmax's pass
   auto o = sl::reshape<"b s h e -> b s (h e)">(sl::einsum<"bhqk,bkhe->bqhe">(att, v));
-  auto x1 = x + sl::reshard<typename L::Hidden>(sl::einsum<"bsd,de->bse">(o, wo));
+  // The residuals: x + the projection, folded into its GEMM where the product lies as x does (dp);
+  // under tp the product is partial over "model", and the add resolves it (one all_reduce) first.
+  auto x1 = sl::einsum_add<"bsd,de->bse">(o, wo, x);
   auto h2 = sl::layer_norm<2>(x1, g2, b2);
   auto f = sl::gelu(sl::einsum<"bsd,df->bsf">(h2, w1));
-  auto out = x1 + sl::reshard<typename L::Hidden>(sl::einsum<"bsf,fd->bsd">(f, w2));
+  auto out = sl::einsum_add<"bsf,fd->bsd">(f, w2, x1);
   return sl::sum_all(out * r);
 }
 

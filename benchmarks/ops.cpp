@@ -27,7 +27,10 @@
 //   the baseline is Eigen's own kernel (`eigen_gemm`). peak_gflops = the core's peak (measured in the same process, as in the
 //   peak part) x the threads the GEMM used (gemm_threads, asked of OpenBLAS: the device's share of
 //   the cores, as the runtime sets it); fraction_of_peak for ours and baseline_fraction_of_peak for
-//   the BLAS call.
+//   the BLAS call. Then a residual folded into the GEMM before it (part "fusion" of the records): on
+//   the transformer block's two residual projections (local 1024 x 512 x 512 and 1024 x 2048 x 512),
+//   `matmul_add(o, w, x)` against `x + matmul(o, w)`, and `matmul_add(o, w, std::move(t))` (t a
+//   fresh tensor, its block taken over) against `t + matmul(o, w)`; speedup = baseline / ours.
 // kernels: on one device, float32 tensors of 2M elements ([4096, 512], the MLP's [B*S, d_ff]-like
 //   shape; softmax and log_softmax over the last dim of [8192, 128], the attention scores of B=8,
 //   H=8, S=128): gelu, gelu_tanh, exp, tanh, sigmoid, a + b, softmax, log_softmax, layer_norm,
@@ -441,9 +444,45 @@ void matmul_dtype(sl::Context& ctx, const Peak& peak) {
   }
 }
 
+/// A residual folded into the GEMM before it: `matmul_add(o, w, x)` against the two ops it stands
+/// for, `x + matmul(o, w)`, alternated; and with `x` an rvalue (a fresh tensor, moved in: its block
+/// becomes the output's) against the same fresh tensor added after the product.
+void fusion(sl::Context& ctx) {
+  const int devices = ctx.num_devices();
+  M1 mesh(ctx, {devices});
+  // The transformer block's two residual projections (B*S = 1024 rows per device, d 512, d_ff 2048).
+  for (const std::int64_t k : {512, 2048}) {
+    const std::int64_t m = 1024, nn = 512;
+    auto o = Tensor<M1, Rows>::random(mesh, {m * devices, k}, 1);
+    auto w = Tensor<M1, sl::Spec<none, none>>::random(mesh, {k, nn}, 2);
+    auto x = Tensor<M1, Rows>::random(mesh, {m * devices, nn}, 3);
+    auto one = [&](const char* name, const char* baseline, auto&& ours, auto&& two_ops) {
+      const auto [secs, base] = bench::time_ops(ctx.world(), ours, &two_ops);
+      record(ctx, "\"part\": \"fusion\", \"name\": \"" + std::string(name) + "\", \"dtype\": \"float32\", \"local_shape\": [" +
+                      std::to_string(m) + ", " + std::to_string(k) + ", " + std::to_string(nn) + "], \"seconds\": " +
+                      num(secs) + ", \"gflops\": " + num(gflops(m, k, nn, secs)) + ", \"baseline\": \"" + baseline +
+                      "\", \"baseline_seconds\": " + num(base) + ", \"speedup\": " + num(base / secs) +
+                      ", \"gemm_threads\": " + std::to_string(bench::gemm_threads()));
+      if (ctx.device() == 0)
+        std::fprintf(stderr, "  %-34s local %lldx%lldx%lld: %7.3f ms, %s %7.3f ms (%.3fx)\n", name, static_cast<long long>(m),
+                     static_cast<long long>(k), static_cast<long long>(nn), secs * 1e3, baseline, base * 1e3, base / secs);
+    };
+    one("matmul_add(o, w, x)", "x + matmul(o, w)", [&] { auto y = sl::matmul_add(o, w, x); },
+        [&] { auto y = x + sl::matmul(o, w); });
+    one("matmul_add(o, w, std::move(t))", "t + matmul(o, w)", [&] {
+      auto t = sl::exp(x);  // a fresh tensor that nothing else holds (as a block's activations are)
+      auto y = sl::matmul_add(o, w, std::move(t));
+    }, [&] {
+      auto t = sl::exp(x);
+      auto y = t + sl::matmul(o, w);
+    });
+  }
+}
+
 void matmul(sl::Context& ctx, const Peak& peak) {
   matmul_dtype<float>(ctx, peak);
   matmul_dtype<double>(ctx, peak);
+  fusion(ctx);
 }
 
 // ---- elementwise ops, softmax and the norms against memcpy ------------------------------------------

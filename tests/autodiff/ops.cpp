@@ -43,6 +43,13 @@ TEST_CASE("matmul: data-parallel and Megatron layouts") {
                 rng, "relu(x w) * (x w)", 1e-6, 4, a, b));
       CHECK(gc::check([](const auto& x, const auto& w) { return sl::mse_loss(sl::softmax<1>(sl::matmul(x, w)), sl::square(sl::matmul(x, w))); },
                 rng, "mse(softmax(x w), (x w)^2)", 1e-6, 4, a, b));
+      // c + x w with c folded into the GEMM (c lies as the product does), gradients to all three.
+      using P = decltype(sl::matmul(a, b));
+      if constexpr (!P::sharding.is_partial()) {
+        const auto c = P::random(mesh, {5, 3}, 5, -1.0, 1.0);
+        CHECK(gc::check([](const auto& x, const auto& w, const auto& r) { return sl::sum_all(sl::tanh(sl::matmul_add(x, w, r)) * r); },
+                  rng, "tanh(c + x w) * c", 1e-6, 4, a, b, c));
+      }
     });
   }, DEVICE_COUNTS);
 }
@@ -59,6 +66,13 @@ TEST_CASE("partial operands: linear ops keep them partial, nonlinear ones resolv
               rng, "exp(matmul partial)", 1e-6, 4, a, b));
     CHECK(gc::check([&](const auto& x, const auto& w) { return sl::sum_all(sl::square(sl::matmul(x, w) - sl::matmul(x, w) * c)); },
               rng, "partial * tensor", 1e-6, 4, a, b));
+    // einsum_add with a partial product: c replicated (the add resolves the product), and a bias
+    // broadcast over the rows (its gradient summed over them).
+    CHECK(gc::check([&](const auto& x, const auto& w) { return sl::sum_all(sl::exp(sl::einsum_add<"ij,jk->ik">(x, w, c) * 0.3)); },
+              rng, "exp(c + x w), x w partial", 1e-6, 4, a, b));
+    const auto bias = D<Spec<none>>::random(mesh, {4}, 10, -1.0, 1.0);
+    CHECK(gc::check([](const auto& x, const auto& w, const auto& v) { return sl::sum_all(sl::square(sl::matmul_add(x, w, v))); },
+              rng, "(bias + x w)^2", 1e-6, 4, a, b, bias));
   }, DEVICE_COUNTS);
 }
 

@@ -173,6 +173,63 @@ void einsum_cases(sl::Context& ctx, Rng& r, int cases) {
   }
 }
 
+/// The spec of einsum_add's `c` in einsum_add_cases: the product's own (the folded path).
+struct AsProduct {};
+
+/// `cases` random cases of einsum_add<Sub> (matmul_add when Matmul) with operands of specs SA, SB
+/// and a `c` of spec SC (AsProduct: the product's spec; else a spec of the product's rank): the
+/// result must have the type of `c + einsum<Sub>(a, b)` and its values; `c` given as an lvalue
+/// is left as it was, and an rvalue whose block nobody shares lends its block to the result
+/// where the GEMM adds into it (`Folds`).
+template <sl::OpName Sub, bool Matmul, class SA, class SB, class SC, bool Folds>
+void einsum_add_cases(sl::Context& ctx, Rng& r, int cases) {
+  const Subscripts s = parse(Sub.text);
+  for (int k = 0; k < cases; ++k) {
+    const M mesh = oracle::random_mesh<M>(ctx, r);
+    std::array<std::int64_t, 128> extent{};
+    for (auto& e : extent) e = random_extent(r);
+    const auto seed = static_cast<std::uint64_t>(r.below(1 << 20));
+    const auto a = operand<SA>(mesh, shape_of<SA::rank>(s.a, extent), seed);
+    const auto b = operand<SB>(mesh, shape_of<SB::rank>(s.b, extent), seed + 1);
+    auto product = [&] {
+      if constexpr (Matmul) return sl::matmul(a, b);
+      else return sl::einsum<Sub>(a, b);
+    };
+    using Prod = decltype(product());
+    using C = std::conditional_t<std::is_same_v<SC, AsProduct>, Prod, Tensor<SC>>;
+    const auto c = oracle::operand<C>(mesh, shape_of<C::rank>(s.out, extent), seed + 2);
+    auto fused = [&](auto&& cc) {
+      if constexpr (Matmul) return sl::matmul_add(a, b, std::forward<decltype(cc)>(cc));
+      else return sl::einsum_add<Sub>(a, b, std::forward<decltype(cc)>(cc));
+    };
+    const auto two_ops = c + product();
+    const std::string what = std::string(Matmul ? "matmul_add" : "einsum_add") + " \"" + Sub.text + "\" of " +
+                             oracle::describe(a, b, c);
+    const auto c_before = oracle::host(c);
+    const auto got = fused(c);
+    static_assert(std::is_same_v<decltype(got), decltype(two_ops)>, "einsum_add's type is that of c + einsum");
+    const auto want = einsum_oracle<Prod::rank>(s, oracle::host(a).v, oracle::host(b).v, extent);
+    auto sum = want.value;
+    for (std::size_t i = 0; i < sum.v.size(); ++i) sum.v[i] += c_before.v[i];
+    oracle::expect_tensor(got, sum, want.tol(), what + " (c an lvalue)");
+    oracle::expect_tensor(two_ops, sum, want.tol(), what + ": c + einsum, the oracle's own check");
+    oracle::expect_tensor(c, c_before, oracle::Tol::exact(), what + ": c after einsum_add");
+    // An rvalue's block: taken over where the product folds into it, so the result's block is it.
+    auto moved = c.clone();
+    const float* block = moved.local().data();
+    const bool has_elements = moved.block().num_elements() > 0;
+    const auto got_moved = fused(std::move(moved));
+    oracle::expect_tensor(got_moved, sum, want.tol(), what + " (c an rvalue)");
+    if (has_elements) CHECK_MESSAGE((got_moved.local().data() == block) == Folds, what << ": the rvalue's block " << (Folds ? "was not" : "was") << " reused");
+    // A shared rvalue's block is not written: `shared` sees c's values afterwards.
+    auto lent = c.clone();
+    const auto shared = lent;
+    const auto got_shared = fused(std::move(lent));
+    oracle::expect_tensor(shared, c_before, oracle::Tol::exact(), what + ": a tensor sharing the rvalue's block");
+    oracle::expect_tensor(got_shared, sum, want.tol(), what + " (c an rvalue whose block is shared)");
+  }
+}
+
 /// Spec A with each spec of a list.
 template <sl::OpName Sub, bool Matmul, class SA, class... SB>
 void with_each(sl::Context& ctx, Rng& r, int cases, List<SB...>) {
@@ -382,6 +439,55 @@ TEST_CASE("Megatron MLP: column-parallel then row-parallel; one all_reduce or on
           oracle::expect_values(replicated, want_y.value, want_y.tol(), "y resolved to replicated on " + mesh.to_string());
           oracle::expect_values(seq_split, want_y.value, want_y.tol(), "y resolved to sequence-split on " + mesh.to_string());
         }
+      },
+      device_counts);
+}
+
+TEST_CASE("einsum_add and matmul_add: c + the product, c folded into the GEMM where it lies as the product") {
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        Rng r = oracle::rng_for(ctx, 9);
+        // Folded: c has the product's spec (split, 2-D split, partial-sum) and the output comes
+        // out of the GEMM in order or transposed.
+        einsum_add_cases<"ij,jk->ik", true, Rows, Rep2, AsProduct, true>(ctx, r, 3);
+        einsum_add_cases<"ij,jk->ik", true, Rows, ColsY, AsProduct, true>(ctx, r, 3);
+        einsum_add_cases<"ij,jk->ik", false, ColsY, RowsY, AsProduct, true>(ctx, r, 3);  // partial over y
+        einsum_add_cases<"ij,jk->ki", false, Rows, ColsY, AsProduct, true>(ctx, r, 3);   // transposed output
+        einsum_add_cases<"bij,bjk->bik", true, Spec<"x", none, none>, Spec<"x", none, "y">, AsProduct, true>(ctx, r, 3);
+        // As written (c + einsum): c in another spec, a permuted output.
+        einsum_add_cases<"ij,jk->ik", true, Rows, ColsY, Rep2, false>(ctx, r, 3);
+        einsum_add_cases<"ij,jk->ik", false, ColsY, RowsY, Rows, false>(ctx, r, 3);
+        einsum_add_cases<"bij,bjk->kbi", false, Spec<"x", none, none>, Spec<"x", none, "y">, AsProduct, false>(ctx, r, 3);
+      },
+      device_counts);
+}
+
+TEST_CASE("einsum_add broadcasts a lower-rank c as the add does, and refuses a c that does not broadcast") {
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        const M mesh(ctx, {ctx.num_devices(), 1});
+        const auto a = Tensor<Rows>::iota(mesh, {5, 3});
+        const auto b = Tensor<Rep2>::full(mesh, {3, 4}, 1.0f);
+        const auto bias = sl::DistributedTensor<float, M, Spec<none>>::iota(mesh, {4});
+        const auto got = sl::matmul_add(a, b, bias);  // a bias: the add's broadcast, not folded
+        static_assert(std::is_same_v<std::remove_const_t<decltype(got)>, decltype(bias + sl::matmul(a, b))>);
+        CHECK(got.to_host() == (bias + sl::matmul(a, b)).to_host());
+        const auto wrong = Tensor<Rows>::zeros(mesh, {5, 3});
+        CHECK_THROWS_WITH_AS(sl::matmul_add(a, b, wrong),
+                             "shardlib: matmul_add: shapes do not broadcast (output dim 1): [5, 3] with Spec<\"x\", none>, "
+                             "[5, 4] with Spec<\"x\", none>",
+                             std::invalid_argument);
+        const auto other = Tensor<Rep2>::zeros(mesh, {4, 5});
+        CHECK_THROWS_WITH_AS(sl::einsum_add<"ij,jk->ik">(a, other, wrong), doctest::Contains("label 'j' has extent 3"),
+                             std::invalid_argument);
+        // Nothing was left half-done: the devices still agree on a collective afterwards.
+        CHECK(sl::matmul_add(a, b, Tensor<Rows>::zeros(mesh, {5, 4})).to_host() == sl::matmul(a, b).to_host());
+        // c moved in while it is also an operand: copied (the GEMM's C is never its A or B).
+        auto sq = Tensor<Rows>::iota(mesh, {4, 4});
+        const auto rep = Tensor<Rep2>(sq);
+        const auto want = (sq + sl::matmul(sq, rep)).to_host();
+        const auto got_sq = sl::matmul_add(sq, rep, std::move(sq));
+        CHECK(got_sq.to_host() == want);
       },
       device_counts);
 }

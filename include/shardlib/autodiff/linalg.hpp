@@ -55,11 +55,16 @@ constexpr OpName join_subscripts(const std::array<char, max_tensor_rank>& x, int
 template <OpName Sub>
 inline constexpr EinsumSubscripts parsed = parse_einsum(std::string_view(Sub.text));
 
-/// The differentiable einsum of operands `a`, `b` (Vars or tensors) with subscripts `Sub`.
-template <OpName Name, OpName Sub, class A, class B>
-auto einsum_var(const A& a, const B& b) {
+/// The differentiable einsum of operands `a`, `b` (Vars or tensors) with subscripts `Sub`; with
+/// `c` (a third operand, `Added`), of `c + einsum` (einsum_add: `c` folded into the GEMM where
+/// it can be, its gradient `g` as the add's).
+template <OpName Name, OpName Sub, class A, class B, bool Added = false, class C = A>
+auto einsum_var(const A& a, const B& b, const C* c = nullptr) {
   constexpr EinsumSubscripts s = parsed<Sub>;
-  auto out = einsum_op<Name, Sub>(value(a), value(b));
+  auto out = [&] {
+    if constexpr (Added) return einsum_add_op<Name, Sub>(value(a), value(b), value(*c));
+    else return einsum_op<Name, Sub>(value(a), value(b));
+  }();
   if constexpr (s.status == OpRule::ok && s.n_in == 2) {
     constexpr char alone_a = summed_alone(s, 0), alone_b = summed_alone(s, 1);
     SHARDLIB_STATIC_REQUIRE((alone_a == 0 && alone_b == 0),
@@ -75,12 +80,21 @@ auto einsum_var(const A& a, const B& b) {
     std::optional<BT> sb;
     if (nb) sa = value(a);
     if (na) sb = value(b);
-    return record(Name.text, std::move(out),
-                  [na, nb, sa = std::move(sa), sb = std::move(sb)](const auto& g, BackwardPass& p) {
-                    if (na) give(p, 0, *na, einsum_op<Name, ga>(g, *sb));
-                    if (nb) give(p, 1, *nb, einsum_op<Name, gb>(*sa, g));
-                  },
-                  na, nb);
+    auto rule = [na, nb, sa = std::move(sa), sb = std::move(sb)](const auto& g, BackwardPass& p) {
+      if (na) give(p, 0, *na, einsum_op<Name, ga>(g, *sb));
+      if (nb) give(p, 1, *nb, einsum_op<Name, gb>(*sa, g));
+    };
+    if constexpr (Added) {
+      auto nc = node(*c);
+      return record(Name.text, std::move(out),
+                    [rule = std::move(rule), nc](const auto& g, BackwardPass& p) {
+                      rule(g, p);
+                      if (nc) give(p, 2, *nc, g);
+                    },
+                    na, nb, nc);
+    } else {
+      return record(Name.text, std::move(out), std::move(rule), na, nb);
+    }
   } else {
     return out;
   }
@@ -92,6 +106,14 @@ template <OpName Subscripts, class A, class B>
   requires DifferentiableOperands<A, B>
 auto einsum(const A& a, const B& b) {
   return autodiff::detail::einsum_var<"einsum", Subscripts>(a, b);
+}
+
+/// `c + einsum<Subscripts>(a, b)` with a Var operand (see einsum_add of tensors): `c` folded into
+/// the GEMM where it lies as the product does; differentiable in all three.
+template <OpName Subscripts, class A, class B, class C>
+  requires DifferentiableOperands<A, B, C>
+auto einsum_add(const A& a, const B& b, const C& c) {
+  return autodiff::detail::einsum_var<"einsum_add", Subscripts, A, B, true>(a, b, &c);
 }
 
 /// Matrix product with a Var operand (see matmul of tensors).
@@ -106,6 +128,20 @@ auto matmul(const A& a, const B& b) {
                                                                          typename autodiff::detail::tensor_of_t<B>::spec_type>);
   if constexpr (ra >= 2 && (rb == 2 || rb == ra))
     return autodiff::detail::einsum_var<"matmul", detail::matmul_subscripts<ra, rb>()>(a, b);
+}
+
+/// `c + matmul(a, b)` with a Var operand (see matmul_add of tensors).
+template <class A, class B, class C>
+  requires DifferentiableOperands<A, B, C>
+auto matmul_add(const A& a, const B& b, const C& c) {
+  constexpr std::size_t ra = autodiff::detail::tensor_of_t<A>::rank, rb = autodiff::detail::tensor_of_t<B>::rank;
+  SHARDLIB_STATIC_REQUIRE((ra >= 2 && (rb == 2 || rb == ra)),
+                          "shardlib: matmul needs rank >= 2 operands: equal ranks, or a rank-2 right operand",
+                          error::op_has_no_sharding_rule_for_these_specs<"matmul_add", OpRule::rank_mismatch,
+                                                                         typename autodiff::detail::tensor_of_t<A>::spec_type,
+                                                                         typename autodiff::detail::tensor_of_t<B>::spec_type>);
+  if constexpr (ra >= 2 && (rb == 2 || rb == ra))
+    return autodiff::detail::einsum_var<"matmul_add", detail::matmul_subscripts<ra, rb>(), A, B, true>(a, b, &c);
 }
 
 }  // namespace shardlib

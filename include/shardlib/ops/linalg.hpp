@@ -184,11 +184,13 @@ SHARDLIB_NOINLINE inline void einsum_shape(const char* name, const char* sub, co
 
 /// The runtime part of a contraction, compiled once per element type and memory space: the
 /// operands in the rule's layouts (resharded where theirs differ), each mapped or packed into a
-/// matrix batch, one batched GEMM into the output block `c_out` (`c_box`).
+/// matrix batch, one batched GEMM into the output block `c_out` (`c_box`). With `accumulate` the
+/// product is added to what `c_out` holds (the GEMM's beta = 1: einsum_add); the output must then
+/// be the GEMM's C as it is (`L.c_direct` or `L.c_trans`).
 template <class T, class Mem>
 SHARDLIB_NOINLINE void einsum_run(const char* name, const EinsumSubscripts& s, const EinsumLayout& L,
                                   const OpRule& rule, const OperandRef<T>& a, const OperandRef<T>& b, T* c_out,
-                                  const ShardBox& c_box) {
+                                  const ShardBox& c_box, bool accumulate = false) {
   const Block<T> ba = block_as<Mem>(a, rule.in[0]);
   const Block<T> bb = block_as<Mem>(b, rule.in[1]);
   Context& ctx = *a.ctx;
@@ -207,6 +209,8 @@ SHARDLIB_NOINLINE void einsum_run(const char* name, const EinsumSubscripts& s, c
                            std::to_string(ma.rows) + "x" + std::to_string(ma.cols) + " times " + std::to_string(mb.rows) +
                            "x" + std::to_string(mb.cols) + ")");
   T* c = c_out;
+  if (accumulate && !L.c_direct && !L.c_trans)
+    throw std::logic_error("shardlib: internal error: " + std::string(name) + " accumulates into a permuted output");
   if (!L.c_direct && !L.c_trans) {
     keep_c = alloc(static_cast<std::size_t>(nb * mn) * sizeof(T));
     c = static_cast<T*>(keep_c.get());
@@ -214,7 +218,8 @@ SHARDLIB_NOINLINE void einsum_run(const char* name, const EinsumSubscripts& s, c
   const kernels::MatrixBatch<T> mc = L.c_trans ? kernels::MatrixBatch<T>{c, m, n, 1, m, mn}
                                                : kernels::MatrixBatch<T>{c, m, n, n, 1, mn};
   kernels::gemm<T>(nb, {ma.data, m, ma.cols, ma.row_stride, ma.col_stride, nb > 1 ? ma.batch_stride : 0},
-                   {mb.data, mb.rows, n, mb.row_stride, mb.col_stride, nb > 1 ? mb.batch_stride : 0}, mc);
+                   {mb.data, mb.rows, n, mb.row_stride, mb.col_stride, nb > 1 ? mb.batch_stride : 0}, mc, T(1),
+                   accumulate ? T(1) : T(0));
   if (keep_c) {  // canonical [batch, free_a, free_b] -> the output's order
     std::array<std::int64_t, max_tensor_rank> ext{};
     std::array<int, max_tensor_rank> inv{};
@@ -264,6 +269,45 @@ auto einsum_op(const A& a, const B& b) {
   }
 }
 
+/// `c + einsum<Sub>(a, b)`, with `c` folded into the GEMM (its beta = 1) where that gives the same
+/// tensor: `c` lies as the product does (same type: element type, mesh, spec and memory space,
+/// so the add's rule keeps the product's layout, partial clause included), the add's output
+/// type is the product's, the output needs no permute after the GEMM (its dims in the GEMM's
+/// order or transposed) and `c` has the product's shape. The output starts as `c`'s block (taken
+/// over when `c` is an rvalue whose block nobody else shares, copied otherwise) and the GEMM adds
+/// the product to it. Every other case computes `c + einsum<Sub>(a, b)` as written.
+template <OpName Name, OpName Sub, class A, class B, class C>
+auto einsum_add_op(const A& a, const B& b, C&& c) {
+  using CT = std::remove_cvref_t<C>;
+  using Prod = decltype(einsum_op<Name, Sub>(a, b));
+  // The add under this op's name (its messages name einsum_add / matmul_add); `c + product`'s type.
+  auto add = [](const auto& x, const auto& y) { return elementwise_op<Name, Linearity::additive>(fn::add{}, x, y); };
+  using Sum = decltype(add(std::declval<const CT&>(), std::declval<const Prod&>()));
+  using T = typename A::value_type;
+  static constexpr EinsumSubscripts s = parse_einsum(std::string_view(Sub.text));
+  static constexpr EinsumLayout L = einsum_layout(s);
+  if constexpr (!std::is_same_v<Sum, Prod> || !std::is_same_v<CT, Prod> || is_half_v<T> || !(L.c_direct || L.c_trans)) {
+    return add(c, einsum_op<Name, Sub>(a, b));
+  } else {
+    static constexpr OpRule rule = einsum_rule(s, A::sharding, B::sharding);
+    check_same_mesh(Name.text, a, b);
+    check_same_mesh(Name.text, a, c);
+    typename Prod::Shape shape{};
+    einsum_shape(Name.text, Sub.text, s, info(a), info(b), shape.data());
+    if (c.shape() != shape) return add(c, einsum_op<Name, Sub>(a, b));  // the add's broadcast or its error
+    // An rvalue's block that no other tensor holds becomes the output's; else a copy of it does.
+    // (`c` may be `a` or `b` itself, `matmul_add(x, w, std::move(x))`: the GEMM's C must not be
+    // its A or B, so that one is copied.)
+    const bool take = std::is_rvalue_reference_v<C&&> && !std::is_const_v<std::remove_reference_t<C>> &&
+                      c.block_owner().use_count() == 1 && static_cast<const void*>(&c) != static_cast<const void*>(&a) &&
+                      static_cast<const void*>(&c) != static_cast<const void*>(&b);
+    Prod out = take ? Prod(std::move(c)) : c.clone();
+    einsum_run<T, typename A::memory_space>(Name.text, s, L, rule, ref(a), ref(b), out.local().data(), out.block(),
+                                            true);
+    return out;
+  }
+}
+
 /// "ab...yz,..." subscripts for matmul of ranks RA and RB (numpy's matmul on equal batch ranks, or
 /// a rank-2 right operand shared across the left operand's leading dims).
 template <std::size_t RA, std::size_t RB>
@@ -300,6 +344,17 @@ auto einsum(const A& a, const B& b) {
   return detail::einsum_op<"einsum", Subscripts>(a, b);
 }
 
+/// `c + einsum<Subscripts>(a, b)` in one pass where it can (a residual added to the projection
+/// before it): the same tensor, of the same type, as the two ops, to float round-off. When `c`
+/// has the product's type (so its spec) and shape and the output's dims come out of the GEMM in
+/// order, `c` is the GEMM's initial C (beta = 1): no separate add pass, and no copy of `c` when
+/// it is an rvalue (`std::move(x)`) whose block no other tensor shares. Otherwise it runs the
+/// two ops. Throws what they throw.
+template <OpName Subscripts, TensorType A, TensorType B, TensorType C>
+auto einsum_add(const A& a, const B& b, C&& c) {
+  return detail::einsum_add_op<"einsum_add", Subscripts>(a, b, std::forward<C>(c));
+}
+
 /// Matrix product (numpy's matmul): rank-2 times rank-2, batched with equal ranks >= 3 (the
 /// leading dims are batch dims), or any rank >= 2 times a rank-2 matrix shared across the leading
 /// dims. Other rank combinations fail to compile, naming the specs.
@@ -312,6 +367,19 @@ auto matmul(const A& a, const B& b) {
                                                                          typename A::spec_type, typename B::spec_type>);
   if constexpr (ra >= 2 && (rb == 2 || rb == ra))
     return detail::einsum_op<"matmul", detail::matmul_subscripts<ra, rb>()>(a, b);
+}
+
+/// `c + matmul(a, b)` in one pass where it can: see einsum_add (PyTorch's `addmm(c, a, b)`, with
+/// the operands in matmul's order).
+template <TensorType A, TensorType B, TensorType C>
+auto matmul_add(const A& a, const B& b, C&& c) {
+  constexpr std::size_t ra = std::remove_cvref_t<A>::rank, rb = std::remove_cvref_t<B>::rank;
+  SHARDLIB_STATIC_REQUIRE((ra >= 2 && (rb == 2 || rb == ra)),
+                          "shardlib: matmul needs rank >= 2 operands: equal ranks, or a rank-2 right operand",
+                          error::op_has_no_sharding_rule_for_these_specs<"matmul_add", OpRule::rank_mismatch,
+                                                                         typename A::spec_type, typename B::spec_type>);
+  if constexpr (ra >= 2 && (rb == 2 || rb == ra))
+    return detail::einsum_add_op<"matmul_add", detail::matmul_subscripts<ra, rb>()>(a, b, std::forward<C>(c));
 }
 
 }  // namespace shardlib
