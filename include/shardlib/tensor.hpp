@@ -26,6 +26,7 @@
 #include <shardlib/detail/attributes.hpp>
 #include <shardlib/detail/diagnostics.hpp>
 #include <shardlib/detail/function_ref.hpp>
+#include <shardlib/detail/pack.hpp>
 #include <shardlib/execute/block.hpp>
 #include <shardlib/execute/reshard.hpp>
 #include <shardlib/half.hpp>
@@ -605,30 +606,6 @@ template <class F, class T, std::size_t R>
 using map_element_t =
     typename map_result<F, Index<R>, T, std::is_invocable_v<F, const Index<R>&, const compute_t<T>&>>::type;
 
-/// The other tensors' block pointers a loop kernel carries: a tuple whose `get` also runs on a GPU
-/// (std::get is host code under nvcc without --expt-relaxed-constexpr).
-template <class... P>
-struct Pointers;
-template <>
-struct Pointers<> {};
-template <class H, class... P>
-struct Pointers<H, P...> {
-  H head;
-  Pointers<P...> rest;
-};
-template <class... P>
-Pointers<P...> pointers(P... p) {
-  if constexpr (sizeof...(P) == 0) {
-    return {};
-  } else {
-    return [](auto h, auto... r) { return Pointers<P...>{h, pointers(r...)}; }(p...);
-  }
-}
-template <std::size_t I, class H, class... P>
-KOKKOS_FORCEINLINE_FUNCTION auto get(const Pointers<H, P...>& p) {
-  if constexpr (I == 0) return p.head;
-  else return get<I - 1>(p.rest);
-}
 
 /// parallel_for's element functor: f(global index, out[k], in[k]...).
 template <class F, class T, class P, std::size_t... I>
@@ -663,7 +640,7 @@ void parallel_for_impl(Tensor& t, const Args& args, std::index_sequence<I...>) {
           "auto&): it also accepts a temporary (it takes it by value, const& or auto&&), so what it writes is lost",
           error::parallel_for_functor_must_take_the_written_element_by_non_const_reference<F, T>);
       (check_loop_operand("parallel_for", t, I + 1, std::get<I>(args)), ...);
-      const auto in = pointers<loop_pointer_t<std::tuple_element_t<I, Args>>...>(std::get<I>(args).local().data()...);
+      const auto in = pack<loop_pointer_t<std::tuple_element_t<I, Args>>...>(std::get<I>(args).local().data()...);
       t.for_each_local(ForKernel<F, T, decltype(in), I...>{std::get<sizeof...(I)>(args), t.local().data(), in});
     }
   }
@@ -755,7 +732,7 @@ auto parallel_reduce_impl(const Tensor& t, const Args& args, std::index_sequence
     if (is_primary_replica(Tensor::sharding, t.mesh().shape(), ctx.device()) && t.block().num_elements() > 0)
       result = reduce_block<Op, R, typename Tensor::memory_space, Tensor::rank>(
           ctx, t.block(), std::get<sizeof...(I)>(args), t.local().data(),
-          pointers<const typename tensor_traits<std::remove_cvref_t<std::tuple_element_t<I, Args>>>::element*...>(
+          pack<const typename tensor_traits<std::remove_cvref_t<std::tuple_element_t<I, Args>>>::element*...>(
               std::get<I>(args).local().data()...),
           std::index_sequence<I...>{});
     ctx.world().all_reduce(&result, &result, 1, coll::dtype_of<R>(), Op);

@@ -1,17 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tensors in the memory of Kokkos's default execution space: Kokkos::CudaSpace with a
 // CUDA-enabled Kokkos (the GPU suite, docs/12_gpus.md), host memory otherwise (CI). Creation,
-// from_host/to_host, scatter_from/gather_to, clone, reshards and the loops (KOKKOS_LAMBDA
-// bodies) against the same program on tensors in host memory, on 1..4 devices: the host tensor
-// is the oracle of the device one.
+// from_host/to_host, scatter_from/gather_to, clone, reshards, the loops (KOKKOS_LAMBDA bodies),
+// and the elementwise ops against the same program on tensors in host memory, on 1..4 devices:
+// the host tensor is the oracle of the device one.
 #include <doctest/doctest.h>
 #include <shardlib/memory.hpp>
+#include <shardlib/ops/elementwise.hpp>
 #include <shardlib/tensor.hpp>
 
 #include "../collectives/harness.hpp"
 
+#include <cmath>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -140,6 +143,57 @@ void check_16bit(sl::Context& ctx) {
         doctest::Approx(2.0 * 44 * 45 / 2));
 }
 
+/// a * b + c, for zip.
+struct MulAdd {
+  KOKKOS_INLINE_FUNCTION float operator()(float a, float b, float c) const { return a * b + c; }
+};
+
+/// Whether `got` equals `want` to float round-off: a GPU's exp and erf and its fused multiply-adds
+/// may round differently from the host's vector math; in host memory the two are the same program.
+bool close(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  bool ok = got.size() == want.size();
+  for (std::size_t k = 0; ok && k < got.size(); ++k) ok = std::abs(got[k] - want[k]) <= 1e-5f * (1.0f + std::abs(want[k]));
+  if (!ok) FAIL_CHECK(what << ": differs from the same op on host memory");
+  return ok;
+}
+
+// The elementwise ops run as kernels in the tensors' memory: dense and broadcast operands, a
+// reshard of an operand, scalars, unary math, partial operands kept partial, casts, zip.
+void check_elementwise(sl::Context& ctx) {
+  const M2 mesh = mesh_of(ctx);
+  const std::int64_t shape[2] = {11, 6};
+  const auto a = T2<Both>::random(mesh, shape, 5, -2.0f, 2.0f);
+  const auto b = T2<Rows>::random(mesh, shape, 6, -2.0f, 2.0f);
+  const auto ha = T2<Both, Kokkos::HostSpace>::random(mesh, shape, 5, -2.0f, 2.0f);
+  const auto hb = T2<Rows, Kokkos::HostSpace>::random(mesh, shape, 6, -2.0f, 2.0f);
+  using V = sl::DistributedTensor<float, M2, sl::Spec<"y">, Mem>;  // a row broadcast down the columns
+  const std::int64_t vshape[1] = {6};
+  const auto v = V::random(mesh, vshape, 7);
+  const auto hv = sl::DistributedTensor<float, M2, sl::Spec<"y">, Kokkos::HostSpace>::random(mesh, vshape, 7);
+
+  const auto sum = a + b * 2.0f - 1.0f;  // b resharded to a's layout in device memory
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(sum)>, T2<Both>>);
+  close(sum.to_host(), (ha + hb * 2.0f - 1.0f).to_host(), "a + b * 2 - 1");
+  close((sl::gelu(a) / (sl::exp(b) + 1.0f)).to_host(), (sl::gelu(ha) / (sl::exp(hb) + 1.0f)).to_host(), "gelu(a) / (exp(b) + 1)");
+  close((sl::tanh(a) * v - sl::sqrt(sl::abs(b))).to_host(), (sl::tanh(ha) * hv - sl::sqrt(sl::abs(hb))).to_host(),
+        "tanh(a) * v - sqrt(|b|), v broadcast");
+  close(sl::zip(MulAdd{}, a, b, v).to_host(), sl::zip(MulAdd{}, ha, hb, hv).to_host(), "zip(a * b + v)");
+
+  // A partial-sum operand stays partial through a linear op; its sum is the op of the sum.
+  std::vector<float> global(11 * 6);
+  for (std::size_t k = 0; k < global.size(); ++k) global[k] = 0.5f * static_cast<float>(k) - 7.0f;
+  const auto p = T2<RowsPartial>::from_host(mesh, shape, std::span<const float>(global));
+  const auto p3 = p * 3.0f;
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(p3)>, T2<RowsPartial>>);
+  std::vector<float> want(global.size());
+  for (std::size_t k = 0; k < global.size(); ++k) want[k] = 3.0f * global[k];
+  CHECK(p3.to_host() == want);
+
+  // Casts: to bf16 and back, in the kernels.
+  const auto round_trip = sl::cast<float>(sl::cast<sl::bf16>(a));
+  CHECK(round_trip.to_host() == sl::cast<float>(sl::cast<sl::bf16>(ha)).to_host());
+}
+
 TEST_SUITE("tensor_memory_space") {
   TEST_CASE("tensors in the default execution space's memory: creation, transfers and reshards against host memory") {
     sl::test::for_each_run(check_creation_and_transfers, {1, 2, 3, 4});
@@ -149,5 +203,8 @@ TEST_SUITE("tensor_memory_space") {
   }
   TEST_CASE("16-bit tensors in the default execution space's memory: creation, reshard, map and reduce") {
     sl::test::for_each_run(check_16bit, {1, 2, 3, 4});
+  }
+  TEST_CASE("the elementwise ops on tensors in the default execution space's memory against host memory") {
+    sl::test::for_each_run(check_elementwise, {1, 2, 3, 4});
   }
 }

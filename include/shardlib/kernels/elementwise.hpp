@@ -11,6 +11,7 @@
 /// Knows nothing of tensors or collectives: raw pointers, extents, an execution-space instance.
 #pragma once
 
+#include <shardlib/detail/pack.hpp>
 #include <shardlib/kernels/vmath.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -43,28 +44,60 @@ constexpr std::array<std::int64_t, R> row_major_strides(const std::array<std::in
 }
 
 namespace detail {
+using shardlib::detail::get;
+using shardlib::detail::Pack;
+
+/// `out[k] = f(in[k]...)`, inputs laid out as the output: a named functor, so that it also runs on
+/// a GPU (nvcc cannot name an extended lambda in every template that calls it).
+template <class Out, class F, class P, std::size_t... I>
+struct FlatKernel {
+  Out* out;
+  F f;
+  P in;  // Pack<const In*...>
+  KOKKOS_FORCEINLINE_FUNCTION void operator()(std::int64_t k) const { out[k] = f(get<I>(in)[k]...); }
+};
+
+/// One row of the last dim per work item: the row index decomposed once, then each input strided
+/// along the row (stride 0 broadcasts).
+template <class Out, std::size_t R, class F, class P, std::size_t... I>
+struct RowsKernel {
+  static constexpr std::size_t N = sizeof...(I);
+  Out* out;
+  F f;
+  P in;                                       // Pack<const In*...>
+  std::int64_t extent[R];                     // the output box
+  std::int64_t stride[N > 0 ? N : 1][R];      // stride[i][d]: input i along dim d
+  KOKKOS_FORCEINLINE_FUNCTION void operator()(std::int64_t row) const {
+    std::int64_t rest = row;
+    std::int64_t base[N > 0 ? N : 1] = {};
+    for (std::size_t d = R - 1; d-- > 0;) {
+      const std::int64_t i = rest % extent[d];
+      rest /= extent[d];
+      ((base[I] += i * stride[I][d]), ...);
+    }
+    const std::int64_t len = extent[R - 1];
+    Out* o = out + row * len;
+    for (std::int64_t j = 0; j < len; ++j) o[j] = f(get<I>(in)[base[I] + j * stride[I][R - 1]]...);
+  }
+};
+
 template <class Exec, class Out, std::size_t R, class F, std::size_t... I, class... In>
 void elementwise_strided(const Exec& exec, Out* out, const std::array<std::int64_t, R>& extent, std::int64_t rows,
                          F f, std::index_sequence<I...>, const Strided<In, R>&... in) {
-  // One work item per row of the last dim: decompose the row index once, then stride along it.
-  const std::int64_t len = extent[R - 1];
-  Kokkos::parallel_for("shardlib::elementwise_strided", Kokkos::RangePolicy<Exec>(exec, 0, rows),
-                       [=](std::int64_t row) {
-                         std::int64_t rest = row;
-                         std::array<std::int64_t, sizeof...(In)> base{};
-                         for (std::size_t d = R - 1; d-- > 0;) {
-                           const std::int64_t i = rest % extent[d];
-                           rest /= extent[d];
-                           ((base[I] += i * in.stride[d]), ...);
-                         }
-                         Out* o = out + row * len;
-                         for (std::int64_t j = 0; j < len; ++j) o[j] = f(in.data[base[I] + j * in.stride[R - 1]]...);
-                       });
+  RowsKernel<Out, R, F, Pack<const In*...>, I...> k{out, f, shardlib::detail::pack(in.data...), {}, {}};
+  for (std::size_t d = 0; d < R; ++d) {
+    k.extent[d] = extent[d];
+    ((k.stride[I][d] = in.stride[d]), ...);
+  }
+  Kokkos::parallel_for("shardlib::elementwise_strided", Kokkos::RangePolicy<Exec>(exec, 0, rows), k);
 }
 }  // namespace detail
 
 /// `out` (row-major over `extent`) = `f(inputs...)` elementwise. Inputs laid out exactly as the
-/// output take one flat loop; others walk rows of the last dim with their strides.
+/// output take one flat loop; others walk rows of the last dim with their strides. On a host
+/// execution space it returns when `out` is written; on a device one (a GPU stream) the kernel
+/// is queued on `exec` and it returns at once (`f` then runs on the GPU: its operator() must be
+/// KOKKOS_INLINE_FUNCTION, as fn::'s are).
 template <class Exec, class Out, std::size_t R, class F, class... In>
 void elementwise(const Exec& exec, Out* out, const std::array<std::int64_t, R>& extent, F f,
                  const Strided<In, R>&... in) {
@@ -85,13 +118,14 @@ void elementwise(const Exec& exec, Out* out, const std::array<std::int64_t, R>& 
   }
   if (((in.stride == dense) && ...)) {
     Kokkos::parallel_for("shardlib::elementwise", Kokkos::RangePolicy<Exec>(exec, 0, n),
-                         [=](std::int64_t k) { out[k] = f(in.data[k]...); });
-  } else if constexpr (R == 0) {
-    out[0] = f(in.data[0]...);
-  } else {
+                         [&]<std::size_t... I>(std::index_sequence<I...>) {
+                           return detail::FlatKernel<Out, F, shardlib::detail::Pack<const In*...>, I...>{
+                               out, f, shardlib::detail::pack(in.data...)};
+                         }(std::index_sequence_for<In...>{}));
+  } else if constexpr (R > 0) {  // (a rank-0 box has no strides: always dense)
     detail::elementwise_strided(exec, out, extent, n / extent[R - 1], f, std::index_sequence_for<In...>{}, in...);
   }
-  exec.fence();
+  if constexpr (vmath::is_host_v<Exec>) exec.fence();
 }
 
 }  // namespace shardlib::kernels

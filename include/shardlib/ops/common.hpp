@@ -46,10 +46,15 @@ struct op_has_no_sharding_rule_for_these_specs;
 /// The operands of an op live on meshes of different types.
 template <OpName Op, class... Meshes>
 struct op_operands_are_on_different_meshes;
-/// The ops' kernels (kernels/) are host kernels: a tensor in device memory cannot be an operand
-/// yet (docs/12_gpus.md); its loops, creation, transfers and reshards work.
+/// This op's kernels (kernels/) are host kernels: a tensor in device memory cannot be its
+/// operand yet (docs/12_gpus.md); its loops, creation, transfers, reshards and the elementwise
+/// ops work.
 template <class MemorySpace>
 struct ops_on_tensors_in_device_memory_are_not_built_yet;
+/// The operands of an op live in different memory spaces (host and device memory, say): move one
+/// (`to_host`/`from_host`, or a tensor created in the other space) first.
+template <OpName Op, class... MemorySpaces>
+struct op_operands_are_in_different_memory_spaces;
 }  // namespace error
 
 
@@ -87,49 +92,54 @@ struct OperandRef {
 template <class Mem>
 constexpr bool require_host_operand() {
   SHARDLIB_STATIC_REQUIRE(host_memory_v<Mem>,
-                          "shardlib: the ops take tensors in host memory only, for now; a tensor in device memory "
-                          "has creation, loops (parallel_for, map, parallel_reduce), to_host/from_host and reshards",
+                          "shardlib: this op takes tensors in host memory only, for now; a tensor in device memory "
+                          "has creation, loops (parallel_for, map, parallel_reduce), to_host/from_host, reshards "
+                          "and the elementwise ops (+ - * /, unary math, cast, zip)",
                           error::ops_on_tensors_in_device_memory_are_not_built_yet<Mem>);
   return true;
 }
 
-template <class T, class MeshT, class SpecT, class Mem>
+/// Tensor `t` as an OperandRef. `AnyMemory`: the op's kernels run in every memory space (the
+/// elementwise ops); the others take host memory only and stop the build on a tensor in device
+/// memory.
+template <bool AnyMemory = false, class T, class MeshT, class SpecT, class Mem>
 OperandRef<T> ref(const DistributedTensor<T, MeshT, SpecT, Mem>& t) noexcept {
-  static_assert(require_host_operand<Mem>());
+  if constexpr (!AnyMemory) static_assert(require_host_operand<Mem>());
   return {&t.context(), &t.mesh().shape(), &DistributedTensor<T, MeshT, SpecT, Mem>::sharding, t.shape(),
           t.local().data(), &t.block()};
 }
 
 /// The block (`data`, `box`) of a tensor of `shape` with sharding `from` on `mesh`, laid out as
-/// `target` (a reshard when it differs; collective then). Runtime-generic: compiled once per
-/// element type and memory space.
+/// `target` (a reshard when it differs; collective then), in memory space `Mem` (a reshard of a
+/// block in device memory: execute/reshard.hpp's run_reshard_in). Runtime-generic: compiled once
+/// per element type and memory space.
 template <class T, class Mem>
 SHARDLIB_NOINLINE Block<T> block_as(Context& ctx, const MeshShape& mesh, const Sharding& from, ArrayRef<std::int64_t> shape,
                                     const T* data, const ShardBox& box, const Sharding& target) {
-  static_assert(require_host_operand<Mem>());
   if (target == from) return {nullptr, data, box};
-  const auto& c = compiled_reshard(ctx, mesh, from, target, shape);
+  const auto& c = compiled_reshard(ctx, mesh, from, target, shape, nullptr, reshards_on_device<Mem>(ctx));
   if (c.steps.empty()) return {nullptr, data, box};
   Block<T> b;
   b.box = c.steps.back().out_box;
-  auto alloc = [cache = &block_cache<Mem>(ctx)](std::size_t n) { return cache->allocate(n * sizeof(T)); };
-  run_reshard<T>(ctx, c, data, alloc, [&](std::size_t n) {
-    b.keep = alloc(n);
+  run_reshard_in<Mem, T>(ctx, c, data, [&](std::size_t n) {
+    b.keep = block_cache<Mem>(ctx).allocate(n * sizeof(T));
     return static_cast<T*>(b.keep.get());
   });
   b.data = static_cast<const T*>(b.keep.get());
   return b;
 }
 
-/// The block of operand `t` laid out as `target` (see above).
+/// The block of operand `t` laid out as `target` (see above), in `t`'s memory space `Mem`.
 template <class Mem, class T>
 Block<T> block_as(const OperandRef<T>& t, const Sharding& target) {
   return block_as<T, Mem>(*t.ctx, *t.mesh, *t.sharding, t.shape, t.data, *t.box, target);
 }
 
-/// The block of `t` laid out as `target` (see above). `target` has the tensor's rank.
+/// The block of `t` laid out as `target` (see above), for ops whose kernels take host memory
+/// only. `target` has the tensor's rank.
 template <class T, class MeshT, class SpecT, class Mem>
 Block<T> block_as(const DistributedTensor<T, MeshT, SpecT, Mem>& t, const Sharding& target) {
+  static_assert(require_host_operand<Mem>());
   return block_as<T, Mem>(t.context(), t.mesh().shape(), DistributedTensor<T, MeshT, SpecT, Mem>::sharding, t.shape(),
                           t.local().data(), t.block(), target);
 }

@@ -102,7 +102,9 @@ using element_t = typename std::remove_cvref_t<T>::value_type;
 
 /// The runtime part of an elementwise op, compiled once per functor, element types and rank
 /// (whatever the specs): each operand read in its layout (`layouts[i]`, resharded when its own
-/// differs), one kernel writes the output block `out` (`out_box` of global `shape`).
+/// differs), one kernel writes the output block `out` (`out_box` of global `shape`), on the
+/// device's execution-space instance for `Mem` (in device memory, queued on its stream: the
+/// output's later readers are ordered after it on that stream).
 template <std::size_t R, class Mem, class U, class F, std::size_t... I, class... Ts>
 SHARDLIB_NOINLINE void elementwise_run(Context& ctx, F f, U* out, const ShardBox& out_box,
                                        const std::array<std::int64_t, R>& shape, const Sharding* layouts,
@@ -113,7 +115,7 @@ SHARDLIB_NOINLINE void elementwise_run(Context& ctx, F f, U* out, const ShardBox
   auto guard = kernel_guard(ctx, false);
   std::apply(
       [&](const auto&... bs) {
-        kernels::elementwise(ctx.exec(), out, extent, f, strided_view<R>(bs, ops.shape, out_box, shape)...);
+        kernels::elementwise(ctx.exec_for<Mem>(), out, extent, f, strided_view<R>(bs, ops.shape, out_box, shape)...);
       },
       blocks);
 }
@@ -153,6 +155,9 @@ auto elementwise_op(F f, const Tensor0& t0, const Tensors&... ts) {
   SHARDLIB_STATIC_REQUIRE(((std::is_same_v<typename Tensors::mesh_type, MeshT> && ...)),
                           "shardlib: an elementwise op on tensors of different mesh types",
                           error::op_operands_are_on_different_meshes<Name, MeshT, typename Tensors::mesh_type...>);
+  SHARDLIB_STATIC_REQUIRE(((std::is_same_v<typename Tensors::memory_space, Mem> && ...)),
+                          "shardlib: an elementwise op on tensors in different memory spaces",
+                          error::op_operands_are_in_different_memory_spaces<Name, Mem, typename Tensors::memory_space...>);
   static constexpr std::array<Sharding, 1 + sizeof...(Tensors)> shardings{Tensor0::sharding, Tensors::sharding...};
   static constexpr OpRule rule = elementwise_rule(Kind, detail::ArrayRef<Sharding>(shardings.data(), shardings.size()));
   SHARDLIB_STATIC_REQUIRE((rule.status == OpRule::ok), "shardlib: no sharding rule for this elementwise op and these specs",
@@ -170,7 +175,7 @@ auto elementwise_op(F f, const Tensor0& t0, const Tensors&... ts) {
     else return f;
   }();
   elementwise_run<R, Mem>(out.context(), g, out.local().data(), out.block(), shape, rule.in.data(),
-                          std::index_sequence_for<Tensor0, Tensors...>{}, ref(t0), ref(ts)...);
+                          std::index_sequence_for<Tensor0, Tensors...>{}, ref<true>(t0), ref<true>(ts)...);
   return out;
 }
 
