@@ -2,11 +2,12 @@
 // Tensors in the memory of Kokkos's default execution space: Kokkos::CudaSpace with a
 // CUDA-enabled Kokkos (the GPU suite, docs/12_gpus.md), host memory otherwise (CI). Creation,
 // from_host/to_host, scatter_from/gather_to, clone, reshards, the loops (KOKKOS_LAMBDA bodies),
-// and the elementwise ops against the same program on tensors in host memory, on 1..4 devices:
-// the host tensor is the oracle of the device one.
+// the elementwise ops and the contractions (cuBLAS on a GPU) against the same program on tensors
+// in host memory, on 1..4 devices: the host tensor is the oracle of the device one.
 #include <doctest/doctest.h>
 #include <shardlib/memory.hpp>
 #include <shardlib/ops/elementwise.hpp>
+#include <shardlib/ops/linalg.hpp>
 #include <shardlib/tensor.hpp>
 
 #include "../collectives/harness.hpp"
@@ -194,6 +195,69 @@ void check_elementwise(sl::Context& ctx) {
   CHECK(round_trip.to_host() == sl::cast<float>(sl::cast<sl::bf16>(ha)).to_host());
 }
 
+/// Whether `got` equals `want` to the rounding of a float32 product over `k` terms: cuBLAS sums in
+/// another order than the host's BLAS.
+bool close_product(const std::vector<float>& got, const std::vector<float>& want, float k, const std::string& what) {
+  bool ok = got.size() == want.size();
+  for (std::size_t i = 0; ok && i < got.size(); ++i) ok = std::abs(got[i] - want[i]) <= 1e-6f * k * (1.0f + std::abs(want[i]));
+  if (!ok) FAIL_CHECK(what << ": differs from the same product on host memory");
+  return ok;
+}
+
+// The contractions run in the tensors' memory (cuBLAS on a GPU): operands in place, transposed,
+// permuted (packed first), with a summed label, batched, a partial-sum result, matmul_add, and
+// 16-bit operands (float32 accumulation).
+void check_contractions(sl::Context& ctx) {
+  const M2 mesh = mesh_of(ctx);
+  const std::int64_t xs[2] = {10, 12}, ws[2] = {12, 7}, wts[2] = {7, 12};
+  const auto x = T2<Rows>::random(mesh, xs, 21);
+  const auto hx = T2<Rows, Kokkos::HostSpace>::random(mesh, xs, 21);
+  const auto w = T2<Cols>::random(mesh, ws, 22);
+  const auto hw = T2<Cols, Kokkos::HostSpace>::random(mesh, ws, 22);
+  const auto wt = T2<Replicated>::random(mesh, wts, 23);
+  const auto hwt = T2<Replicated, Kokkos::HostSpace>::random(mesh, wts, 23);
+  close_product(sl::matmul(x, w).to_host(), sl::matmul(hx, hw).to_host(), 12, "matmul");
+  close_product(sl::einsum<"ij,kj->ik">(x, wt).to_host(), sl::einsum<"ij,kj->ik">(hx, hwt).to_host(), 12, "x wt^T");
+  close_product(sl::einsum<"ij,jk->ki">(x, w).to_host(), sl::einsum<"ij,jk->ki">(hx, hw).to_host(), 12, "(x w)^T");
+  close_product(sl::einsum<"ij,kj->i">(x, wt).to_host(), sl::einsum<"ij,kj->i">(hx, hwt).to_host(), 84, "summed k");
+  // A contraction over the split dim: a partial-sum result, resolved by the reshard.
+  const auto xc = T2<Cols>::random(mesh, xs, 24);
+  const auto hxc = T2<Cols, Kokkos::HostSpace>::random(mesh, xs, 24);
+  const auto wr = sl::DistributedTensor<float, M2, sl::Spec<"y", none>, Mem>::random(mesh, ws, 25);
+  const auto hwr = sl::DistributedTensor<float, M2, sl::Spec<"y", none>, Kokkos::HostSpace>::random(mesh, ws, 25);
+  close_product(sl::matmul(xc, wr).to_host(), sl::matmul(hxc, hwr).to_host(), 12, "partial x w");
+  // Batched, with a permuted operand (packed first) and a permuted output.
+  using T3 = sl::DistributedTensor<float, M2, sl::Spec<"x", none, none>, Mem>;
+  using H3 = sl::DistributedTensor<float, M2, sl::Spec<"x", none, none>, Kokkos::HostSpace>;
+  const std::int64_t as[3] = {4, 5, 6}, bs[3] = {4, 6, 3};
+  const auto a3 = T3::random(mesh, as, 26), b3 = T3::random(mesh, bs, 27);
+  const auto ha3 = H3::random(mesh, as, 26);
+  const auto hb3 = H3::random(mesh, bs, 27);
+  close_product(sl::einsum<"bij,bjk->bik">(a3, b3).to_host(), sl::einsum<"bij,bjk->bik">(ha3, hb3).to_host(), 6, "batched");
+  close_product(sl::einsum<"bij,bjk->kbi">(a3, b3).to_host(), sl::einsum<"bij,bjk->kbi">(ha3, hb3).to_host(), 6, "permuted");
+  const std::int64_t ats[3] = {4, 6, 5};
+  close_product(sl::einsum<"bji,bjk->bik">(sl::DistributedTensor<float, M2, sl::Spec<"x", none, none>, Mem>::random(mesh, ats, 28), b3)
+                    .to_host(),
+                sl::einsum<"bji,bjk->bik">(H3::random(mesh, ats, 28), hb3).to_host(), 6, "transposed batch operand");
+  // matmul_add: c folded into the GEMM (beta = 1).
+  const auto c = sl::matmul(x, w);
+  const auto hc = sl::matmul(hx, hw);
+  close_product(sl::matmul_add(x, w, c).to_host(), sl::matmul_add(hx, hw, hc).to_host(), 24, "matmul_add");
+  // 16-bit operands: float32 accumulation, the result rounded once to bf16.
+  using B2 = sl::DistributedTensor<sl::bf16, M2, Rows, Mem>;
+  using HB2 = sl::DistributedTensor<sl::bf16, M2, Rows, Kokkos::HostSpace>;
+  const auto bx = B2::random(mesh, xs, 29);
+  const auto hbx = HB2::random(mesh, xs, 29);
+  const auto bw = sl::cast<sl::bf16>(w);
+  const auto hbw = sl::cast<sl::bf16>(hw);
+  const auto bp = sl::matmul(bx, bw);
+  static_assert(std::is_same_v<typename std::remove_cvref_t<decltype(bp)>::value_type, sl::bf16>);
+  const auto got16 = sl::cast<float>(bp).to_host(), want16 = sl::cast<float>(sl::matmul(hbx, hbw)).to_host();
+  bool ok = got16.size() == want16.size();
+  for (std::size_t i = 0; ok && i < got16.size(); ++i) ok = std::abs(got16[i] - want16[i]) <= 1.0f / 128 * (1.0f + std::abs(want16[i]));
+  CHECK_MESSAGE(ok, "bf16 matmul differs from the host's beyond one bf16 rounding");
+}
+
 TEST_SUITE("tensor_memory_space") {
   TEST_CASE("tensors in the default execution space's memory: creation, transfers and reshards against host memory") {
     sl::test::for_each_run(check_creation_and_transfers, {1, 2, 3, 4});
@@ -206,5 +270,8 @@ TEST_SUITE("tensor_memory_space") {
   }
   TEST_CASE("the elementwise ops on tensors in the default execution space's memory against host memory") {
     sl::test::for_each_run(check_elementwise, {1, 2, 3, 4});
+  }
+  TEST_CASE("contractions on tensors in the default execution space's memory against host memory") {
+    sl::test::for_each_run(check_contractions, {1, 2, 3, 4});
   }
 }

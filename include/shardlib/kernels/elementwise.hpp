@@ -105,7 +105,7 @@ void elementwise(const Exec& exec, Out* out, const std::array<std::int64_t, R>& 
   for (auto e : extent) n *= e;
   if (n == 0) return;
   const auto dense = row_major_strides(extent);
-  if constexpr (vmath::is_host_v<Exec> && vmath::Vectorizable<F, Out, In...>) {
+  if constexpr (is_host_exec_v<Exec> && vmath::Vectorizable<F, Out, In...>) {
     if (((in.stride == dense) && ...)) {
       const std::int64_t chunks = (n + vmath::chunk - 1) / vmath::chunk;
       Kokkos::parallel_for("shardlib::elementwise(vector)", Kokkos::RangePolicy<Exec>(exec, 0, chunks), [=](std::int64_t c) {
@@ -125,7 +125,7 @@ void elementwise(const Exec& exec, Out* out, const std::array<std::int64_t, R>& 
   } else if constexpr (R > 0) {  // (a rank-0 box has no strides: always dense)
     detail::elementwise_strided(exec, out, extent, n / extent[R - 1], f, std::index_sequence_for<In...>{}, in...);
   }
-  if constexpr (vmath::is_host_v<Exec>) exec.fence();
+  if constexpr (is_host_exec_v<Exec>) exec.fence();
 }
 
 }  // namespace shardlib::kernels

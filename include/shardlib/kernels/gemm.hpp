@@ -59,10 +59,11 @@ struct MatrixBatch {
   constexpr MatrixBatch transposed() const noexcept {
     return {data, cols, rows, col_stride, row_stride, batch_stride};
   }
-  /// A read-only view of the same matrices.
-  constexpr operator MatrixBatch<const T>() const noexcept
-    requires(!std::is_const_v<T>)
-  {
+  /// A read-only view of the same matrices. (A template, so that MatrixBatch<const T> declares no
+  /// conversion to its own type: nvcc warns of such a conversion, #554-D.)
+  template <class U>
+    requires(std::is_same_v<U, T> && !std::is_const_v<U>)
+  constexpr operator MatrixBatch<const U>() const noexcept {
     return {data, rows, cols, row_stride, col_stride, batch_stride};
   }
 };

@@ -12,11 +12,16 @@
 /// 128 x 128 tiles of 32 x 32 sub-tiles (a batched, cache-friendly transpose; any permutation
 /// that moves the last dim lands here, not only a swap of the last two dims).
 ///
-/// All kernels: one `Kokkos::parallel_for` on the given host execution space instance, no
-/// allocation, arguments checked before anything is written, a fence before returning.
+/// All kernels: one `Kokkos::parallel_for` on the given execution space instance, no allocation,
+/// arguments checked before anything is written; on a host instance the paths above and a fence
+/// before returning. `permute` and `copy_sub_box` also take a device instance (Kokkos::Cuda): one
+/// output element per GPU thread (consecutive threads write consecutive elements), queued on its
+/// stream without a fence.
 #pragma once
 
 #include <Kokkos_Core.hpp>
+
+#include <shardlib/kernels/exec.hpp>
 
 #include <cstdint>
 #include <cstring>
@@ -79,10 +84,42 @@ inline void copy_elements(T* dst, const T* src, std::int64_t n) noexcept {
   std::memcpy(static_cast<void*>(dst), static_cast<const void*>(src), static_cast<std::size_t>(n) * sizeof(T));
 }
 
-/// out (row-major, v's extents) = the elements of `in` that `v` addresses; then fences.
+/// strided_copy on a device: out[k] = in[the element of v at row-major position k].
+template <class T>
+struct StridedCopyKernel {
+  const T* in;
+  T* out;
+  StridedView v;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const {
+    std::int64_t src = v.offset, rest = k;
+    for (int d = v.rank - 1; d >= 0; --d) {
+      src += (rest % v.extent[d]) * v.stride[d];
+      rest /= v.extent[d];
+    }
+    out[k] = in[src];
+  }
+};
+
+template <class Exec, class T>
+void strided_copy_host(const Exec& exec, const char* label, const T* in, T* out, const StridedView& view);
+
+/// out (row-major, v's extents) = the elements of `in` that `v` addresses; then fences (on a host
+/// instance; on a device one the kernel is queued on its stream).
 template <class Exec, class T>
 void strided_copy(const Exec& exec, const char* label, const T* in, T* out, const StridedView& view) {
   static_assert(std::is_trivially_copyable_v<T>, "shardlib::kernels: layout kernels copy trivially copyable elements");
+  if constexpr (!is_host_exec_v<Exec>) {
+    const StridedView v = normalise(view);
+    if (const std::int64_t n = view.count(); n > 0)
+      Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, n), StridedCopyKernel<T>{in, out, v});
+  } else {
+    strided_copy_host(exec, label, in, out, view);
+  }
+}
+
+/// strided_copy on a host instance (see the file comment), then fences.
+template <class Exec, class T>
+void strided_copy_host(const Exec& exec, const char* label, const T* in, T* out, const StridedView& view) {
   if (view.count() == 0) {
     exec.fence();
     return;

@@ -222,29 +222,75 @@ void arg_dim(const Exec& exec, const char* label, const T* in, T* best, std::int
 
 }  // namespace detail
 
+namespace detail {
+/// reduce_dim on a device: one GPU thread per output element (o, i), consecutive threads on
+/// consecutive i, folding j in order (NaN propagates through max and min).
+template <class T, class Acc, ReduceKind K>
+struct ReduceDimKernel {
+  const T* in;
+  Acc* out;
+  std::int64_t n, inner;
+  Acc init;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const {
+    const std::int64_t o = k / inner, i = k % inner;
+    const T* p = in + o * n * inner + i;
+    Acc acc = init;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const Acc x = static_cast<Acc>(p[j * inner]);
+      if constexpr (K == ReduceKind::sum) acc += x;
+      else if constexpr (K == ReduceKind::max) acc = (x > acc || x != x) && acc == acc ? x : acc;
+      else acc = (x < acc || x != x) && acc == acc ? x : acc;
+    }
+    out[k] = acc;
+  }
+};
+}  // namespace detail
+
 /// out[o * inner + i] = the `k`-reduction over j of in[(o * n + j) * inner + i], accumulated in
-/// `Acc`. n == 0 gives the identity: 0, -inf / +inf for floating point, lowest() / max() of
+/// `Acc`. On a device instance (Kokkos::Cuda) one GPU thread per output element, queued on its
+/// stream; on a host one the paths below, fenced. n == 0 gives the identity: 0, -inf / +inf for floating point, lowest() / max() of
 /// `Acc` otherwise. max and min propagate NaN (as torch.amax / amin). With inner == 1 a sum is
 /// accumulated in 16 interleaved partial sums, so its rounding differs from a sequential loop.
 template <class Exec, class T, class Acc = T>
 void reduce_dim(const Exec& exec, const T* in, Acc* out, std::int64_t outer, std::int64_t n, std::int64_t inner,
                 ReduceKind k) {
   detail::check_shape("reduce_dim", outer, n, inner);
-  switch (k) {
-    case ReduceKind::sum:
-      detail::fold_rows(exec, "shardlib::kernels::reduce_dim(sum)", in, outer, n, inner,
-                        detail::ReduceFold<T, Acc, ReduceKind::sum>{out});
-      return;
-    case ReduceKind::max:
-      detail::fold_rows(exec, "shardlib::kernels::reduce_dim(max)", in, outer, n, inner,
-                        detail::ReduceFold<T, Acc, ReduceKind::max>{out});
-      return;
-    case ReduceKind::min:
-      detail::fold_rows(exec, "shardlib::kernels::reduce_dim(min)", in, outer, n, inner,
-                        detail::ReduceFold<T, Acc, ReduceKind::min>{out});
-      return;
+  if constexpr (!is_host_exec_v<Exec>) {
+    const std::int64_t count = outer * inner;
+    if (count == 0) return;
+    const char* label = "shardlib::kernels::reduce_dim";
+    using Policy = Kokkos::RangePolicy<Exec>;
+    switch (k) {
+      case ReduceKind::sum:
+        Kokkos::parallel_for(label, Policy(exec, 0, count), detail::ReduceDimKernel<T, Acc, ReduceKind::sum>{in, out, n, inner, Acc(0)});
+        return;
+      case ReduceKind::max:
+        Kokkos::parallel_for(label, Policy(exec, 0, count),
+                             detail::ReduceDimKernel<T, Acc, ReduceKind::max>{in, out, n, inner, detail::max_identity<Acc>()});
+        return;
+      case ReduceKind::min:
+        Kokkos::parallel_for(label, Policy(exec, 0, count),
+                             detail::ReduceDimKernel<T, Acc, ReduceKind::min>{in, out, n, inner, detail::min_identity<Acc>()});
+        return;
+    }
+    throw std::invalid_argument("shardlib::kernels::reduce_dim: unknown ReduceKind " + std::to_string(int(k)));
+  } else {
+    switch (k) {
+      case ReduceKind::sum:
+        detail::fold_rows(exec, "shardlib::kernels::reduce_dim(sum)", in, outer, n, inner,
+                          detail::ReduceFold<T, Acc, ReduceKind::sum>{out});
+        return;
+      case ReduceKind::max:
+        detail::fold_rows(exec, "shardlib::kernels::reduce_dim(max)", in, outer, n, inner,
+                          detail::ReduceFold<T, Acc, ReduceKind::max>{out});
+        return;
+      case ReduceKind::min:
+        detail::fold_rows(exec, "shardlib::kernels::reduce_dim(min)", in, outer, n, inner,
+                          detail::ReduceFold<T, Acc, ReduceKind::min>{out});
+        return;
+    }
+    throw std::invalid_argument("shardlib::kernels::reduce_dim: unknown ReduceKind " + std::to_string(int(k)));
   }
-  throw std::invalid_argument("shardlib::kernels::reduce_dim: unknown ReduceKind " + std::to_string(int(k)));
 }
 
 /// Per row, the first maximum: best[row] = its value, index[row] = its j + `index_offset` (the
@@ -283,7 +329,7 @@ void exp_sum(const Exec& exec, const T* in, const T* row_max, T* row_sum, std::i
              std::int64_t inner) {
   static_assert(std::is_floating_point_v<T>, "shardlib::kernels::exp_sum: T must be a floating-point type");
   detail::check_shape("exp_sum", outer, n, inner);
-  if constexpr (vmath::is_host_v<Exec> && vmath::is_vector_type_v<T>) {
+  if constexpr (is_host_exec_v<Exec> && vmath::is_vector_type_v<T>) {
     if (inner == 1) {  // contiguous rows: Eigen's packet exp, float sums per chunk, double across
       Kokkos::parallel_for("shardlib::kernels::exp_sum(vector)", Kokkos::RangePolicy<Exec>(exec, 0, outer), [=](std::int64_t r) {
         double sum = 0;
@@ -330,7 +376,7 @@ void softmax_apply(const Exec& exec, const T* in, T* out, const T* row_max, cons
     };
     detail::map_rows(exec, "shardlib::kernels::log_softmax_apply", in, out, outer, n, inner, Op{row_max, row_sum});
   } else {
-    if constexpr (vmath::is_host_v<Exec> && vmath::is_vector_type_v<T>) {
+    if constexpr (is_host_exec_v<Exec> && vmath::is_vector_type_v<T>) {
       if (inner == 1) {  // contiguous rows: Eigen's packet exp
         if (n != 0)
           Kokkos::parallel_for("shardlib::kernels::softmax_apply(vector)", Kokkos::RangePolicy<Exec>(exec, 0, outer),

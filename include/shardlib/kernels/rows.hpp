@@ -130,7 +130,7 @@ inline void softmax_row_packets(const T* x, T* y, std::int64_t n, bool log, T sc
 /// A row's max and sum are kept in SIMD registers: three passes over the row while it is in cache.
 template <class Exec, class T>
 void softmax_rows(const Exec& exec, const T* in, T* out, std::int64_t rows, std::int64_t n, bool log, T scale = T(1)) {
-  static_assert(vmath::is_host_v<Exec> && vmath::is_vector_type_v<T>,
+  static_assert(is_host_exec_v<Exec> && vmath::is_vector_type_v<T>,
                 "shardlib::kernels::softmax_rows: host execution spaces, float or double");
   detail::check_rows("softmax_rows", rows, n, 0);
   detail::for_rows(exec, "shardlib::kernels::softmax_rows", rows, n,
@@ -146,7 +146,7 @@ void softmax_rows(const Exec& exec, const T* in, T* out, std::int64_t rows, std:
 template <class Exec, class T>
 void layer_norm_rows(const Exec& exec, const T* in, T* out, std::int64_t rows, std::int64_t n, double eps,
                      const T* gain = nullptr, const T* bias = nullptr) {
-  static_assert(vmath::is_host_v<Exec> && vmath::is_vector_type_v<T>,
+  static_assert(is_host_exec_v<Exec> && vmath::is_vector_type_v<T>,
                 "shardlib::kernels::layer_norm_rows: host execution spaces, float or double");
   detail::check_rows("layer_norm_rows", rows, n, eps);
   detail::for_rows(exec, "shardlib::kernels::layer_norm_rows", rows, n, [=](std::int64_t r) {
@@ -175,7 +175,7 @@ void layer_norm_rows(const Exec& exec, const T* in, T* out, std::int64_t rows, s
 /// out = in / sqrt(mean(in²) + eps) along each row. `out` may be `in`.
 template <class Exec, class T>
 void rms_norm_rows(const Exec& exec, const T* in, T* out, std::int64_t rows, std::int64_t n, double eps) {
-  static_assert(vmath::is_host_v<Exec> && vmath::is_vector_type_v<T>,
+  static_assert(is_host_exec_v<Exec> && vmath::is_vector_type_v<T>,
                 "shardlib::kernels::rms_norm_rows: host execution spaces, float or double");
   detail::check_rows("rms_norm_rows", rows, n, eps);
   detail::for_rows(exec, "shardlib::kernels::rms_norm_rows", rows, n, [=](std::int64_t r) {

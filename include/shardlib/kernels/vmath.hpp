@@ -30,6 +30,8 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <shardlib/kernels/exec.hpp>
+
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -52,10 +54,6 @@ using Run = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
 
 /// Elements per work item of the vectorised loops: 8 KiB of floats in and out stay in L1.
 inline constexpr std::int64_t chunk = 2048;
-
-/// Whether `Exec` runs on the host (its kernels may call Eigen).
-template <class Exec>
-inline constexpr bool is_host_v = std::is_same_v<typename Exec::memory_space, Kokkos::HostSpace>;
 
 /// Whether T has Eigen packets worth taking: float and double.
 template <class T>

@@ -6,9 +6,10 @@
 /// the same axes in both operands gives a partial-sum output (each device multiplies its blocks;
 /// nothing moves), so Megatron's column-parallel then row-parallel pair costs one all_reduce (or
 /// one reduce_scatter) when the partial result is resharded. The local product is one (batched)
-/// GEMM on the blocks (kernels/gemm.hpp: Eigen, with BLAS underneath when the build found one):
-/// an operand whose dims are already [batch..., rows..., contracted...] (or transposed) is mapped
-/// with no copy; any other order is permuted into that layout first.
+/// GEMM on the blocks (kernels/gemm.hpp: Eigen, with BLAS underneath when the build found one;
+/// in GPU memory kernels/cublas.hpp's cuBLAS GEMM on the device's stream): an operand whose dims
+/// are already [batch..., rows..., contracted...] (or transposed) is mapped with no copy; any
+/// other order is permuted into that layout first.
 #pragma once
 
 #include <shardlib/kernels/gemm.hpp>
@@ -17,6 +18,10 @@
 #include <shardlib/ops/common.hpp>
 #include <shardlib/ops/elementwise.hpp>
 #include <shardlib/sharding/einsum.hpp>
+
+#if defined(KOKKOS_ENABLE_CUDA)
+#include <shardlib/kernels/cublas.hpp>
+#endif
 
 #include <array>
 #include <cstdint>
@@ -182,6 +187,31 @@ SHARDLIB_NOINLINE inline void einsum_shape(const char* name, const char* sub, co
   }
 }
 
+/// What a device keeps for its GPU products: its cuBLAS handle, on its stream (made on first use).
+struct DeviceGemmState {
+#if defined(KOKKOS_ENABLE_CUDA)
+  std::unique_ptr<kernels::CublasHandle> cublas;
+#endif
+};
+
+/// The batched GEMM of a contraction on blocks in device memory `Mem`: cuBLAS on the device's
+/// stream (CUDA); other device backends have none yet.
+template <class T, class Mem>
+void device_gemm(Context& ctx, std::int64_t batch, const kernels::MatrixBatch<const T>& a,
+                 const kernels::MatrixBatch<const T>& b, const kernels::MatrixBatch<T>& c, bool accumulate) {
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (std::is_same_v<exec_space_t<Mem>, Kokkos::Cuda>) {
+    auto& state = ctx.state<DeviceGemmState>();
+    if (!state.cublas) state.cublas = std::make_unique<kernels::CublasHandle>(ctx.exec_for<Mem>());
+    kernels::cublas_gemm<T>(*state.cublas, batch, a, b, c, 1, accumulate ? 1 : 0);
+  } else
+#endif
+  {
+    static_assert(host_memory_v<Mem> && !host_memory_v<Mem>,
+                  "shardlib: einsum and matmul in device memory need CUDA (cuBLAS) for now");
+  }
+}
+
 /// The runtime part of a contraction, compiled once per element type and memory space: the
 /// operands in the rule's layouts (resharded where theirs differ), each mapped or packed into a
 /// matrix batch, one batched GEMM into the output block `c_out` (`c_box`). With `accumulate` the
@@ -196,10 +226,11 @@ SHARDLIB_NOINLINE void einsum_run(const char* name, const EinsumSubscripts& s, c
   Context& ctx = *a.ctx;
   auto alloc = [cache = &block_cache<Mem>(ctx)](std::size_t bytes) { return cache->allocate(bytes); };
   auto guard = kernel_guard(ctx, false);
+  const auto& exec = ctx.exec_for<Mem>();
   std::shared_ptr<void> keep_a, keep_b, keep_c;
-  const auto ma = einsum_operand<T>(ctx.exec(), ba.data, ba.box, s.rank[0], L.a_perm, L.a_direct, L.a_trans, L.n_batch,
+  const auto ma = einsum_operand<T>(exec, ba.data, ba.box, s.rank[0], L.a_perm, L.a_direct, L.a_trans, L.n_batch,
                                     L.n_free_a, L.n_sum_a, L.n_contract, false, keep_a, alloc);
-  const auto mb = einsum_operand<T>(ctx.exec(), bb.data, bb.box, s.rank[1], L.b_perm, L.b_direct, L.b_trans, L.n_batch,
+  const auto mb = einsum_operand<T>(exec, bb.data, bb.box, s.rank[1], L.b_perm, L.b_direct, L.b_trans, L.n_batch,
                                     L.n_contract, L.n_sum_b, L.n_free_b, true, keep_b, alloc);
   std::int64_t nb = 1;
   for (int i = 0; i < L.n_batch; ++i) nb *= c_box.extent[static_cast<std::size_t>(L.c_perm[static_cast<std::size_t>(i)])];
@@ -217,9 +248,10 @@ SHARDLIB_NOINLINE void einsum_run(const char* name, const EinsumSubscripts& s, c
   }
   const kernels::MatrixBatch<T> mc = L.c_trans ? kernels::MatrixBatch<T>{c, m, n, 1, m, mn}
                                                : kernels::MatrixBatch<T>{c, m, n, n, 1, mn};
-  kernels::gemm<T>(nb, {ma.data, m, ma.cols, ma.row_stride, ma.col_stride, nb > 1 ? ma.batch_stride : 0},
-                   {mb.data, mb.rows, n, mb.row_stride, mb.col_stride, nb > 1 ? mb.batch_stride : 0}, mc, T(1),
-                   accumulate ? T(1) : T(0));
+  const kernels::MatrixBatch<const T> a_batch{ma.data, m, ma.cols, ma.row_stride, ma.col_stride, nb > 1 ? ma.batch_stride : 0};
+  const kernels::MatrixBatch<const T> b_batch{mb.data, mb.rows, n, mb.row_stride, mb.col_stride, nb > 1 ? mb.batch_stride : 0};
+  if constexpr (host_memory_v<Mem>) kernels::gemm<T>(nb, a_batch, b_batch, mc, T(1), accumulate ? T(1) : T(0));
+  else device_gemm<T, Mem>(ctx, nb, a_batch, b_batch, mc, accumulate);
   if (keep_c) {  // canonical [batch, free_a, free_b] -> the output's order
     std::array<std::int64_t, max_tensor_rank> ext{};
     std::array<int, max_tensor_rank> inv{};
@@ -227,14 +259,25 @@ SHARDLIB_NOINLINE void einsum_run(const char* name, const EinsumSubscripts& s, c
       ext[static_cast<std::size_t>(i)] = c_box.extent[static_cast<std::size_t>(L.c_perm[static_cast<std::size_t>(i)])];
       inv[static_cast<std::size_t>(L.c_perm[static_cast<std::size_t>(i)])] = i;
     }
-    kernels::permute(ctx.exec(), static_cast<const T*>(c), c_out, s.out_rank, ext.data(), inv.data());
+    kernels::permute(exec, static_cast<const T*>(c), c_out, s.out_rank, ext.data(), inv.data());
   }
 }
 
 /// The einsum op on tensors `a`, `b` with parsed subscripts `S` (compile-time string).
+/// Whether a contraction of 16-bit operands in `Mem` casts them to float first: on the host (the
+/// BLAS has no 16-bit GEMM), and where a label is summed over one operand (its sum in float32). On
+/// a GPU, cuBLAS multiplies the 16-bit blocks with float32 accumulation itself.
+template <OpName Sub, class Mem>
+constexpr bool einsum_casts_16bit() {
+  constexpr EinsumSubscripts s = parse_einsum(std::string_view(Sub.text));
+  if constexpr (s.status != OpRule::ok) return true;
+  else return host_memory_v<Mem> || einsum_layout(s).n_sum_a > 0 || einsum_layout(s).n_sum_b > 0;
+}
+
 template <OpName Name, OpName Sub, class A, class B>
 auto einsum_op(const A& a, const B& b) {
-  if constexpr (is_half_v<typename A::value_type> && std::is_same_v<typename A::value_type, typename B::value_type>) {
+  if constexpr (is_half_v<typename A::value_type> && std::is_same_v<typename A::value_type, typename B::value_type> &&
+                einsum_casts_16bit<Sub, typename A::memory_space>()) {
     // float32 products and sums (cuBLAS's GemmEx with float32 accumulation), the result rounded once
     return shardlib::cast<typename A::value_type>(einsum_op<Name, Sub>(shardlib::cast<float>(a), shardlib::cast<float>(b)));
   } else {
@@ -248,6 +291,10 @@ auto einsum_op(const A& a, const B& b) {
     SHARDLIB_STATIC_REQUIRE((std::is_same_v<T, typename B::value_type>),
                             "shardlib: einsum operands need the same element type",
                             error::einsum_operands_have_different_element_types<T, typename B::value_type>);
+    SHARDLIB_STATIC_REQUIRE((std::is_same_v<typename A::memory_space, typename B::memory_space>),
+                            "shardlib: einsum operands in different memory spaces",
+                            error::op_operands_are_in_different_memory_spaces<Name, typename A::memory_space,
+                                                                              typename B::memory_space>);
     static constexpr OpRule rule = s.status == OpRule::ok && s.n_in == 2 ? einsum_rule(s, A::sharding, B::sharding) : OpRule{};
     SHARDLIB_STATIC_REQUIRE((s.status != OpRule::ok || s.n_in == 2 || rule.status == OpRule::ok),
                             "shardlib: einsum of two tensors needs two operands in its subscripts",
@@ -264,7 +311,7 @@ auto einsum_op(const A& a, const B& b) {
     typename Out::Shape shape{};
     einsum_shape(Name.text, Sub.text, s, info(a), info(b), shape.data());
     Out out(a.mesh(), shape);
-    einsum_run<T, Mem>(Name.text, s, L, rule, ref(a), ref(b), out.local().data(), out.block());
+    einsum_run<T, Mem>(Name.text, s, L, rule, ref<true>(a), ref<true>(b), out.local().data(), out.block());
     return out;
   }
 }
@@ -286,7 +333,8 @@ auto einsum_add_op(const A& a, const B& b, C&& c) {
   using T = typename A::value_type;
   static constexpr EinsumSubscripts s = parse_einsum(std::string_view(Sub.text));
   static constexpr EinsumLayout L = einsum_layout(s);
-  if constexpr (!std::is_same_v<Sum, Prod> || !std::is_same_v<CT, Prod> || is_half_v<T> || !(L.c_direct || L.c_trans)) {
+  if constexpr (!std::is_same_v<Sum, Prod> || !std::is_same_v<CT, Prod> || !(L.c_direct || L.c_trans) ||
+                (is_half_v<T> && einsum_casts_16bit<Sub, typename A::memory_space>())) {
     return add(c, einsum_op<Name, Sub>(a, b));
   } else {
     static constexpr OpRule rule = einsum_rule(s, A::sharding, B::sharding);
@@ -302,8 +350,8 @@ auto einsum_add_op(const A& a, const B& b, C&& c) {
                       c.block_owner().use_count() == 1 && static_cast<const void*>(&c) != static_cast<const void*>(&a) &&
                       static_cast<const void*>(&c) != static_cast<const void*>(&b);
     Prod out = take ? Prod(std::move(c)) : c.clone();
-    einsum_run<T, typename A::memory_space>(Name.text, s, L, rule, ref(a), ref(b), out.local().data(), out.block(),
-                                            true);
+    einsum_run<T, typename A::memory_space>(Name.text, s, L, rule, ref<true>(a), ref<true>(b), out.local().data(),
+                                            out.block(), true);
     return out;
   }
 }

@@ -143,7 +143,7 @@ SHARDLIB_NOINLINE void normalize_run(const OpRule& rule, int dim, double eps, do
   coll::Communicator* g = rule.comm.empty() ? nullptr : &ctx.group(*a.mesh, rule.comm);
   const std::int64_t count = a.shape[static_cast<std::size_t>(dim)];
   using Exec = std::remove_cvref_t<decltype(ctx.exec())>;
-  if constexpr (kernels::vmath::is_host_v<Exec> && kernels::vmath::is_vector_type_v<T>) {
+  if constexpr (kernels::is_host_exec_v<Exec> && kernels::vmath::is_vector_type_v<T>) {
     if (g == nullptr && r.inner == 1) {  // whole rows on this device, contiguous: one fused pass
       auto guard = kernel_guard(ctx, false);
       const std::int64_t rows = r.outer;
@@ -290,7 +290,7 @@ auto layer_norm(const A& a, const G& gain, const B& bias, double eps = 1e-5) {
   using T = typename A::value_type;
   static_assert(detail::require_host_operand<typename A::memory_space>());
   using Exec = std::remove_cvref_t<decltype(a.context().exec())>;
-  constexpr bool fusable = kernels::vmath::is_host_v<Exec> && kernels::vmath::is_vector_type_v<T> &&
+  constexpr bool fusable = kernels::is_host_exec_v<Exec> && kernels::vmath::is_vector_type_v<T> &&
                            std::is_same_v<typename G::value_type, T> && std::is_same_v<typename B::value_type, T> &&
                            Out::sharding == A::sharding && A::sharding.dims[static_cast<std::size_t>(D)].empty() &&
                            !A::sharding.is_partial() && detail::is_replicated(G::sharding) &&
