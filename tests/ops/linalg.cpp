@@ -137,6 +137,20 @@ std::array<std::int64_t, R> shape_of(const std::string& labels, const std::array
   return s;
 }
 
+/// One random case's mesh, label extents (by label character) and data seed, drawn alike on
+/// every device.
+struct Draw {
+  M mesh;
+  std::array<std::int64_t, 128> extent{};
+  std::uint64_t seed = 0;
+};
+Draw draw(sl::Context& ctx, Rng& r) {
+  Draw d{oracle::random_mesh<M>(ctx, r)};
+  for (auto& e : d.extent) e = random_extent(r);
+  d.seed = static_cast<std::uint64_t>(r.below(1 << 20));
+  return d;
+}
+
 /// `cases` random cases of einsum<Sub> (or matmul, with the subscripts it stands for) with operand
 /// specs SA, SB: random mesh, label extents and data; every device gathers the operands and the
 /// result and checks the result against the oracle.
@@ -144,10 +158,10 @@ template <sl::OpName Sub, bool Matmul, class SA, class SB>
 void einsum_cases(sl::Context& ctx, Rng& r, int cases) {
   const Subscripts s = parse(Sub.text);
   for (int c = 0; c < cases; ++c) {
-    const M mesh = oracle::random_mesh<M>(ctx, r);
-    std::array<std::int64_t, 128> extent{};
-    for (auto& e : extent) e = random_extent(r);
-    const auto seed = static_cast<std::uint64_t>(r.below(1 << 20));
+    const Draw d = draw(ctx, r);
+    const M& mesh = d.mesh;
+    const auto& extent = d.extent;
+    const auto seed = d.seed;
     const auto a = operand<SA>(mesh, shape_of<SA::rank>(s.a, extent), seed);
     const auto b = operand<SB>(mesh, shape_of<SB::rank>(s.b, extent), seed + 1);
     auto run = [&] {
@@ -185,10 +199,10 @@ template <sl::OpName Sub, bool Matmul, class SA, class SB, class SC, bool Folds>
 void einsum_add_cases(sl::Context& ctx, Rng& r, int cases) {
   const Subscripts s = parse(Sub.text);
   for (int k = 0; k < cases; ++k) {
-    const M mesh = oracle::random_mesh<M>(ctx, r);
-    std::array<std::int64_t, 128> extent{};
-    for (auto& e : extent) e = random_extent(r);
-    const auto seed = static_cast<std::uint64_t>(r.below(1 << 20));
+    const Draw d = draw(ctx, r);
+    const M& mesh = d.mesh;
+    const auto& extent = d.extent;
+    const auto seed = d.seed;
     const auto a = operand<SA>(mesh, shape_of<SA::rank>(s.a, extent), seed);
     const auto b = operand<SB>(mesh, shape_of<SB::rank>(s.b, extent), seed + 1);
     auto product = [&] {

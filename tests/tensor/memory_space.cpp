@@ -2,12 +2,14 @@
 // Tensors in the memory of Kokkos's default execution space: Kokkos::CudaSpace with a
 // CUDA-enabled Kokkos (the GPU suite, docs/12_gpus.md), host memory otherwise (CI). Creation,
 // from_host/to_host, scatter_from/gather_to, clone, reshards, the loops (KOKKOS_LAMBDA bodies),
-// the elementwise ops and the contractions (cuBLAS on a GPU) against the same program on tensors
-// in host memory, on 1..4 devices: the host tensor is the oracle of the device one.
+// the elementwise ops, the contractions (cuBLAS on a GPU) and the reductions against the same
+// program on tensors in host memory, on 1..4 devices: the host tensor is the oracle of the device
+// one.
 #include <doctest/doctest.h>
 #include <shardlib/memory.hpp>
 #include <shardlib/ops/elementwise.hpp>
 #include <shardlib/ops/linalg.hpp>
+#include <shardlib/ops/reduce.hpp>
 #include <shardlib/tensor.hpp>
 
 #include "../collectives/harness.hpp"
@@ -258,6 +260,22 @@ void check_contractions(sl::Context& ctx) {
   CHECK_MESSAGE(ok, "bf16 matmul differs from the host's beyond one bf16 rounding");
 }
 
+// sum, mean, max and min along a dim run in the tensors' memory: along a split dim the result is
+// partial (resolved by a reshard in that memory), along a whole one local; bf16 through float32.
+void check_reductions(sl::Context& ctx) {
+  const M2 mesh = mesh_of(ctx);
+  const std::int64_t shape[2] = {9, 10};
+  const auto a = T2<Both>::random(mesh, shape, 31, -3.0f, 3.0f);
+  const auto ha = T2<Both, Kokkos::HostSpace>::random(mesh, shape, 31, -3.0f, 3.0f);
+  close(sl::sum<0>(a).to_host(), sl::sum<0>(ha).to_host(), "sum<0>");
+  close(sl::mean<1>(a).to_host(), sl::mean<1>(ha).to_host(), "mean<1>");
+  CHECK(sl::max<1, true>(a).to_host() == sl::max<1, true>(ha).to_host());
+  CHECK(sl::min<0>(a).to_host() == sl::min<0>(ha).to_host());
+  const auto b = sl::cast<sl::bf16>(a);
+  const auto hb = sl::cast<sl::bf16>(ha);
+  CHECK(sl::cast<float>(sl::max<0>(b)).to_host() == sl::cast<float>(sl::max<0>(hb)).to_host());
+}
+
 TEST_SUITE("tensor_memory_space") {
   TEST_CASE("tensors in the default execution space's memory: creation, transfers and reshards against host memory") {
     sl::test::for_each_run(check_creation_and_transfers, {1, 2, 3, 4});
@@ -273,5 +291,8 @@ TEST_SUITE("tensor_memory_space") {
   }
   TEST_CASE("contractions on tensors in the default execution space's memory against host memory") {
     sl::test::for_each_run(check_contractions, {1, 2, 3, 4});
+  }
+  TEST_CASE("reductions on tensors in the default execution space's memory against host memory") {
+    sl::test::for_each_run(check_reductions, {1, 2, 3, 4});
   }
 }

@@ -482,12 +482,27 @@ void rms_norm_apply(const Exec& exec, const T* in, T* out, const acc_t<T>* sumsq
                    Op{sumsq, static_cast<A>(count), static_cast<A>(eps)});
 }
 
-/// data[k] *= factor for k in [0, n) (a mean is a sum scaled by 1 / count).
+namespace detail {
+/// scale on a device: one element per GPU thread.
+template <class T>
+struct ScaleKernel {
+  T* data;
+  T factor;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const { data[k] = static_cast<T>(data[k] * factor); }
+};
+}  // namespace detail
+
+/// data[k] *= factor for k in [0, n) (a mean is a sum scaled by 1 / count). On a device instance,
+/// queued on its stream; on a host one, fenced.
 template <class Exec, class T>
 void scale(const Exec& exec, T* data, std::int64_t n, T factor) {
   if (n < 0) throw std::invalid_argument("shardlib::kernels::scale: negative count " + std::to_string(n));
   constexpr std::int64_t chunk = 4096;
-  if (n != 0) {
+  if constexpr (!is_host_exec_v<Exec>) {
+    if (n != 0)
+      Kokkos::parallel_for("shardlib::kernels::scale", Kokkos::RangePolicy<Exec>(exec, 0, n), detail::ScaleKernel<T>{data, factor});
+    return;
+  } else if (n != 0) {
     Kokkos::parallel_for("shardlib::kernels::scale", Kokkos::RangePolicy<Exec>(exec, 0, (n + chunk - 1) / chunk),
                          [=](std::int64_t c) {
                            T* p = data + c * chunk;

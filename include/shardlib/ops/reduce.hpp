@@ -63,14 +63,16 @@ std::array<std::int64_t, RO> reduced_shape(const std::array<std::int64_t, RI>& s
 }
 
 /// The runtime part of a reduction along `dim`, compiled once per kind, element type and memory
-/// space: the operand in the rule's layout, one kernel into the output block `out` (`out_box`),
-/// and argmax's two all_reduces over the dim's axes.
+/// space: the operand in the rule's layout, one kernel into the output block `out` (`out_box`)
+/// on the device's instance for `Mem` (sum, mean, max, min: also in GPU memory), and argmax's two
+/// all_reduces over the dim's axes (host memory only).
 template <Reduction Kind, class T, class U, class Mem>
 SHARDLIB_NOINLINE void reduce_run(const OpRule& rule, int dim, const OperandRef<T>& a, U* out, const ShardBox& out_box) {
   const Block<T> in = block_as<Mem>(a, rule.in[0]);
   Context& ctx = *a.ctx;
   const RowSplit r = split_at(in.box, dim);
   if constexpr (Kind == Reduction::argmax) {
+    static_assert(require_host_operand<Mem>());
     const auto rows = static_cast<std::size_t>(r.outer * r.inner);
     std::vector<T> best(rows);
     {
@@ -97,10 +99,11 @@ SHARDLIB_NOINLINE void reduce_run(const OpRule& rule, int dim, const OperandRef<
                                       : Kind == Reduction::min ? kernels::ReduceKind::min
                                                                : kernels::ReduceKind::sum;
     auto guard = kernel_guard(ctx, false);
-    kernels::reduce_dim(ctx.exec(), in.data, out, r.outer, r.n, r.inner, k);
+    const auto& exec = ctx.exec_for<Mem>();
+    kernels::reduce_dim(exec, in.data, out, r.outer, r.n, r.inner, k);
     if constexpr (Kind == Reduction::mean) {
       const std::int64_t extent = a.shape[static_cast<std::size_t>(dim)];
-      kernels::scale(ctx.exec(), out, out_box.num_elements(), static_cast<T>(T(1) / static_cast<T>(extent)));
+      kernels::scale(exec, out, out_box.num_elements(), static_cast<T>(T(1) / static_cast<T>(extent)));
     }
   }
 }
@@ -123,7 +126,7 @@ auto reduce_op(const A& a) {
     using Mem = typename A::memory_space;
     using Out = DistributedTensor<U, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, Mem>;
     Out out(a.mesh(), reduced_shape<Out::rank>(a.shape(), Dim, KeepDim));
-    reduce_run<Kind, T, U, Mem>(rule, Dim, ref(a), out.local().data(), out.block());
+    reduce_run<Kind, T, U, Mem>(rule, Dim, ref<Kind != Reduction::argmax>(a), out.local().data(), out.block());
     return out;
   }
 }
