@@ -47,8 +47,8 @@ struct op_has_no_sharding_rule_for_these_specs;
 template <OpName Op, class... Meshes>
 struct op_operands_are_on_different_meshes;
 /// This op's kernels (kernels/) are host kernels: a tensor in device memory cannot be its
-/// operand yet (docs/12_gpus.md); its loops, creation, transfers, reshards and the elementwise
-/// ops work.
+/// operand yet (docs/12_gpus.md); its loops, creation, transfers, reshards, the elementwise ops,
+/// the contractions and sum/mean/max/min work.
 template <class MemorySpace>
 struct ops_on_tensors_in_device_memory_are_not_built_yet;
 /// The operands of an op live in different memory spaces (host and device memory, say): move one
@@ -93,8 +93,9 @@ template <class Mem>
 constexpr bool require_host_operand() {
   SHARDLIB_STATIC_REQUIRE(host_memory_v<Mem>,
                           "shardlib: this op takes tensors in host memory only, for now; a tensor in device memory "
-                          "has creation, loops (parallel_for, map, parallel_reduce), to_host/from_host, reshards "
-                          "and the elementwise ops (+ - * /, unary math, cast, zip)",
+                          "has creation, loops (parallel_for, map, parallel_reduce), to_host/from_host, reshards, "
+                          "the elementwise ops (+ - * /, unary math, cast, zip), einsum/matmul and "
+                          "sum/mean/max/min",
                           error::ops_on_tensors_in_device_memory_are_not_built_yet<Mem>);
   return true;
 }
