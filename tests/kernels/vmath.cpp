@@ -191,6 +191,44 @@ TEST_SUITE("kernels_vmath") {
     CHECK(std::is_same_v<std::remove_cv_t<decltype(k::vmath::erf(f))>, std::remove_cv_t<decltype(Eigen::erf(f))>>);
   }
 
+  TEST_CASE("float exp: shardlib's packet exp (vmath::detail::pexp_float), infinities, NaN, overflow and underflow") {
+    const k::vmath::ConstRun<float> f(nullptr, 0);
+    CHECK(std::is_same_v<std::remove_cvref_t<decltype(k::vmath::exp(f).functor())>, k::vmath::detail::exp_float>);
+    CHECK((Eigen::internal::evaluator<decltype(k::vmath::exp(f))>::Flags & Eigen::PacketAccessBit) != 0);
+    // A packet at a time, every lane the same value: against std::exp, to 2 ulps (normal results),
+    // to 1 unit of the smallest subnormal below them, exactly at the ends (0, inf, NaN).
+    using P = k::vmath::Packet<float>;
+    constexpr int W = static_cast<int>(k::vmath::lanes<float>);
+    const float inf = std::numeric_limits<float>::infinity();
+    std::vector<float> xs = {-inf, inf, std::numeric_limits<float>::quiet_NaN(), 0.0f, -0.0f, 1e-30f, -1e-30f, 1.0f,
+                             -1.0f, 88.0f, 88.72283f, 88.72284f, 88.7229f, 88.73f, 89.0f, 89.5f, 100.0f, 1e30f,
+                             -87.3f, -87.34f, -87.5f, -90.0f, -100.0f, -103.2f, -103.28f, -103.98f, -104.0f, -110.0f,
+                             -1e30f};
+    for (float x = -104.5f; x < 89.5f; x += 0.0137f) xs.push_back(x);
+    int bad = 0;
+    for (float x : xs) {
+      alignas(64) float in[W], out[W];
+      for (float& v : in) v = x;
+      Eigen::internal::pstore(out, k::vmath::pexp(Eigen::internal::pload<P>(in)));
+      const float ref = std::exp(x);
+      const bool ok = std::isnan(ref) ? std::isnan(out[0])
+                      : std::isinf(ref) || ref == 0 ? out[0] == ref
+                      : ref < std::numeric_limits<float>::min()
+                          ? std::fabs(out[0] - ref) <= std::numeric_limits<float>::denorm_min()
+                          : std::fabs(double(out[0]) - double(ref)) <= 2 * std::numeric_limits<float>::epsilon() * ref;
+      if (!ok && ++bad <= 3) std::printf("pexp_float(%.9g) = %.9g, std::exp %.9g\n", double(x), double(out[0]), double(ref));
+      for (int l = 1; l < W; ++l) bad += std::bit_cast<std::uint32_t>(out[l]) != std::bit_cast<std::uint32_t>(out[0]);
+    }
+    INFO("SIMD: " << k::vmath::simd_in_use());
+    CHECK(bad == 0);
+    // softmax of a row with -inf entries (a causal mask) puts exactly 0 there
+    std::vector<float> row(64, 1.0f), y(64);
+    for (int j = 40; j < 64; ++j) row[j] = -inf;
+    k::softmax_rows(exec, row.data(), y.data(), 1, 64, false);
+    for (int j = 40; j < 64; ++j) CHECK(y[j] == 0.0f);
+    CHECK(y[0] == doctest::Approx(1.0 / 40).epsilon(1e-6));
+  }
+
   TEST_CASE("strided and broadcast operands keep the scalar path and agree with it") {
     // [3, 5] out = gelu-free a + bias row (stride 0 along dim 0): not dense, so per row.
     std::vector<float> a(15), bias(5), out(15);

@@ -335,7 +335,7 @@ void exp_sum(const Exec& exec, const T* in, const T* row_max, T* row_sum, std::i
         double sum = 0;
         for (std::int64_t b = 0; b < n; b += vmath::chunk) {
           const std::int64_t len = n - b < vmath::chunk ? n - b : vmath::chunk;
-          sum += static_cast<double>(Eigen::exp(vmath::ConstRun<T>(in + r * n + b, len) - row_max[r]).sum());
+          sum += static_cast<double>(vmath::exp(vmath::ConstRun<T>(in + r * n + b, len) - row_max[r]).sum());
         }
         row_sum[r] = static_cast<T>(sum);
       });
@@ -382,7 +382,7 @@ void softmax_apply(const Exec& exec, const T* in, T* out, const T* row_max, cons
           Kokkos::parallel_for("shardlib::kernels::softmax_apply(vector)", Kokkos::RangePolicy<Exec>(exec, 0, outer),
                                [=](std::int64_t r) {
                                  vmath::Run<T>(out + r * n, n) =
-                                     Eigen::exp(vmath::ConstRun<T>(in + r * n, n) - row_max[r]) * (T(1) / row_sum[r]);
+                                     vmath::exp(vmath::ConstRun<T>(in + r * n, n) - row_max[r]) * (T(1) / row_sum[r]);
                                });
         exec.fence();
         return;

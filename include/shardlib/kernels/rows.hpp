@@ -54,7 +54,7 @@ inline void softmax_row_short(const T* x, T* y, std::int64_t n, bool log, T scal
   // Eigen's fast max (a NaN may or may not win it: either way exp(NaN - m) or exp(x - NaN) makes
   // the sum, and so the row, NaN); its NaN-propagating max costs 3x as much.
   const T m = (vmath::ConstRun<T>(x, n) * scale).maxCoeff();
-  const auto e = Eigen::exp(vmath::ConstRun<T>(x, n) * scale - m);
+  const auto e = vmath::exp(vmath::ConstRun<T>(x, n) * scale - m);
   if (log) {
     const T shift = m + static_cast<T>(std::log(static_cast<double>(e.sum())));
     vmath::Run<T>(y, n) = vmath::ConstRun<T>(x, n) * scale - shift;
@@ -98,7 +98,7 @@ inline void softmax_row_packets(const T* x, T* y, std::int64_t n, bool log, T sc
     const std::int64_t end = full - b < vmath::chunk ? full : b + vmath::chunk;
     P acc = ei::pset1<P>(T(0));
     for (std::int64_t k = b; k < end; k += W) {
-      const P e = ei::pexp(ei::psub(ei::pmul(ei::ploadu<P>(x + k), s), pm));
+      const P e = vmath::pexp(ei::psub(ei::pmul(ei::ploadu<P>(x + k), s), pm));
       if (!log) ei::pstoreu(y + k, e);
       acc = ei::padd(acc, e);
     }
@@ -106,7 +106,7 @@ inline void softmax_row_packets(const T* x, T* y, std::int64_t n, bool log, T sc
   }
   if (rest > 0) {
     alignas(sizeof(P)) T e[W];
-    ei::pstore(e, ei::pexp(ei::psub(last, pm)));
+    ei::pstore(e, vmath::pexp(ei::psub(last, pm)));
     for (std::int64_t k = W - rest; k < W; ++k) {
       if (!log) y[n - W + k] = e[k];
       sum += static_cast<double>(e[k]);

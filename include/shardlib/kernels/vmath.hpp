@@ -13,8 +13,10 @@
 ///
 /// Accuracy: within a few float32 ulps of the scalar functions over the whole range, with the
 /// same infinities and NaNs (tests/kernels/vmath.cpp checks every op against its scalar form).
-/// Results below the smallest normal number may differ (Eigen's exp(-inf) is a subnormal, not 0),
-/// so a product of such a result with an infinity can be inf where the scalar form gives NaN.
+/// Results below the smallest normal number may differ (a subnormal where the scalar form gives 0,
+/// or the reverse), so a product of such a result with an infinity can be inf where the scalar
+/// form gives NaN. Float exp is shardlib's own (detail::pexp_float: Eigen's
+/// polynomial with an exact 2^n, 1.3-2x as fast), exactly 0 at -inf.
 /// Double has Eigen's packets where Eigen has them (exp, log, tanh, ...), the scalar function
 /// inside the same loop elsewhere (erf). sqrt keeps the scalar path: Eigen's fast packet sqrt is
 /// an estimate refined by Newton steps (a few ulps off, and +inf for a negative subnormal).
@@ -130,6 +132,50 @@ inline constexpr bool is_mvec_op_v = std::is_same_v<F, mvec_exp> || std::is_same
                                      std::is_same_v<F, mvec_tanh> || std::is_same_v<F, mvec_erf>;
 #endif
 
+/// exp of a packet of floats (any width: SSE, AVX, AVX-512), to 1.3 ulps of the true value over
+/// the float range. Eigen's polynomial for exp(r) on r = x - n ln2, |r| <= ln2 / 2 (Cephes'), with
+/// n rounded by adding 1.5 * 2^23 (no rounding instruction: SSE2 has none) and 2^n formed as two
+/// normal factors from n's bits, so that a result overflows to +inf past log(FLT_MAX) and
+/// underflows gradually below the smallest normal, as std::exp; exp(-inf) = 0, exp(+inf) = inf,
+/// NaN stays NaN. Eigen 3.4's own (pexp) scales through pldexp's four multiplies and a floor,
+/// costing 1.3x (AVX2) to 2x (SSE2, no round instruction) as much per element, and its AVX-512
+/// form overflows to inf on (88.38, 88.72]. Measured on 1 M floats (AMD EPYC Zen 3, one core):
+/// AVX2 0.42-0.53 ns per element against 0.60-0.74; SSE2 1.27 against 2.48.
+template <class P>
+EIGEN_STRONG_INLINE P pexp_float(const P& x_in) {
+  namespace ei = Eigen::internal;
+  using PI = typename ei::unpacket_traits<P>::integer_packet;
+  // Past these the result is inf or 0 already; inside them n stays in [-150, 128]. (pmin and pmax
+  // keep a NaN of their first operand: Eigen's std::min/std::max order.)
+  const P x = ei::pmax(ei::pmin(x_in, ei::pset1<P>(89.0f)), ei::pset1<P>(-104.0f));
+  const P magic = ei::pset1<P>(12582912.0f);  // 1.5 * 2^23: t's last bits are n, rounded to nearest
+  const P t = ei::pmadd(x, ei::pset1<P>(1.44269504088896341f), magic);
+  const P n = ei::psub(t, magic);
+  P r = ei::pmadd(n, ei::pset1<P>(-0.693359375f), x);  // ln2 in two parts: n * the first is exact
+  r = ei::pmadd(n, ei::pset1<P>(2.12194440e-4f), r);
+  const P r2 = ei::pmul(r, r);
+  P y = ei::pmadd(ei::pset1<P>(1.9875691500e-4f), r, ei::pset1<P>(1.3981999507e-3f));
+  P y1 = ei::pmadd(ei::pset1<P>(4.1665795894e-2f), r, ei::pset1<P>(1.6666665459e-1f));
+  y = ei::pmadd(y, r, ei::pset1<P>(8.3334519073e-3f));
+  y1 = ei::pmadd(y1, r, ei::pset1<P>(5.0000001201e-1f));
+  y = ei::pmadd(y, ei::pmul(r2, r), y1);
+  y = ei::pmadd(y, r2, ei::padd(r, ei::pset1<P>(1.0f)));
+  // 2^n = 2^n1 * 2^n2 with n1 = floor(n / 2), n2 = n - n1, each in [-75, 64]: a normal float.
+  const PI ni = ei::psub(ei::preinterpret<PI>(t), ei::preinterpret<PI>(magic));
+  const PI n1 = ei::parithmetic_shift_right<1>(ni), n2 = ei::psub(ni, n1), bias = ei::pset1<PI>(127);
+  const P s1 = ei::preinterpret<P>(ei::plogical_shift_left<23>(ei::padd(n1, bias)));
+  const P s2 = ei::preinterpret<P>(ei::plogical_shift_left<23>(ei::padd(n2, bias)));
+  return ei::pmul(ei::pmul(y, s1), s2);
+}
+
+/// Eigen functor of float exp: pexp_float on each packet Eigen hands it, std::exp on the scalars
+/// of a run's ends.
+struct exp_float {
+  float operator()(float x) const { return std::exp(x); }
+  template <class P>
+  P packetOp(const P& x) const { return pexp_float(x); }
+};
+
 /// Whether a double expression X takes glibc's vector math for F (else Eigen's F).
 template <class X>
 inline constexpr bool mvec_double_v =
@@ -145,8 +191,9 @@ inline constexpr bool mvec_double_v =
 /// (AMD EPYC Zen 5, one core, AVX-512 packets), ns per element, Eigen 3.4 against libmvec: erf
 /// 13.4 against 0.87 (Eigen 3.4 has no double erf packet: it calls std::erf per value), tanh 10.2
 /// against 1.06 (the same), log 1.09 against 0.60, exp 0.66 against 0.53 (SLEEF 3.5's erf: 4.5;
-/// with SSE2 packets libmvec's erf takes 2.1). Float keeps Eigen's packets: they measured faster
-/// than libmvec's and SLEEF's (exp of 1 M floats: Eigen 0.13 ns, SLEEF 0.16, libmvec 0.19).
+/// with SSE2 packets libmvec's erf takes 2.1). Float keeps Eigen's packets (exp: shardlib's, detail::
+/// pexp_float), faster than libmvec's and SLEEF's (exp of 1 M floats: Eigen 0.13 ns, SLEEF 0.16,
+/// libmvec 0.19).
 inline constexpr bool uses_libmvec() noexcept {
 #if defined(SHARDLIB_VMATH_LIBMVEC)
   return true;
@@ -155,25 +202,31 @@ inline constexpr bool uses_libmvec() noexcept {
 #endif
 }
 
-/// exp of an array expression. Eigen 3.4's AVX-512 packet exp for float overflows to +inf on
-/// (88.38, 88.72], below log(FLT_MAX) (its 2^m is formed as one float), and flushes results below
-/// the smallest normal to 0: there it is taken as e^(x/2) squared (x/2 is exact; within 3 ulps,
-/// subnormal results kept). Other builds take Eigen's exp as it is. (A select between the two is
-/// not vectorised in Eigen 3.4, so the squared form is used for every element.)
-/// Double takes glibc's vector exp where the build has it (uses_libmvec()).
+/// exp of an array expression. Float takes shardlib's packet exp (detail::pexp_float: Eigen's
+/// polynomial, 2^n formed exactly), double glibc's vector exp where the build has it
+/// (uses_libmvec()), else Eigen's.
 template <class X>
 auto exp(const X& x) {
-#if defined(SHARDLIB_VMATH_LIBMVEC)
-  if constexpr (detail::mvec_double_v<X>)
-    return x.unaryExpr(detail::mvec_exp{});
-  else
-#endif
-#if defined(EIGEN_VECTORIZE_AVX512)
   if constexpr (std::is_same_v<typename X::Scalar, float>)
-    return Eigen::square(Eigen::exp(x * 0.5f));
-  else
+    return x.unaryExpr(detail::exp_float{});
+#if defined(SHARDLIB_VMATH_LIBMVEC)
+  else if constexpr (detail::mvec_double_v<X>)
+    return x.unaryExpr(detail::mvec_exp{});
 #endif
+  else
     return Eigen::exp(x);
+}
+
+/// exp of one packet (Packet<float> or Packet<double>), for kernels that work a packet at a time
+/// (kernels/rows.hpp's softmax): float's is detail::pexp_float, double's Eigen's (and a build
+/// without SIMD, whose packet is a scalar, Eigen's).
+template <class P>
+EIGEN_STRONG_INLINE P pexp(const P& x) {
+  using Traits = Eigen::internal::unpacket_traits<P>;
+  if constexpr (std::is_same_v<typename Traits::type, float> && Traits::size > 1)  // a SIMD packet
+    return detail::pexp_float(x);
+  else
+    return Eigen::internal::pexp(x);
 }
 
 /// log of an array expression. Eigen's SSE/AVX packet log takes a subnormal input as the smallest
@@ -232,6 +285,14 @@ inline constexpr std::int64_t lanes = Eigen::internal::unpacket_traits<Packet<T>
 inline constexpr int packet_bytes() noexcept { return static_cast<int>(sizeof(Packet<float>)); }
 
 }  // namespace shardlib::kernels::vmath
+
+namespace Eigen::internal {
+/// Eigen evaluates vmath's float exp a packet at a time (vmath::detail::exp_float).
+template <>
+struct functor_traits<shardlib::kernels::vmath::detail::exp_float> {
+  enum { Cost = 20 * NumTraits<float>::MulCost, PacketAccess = packet_traits<float>::Vectorizable };
+};
+}  // namespace Eigen::internal
 
 #if defined(SHARDLIB_VMATH_LIBMVEC)
 namespace Eigen::internal {

@@ -240,7 +240,7 @@ struct neg {
     template <class A>                                                           \
     KOKKOS_INLINE_FUNCTION A operator()(const A& x) const { using std::exp, std::log, std::sqrt, std::tanh, std::abs, std::erf; return EXPR; } \
     template <class X>                                                           \
-    auto array(const X& x) const { using A [[maybe_unused]] = typename X::Scalar; using Eigen::exp, kernels::vmath::tanh, Eigen::abs, kernels::vmath::erf; return VEXPR; } \
+    auto array(const X& x) const { using A [[maybe_unused]] = typename X::Scalar; using kernels::vmath::exp, kernels::vmath::tanh, Eigen::abs, kernels::vmath::erf; return VEXPR; } \
   };
 SHARDLIB_FN1(exp, exp(x), kernels::vmath::exp(x))
 SHARDLIB_FN1(log, log(x), kernels::vmath::log(x))
