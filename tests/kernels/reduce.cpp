@@ -370,6 +370,72 @@ TEST_SUITE("kernels_reduce") {
     CHECK(d[1] == doctest::Approx(4 / std::sqrt(12.5)));
   }
 
+  TEST_CASE("the device forms (detail::portable: a thread per row or element) match the host kernels") {
+    // What a GPU runs, run here on a host instance: reduce_dim, and softmax's and the norms' stats
+    // and apply kernels, on the random shapes, NaN and -inf in some rows.
+    namespace p = k::detail::portable;
+    const auto same = [](double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; };
+    std::mt19937_64 g(6);
+    for (int c = 0; c < 300; ++c) {
+      const Shape s = random_shape(g, c);
+      std::vector<float> x = random_values<float>(g, s.size(), -20, 20);
+      if (c % 5 == 1 && !x.empty()) x[g() % x.size()] = std::numeric_limits<float>::quiet_NaN();
+      if (c % 5 == 2 && !x.empty()) x[g() % x.size()] = -std::numeric_limits<float>::infinity();
+      CAPTURE(s.outer);
+      CAPTURE(s.n);
+      CAPTURE(s.inner);
+      const auto rows = std::size_t(s.rows());
+      std::vector<double> sum(rows, -1), psum(rows, -2);
+      std::vector<float> mx(rows, -1), pmx(rows, -2), mn(rows, -1), pmn(rows, -2);
+      k::reduce_dim<Kokkos::DefaultHostExecutionSpace, float, double>(exec, x.data(), sum.data(), s.outer, s.n, s.inner,
+                                                                       ReduceKind::sum);
+      p::reduce_dim(exec, x.data(), psum.data(), s.outer, s.n, s.inner, ReduceKind::sum);
+      k::reduce_dim(exec, x.data(), mx.data(), s.outer, s.n, s.inner, ReduceKind::max);
+      p::reduce_dim(exec, x.data(), pmx.data(), s.outer, s.n, s.inner, ReduceKind::max);
+      k::reduce_dim(exec, x.data(), mn.data(), s.outer, s.n, s.inner, ReduceKind::min);
+      p::reduce_dim(exec, x.data(), pmn.data(), s.outer, s.n, s.inner, ReduceKind::min);
+      for (std::size_t r = 0; r < rows; ++r) {
+        REQUIRE((same(psum[r], sum[r]) || psum[r] == doctest::Approx(sum[r]).epsilon(1e-12).scale(1e-9)));
+        REQUIRE(same(pmx[r], mx[r]));
+        REQUIRE(same(pmn[r], mn[r]));
+      }
+      // softmax: the row max, the sum of exponentials, the apply (and in place).
+      std::vector<float> z(rows, -1), pz(rows, -2), y(x.size()), py(x.size()), ly(x.size()), ply(x.size());
+      k::exp_sum(exec, x.data(), mx.data(), z.data(), s.outer, s.n, s.inner);
+      p::exp_sum(exec, x.data(), mx.data(), pz.data(), s.outer, s.n, s.inner);
+      for (std::size_t r = 0; r < rows; ++r) REQUIRE((same(pz[r], z[r]) || pz[r] == doctest::Approx(z[r]).epsilon(1e-6)));
+      k::softmax_apply(exec, x.data(), y.data(), mx.data(), z.data(), s.outer, s.n, s.inner, false);
+      p::softmax_apply(exec, x.data(), py.data(), mx.data(), z.data(), s.outer, s.n, s.inner, false);
+      k::softmax_apply(exec, x.data(), ly.data(), mx.data(), z.data(), s.outer, s.n, s.inner, true);
+      p::softmax_apply(exec, x.data(), ply.data(), mx.data(), z.data(), s.outer, s.n, s.inner, true);
+      for (std::size_t e = 0; e < x.size(); ++e) {
+        REQUIRE((same(py[e], y[e]) || py[e] == doctest::Approx(y[e]).epsilon(1e-5).scale(1e-7)));
+        REQUIRE((same(ply[e], ly[e]) || ply[e] == doctest::Approx(ly[e]).epsilon(1e-6)));
+      }
+      std::vector<float> inplace = x;
+      p::softmax_apply(exec, inplace.data(), inplace.data(), mx.data(), z.data(), s.outer, s.n, s.inner, false);
+      for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(same(inplace[e], py[e]));
+      // The norms: the moments, then layer_norm's and rms_norm's apply.
+      std::vector<double> ms(rows), mq(rows), pms(rows), pmq(rows);
+      k::moments(exec, x.data(), ms.data(), mq.data(), s.outer, s.n, s.inner);
+      p::moments(exec, x.data(), pms.data(), pmq.data(), s.outer, s.n, s.inner);
+      for (std::size_t r = 0; r < rows; ++r) {
+        REQUIRE((same(pms[r], ms[r]) || pms[r] == doctest::Approx(ms[r]).epsilon(1e-12).scale(1e-9)));
+        REQUIRE((same(pmq[r], mq[r]) || pmq[r] == doctest::Approx(mq[r]).epsilon(1e-12)));
+      }
+      const double eps = c % 2 == 0 ? 1e-5 : 0.5;
+      std::vector<float> ln(x.size()), pln(x.size()), rn(x.size()), prn(x.size());
+      k::layer_norm_apply(exec, x.data(), ln.data(), ms.data(), mq.data(), s.outer, s.n, s.inner, s.n, eps);
+      p::norm_apply(exec, x.data(), pln.data(), ms.data(), mq.data(), s.outer, s.n, s.inner, s.n, eps);
+      k::rms_norm_apply(exec, x.data(), rn.data(), mq.data(), s.outer, s.n, s.inner, s.n, eps);
+      p::norm_apply(exec, x.data(), prn.data(), static_cast<const double*>(nullptr), mq.data(), s.outer, s.n, s.inner, s.n, eps);
+      for (std::size_t e = 0; e < x.size(); ++e) {
+        REQUIRE((same(pln[e], ln[e]) || pln[e] == doctest::Approx(ln[e]).epsilon(1e-6).scale(1e-6)));
+        REQUIRE((same(prn[e], rn[e]) || prn[e] == doctest::Approx(rn[e]).epsilon(1e-6).scale(1e-6)));
+      }
+    }
+  }
+
   TEST_CASE("scale, and bad arguments named in the message") {
     std::vector<float> v(10000);
     for (std::size_t i = 0; i < v.size(); ++i) v[i] = float(i);

@@ -2,9 +2,9 @@
 // Tensors in the memory of Kokkos's default execution space: Kokkos::CudaSpace with a
 // CUDA-enabled Kokkos (the GPU suite, docs/12_gpus.md), host memory otherwise (CI). Creation,
 // from_host/to_host, scatter_from/gather_to, clone, reshards, the loops (KOKKOS_LAMBDA bodies),
-// the elementwise ops, the contractions (cuBLAS on a GPU) and the reductions against the same
-// program on tensors in host memory, on 1..4 devices: the host tensor is the oracle of the device
-// one.
+// the elementwise ops, the contractions (cuBLAS on a GPU), the reductions, softmax and the norms
+// against the same program on tensors in host memory, on 1..4 devices: the host tensor is the
+// oracle of the device one.
 #include <doctest/doctest.h>
 #include <shardlib/memory.hpp>
 #include <shardlib/ops/elementwise.hpp>
@@ -276,6 +276,37 @@ void check_reductions(sl::Context& ctx) {
   CHECK(sl::cast<float>(sl::max<0>(b)).to_host() == sl::cast<float>(sl::max<0>(hb)).to_host());
 }
 
+// softmax, log_softmax, layer_norm and rms_norm run in the tensors' memory: along a dim split
+// over an axis (per-row statistics all-reduced over it) and along a whole one, scaled, with
+// torch's gain and bias; bf16 through float32.
+void check_normalizations(sl::Context& ctx) {
+  const M2 mesh = mesh_of(ctx);
+  const std::int64_t shape[2] = {9, 10};
+  const T2<Both> a = T2<Both>::random(mesh, shape, 41, -3.0f, 3.0f);
+  const T2<Both, Kokkos::HostSpace> ha = T2<Both, Kokkos::HostSpace>::random(mesh, shape, 41, -3.0f, 3.0f);
+  const T2<Rows> r = a;  // dim 1 whole on each device
+  const T2<Rows, Kokkos::HostSpace> hr = ha;
+  close(sl::softmax<1>(a).to_host(), sl::softmax<1>(ha).to_host(), "softmax<1> (split dim)");
+  close(sl::softmax<0>(a, 0.5).to_host(), sl::softmax<0>(ha, 0.5).to_host(), "softmax<0>(scale 0.5)");
+  close(sl::softmax<1>(r, 0.125).to_host(), sl::softmax<1>(hr, 0.125).to_host(), "softmax<1>(scale 0.125) (whole dim)");
+  close(sl::log_softmax<1>(a).to_host(), sl::log_softmax<1>(ha).to_host(), "log_softmax<1>");
+  close(sl::log_softmax<1>(r).to_host(), sl::log_softmax<1>(hr).to_host(), "log_softmax<1> (whole dim)");
+  close(sl::layer_norm<1>(a).to_host(), sl::layer_norm<1>(ha).to_host(), "layer_norm<1>");
+  close(sl::layer_norm<1>(r, 0.5).to_host(), sl::layer_norm<1>(hr, 0.5).to_host(), "layer_norm<1>(eps 0.5) (whole dim)");
+  close(sl::rms_norm<0>(a).to_host(), sl::rms_norm<0>(ha).to_host(), "rms_norm<0>");
+  close(sl::rms_norm<1>(r).to_host(), sl::rms_norm<1>(hr).to_host(), "rms_norm<1> (whole dim)");
+  using V = sl::DistributedTensor<float, M2, sl::Spec<none>, Mem>;
+  using HV = sl::DistributedTensor<float, M2, sl::Spec<none>, Kokkos::HostSpace>;
+  const std::int64_t n[1] = {10};
+  const auto gain = V::random(mesh, n, 42, 0.5f, 1.5f), bias = V::random(mesh, n, 43, -1.0f, 1.0f);
+  const auto hgain = HV::random(mesh, n, 42, 0.5f, 1.5f), hbias = HV::random(mesh, n, 43, -1.0f, 1.0f);
+  close(sl::layer_norm<1>(r, gain, bias).to_host(), sl::layer_norm<1>(hr, hgain, hbias).to_host(),
+        "layer_norm<1>(gain, bias)");
+  const auto b = sl::cast<sl::bf16>(a);
+  const auto hb = sl::cast<sl::bf16>(ha);
+  CHECK(sl::cast<float>(sl::softmax<1>(b)).to_host() == sl::cast<float>(sl::softmax<1>(hb)).to_host());
+}
+
 TEST_SUITE("tensor_memory_space") {
   TEST_CASE("tensors in the default execution space's memory: creation, transfers and reshards against host memory") {
     sl::test::for_each_run(check_creation_and_transfers, {1, 2, 3, 4});
@@ -294,5 +325,8 @@ TEST_SUITE("tensor_memory_space") {
   }
   TEST_CASE("reductions on tensors in the default execution space's memory against host memory") {
     sl::test::for_each_run(check_reductions, {1, 2, 3, 4});
+  }
+  TEST_CASE("softmax and the norms on tensors in the default execution space's memory against host memory") {
+    sl::test::for_each_run(check_normalizations, {1, 2, 3, 4});
   }
 }

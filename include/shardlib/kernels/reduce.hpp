@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// Host kernels that reduce along one dim of a local block, and the pieces of softmax and of
-/// layer / RMS normalisation built on such reductions.
+/// Kernels that reduce along one dim of a local block, and the pieces of softmax and of layer / RMS
+/// normalisation built on such reductions: host kernels (below), and on a device instance
+/// (Kokkos::Cuda) the one-thread-per-row forms of `detail::portable`, queued on its stream without
+/// a fence (argmax_dim and argmin_dim: host only).
 ///
 /// Every kernel sees its block as `[outer, n, inner]`, row-major: the reduced dim in the middle,
 /// element (o, j, i) at `(o * n + j) * inner + i`. A *row* is a fixed (o, i); per-row results are
@@ -12,13 +14,13 @@
 /// device, combines the per-row stats with a collective, and then runs an *apply* kernel
 /// (`softmax_apply`, `layer_norm_apply`, `rms_norm_apply`) with the global stats.
 ///
-/// Execution: one `Kokkos::parallel_for` over (o, block of consecutive i) items; blocks hold up to
-/// 1024 rows, fewer when that would leave under 4 items per thread of the execution space. An item
-/// walks j outermost and its i block innermost, so every read is a contiguous run of up to 1024
-/// elements even when inner > 1 (short runs at a large stride cost a cache and TLB miss each); with
+/// Execution on the host: one `Kokkos::parallel_for` over (o, block of consecutive i) items;
+/// blocks hold up to 1024 rows, fewer when that would leave under 4 items per thread of the
+/// execution space. An item walks j outermost and its i block innermost, so every read is a
+/// contiguous run of up to 1024 elements even when inner > 1 (short runs at a large stride cost a cache and TLB miss each); with
 /// inner == 1 a row is contiguous and is accumulated in 16 interleaved lanes, which the compiler
 /// can vectorise. Per-row reductions are serial loops inside an item (no `parallel_reduce`). Every
-/// kernel fences its execution space instance before returning.
+/// kernel fences a host execution space instance before returning.
 #pragma once
 
 #include <shardlib/kernels/vmath.hpp>
@@ -222,9 +224,15 @@ void arg_dim(const Exec& exec, const char* label, const T* in, T* best, std::int
 
 }  // namespace detail
 
-namespace detail {
-/// reduce_dim on a device: one GPU thread per output element (o, i), consecutive threads on
-/// consecutive i, folding j in order (NaN propagates through max and min).
+/// The forms a device instance (Kokkos::Cuda) runs: one Kokkos thread per row (o, i) for the
+/// stats kernels, one per element for the apply kernels; consecutive threads take consecutive i
+/// (or elements), so a warp's reads coalesce when inner > 1. Written for any execution space:
+/// the kernels below take them on a device instance, and the tests run them on a host one
+/// against the host kernels (on a host instance they fence, as every host kernel does). Their
+/// loops over j are in order, sums in `Acc` (double for exp_sum and the moments).
+namespace detail::portable {
+
+/// reduce_dim's fold of one row (NaN propagates through max and min).
 template <class T, class Acc, ReduceKind K>
 struct ReduceDimKernel {
   const T* in;
@@ -244,36 +252,151 @@ struct ReduceDimKernel {
     out[k] = acc;
   }
 };
-}  // namespace detail
+
+/// exp_sum's row: the sum in double of exp(x - row_max).
+template <class T>
+struct ExpSumKernel {
+  const T* in;
+  const T* row_max;
+  T* row_sum;
+  std::int64_t n, inner;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const {
+    using std::exp;
+    const std::int64_t o = k / inner, i = k % inner;
+    const T* p = in + o * n * inner + i;
+    const T m = row_max[k];
+    double s = 0;
+    for (std::int64_t j = 0; j < n; ++j) s += static_cast<double>(exp(p[j * inner] - m));
+    row_sum[k] = static_cast<T>(s);
+  }
+};
+
+/// moments' row: the sums of x and x² in double (`sum` may be null).
+template <class T>
+struct MomentsKernel {
+  const T* in;
+  double* sum;
+  double* sumsq;
+  std::int64_t n, inner;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const {
+    const std::int64_t o = k / inner, i = k % inner;
+    const T* p = in + o * n * inner + i;
+    double s = 0, q = 0;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const double v = static_cast<double>(p[j * inner]);
+      s += v;
+      q += v * v;
+    }
+    if (sum != nullptr) sum[k] = s;
+    sumsq[k] = q;
+  }
+};
+
+/// The row (o * inner + i) of element k of an [outer, n, inner] block.
+KOKKOS_INLINE_FUNCTION std::int64_t row_of(std::int64_t k, std::int64_t n, std::int64_t inner) {
+  return k / (n * inner) * inner + k % inner;
+}
+
+/// softmax_apply's element: exp(x - max) / sum, or with Log, x - max - log(sum).
+template <class T, bool Log>
+struct SoftmaxApplyKernel {
+  const T* in;
+  T* out;
+  const T* row_max;
+  const T* row_sum;
+  std::int64_t n, inner;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const {
+    using std::exp, std::log;
+    const std::int64_t row = row_of(k, n, inner);
+    if constexpr (Log) out[k] = in[k] - row_max[row] - log(row_sum[row]);
+    else out[k] = exp(in[k] - row_max[row]) * (T(1) / row_sum[row]);
+  }
+};
+
+/// layer_norm_apply's element (`sum` not null) or rms_norm_apply's (`sum` null), in double.
+template <class T>
+struct NormApplyKernel {
+  const T* in;
+  T* out;
+  const double* sum;
+  const double* sumsq;
+  double count, eps;
+  std::int64_t n, inner;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const {
+    using std::sqrt;
+    const std::int64_t row = row_of(k, n, inner);
+    if (sum != nullptr) {
+      const double mean = sum[row] / count, var = sumsq[row] / count - mean * mean;
+      out[k] = static_cast<T>((static_cast<double>(in[k]) - mean) * (1.0 / sqrt((var > 0.0 ? var : 0.0) + eps)));
+    } else {
+      out[k] = static_cast<T>(static_cast<double>(in[k]) * (1.0 / sqrt(sumsq[row] / count + eps)));
+    }
+  }
+};
+
+/// Runs `kernel(k)` for k in [0, count) on `exec`; fences a host instance.
+template <class Exec, class Kernel>
+void run(const Exec& exec, const char* label, std::int64_t count, const Kernel& kernel) {
+  if (count > 0) Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, count), kernel);
+  if constexpr (is_host_exec_v<Exec>) exec.fence();
+}
+
+template <class Exec, class T, class Acc>
+void reduce_dim(const Exec& exec, const T* in, Acc* out, std::int64_t outer, std::int64_t n, std::int64_t inner,
+                ReduceKind k) {
+  const char* label = "shardlib::kernels::reduce_dim";
+  switch (k) {
+    case ReduceKind::sum:
+      return run(exec, label, outer * inner, ReduceDimKernel<T, Acc, ReduceKind::sum>{in, out, n, inner, Acc(0)});
+    case ReduceKind::max:
+      return run(exec, label, outer * inner, ReduceDimKernel<T, Acc, ReduceKind::max>{in, out, n, inner, max_identity<Acc>()});
+    case ReduceKind::min:
+      return run(exec, label, outer * inner, ReduceDimKernel<T, Acc, ReduceKind::min>{in, out, n, inner, min_identity<Acc>()});
+  }
+  throw std::invalid_argument("shardlib::kernels::reduce_dim: unknown ReduceKind " + std::to_string(int(k)));
+}
+
+template <class Exec, class T>
+void exp_sum(const Exec& exec, const T* in, const T* row_max, T* row_sum, std::int64_t outer, std::int64_t n,
+             std::int64_t inner) {
+  run(exec, "shardlib::kernels::exp_sum", outer * inner, ExpSumKernel<T>{in, row_max, row_sum, n, inner});
+}
+
+template <class Exec, class T>
+void softmax_apply(const Exec& exec, const T* in, T* out, const T* row_max, const T* row_sum, std::int64_t outer,
+                   std::int64_t n, std::int64_t inner, bool log) {
+  const std::int64_t count = outer * n * inner;
+  if (log) run(exec, "shardlib::kernels::log_softmax_apply", count, SoftmaxApplyKernel<T, true>{in, out, row_max, row_sum, n, inner});
+  else run(exec, "shardlib::kernels::softmax_apply", count, SoftmaxApplyKernel<T, false>{in, out, row_max, row_sum, n, inner});
+}
+
+template <class Exec, class T>
+void moments(const Exec& exec, const T* in, double* sum, double* sumsq, std::int64_t outer, std::int64_t n,
+             std::int64_t inner) {
+  run(exec, "shardlib::kernels::moments", outer * inner, MomentsKernel<T>{in, sum, sumsq, n, inner});
+}
+
+/// layer_norm_apply (`sum` not null) or rms_norm_apply (`sum` null).
+template <class Exec, class T>
+void norm_apply(const Exec& exec, const T* in, T* out, const double* sum, const double* sumsq, std::int64_t outer,
+                std::int64_t n, std::int64_t inner, std::int64_t count, double eps) {
+  run(exec, sum != nullptr ? "shardlib::kernels::layer_norm_apply" : "shardlib::kernels::rms_norm_apply", outer * n * inner,
+      NormApplyKernel<T>{in, out, sum, sumsq, static_cast<double>(count), eps, n, inner});
+}
+
+}  // namespace detail::portable
 
 /// out[o * inner + i] = the `k`-reduction over j of in[(o * n + j) * inner + i], accumulated in
 /// `Acc`. On a device instance (Kokkos::Cuda) one GPU thread per output element, queued on its
-/// stream; on a host one the paths below, fenced. n == 0 gives the identity: 0, -inf / +inf for floating point, lowest() / max() of
-/// `Acc` otherwise. max and min propagate NaN (as torch.amax / amin). With inner == 1 a sum is
+/// stream (detail::portable); on a host one the paths below, fenced. n == 0 gives the identity:
+/// 0, -inf / +inf for floating point, lowest() / max() of `Acc` otherwise. max and min propagate NaN (as torch.amax / amin). With inner == 1 a sum is
 /// accumulated in 16 interleaved partial sums, so its rounding differs from a sequential loop.
 template <class Exec, class T, class Acc = T>
 void reduce_dim(const Exec& exec, const T* in, Acc* out, std::int64_t outer, std::int64_t n, std::int64_t inner,
                 ReduceKind k) {
   detail::check_shape("reduce_dim", outer, n, inner);
   if constexpr (!is_host_exec_v<Exec>) {
-    const std::int64_t count = outer * inner;
-    if (count == 0) return;
-    const char* label = "shardlib::kernels::reduce_dim";
-    using Policy = Kokkos::RangePolicy<Exec>;
-    switch (k) {
-      case ReduceKind::sum:
-        Kokkos::parallel_for(label, Policy(exec, 0, count), detail::ReduceDimKernel<T, Acc, ReduceKind::sum>{in, out, n, inner, Acc(0)});
-        return;
-      case ReduceKind::max:
-        Kokkos::parallel_for(label, Policy(exec, 0, count),
-                             detail::ReduceDimKernel<T, Acc, ReduceKind::max>{in, out, n, inner, detail::max_identity<Acc>()});
-        return;
-      case ReduceKind::min:
-        Kokkos::parallel_for(label, Policy(exec, 0, count),
-                             detail::ReduceDimKernel<T, Acc, ReduceKind::min>{in, out, n, inner, detail::min_identity<Acc>()});
-        return;
-    }
-    throw std::invalid_argument("shardlib::kernels::reduce_dim: unknown ReduceKind " + std::to_string(int(k)));
+    detail::portable::reduce_dim(exec, in, out, outer, n, inner, k);
   } else {
     switch (k) {
       case ReduceKind::sum:
@@ -329,33 +452,37 @@ void exp_sum(const Exec& exec, const T* in, const T* row_max, T* row_sum, std::i
              std::int64_t inner) {
   static_assert(std::is_floating_point_v<T>, "shardlib::kernels::exp_sum: T must be a floating-point type");
   detail::check_shape("exp_sum", outer, n, inner);
-  if constexpr (is_host_exec_v<Exec> && vmath::is_vector_type_v<T>) {
-    if (inner == 1) {  // contiguous rows: Eigen's packet exp, float sums per chunk, double across
-      Kokkos::parallel_for("shardlib::kernels::exp_sum(vector)", Kokkos::RangePolicy<Exec>(exec, 0, outer), [=](std::int64_t r) {
-        double sum = 0;
-        for (std::int64_t b = 0; b < n; b += vmath::chunk) {
-          const std::int64_t len = n - b < vmath::chunk ? n - b : vmath::chunk;
-          sum += static_cast<double>(vmath::exp(vmath::ConstRun<T>(in + r * n + b, len) - row_max[r]).sum());
-        }
-        row_sum[r] = static_cast<T>(sum);
-      });
-      exec.fence();
-      return;
+  if constexpr (!is_host_exec_v<Exec>) {
+    detail::portable::exp_sum(exec, in, row_max, row_sum, outer, n, inner);
+  } else {
+    if constexpr (vmath::is_vector_type_v<T>) {
+      if (inner == 1) {  // contiguous rows: Eigen's packet exp, float sums per chunk, double across
+        Kokkos::parallel_for("shardlib::kernels::exp_sum(vector)", Kokkos::RangePolicy<Exec>(exec, 0, outer), [=](std::int64_t r) {
+          double sum = 0;
+          for (std::int64_t b = 0; b < n; b += vmath::chunk) {
+            const std::int64_t len = n - b < vmath::chunk ? n - b : vmath::chunk;
+            sum += static_cast<double>(vmath::exp(vmath::ConstRun<T>(in + r * n + b, len) - row_max[r]).sum());
+          }
+          row_sum[r] = static_cast<T>(sum);
+        });
+        exec.fence();
+        return;
+      }
     }
+    struct State {
+      double sum;
+      T max;
+    };
+    struct Op {
+      const T* row_max;
+      T* row_sum;
+      State init(std::int64_t row) const noexcept { return {0.0, row_max[row]}; }
+      void step(State& s, const T& x, std::int64_t) const noexcept { s.sum += static_cast<double>(std::exp(x - s.max)); }
+      void merge(State& s, const State& t) const noexcept { s.sum += t.sum; }
+      void store(std::int64_t row, const State& s) const noexcept { row_sum[row] = static_cast<T>(s.sum); }
+    };
+    detail::fold_rows(exec, "shardlib::kernels::exp_sum", in, outer, n, inner, Op{row_max, row_sum});
   }
-  struct State {
-    double sum;
-    T max;
-  };
-  struct Op {
-    const T* row_max;
-    T* row_sum;
-    State init(std::int64_t row) const noexcept { return {0.0, row_max[row]}; }
-    void step(State& s, const T& x, std::int64_t) const noexcept { s.sum += static_cast<double>(std::exp(x - s.max)); }
-    void merge(State& s, const State& t) const noexcept { s.sum += t.sum; }
-    void store(std::int64_t row, const State& s) const noexcept { row_sum[row] = static_cast<T>(s.sum); }
-  };
-  detail::fold_rows(exec, "shardlib::kernels::exp_sum", in, outer, n, inner, Op{row_max, row_sum});
 }
 
 /// Softmax pass 3, with the global row_max and row_sum: out = exp(in - max) / sum, or with `log`,
@@ -365,35 +492,39 @@ void softmax_apply(const Exec& exec, const T* in, T* out, const T* row_max, cons
                    std::int64_t n, std::int64_t inner, bool log) {
   static_assert(std::is_floating_point_v<T>, "shardlib::kernels::softmax_apply: T must be a floating-point type");
   detail::check_shape("softmax_apply", outer, n, inner);
-  struct Param {
-    T max, k;  // k = 1 / sum, or log(sum)
-  };
-  if (log) {
-    struct Op {
-      const T *row_max, *row_sum;
-      Param param(std::int64_t row) const noexcept { return {row_max[row], std::log(row_sum[row])}; }
-      T apply(const T& x, const Param& p) const noexcept { return x - p.max - p.k; }
-    };
-    detail::map_rows(exec, "shardlib::kernels::log_softmax_apply", in, out, outer, n, inner, Op{row_max, row_sum});
+  if constexpr (!is_host_exec_v<Exec>) {
+    detail::portable::softmax_apply(exec, in, out, row_max, row_sum, outer, n, inner, log);
   } else {
-    if constexpr (is_host_exec_v<Exec> && vmath::is_vector_type_v<T>) {
-      if (inner == 1) {  // contiguous rows: Eigen's packet exp
-        if (n != 0)
-          Kokkos::parallel_for("shardlib::kernels::softmax_apply(vector)", Kokkos::RangePolicy<Exec>(exec, 0, outer),
-                               [=](std::int64_t r) {
-                                 vmath::Run<T>(out + r * n, n) =
-                                     vmath::exp(vmath::ConstRun<T>(in + r * n, n) - row_max[r]) * (T(1) / row_sum[r]);
-                               });
-        exec.fence();
-        return;
-      }
-    }
-    struct Op {
-      const T *row_max, *row_sum;
-      Param param(std::int64_t row) const noexcept { return {row_max[row], T(1) / row_sum[row]}; }
-      T apply(const T& x, const Param& p) const noexcept { return std::exp(x - p.max) * p.k; }
+    struct Param {
+      T max, k;  // k = 1 / sum, or log(sum)
     };
-    detail::map_rows(exec, "shardlib::kernels::softmax_apply", in, out, outer, n, inner, Op{row_max, row_sum});
+    if (log) {
+      struct Op {
+        const T *row_max, *row_sum;
+        Param param(std::int64_t row) const noexcept { return {row_max[row], std::log(row_sum[row])}; }
+        T apply(const T& x, const Param& p) const noexcept { return x - p.max - p.k; }
+      };
+      detail::map_rows(exec, "shardlib::kernels::log_softmax_apply", in, out, outer, n, inner, Op{row_max, row_sum});
+    } else {
+      if constexpr (is_host_exec_v<Exec> && vmath::is_vector_type_v<T>) {
+        if (inner == 1) {  // contiguous rows: Eigen's packet exp
+          if (n != 0)
+            Kokkos::parallel_for("shardlib::kernels::softmax_apply(vector)", Kokkos::RangePolicy<Exec>(exec, 0, outer),
+                                 [=](std::int64_t r) {
+                                   vmath::Run<T>(out + r * n, n) =
+                                       vmath::exp(vmath::ConstRun<T>(in + r * n, n) - row_max[r]) * (T(1) / row_sum[r]);
+                                 });
+          exec.fence();
+          return;
+        }
+      }
+      struct Op {
+        const T *row_max, *row_sum;
+        Param param(std::int64_t row) const noexcept { return {row_max[row], T(1) / row_sum[row]}; }
+        T apply(const T& x, const Param& p) const noexcept { return std::exp(x - p.max) * p.k; }
+      };
+      detail::map_rows(exec, "shardlib::kernels::softmax_apply", in, out, outer, n, inner, Op{row_max, row_sum});
+    }
   }
 }
 
@@ -403,28 +534,32 @@ template <class Exec, class T>
 void moments(const Exec& exec, const T* in, acc_t<T>* sum, acc_t<T>* sumsq, std::int64_t outer, std::int64_t n,
              std::int64_t inner) {
   detail::check_shape("moments", outer, n, inner);
-  using A = acc_t<T>;
-  struct State {
-    A s, q;
-  };
-  struct Op {
-    A *sum, *sumsq;
-    State init(std::int64_t) const noexcept { return {A(0), A(0)}; }
-    void step(State& st, const T& x, std::int64_t) const noexcept {
-      const A v = static_cast<A>(x);
-      st.s += v;
-      st.q += v * v;
-    }
-    void merge(State& st, const State& t) const noexcept {
-      st.s += t.s;
-      st.q += t.q;
-    }
-    void store(std::int64_t row, const State& st) const noexcept {
-      if (sum != nullptr) sum[row] = st.s;
-      sumsq[row] = st.q;
-    }
-  };
-  detail::fold_rows(exec, "shardlib::kernels::moments", in, outer, n, inner, Op{sum, sumsq});
+  if constexpr (!is_host_exec_v<Exec>) {
+    detail::portable::moments(exec, in, sum, sumsq, outer, n, inner);
+  } else {
+    using A = acc_t<T>;
+    struct State {
+      A s, q;
+    };
+    struct Op {
+      A *sum, *sumsq;
+      State init(std::int64_t) const noexcept { return {A(0), A(0)}; }
+      void step(State& st, const T& x, std::int64_t) const noexcept {
+        const A v = static_cast<A>(x);
+        st.s += v;
+        st.q += v * v;
+      }
+      void merge(State& st, const State& t) const noexcept {
+        st.s += t.s;
+        st.q += t.q;
+      }
+      void store(std::int64_t row, const State& st) const noexcept {
+        if (sum != nullptr) sum[row] = st.s;
+        sumsq[row] = st.q;
+      }
+    };
+    detail::fold_rows(exec, "shardlib::kernels::moments", in, outer, n, inner, Op{sum, sumsq});
+  }
 }
 
 namespace detail {
@@ -447,21 +582,25 @@ void layer_norm_apply(const Exec& exec, const T* in, T* out, const acc_t<T>* sum
                       std::int64_t outer, std::int64_t n, std::int64_t inner, std::int64_t count, double eps) {
   detail::check_shape("layer_norm_apply", outer, n, inner);
   detail::check_count("layer_norm_apply", n, count, eps);
-  using A = acc_t<T>;
-  struct Param {
-    A mean, rstd;
-  };
-  struct Op {
-    const A *sum, *sumsq;
-    A count, eps;
-    Param param(std::int64_t row) const noexcept {
-      const A mean = sum[row] / count, var = sumsq[row] / count - mean * mean;
-      return {mean, A(1) / std::sqrt((var > A(0) ? var : A(0)) + eps)};
-    }
-    T apply(const T& x, const Param& p) const noexcept { return static_cast<T>((static_cast<A>(x) - p.mean) * p.rstd); }
-  };
-  detail::map_rows(exec, "shardlib::kernels::layer_norm_apply", in, out, outer, n, inner,
-                   Op{sum, sumsq, static_cast<A>(count), static_cast<A>(eps)});
+  if constexpr (!is_host_exec_v<Exec>) {
+    detail::portable::norm_apply(exec, in, out, sum, sumsq, outer, n, inner, count, eps);
+  } else {
+    using A = acc_t<T>;
+    struct Param {
+      A mean, rstd;
+    };
+    struct Op {
+      const A *sum, *sumsq;
+      A count, eps;
+      Param param(std::int64_t row) const noexcept {
+        const A mean = sum[row] / count, var = sumsq[row] / count - mean * mean;
+        return {mean, A(1) / std::sqrt((var > A(0) ? var : A(0)) + eps)};
+      }
+      T apply(const T& x, const Param& p) const noexcept { return static_cast<T>((static_cast<A>(x) - p.mean) * p.rstd); }
+    };
+    detail::map_rows(exec, "shardlib::kernels::layer_norm_apply", in, out, outer, n, inner,
+                     Op{sum, sumsq, static_cast<A>(count), static_cast<A>(eps)});
+  }
 }
 
 /// RMS norm apply, with the GLOBAL sumsq from `moments` and `count` as for `layer_norm_apply`:
@@ -471,15 +610,19 @@ void rms_norm_apply(const Exec& exec, const T* in, T* out, const acc_t<T>* sumsq
                     std::int64_t inner, std::int64_t count, double eps) {
   detail::check_shape("rms_norm_apply", outer, n, inner);
   detail::check_count("rms_norm_apply", n, count, eps);
-  using A = acc_t<T>;
-  struct Op {
-    const A* sumsq;
-    A count, eps;
-    A param(std::int64_t row) const noexcept { return A(1) / std::sqrt(sumsq[row] / count + eps); }
-    T apply(const T& x, const A& rstd) const noexcept { return static_cast<T>(static_cast<A>(x) * rstd); }
-  };
-  detail::map_rows(exec, "shardlib::kernels::rms_norm_apply", in, out, outer, n, inner,
-                   Op{sumsq, static_cast<A>(count), static_cast<A>(eps)});
+  if constexpr (!is_host_exec_v<Exec>) {
+    detail::portable::norm_apply(exec, in, out, static_cast<const double*>(nullptr), sumsq, outer, n, inner, count, eps);
+  } else {
+    using A = acc_t<T>;
+    struct Op {
+      const A* sumsq;
+      A count, eps;
+      A param(std::int64_t row) const noexcept { return A(1) / std::sqrt(sumsq[row] / count + eps); }
+      T apply(const T& x, const A& rstd) const noexcept { return static_cast<T>(static_cast<A>(x) * rstd); }
+    };
+    detail::map_rows(exec, "shardlib::kernels::rms_norm_apply", in, out, outer, n, inner,
+                     Op{sumsq, static_cast<A>(count), static_cast<A>(eps)});
+  }
 }
 
 namespace detail {

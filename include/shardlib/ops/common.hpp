@@ -48,7 +48,7 @@ template <OpName Op, class... Meshes>
 struct op_operands_are_on_different_meshes;
 /// This op's kernels (kernels/) are host kernels: a tensor in device memory cannot be its
 /// operand yet (docs/12_gpus.md); its loops, creation, transfers, reshards, the elementwise ops,
-/// the contractions and sum/mean/max/min work.
+/// the contractions, sum/mean/max/min, softmax and the norms work.
 template <class MemorySpace>
 struct ops_on_tensors_in_device_memory_are_not_built_yet;
 /// The operands of an op live in different memory spaces (host and device memory, say): move one
@@ -94,8 +94,8 @@ constexpr bool require_host_operand() {
   SHARDLIB_STATIC_REQUIRE(host_memory_v<Mem>,
                           "shardlib: this op takes tensors in host memory only, for now; a tensor in device memory "
                           "has creation, loops (parallel_for, map, parallel_reduce), to_host/from_host, reshards, "
-                          "the elementwise ops (+ - * /, unary math, cast, zip), einsum/matmul and "
-                          "sum/mean/max/min",
+                          "the elementwise ops (+ - * /, unary math, cast, zip), einsum/matmul, "
+                          "sum/mean/max/min, softmax/log_softmax and layer_norm/rms_norm",
                           error::ops_on_tensors_in_device_memory_are_not_built_yet<Mem>);
   return true;
 }

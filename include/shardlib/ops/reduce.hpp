@@ -133,9 +133,29 @@ auto reduce_op(const A& a) {
 
 enum class Normalization : std::uint8_t { softmax, log_softmax, layer_norm, rms_norm };
 
+/// Per-row statistics `p` (`count` values in `Mem`) all-reduced with `op` over the group of the
+/// dim's `axes`: on that group where its communicator reaches `Mem` (host memory; device memory
+/// under nccl, on the device's stream), else through a host copy (threads and mpi with device
+/// memory: downloaded, reduced, uploaded).
+template <class Mem, class S>
+void all_reduce_stats(Context& ctx, const MeshShape& mesh, const AxisList& axes, S* p, std::size_t count, coll::Op op) {
+  if constexpr (host_memory_v<Mem>) {
+    ctx.group(mesh, axes).all_reduce(p, p, count, coll::dtype_of<S>(), op);
+  } else if (reshards_on_device<Mem>(ctx)) {
+    ctx.device_group(mesh, axes).all_reduce(p, p, count, coll::dtype_of<S>(), op);
+  } else {
+    std::vector<S> h(count);
+    download<Mem>(ctx, p, h.data(), static_cast<std::int64_t>(count));
+    ctx.group(mesh, axes).all_reduce(h.data(), h.data(), count, coll::dtype_of<S>(), op);
+    upload<Mem>(ctx, h.data(), p, static_cast<std::int64_t>(count));
+  }
+}
+
 /// The runtime part of a normalisation along `dim`, compiled once per kind, element type and
 /// memory space: per-row statistics (all-reduced over the dim's axes when it is split), then the
-/// kernel that writes the output block `out`.
+/// kernel that writes the output block `out`, on the device's instance for `Mem` (host memory:
+/// whole contiguous rows take the fused row kernels of kernels/rows.hpp; device memory: the stats
+/// and apply kernels, one GPU thread per row or element, the statistics kept in device memory).
 template <Normalization Kind, class T, class Mem>
 SHARDLIB_NOINLINE void normalize_run(const OpRule& rule, int dim, double eps, double scale, const OperandRef<T>& a,
                                      T* out) {
@@ -143,11 +163,10 @@ SHARDLIB_NOINLINE void normalize_run(const OpRule& rule, int dim, double eps, do
   Context& ctx = *a.ctx;
   const RowSplit r = split_at(in.box, dim);
   const auto rows = static_cast<std::size_t>(r.outer * r.inner);
-  coll::Communicator* g = rule.comm.empty() ? nullptr : &ctx.group(*a.mesh, rule.comm);
+  const bool split = !rule.comm.empty();
   const std::int64_t count = a.shape[static_cast<std::size_t>(dim)];
-  using Exec = std::remove_cvref_t<decltype(ctx.exec())>;
-  if constexpr (kernels::is_host_exec_v<Exec> && kernels::vmath::is_vector_type_v<T>) {
-    if (g == nullptr && r.inner == 1) {  // whole rows on this device, contiguous: one fused pass
+  if constexpr (host_memory_v<Mem> && kernels::vmath::is_vector_type_v<T>) {
+    if (!split && r.inner == 1) {  // whole rows on this device, contiguous: one fused pass
       auto guard = kernel_guard(ctx, false);
       const std::int64_t rows = r.outer;
       if constexpr (Kind == Normalization::softmax || Kind == Normalization::log_softmax)
@@ -160,47 +179,53 @@ SHARDLIB_NOINLINE void normalize_run(const OpRule& rule, int dim, double eps, do
       return;
     }
   }
+  const auto& exec = ctx.exec_for<Mem>();
+  auto reduce_stats = [&](auto* p, std::size_t n, coll::Op op) {
+    if (split) all_reduce_stats<Mem>(ctx, *a.mesh, rule.comm, p, n, op);
+  };
   if constexpr (Kind == Normalization::softmax || Kind == Normalization::log_softmax) {
     if (scale != 1) {  // the stats kernels take the input as it is: scale a copy of the block first
       auto scaled = block_cache<Mem>(ctx).allocate(static_cast<std::size_t>(std::max<std::int64_t>(in.box.num_elements(), 1)) * sizeof(T));
       T* dst = static_cast<T*>(scaled.get());
       auto guard = kernel_guard(ctx, false);
-      kernels::elementwise(ctx.exec(), dst, std::array<std::int64_t, 1>{in.box.num_elements()},
+      kernels::elementwise(exec, dst, std::array<std::int64_t, 1>{in.box.num_elements()},
                            fn::bind_scalar<fn::mul, T, false>{{}, static_cast<T>(scale)},
                            kernels::Strided<T, 1>{in.data, {1}});
       in.data = dst;
       in.keep = std::move(scaled);
     }
-    std::vector<T> mx(rows), sum(rows);
+    auto stats = block_cache<Mem>(ctx).allocate(std::max<std::size_t>(2 * rows, 1) * sizeof(T));  // [max | sum]
+    T* mx = static_cast<T*>(stats.get());
+    T* sum = mx + rows;
     {
       auto guard = kernel_guard(ctx, false);
-      kernels::reduce_dim(ctx.exec(), in.data, mx.data(), r.outer, r.n, r.inner, kernels::ReduceKind::max);
+      kernels::reduce_dim(exec, in.data, mx, r.outer, r.n, r.inner, kernels::ReduceKind::max);
     }
-    if (g) g->all_reduce(mx.data(), mx.data(), rows, coll::dtype_of<T>(), coll::Op::max);
+    reduce_stats(mx, rows, coll::Op::max);
     {
       auto guard = kernel_guard(ctx, false);
-      kernels::exp_sum(ctx.exec(), in.data, mx.data(), sum.data(), r.outer, r.n, r.inner);
+      kernels::exp_sum(exec, in.data, mx, sum, r.outer, r.n, r.inner);
     }
-    if (g) g->all_reduce(sum.data(), sum.data(), rows, coll::dtype_of<T>(), coll::Op::sum);
+    reduce_stats(sum, rows, coll::Op::sum);
     auto guard = kernel_guard(ctx, false);
-    kernels::softmax_apply(ctx.exec(), in.data, out, mx.data(), sum.data(), r.outer, r.n, r.inner,
-                           Kind == Normalization::log_softmax);
+    kernels::softmax_apply(exec, in.data, out, mx, sum, r.outer, r.n, r.inner, Kind == Normalization::log_softmax);
   } else {
     using Acc = kernels::acc_t<T>;
     constexpr bool layer = Kind == Normalization::layer_norm;
-    std::vector<Acc> stats(layer ? 2 * rows : rows);  // [sum | sumsq] or [sumsq]
-    Acc* sum = layer ? stats.data() : nullptr;
-    Acc* sumsq = layer ? stats.data() + rows : stats.data();
+    const std::size_t n_stats = layer ? 2 * rows : rows;  // [sum | sumsq] or [sumsq]
+    auto stats = block_cache<Mem>(ctx).allocate(std::max<std::size_t>(n_stats, 1) * sizeof(Acc));
+    Acc* sum = layer ? static_cast<Acc*>(stats.get()) : nullptr;
+    Acc* sumsq = layer ? sum + rows : static_cast<Acc*>(stats.get());
     {
       auto guard = kernel_guard(ctx, false);
-      kernels::moments(ctx.exec(), in.data, sum, sumsq, r.outer, r.n, r.inner);
+      kernels::moments(exec, in.data, sum, sumsq, r.outer, r.n, r.inner);
     }
-    if (g) g->all_reduce(stats.data(), stats.data(), stats.size(), coll::dtype_of<Acc>(), coll::Op::sum);
+    reduce_stats(static_cast<Acc*>(stats.get()), n_stats, coll::Op::sum);
     auto guard = kernel_guard(ctx, false);
     if constexpr (layer)
-      kernels::layer_norm_apply(ctx.exec(), in.data, out, sum, sumsq, r.outer, r.n, r.inner, count, eps);
+      kernels::layer_norm_apply(exec, in.data, out, sum, sumsq, r.outer, r.n, r.inner, count, eps);
     else
-      kernels::rms_norm_apply(ctx.exec(), in.data, out, sumsq, r.outer, r.n, r.inner, count, eps);
+      kernels::rms_norm_apply(exec, in.data, out, sumsq, r.outer, r.n, r.inner, count, eps);
   }
 }
 
@@ -221,7 +246,7 @@ auto normalize_op(const A& a, double eps, double scale = 1) {
     using Mem = typename A::memory_space;
     using Out = DistributedTensor<T, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, Mem>;
     Out out(a.mesh(), a.shape());
-    normalize_run<Kind, T, Mem>(rule, Dim, eps, scale, ref(a), out.local().data());
+    normalize_run<Kind, T, Mem>(rule, Dim, eps, scale, ref<true>(a), out.local().data());
     return out;
   }
 }
@@ -281,8 +306,8 @@ constexpr bool is_replicated(const Sharding& s) noexcept {
 
 /// layer_norm along the last dim with torch's weight and bias: `layer_norm<Dim>(a, eps) * gain +
 /// bias`, gain and bias 1-D of the dim's extent, with that expression's sharding and result. Where
-/// the dim is whole on each device, gain and bias are replicated and the block is on the host, it
-/// is one pass (kernels::layer_norm_rows); elsewhere it runs as the three ops.
+/// the dim is whole on each device, gain and bias are replicated and the block is in host memory,
+/// it is one pass (kernels::layer_norm_rows); elsewhere (GPU memory too) it runs as the three ops.
 template <int Dim, TensorType A, TensorType G, TensorType B>
 auto layer_norm(const A& a, const G& gain, const B& bias, double eps = 1e-5) {
   static_assert(Dim == -1 || Dim == static_cast<int>(A::rank) - 1,
@@ -291,9 +316,7 @@ auto layer_norm(const A& a, const G& gain, const B& bias, double eps = 1e-5) {
   constexpr int D = static_cast<int>(A::rank) - 1;
   using Out = decltype(layer_norm<D>(a, eps) * gain + bias);
   using T = typename A::value_type;
-  static_assert(detail::require_host_operand<typename A::memory_space>());
-  using Exec = std::remove_cvref_t<decltype(a.context().exec())>;
-  constexpr bool fusable = kernels::is_host_exec_v<Exec> && kernels::vmath::is_vector_type_v<T> &&
+  constexpr bool fusable = detail::host_memory_v<typename A::memory_space> && kernels::vmath::is_vector_type_v<T> &&
                            std::is_same_v<typename G::value_type, T> && std::is_same_v<typename B::value_type, T> &&
                            Out::sharding == A::sharding && A::sharding.dims[static_cast<std::size_t>(D)].empty() &&
                            !A::sharding.is_partial() && detail::is_replicated(G::sharding) &&
