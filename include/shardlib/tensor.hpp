@@ -30,6 +30,7 @@
 #include <shardlib/execute/block.hpp>
 #include <shardlib/execute/reshard.hpp>
 #include <shardlib/half.hpp>
+#include <shardlib/kernels/exec.hpp>
 #include <shardlib/memory.hpp>
 #include <shardlib/mesh.hpp>
 #include <shardlib/runtime/runtime.hpp>
@@ -684,7 +685,7 @@ R reduce_block(const Context& ctx, const ShardBox& box, const F& f, const T* a, 
                              });
                              out[c] = acc;
                            });
-      ctx.exec().fence();
+      kernels::fence(ctx.exec());
     }
     R result = reduce_identity<Op, R>();
     for (std::int64_t c = 0; c < walk.chunks(); ++c) reduce_into<Op>(result, partial[static_cast<std::size_t>(c)]);

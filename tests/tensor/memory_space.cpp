@@ -307,6 +307,34 @@ void check_normalizations(sl::Context& ctx) {
   CHECK(sl::cast<float>(sl::softmax<1>(b)).to_host() == sl::cast<float>(sl::softmax<1>(hb)).to_host());
 }
 
+// The sync hook (kernels::sync_count, counted per device thread): in steady state the ops wait
+// for no GPU stream (elementwise, a softmax and a sum along a whole dim, a matmul with no
+// communication); a transfer to the host does. On host memory (CI) the host kernels' fences are
+// what it counts, and none are of a device (to_host reads host blocks without a wait).
+void check_syncs(sl::Context& ctx) {
+  const M2 mesh = mesh_of(ctx);
+  const std::int64_t shape[2] = {12, 8}, wshape[2] = {8, 4};
+  const T2<Rows> a = T2<Rows>::random(mesh, shape, 51), b = T2<Rows>::random(mesh, shape, 52);
+  const auto w = T2<Replicated>::random(mesh, wshape, 53);
+  auto ops = [&] {
+    const auto c = a * b + 1.0f;
+    const auto s = sl::softmax<1>(c, 0.5);
+    const auto n = sl::layer_norm<1>(s);
+    const auto m = sl::matmul(n, w);
+    return sl::sum<1>(m);
+  };
+  (void)ops();  // the first time: the block caches fill, cuBLAS's handle is made
+  const sl::kernels::SyncCount before = sl::kernels::sync_count();
+  (void)ops();
+  const sl::kernels::SyncCount after = sl::kernels::sync_count();
+  CHECK_MESSAGE(after.device == before.device, "ops in steady state waited for the GPU stream "
+                                                   << after.device - before.device << " times");
+  if constexpr (sl::detail::host_memory_v<Mem>) CHECK(after.host > before.host);
+  const std::vector<float> h = a.to_host();  // in device memory the host waits for the download
+  if constexpr (!sl::detail::host_memory_v<Mem>) CHECK(sl::kernels::sync_count().device > after.device);
+  CHECK(h.size() == 96);
+}
+
 TEST_SUITE("tensor_memory_space") {
   TEST_CASE("tensors in the default execution space's memory: creation, transfers and reshards against host memory") {
     sl::test::for_each_run(check_creation_and_transfers, {1, 2, 3, 4});
@@ -328,5 +356,8 @@ TEST_SUITE("tensor_memory_space") {
   }
   TEST_CASE("softmax and the norms on tensors in the default execution space's memory against host memory") {
     sl::test::for_each_run(check_normalizations, {1, 2, 3, 4});
+  }
+  TEST_CASE("ops on tensors in the default execution space's memory wait for no GPU stream in steady state") {
+    sl::test::for_each_run(check_syncs, {1, 2, 4});
   }
 }

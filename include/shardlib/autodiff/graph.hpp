@@ -17,6 +17,7 @@
 #pragma once
 
 #include <shardlib/detail/attributes.hpp>
+#include <shardlib/kernels/exec.hpp>
 #include <shardlib/ops/common.hpp>
 
 #include <algorithm>
@@ -181,7 +182,7 @@ void add_blocks(const Context& ctx, T* out, const T* a, const T* b, std::int64_t
   Kokkos::parallel_for("shardlib::autodiff::add",
                        Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, n),
                        [=](std::int64_t k) { out[k] = a[k] + b[k]; });
-  ctx.exec().fence();
+  kernels::fence(ctx.exec());
 }
 
 /// out[k] = in[k] converted (`n` elements; a kernel).
@@ -192,7 +193,7 @@ void convert_block(const Context& ctx, T* out, const U* in, std::int64_t n) {
   Kokkos::parallel_for("shardlib::autodiff::convert",
                        Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, n),
                        [=](std::int64_t k) { out[k] = static_cast<T>(in[k]); });
-  ctx.exec().fence();
+  kernels::fence(ctx.exec());
 }
 
 /// Whether a block holds a NaN or an infinity.
@@ -324,7 +325,7 @@ SHARDLIB_NOINLINE Contribution sum_to_shape(Context& ctx, const MeshShape& mesh,
                              for (std::int64_t k = k0; k < k1; ++k) out[k] += row[k];
                            }
                          });
-    ctx.exec().fence();
+    kernels::fence(ctx.exec());
     return c;
   }
   Kokkos::parallel_for("shardlib::autodiff::sum_to_shape",
@@ -347,7 +348,7 @@ SHARDLIB_NOINLINE Contribution sum_to_shape(Context& ctx, const MeshShape& mesh,
                          }
                          out[k] = acc;
                        });
-  ctx.exec().fence();
+  kernels::fence(ctx.exec());
   return c;
 }
 
@@ -383,7 +384,7 @@ SHARDLIB_NOINLINE Contribution expand_dim(Context& ctx, const MeshShape& mesh, c
                          const std::int64_t o = k / (len * inner), i = k % inner;
                          out[k] = scale * g[o * inner + i];
                        });
-  ctx.exec().fence();
+  kernels::fence(ctx.exec());
   return c;
 }
 

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <shardlib/autodiff/elementwise.hpp>
+#include <shardlib/kernels/exec.hpp>
 
 namespace shardlib {
 
@@ -184,7 +185,7 @@ SHARDLIB_NOINLINE Contribution norm_backward(Context& ctx, const MeshShape& mesh
                            if (layer) s[0] = sx, s[1] = sxx, s[2] = sg, s[3] = sgy;
                            else s[0] = sxx, s[1] = sgy;
                          });
-    ctx.exec().fence();
+    kernels::fence(ctx.exec());
   }
   const AxisList& axes = layout.dims[static_cast<std::size_t>(dim)];
   if (rows && mesh.group_size(axes) > 1)
@@ -207,7 +208,7 @@ SHARDLIB_NOINLINE Contribution norm_backward(Context& ctx, const MeshShape& mesh
                            out[e] = static_cast<T>(scale * (static_cast<double>(pg[e]) - mg - static_cast<double>(py[e]) * mgy));
                          }
                        });
-  ctx.exec().fence();
+  kernels::fence(ctx.exec());
   return c;
 }
 

@@ -15,6 +15,7 @@
 
 #include <shardlib/collectives/communicator.hpp>
 #include <shardlib/detail/attributes.hpp>
+#include <shardlib/kernels/exec.hpp>
 #include <shardlib/runtime/runtime.hpp>
 #include <shardlib/sharding/block.hpp>
 
@@ -126,7 +127,7 @@ void for_each_in_block(const char* label, const Context& ctx, const ShardBox& bo
     auto guard = kernel_guard(ctx, false);
     Kokkos::parallel_for(label, Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, walk.chunks()),
                          [=](std::int64_t c) { walk(c, elem); });
-    ctx.exec().fence();
+    kernels::fence(ctx.exec());
   } else {
     walk.chunk = 1;  // one element per GPU thread: neighbouring threads touch neighbouring elements
     Kokkos::parallel_for(label, Kokkos::RangePolicy<exec_space_t<Mem>>(ctx.exec_for<Mem>(), 0, walk.size),
@@ -285,7 +286,7 @@ void copy_box(const Context& ctx, const T* src, const ShardBox& src_layout, T* d
           const std::int64_t len = n - c * chunk < chunk ? n - c * chunk : chunk;
           std::memcpy(d + c * chunk, s + c * chunk, static_cast<std::size_t>(len) * sizeof(T));
         });
-    ctx.exec().fence();
+    kernels::fence(ctx.exec());
     return;
   }
   const int r = part.rank;
@@ -304,7 +305,7 @@ void copy_box(const Context& ctx, const T* src, const ShardBox& src_layout, T* d
         const std::int64_t len = run - c * chunk < chunk ? run - c * chunk : chunk;
         std::memcpy(dst + dof, src + so, static_cast<std::size_t>(len) * sizeof(T));
       });
-  ctx.exec().fence();
+  kernels::fence(ctx.exec());
 }
 
 /// Sets `n` elements of `dst` (in `Mem`) to `value`, as a Kokkos kernel.
@@ -316,7 +317,7 @@ void fill(const Context& ctx, T* dst, std::int64_t n, T value) {
     Kokkos::parallel_for(
         "shardlib::fill", Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, n),
         [=](std::int64_t k) { dst[k] = value; });
-    ctx.exec().fence();
+    kernels::fence(ctx.exec());
   } else {
     Kokkos::parallel_for("shardlib::fill", Kokkos::RangePolicy<exec_space_t<Mem>>(ctx.exec_for<Mem>(), 0, n),
                          FillKernel<T>{dst, value});
@@ -338,7 +339,7 @@ void transfer(const Context& ctx, const T* src, T* dst, std::int64_t n) {
     const auto& exec = ctx.exec_for<Device>();
     Kokkos::deep_copy(exec, Kokkos::View<T*, To, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(dst, static_cast<std::size_t>(n)),
                       Kokkos::View<const T*, From, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(src, static_cast<std::size_t>(n)));
-    exec.fence();
+    kernels::fence(exec);
   }
 }
 /// A block in `Mem` to host memory (the host reads it next).

@@ -112,7 +112,7 @@ void elementwise(const Exec& exec, Out* out, const std::array<std::int64_t, R>& 
         const std::int64_t b = c * vmath::chunk, len = n - b < vmath::chunk ? n - b : vmath::chunk;
         vmath::Run<Out>(out + b, len) = f.array(vmath::ConstRun<In>(in.data + b, len)...);
       });
-      exec.fence();
+      kernels::fence(exec);
       return;
     }
   }
@@ -125,7 +125,7 @@ void elementwise(const Exec& exec, Out* out, const std::array<std::int64_t, R>& 
   } else if constexpr (R > 0) {  // (a rank-0 box has no strides: always dense)
     detail::elementwise_strided(exec, out, extent, n / extent[R - 1], f, std::index_sequence_for<In...>{}, in...);
   }
-  if constexpr (is_host_exec_v<Exec>) exec.fence();
+  if constexpr (is_host_exec_v<Exec>) kernels::fence(exec);
 }
 
 }  // namespace shardlib::kernels

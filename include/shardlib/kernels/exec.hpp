@@ -4,9 +4,15 @@
 /// host one it takes the host paths (memcpy, Eigen's packets, BLAS) and returns when its output is
 /// written (it fences); on a device one (Kokkos::Cuda) it queues one-element-per-thread kernels on
 /// the instance's stream and returns at once.
+///
+/// Every wait shardlib makes for an instance's work goes through `fence` below, which counts it
+/// in `sync_count()`: the hook by which a test checks that an op in steady state waits for no
+/// GPU stream (docs/12_gpus.md).
 #pragma once
 
 #include <Kokkos_Core.hpp>
+
+#include <cstdint>
 
 namespace shardlib::kernels {
 
@@ -14,5 +20,30 @@ namespace shardlib::kernels {
 template <class Exec>
 inline constexpr bool is_host_exec_v =
     Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible;
+
+/// The waits for an execution-space instance's work that shardlib made on the calling thread
+/// (kernels, transfers, ops, reshards; each in-process device runs on a thread of its own, so
+/// these are that device's): `host`, fences of host instances (the host kernels fence before
+/// they return); `device`, fences of device instances, each a host wait for a GPU stream. Read it
+/// before and after an op to count what the op waited for. Not counted: the waits inside Kokkos
+/// (a `parallel_reduce` into a host value, a `View`'s allocation) and inside NCCL or cuBLAS.
+struct SyncCount {
+  std::uint64_t host = 0;
+  std::uint64_t device = 0;
+};
+
+/// This thread's SyncCount (see above); a test may reset it.
+inline SyncCount& sync_count() noexcept {
+  thread_local SyncCount count;
+  return count;
+}
+
+/// Waits until the work queued on `exec` has finished (`exec.fence()`), counted in sync_count().
+template <class Exec>
+void fence(const Exec& exec) {
+  if constexpr (is_host_exec_v<Exec>) ++sync_count().host;
+  else ++sync_count().device;
+  exec.fence();
+}
 
 }  // namespace shardlib::kernels

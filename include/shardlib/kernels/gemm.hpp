@@ -30,6 +30,7 @@
 
 #include <shardlib/detail/text.hpp>
 #include <shardlib/kernels/blas.hpp>
+#include <shardlib/kernels/exec.hpp>
 
 #include <algorithm>
 #include <climits>
@@ -392,9 +393,9 @@ void gemm(const ExecSpace& exec, std::int64_t batch, std::type_identity_t<Matrix
           std::type_identity_t<T> beta = T(0)) {
   static_assert(Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible,
                 "shardlib: kernels::gemm: the host GEMM needs an execution space whose memory the host can access");
-  exec.fence();
+  kernels::fence(exec);
   gemm<T>(batch, a, b, c, alpha, beta);
-  exec.fence();
+  kernels::fence(exec);
 }
 
 }  // namespace shardlib::kernels

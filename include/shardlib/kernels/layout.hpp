@@ -121,7 +121,7 @@ void strided_copy(const Exec& exec, const char* label, const T* in, T* out, cons
 template <class Exec, class T>
 void strided_copy_host(const Exec& exec, const char* label, const T* in, T* out, const StridedView& view) {
   if (view.count() == 0) {
-    exec.fence();
+    kernels::fence(exec);
     return;
   }
   const StridedView v = normalise(view);
@@ -204,7 +204,7 @@ void strided_copy_host(const Exec& exec, const char* label, const T* in, T* out,
       });
     }
   }
-  exec.fence();
+  kernels::fence(exec);
 }
 
 inline void check_rank(const char* kernel, int rank) {
@@ -323,7 +323,7 @@ void take(const Exec& exec, const T* table, std::int64_t outer, std::int64_t n_l
                            }
                          });
   }
-  exec.fence();
+  kernels::fence(exec);
 }
 
 /// The transpose of take: `out` (the block [outer, n_local, inner] of a tensor whose dim of
@@ -354,7 +354,7 @@ void index_add(const Exec& exec, T* out, std::int64_t outer, std::int64_t n_loca
                                  values[(o * n_ids + m) * inner + k];
                          }
                        });
-  exec.fence();
+  kernels::fence(exec);
 }
 
 /// out[out_view] = in[in_view], element by element in row-major order of their common extents:
@@ -404,7 +404,7 @@ void copy_strided(const Exec& exec, const char* label, const T* in, const detail
       for (std::int64_t k = 0; k < run; ++k) out[ib + k * sb] = in[ia + k * sa];
     }
   });
-  exec.fence();
+  kernels::fence(exec);
 }
 
 }  // namespace shardlib::kernels

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <shardlib/half.hpp>
+#include <shardlib/kernels/exec.hpp>
 
 #include <Kokkos_Core.hpp>
 
@@ -46,7 +47,7 @@ void sgd_update(const Exec& exec, std::int64_t n, T* p, const G* g, T* buf, cons
       p[i] -= lr * (nesterov ? d + mu * b : b);
     });
   }
-  exec.fence();
+  kernels::fence(exec);
 }
 
 /// AdamW hyperparameters of one step (`step` counts from 1, for the bias corrections).
@@ -73,7 +74,7 @@ void adamw_update(const Exec& exec, std::int64_t n, T* p, const G* g, T* m, T* v
     v[i] = vi;
     p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
   });
-  exec.fence();
+  kernels::fence(exec);
 }
 
 /// The sum of squares of `g[0..n)` in double.
@@ -88,7 +89,7 @@ double sum_of_squares(const Exec& exec, std::int64_t n, const T* g) {
         acc += x * x;
       },
       s);
-  exec.fence();
+  kernels::fence(exec);
   return s;
 }
 

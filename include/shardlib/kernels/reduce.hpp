@@ -98,7 +98,7 @@ void for_row_blocks(const Exec& exec, const char* label, std::int64_t outer, std
       item(o, i0, inner - i0 < block ? inner - i0 : block);
     });
   }
-  exec.fence();
+  kernels::fence(exec);
 }
 
 /// A per-row fold: `state = op.init(row)`, `op.step(state, x, j)` for j = 0..n-1 in order (or in
@@ -140,7 +140,7 @@ void map_rows(const Exec& exec, const char* label, const T* in, T* out, std::int
               std::int64_t inner, const Op& op) {
   using Param = decltype(op.param(std::int64_t{}));
   if (n == 0) {  // nothing to write
-    exec.fence();
+    kernels::fence(exec);
     return;
   }
   for_row_blocks(exec, label, outer, inner, [=](std::int64_t o, std::int64_t i0, std::int64_t len) {
@@ -338,7 +338,7 @@ struct NormApplyKernel {
 template <class Exec, class Kernel>
 void run(const Exec& exec, const char* label, std::int64_t count, const Kernel& kernel) {
   if (count > 0) Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, count), kernel);
-  if constexpr (is_host_exec_v<Exec>) exec.fence();
+  if constexpr (is_host_exec_v<Exec>) kernels::fence(exec);
 }
 
 template <class Exec, class T, class Acc>
@@ -465,7 +465,7 @@ void exp_sum(const Exec& exec, const T* in, const T* row_max, T* row_sum, std::i
           }
           row_sum[r] = static_cast<T>(sum);
         });
-        exec.fence();
+        kernels::fence(exec);
         return;
       }
     }
@@ -514,7 +514,7 @@ void softmax_apply(const Exec& exec, const T* in, T* out, const T* row_max, cons
                                    vmath::Run<T>(out + r * n, n) =
                                        vmath::exp(vmath::ConstRun<T>(in + r * n, n) - row_max[r]) * (T(1) / row_sum[r]);
                                  });
-          exec.fence();
+          kernels::fence(exec);
           return;
         }
       }
@@ -653,7 +653,7 @@ void scale(const Exec& exec, T* data, std::int64_t n, T factor) {
                            for (std::int64_t k = 0; k < len; ++k) p[k] = static_cast<T>(p[k] * factor);
                          });
   }
-  exec.fence();
+  kernels::fence(exec);
 }
 
 }  // namespace shardlib::kernels

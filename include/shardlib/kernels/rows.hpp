@@ -43,7 +43,7 @@ inline void check_rows(const char* kernel, std::int64_t rows, std::int64_t n, do
 template <class Exec, class Row>
 void for_rows(const Exec& exec, const char* label, std::int64_t rows, std::int64_t n, const Row& row) {
   if (rows > 0 && n > 0) Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, rows), row);
-  exec.fence();
+  kernels::fence(exec);
 }
 
 /// softmax (or log_softmax) of one row shorter than a SIMD packet, as Eigen array expressions (which

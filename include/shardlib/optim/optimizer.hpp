@@ -30,6 +30,7 @@
 #pragma once
 
 #include <shardlib/autodiff/var.hpp>
+#include <shardlib/kernels/exec.hpp>
 #include <shardlib/kernels/optim.hpp>
 #include <shardlib/detail/diagnostics.hpp>
 #include <shardlib/memory.hpp>
@@ -248,7 +249,7 @@ class TypedSlot final : public Slot<Rule> {
       }
       const Tensor back(*values_);  // one all_gather for a replicated parameter (16-bit: half the bytes)
       Kokkos::deep_copy(param_.value().context().exec(), param_.value().local(), back.local());
-      param_.value().context().exec().fence();
+      kernels::fence(param_.value().context().exec());
       values_.reset();
     }
     grad_.reset();

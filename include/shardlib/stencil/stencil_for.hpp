@@ -18,6 +18,7 @@
 /// that read out of bounds).
 #pragma once
 
+#include <shardlib/kernels/exec.hpp>
 #include <shardlib/stencil/ghosted.hpp>
 
 #include <algorithm>
@@ -202,7 +203,7 @@ void stencil_box(const Context& ctx, const StencilGeometry<T, R>& g, const std::
           ++gi.i[rd];
         }
       });
-  ctx.exec().fence();
+  kernels::fence(ctx.exec());
 }
 
 /// nb(...) for points near the ends of a row whose neighbours in the other dims are all in the
@@ -306,7 +307,7 @@ void stencil_rows(const Context& ctx, const StencilGeometry<T, R>& g, RowPart pa
         if (part != RowPart::middle)
           for (std::int64_t j = mid1; j < n; ++j) end(j);
       });
-  ctx.exec().fence();
+  kernels::fence(ctx.exec());
 }
 
 /// The box [lo - w, lo + ext + w) around a box of the block, gathered from the block and the
