@@ -2,7 +2,8 @@
 // permute, take and copy_sub_box (kernels/layout.hpp) against index arithmetic on random
 // shapes: every perm of rank 3, random perms of ranks 1..5, transposes that are not square and
 // not multiples of the 32 x 32 tile, take over blocks of a table summed like the vocab-parallel
-// embedding, and bad arguments rejected before anything is written.
+// embedding, and bad arguments rejected before anything is written; the device forms
+// (detail::portable) run on a host instance against the host kernels.
 #include <doctest/doctest.h>
 #include <shardlib/kernels/layout.hpp>
 
@@ -244,6 +245,84 @@ TEST_SUITE("kernels_layout") {
     std::vector<float> t2 = {1, 2, 3}, o2(3, -1);
     k::take(exec, t2.data(), 1, 3, 1, 5, 10, lids, 3, o2.data(), true);
     CHECK(o2 == std::vector<float>{1, 2, 0});
+  }
+
+  TEST_CASE("the device forms (detail::portable: a thread per element) match the host kernels") {
+    namespace p = k::detail::portable;
+    using View = k::detail::StridedView;
+    std::mt19937_64 g(17);
+    auto random_view = [&](int rank, bool any_strides) {
+      View v;
+      v.rank = rank;
+      I64 span = 1;
+      for (int d = rank - 1; d >= 0; --d) {
+        v.extent[d] = I64(g() % 6);
+        v.stride[d] = any_strides ? I64(g() % 7) - 3 : span;  // negative and zero too
+        span *= v.extent[d] + 1;
+      }
+      return v;
+    };
+    // The input's smallest and largest offsets a view reaches, to place it in a buffer.
+    auto reach = [](View& v) {
+      I64 lo = 0, hi = 0;
+      for (int d = 0; d < v.rank; ++d) {
+        if (v.extent[d] == 0) return I64(0);
+        const I64 step = (v.extent[d] - 1) * v.stride[d];
+        (step < 0 ? lo : hi) += step;
+      }
+      v.offset = -lo;
+      return hi - lo + 1;
+    };
+    for (int c = 0; c < 400; ++c) {
+      const int rank = int(g() % 6);
+      CAPTURE(c);
+      // strided_copy (permute's and copy_sub_box's engine): a view into a row-major output.
+      View v = random_view(rank, true);
+      for (int d = 0; d < rank; ++d) v.stride[d] = v.stride[d] < 0 ? -v.stride[d] : v.stride[d];
+      const auto in = iota(reach(v) + 3);
+      std::vector<double> want(std::size_t(v.count()) + 1, -7), got(want);
+      k::detail::strided_copy_host(exec, "test", in.data(), want.data(), v);
+      p::strided_copy(exec, "test", in.data(), got.data(), k::detail::normalise(v));
+      REQUIRE(got == want);
+      // copy_strided: a mirrored / repeated input view into a box of a bigger output.
+      View a = random_view(rank, true), b = random_view(rank, false);
+      for (int d = 0; d < rank; ++d) a.extent[d] = b.extent[d];
+      const auto src = iota(reach(a) + 1);
+      std::vector<double> bw(std::size_t(reach(b)) + 2, -7), bg(bw);
+      k::copy_strided(exec, "test", src.data(), a, bw.data(), b);
+      p::copy_strided(exec, "test", src.data(), a, bg.data(), b);
+      REQUIRE(bg == bw);
+      k::fill_strided(exec, "test", 2.5, bw.data(), b);
+      p::fill_strided(exec, "test", 2.5, bg.data(), b);
+      REQUIRE(bg == bw);
+      // take and index_add on a block of rows [lo, lo + n_local) of `extent`, ids in and out of it
+      // (unchecked: ids outside the dim give zeros / are skipped).
+      const I64 outer = I64(g() % 4), extent = I64(g() % 12), inner = I64(g() % 5), n_ids = I64(g() % 9);
+      const I64 lo = extent == 0 ? 0 : I64(g() % std::uint64_t(extent)), n_local = extent == 0 ? 0 : I64(g() % std::uint64_t(extent - lo + 1));
+      std::vector<std::int32_t> ids(static_cast<std::size_t>(n_ids));
+      for (auto& id : ids) id = std::int32_t(g() % std::uint64_t(extent + 4)) - 2;
+      const auto table = iota(outer * n_local * inner);
+      std::vector<double> tw(std::size_t(outer * n_ids * inner) + 1, -7), tg(tw);
+      k::take(exec, table.data(), outer, n_local, inner, lo, extent, ids.data(), n_ids, tw.data(), false);
+      p::take(exec, table.data(), outer, n_local, inner, lo, ids.data(), n_ids, tg.data());
+      REQUIRE(tg == tw);
+      const auto values = iota(outer * n_ids * inner);
+      std::vector<double> aw(table), ag(table);
+      k::index_add(exec, aw.data(), outer, n_local, inner, lo, extent, ids.data(), n_ids, values.data(), false);
+      p::index_add(exec, ag.data(), outer, n_local, inner, lo, ids.data(), n_ids, values.data());
+      REQUIRE(ag == aw);
+      // The id check: the first id outside [0, extent), as the host finds it.
+      const auto first = p::first_bad_id(exec, ids.data(), n_ids, extent);
+      I64 m = n_ids;
+      for (I64 j = n_ids; j-- > 0;)
+        if (ids[std::size_t(j)] < 0 || ids[std::size_t(j)] >= extent) m = j;
+      REQUIRE(first.val == m);
+      if (m < n_ids) REQUIRE(first.loc == ids[std::size_t(m)]);
+    }
+    const std::uint64_t huge[2] = {1, ~std::uint64_t{0}};
+    const auto first = p::first_bad_id(exec, huge, 2, 4);
+    CHECK(first.val == 1);
+    CHECK(static_cast<std::uint64_t>(first.loc) == ~std::uint64_t{0});
   }
 
   TEST_CASE("take: out-of-range ids throw with the id, its position and the extent; nothing written") {

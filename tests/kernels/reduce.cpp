@@ -399,6 +399,20 @@ TEST_SUITE("kernels_reduce") {
         REQUIRE(same(pmx[r], mx[r]));
         REQUIRE(same(pmn[r], mn[r]));
       }
+      // scale (a mean's 1 / count).
+      std::vector<float> sc = x, psc = x;
+      k::scale(exec, sc.data(), I64(sc.size()), 0.37f);
+      p::scale(exec, psc.data(), I64(psc.size()), 0.37f);
+      for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(same(psc[e], sc[e]));
+      // argmax and argmin: the first best value and its index (NaN first), offset by 5.
+      std::vector<float> ab(rows, -1), pab(rows, -2);
+      std::vector<std::int64_t> ai(rows, -3), pai(rows, -4);
+      k::argmax_dim(exec, x.data(), ab.data(), ai.data(), s.outer, s.n, s.inner, 5);
+      p::arg_dim<Kokkos::DefaultHostExecutionSpace, float, true>(exec, x.data(), pab.data(), pai.data(), s.outer, s.n, s.inner, 5);
+      for (std::size_t r = 0; r < rows; ++r) REQUIRE((same(pab[r], ab[r]) && pai[r] == ai[r]));
+      k::argmin_dim(exec, x.data(), ab.data(), ai.data(), s.outer, s.n, s.inner, 5);
+      p::arg_dim<Kokkos::DefaultHostExecutionSpace, float, false>(exec, x.data(), pab.data(), pai.data(), s.outer, s.n, s.inner, 5);
+      for (std::size_t r = 0; r < rows; ++r) REQUIRE((same(pab[r], ab[r]) && pai[r] == ai[r]));
       // softmax: the row max, the sum of exponentials, the apply (and in place).
       std::vector<float> z(rows, -1), pz(rows, -2), y(x.size()), py(x.size()), ly(x.size()), ply(x.size());
       k::exp_sum(exec, x.data(), mx.data(), z.data(), s.outer, s.n, s.inner);

@@ -2,14 +2,17 @@
 // Tensors in the memory of Kokkos's default execution space: Kokkos::CudaSpace with a
 // CUDA-enabled Kokkos (the GPU suite, docs/12_gpus.md), host memory otherwise (CI). Creation,
 // from_host/to_host, scatter_from/gather_to, clone, reshards, the loops (KOKKOS_LAMBDA bodies),
-// the elementwise ops, the contractions (cuBLAS on a GPU), the reductions, softmax and the norms
-// against the same program on tensors in host memory, on 1..4 devices: the host tensor is the
+// the elementwise ops, the contractions (cuBLAS on a GPU), the reductions (argmax too), softmax
+// and the norms, the layout ops (permute, reshape, slice, concat, take, index_add, roll, shift,
+// pad, where) against the same program on tensors in host memory, on 1..4 devices: the host tensor is the
 // oracle of the device one.
 #include <doctest/doctest.h>
 #include <shardlib/memory.hpp>
 #include <shardlib/ops/elementwise.hpp>
+#include <shardlib/ops/layout.hpp>
 #include <shardlib/ops/linalg.hpp>
 #include <shardlib/ops/reduce.hpp>
+#include <shardlib/ops/shift.hpp>
 #include <shardlib/tensor.hpp>
 
 #include "../collectives/harness.hpp"
@@ -307,6 +310,89 @@ void check_normalizations(sl::Context& ctx) {
   CHECK(sl::cast<float>(sl::softmax<1>(b)).to_host() == sl::cast<float>(sl::softmax<1>(hb)).to_host());
 }
 
+// The layout ops run in the tensors' memory: local copies, and along split dims the exchanges
+// (on the device world under nccl, through host memory otherwise); take and index_add with ids in
+// that memory (vocabulary-parallel: partial results); argmax's per-device answers combined.
+// Exact: they move elements without arithmetic (index_add adds in the same order on both).
+void check_layout(sl::Context& ctx) {
+  const M2 mesh = mesh_of(ctx);
+  const std::int64_t shape[2] = {9, 10};
+  const auto a = T2<Both>::random(mesh, shape, 51, -3.0f, 3.0f);
+  const auto ha = T2<Both, Kokkos::HostSpace>::random(mesh, shape, 51, -3.0f, 3.0f);
+  const T2<Rows> r = a;
+  const T2<Rows, Kokkos::HostSpace> hr = ha;
+  CHECK(sl::transpose<0, 1>(a).to_host() == sl::transpose<0, 1>(ha).to_host());
+  CHECK(sl::reshape<"a b -> (a b)">(a).to_host() == sl::reshape<"a b -> (a b)">(ha).to_host());  // gathered
+  CHECK(sl::reshape<"a b -> (a b)">(r).to_host() == sl::reshape<"a b -> (a b)">(hr).to_host());
+  CHECK(sl::reshape<"a (b c) -> a b c">(a, {9, 2, 5}).to_host() == sl::reshape<"a (b c) -> a b c">(ha, {9, 2, 5}).to_host());
+  CHECK(sl::slice<1>(a, 2, 7).to_host() == sl::slice<1>(ha, 2, 7).to_host());
+  CHECK(sl::slice<0>(a, 1, 8).to_host() == sl::slice<0>(ha, 1, 8).to_host());
+  const std::int64_t bshape[2] = {4, 10}, cshape[2] = {9, 3};
+  const auto b = T2<Both>::random(mesh, bshape, 52);
+  const auto hb = T2<Both, Kokkos::HostSpace>::random(mesh, bshape, 52);
+  const auto c = T2<Rows>::random(mesh, cshape, 53);
+  const auto hc = T2<Rows, Kokkos::HostSpace>::random(mesh, cshape, 53);
+  CHECK(sl::concat<0>(a, b).to_host() == sl::concat<0>(ha, hb).to_host());
+  CHECK(sl::concat<1>(a, c).to_host() == sl::concat<1>(ha, hc).to_host());  // c resharded first
+
+  CHECK(sl::roll(a, 3, 0).to_host() == sl::roll(ha, 3, 0).to_host());
+  CHECK(sl::roll<1>(a, -14).to_host() == sl::roll<1>(ha, -14).to_host());
+  CHECK(sl::shift<1>(a, 2, 1.5f).to_host() == sl::shift<1>(ha, 2, 1.5f).to_host());
+  CHECK(sl::shift(r, -3, 0).to_host() == sl::shift(hr, -3, 0).to_host());
+  const sl::PadWidth w[2] = {{1, 2}, {3, 0}};
+  for (const sl::Boundary bd : {sl::Boundary::zero(), sl::Boundary::dirichlet(2.5), sl::Boundary::periodic(),
+                                sl::Boundary::reflect(), sl::Boundary::edge()})
+    CHECK(sl::pad(a, w, bd).to_host() == sl::pad(ha, w, bd).to_host());
+  const auto p = T2<RowsPartial>::random(mesh, shape, 54);
+  const auto hp = T2<RowsPartial, Kokkos::HostSpace>::random(mesh, shape, 54);
+  CHECK(sl::pad(p, w, sl::Boundary::dirichlet(1.0)).to_host() == sl::pad(hp, w, sl::Boundary::dirichlet(1.0)).to_host());
+
+  // where with an int32 condition.
+  using C2 = sl::DistributedTensor<std::int32_t, M2, Rows, Mem>;
+  using HC2 = sl::DistributedTensor<std::int32_t, M2, Rows, Kokkos::HostSpace>;
+  std::vector<std::int32_t> mask(9 * 10);
+  for (std::size_t k = 0; k < mask.size(); ++k) mask[k] = static_cast<std::int32_t>(k % 3 == 0);
+  const auto m = C2::from_host(mesh, shape, std::span<const std::int32_t>(mask));
+  const auto hm = HC2::from_host(mesh, shape, std::span<const std::int32_t>(mask));
+  CHECK(sl::where(m, a, r * 2.0f).to_host() == sl::where(hm, ha, hr * 2.0f).to_host());
+
+  // take and index_add: a table split along the gathered dim (vocabulary-parallel) and not.
+  const std::int64_t tshape[2] = {12, 6}, ishape[1] = {7};
+  const std::vector<std::int64_t> ids = {3, 0, 11, 3, 7, 5, 10};
+  using Ids = sl::DistributedTensor<std::int64_t, M2, sl::Spec<none>, Mem>;
+  using HIds = sl::DistributedTensor<std::int64_t, M2, sl::Spec<none>, Kokkos::HostSpace>;
+  const auto id = Ids::from_host(mesh, ishape, std::span<const std::int64_t>(ids));
+  const auto hid = HIds::from_host(mesh, ishape, std::span<const std::int64_t>(ids));
+  const auto table = T2<Rows>::random(mesh, tshape, 55);
+  const auto htable = T2<Rows, Kokkos::HostSpace>::random(mesh, tshape, 55);
+  CHECK(sl::take<0>(table, id).to_host() == sl::take<0>(htable, hid).to_host());
+  const auto cols = T2<Cols>::random(mesh, tshape, 56);
+  const auto hcols = T2<Cols, Kokkos::HostSpace>::random(mesh, tshape, 56);
+  const std::vector<std::int64_t> col_ids = {5, 0, 2, 2, 1, 4, 3};
+  const auto cid = Ids::from_host(mesh, ishape, std::span<const std::int64_t>(col_ids));
+  const auto hcid = HIds::from_host(mesh, ishape, std::span<const std::int64_t>(col_ids));
+  CHECK(sl::take<1>(cols, cid).to_host() == sl::take<1>(hcols, hcid).to_host());
+  const std::int64_t vshape[2] = {7, 6};
+  const auto v = T2<Replicated>::random(mesh, vshape, 57);
+  const auto hv = T2<Replicated, Kokkos::HostSpace>::random(mesh, vshape, 57);
+  CHECK(sl::index_add<0>(table, id, v).to_host() == sl::index_add<0>(htable, hid, hv).to_host());
+  const std::vector<std::int64_t> bad = {3, 12, 0, 0, 0, 0, 0};
+  const auto bid = Ids::from_host(mesh, ishape, std::span<const std::int64_t>(bad));
+  if constexpr (sl::detail::check_indices)
+    CHECK_THROWS_WITH_AS(sl::take<0>(table, bid), doctest::Contains("id 12 at position 1 is outside [0, 12)"), std::out_of_range);
+
+  // argmax along a split dim (answers combined over the group) and a whole one, with a NaN.
+  CHECK(sl::argmax<1>(a).to_host() == sl::argmax<1>(ha).to_host());
+  CHECK(sl::argmax<0, true>(a).to_host() == sl::argmax<0, true>(ha).to_host());
+  CHECK(sl::argmax<1>(r).to_host() == sl::argmax<1>(hr).to_host());
+  std::vector<float> g = a.to_host();
+  g[23] = std::nanf("");
+  const auto n = T2<Both>::from_host(mesh, shape, std::span<const float>(g));
+  const auto hn = T2<Both, Kokkos::HostSpace>::from_host(mesh, shape, std::span<const float>(g));
+  CHECK(sl::argmax<1>(n).to_host() == sl::argmax<1>(hn).to_host());
+  CHECK(sl::argmax<1>(n).to_host()[2] == 3);
+}
+
 // The sync hook (kernels::sync_count, counted per device thread): in steady state the ops wait
 // for no GPU stream (elementwise, a softmax and a sum along a whole dim, a matmul with no
 // communication); a transfer to the host does. On host memory (CI) the host kernels' fences are
@@ -321,7 +407,8 @@ void check_syncs(sl::Context& ctx) {
     const auto s = sl::softmax<1>(c, 0.5);
     const auto n = sl::layer_norm<1>(s);
     const auto m = sl::matmul(n, w);
-    return sl::sum<1>(m);
+    const sl::PadWidth pw[2] = {{0, 0}, {1, 1}};  // along the whole dim: local copies
+    return sl::sum<1>(sl::slice<1>(sl::pad(sl::transpose<0, 1>(sl::transpose<0, 1>(m)), pw, sl::Boundary::periodic()), 1, 4));
   };
   (void)ops();  // the first time: the block caches fill, cuBLAS's handle is made
   const sl::kernels::SyncCount before = sl::kernels::sync_count();
@@ -356,6 +443,9 @@ TEST_SUITE("tensor_memory_space") {
   }
   TEST_CASE("softmax and the norms on tensors in the default execution space's memory against host memory") {
     sl::test::for_each_run(check_normalizations, {1, 2, 3, 4});
+  }
+  TEST_CASE("the layout ops and argmax on tensors in the default execution space's memory against host memory") {
+    sl::test::for_each_run(check_layout, {1, 2, 3, 4});
   }
   TEST_CASE("ops on tensors in the default execution space's memory wait for no GPU stream in steady state") {
     sl::test::for_each_run(check_syncs, {1, 2, 4});

@@ -47,8 +47,8 @@ Contribution unslice(const G& g, int dim, std::int64_t begin, ArrayRef<std::int6
   const std::int64_t n = c.box.num_elements();
   c.keep = block_cache<Mem>(ctx).allocate(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(T));
   c.data = c.keep.get();
-  fill(ctx, static_cast<T*>(c.data), n, T{});
-  shift_blocks<T>(ctx, mesh, G::sharding.dims[static_cast<std::size_t>(dim)], dim, g.local().data(), g.block(),
+  fill<Mem>(ctx, static_cast<T*>(c.data), n, T{});
+  shift_blocks<T, Mem>(ctx, mesh, G::sharding.dims[static_cast<std::size_t>(dim)], dim, g.local().data(), g.block(),
                   g.shape()[static_cast<std::size_t>(dim)], begin, static_cast<T*>(c.data), c.box,
                   shape[static_cast<std::size_t>(dim)]);
   return c;

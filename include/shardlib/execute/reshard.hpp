@@ -277,4 +277,30 @@ void run_reshard_in(Context& ctx, const CompiledReshard& c, const T* src,
   }
 }
 
+/// One exchange (coll::Communicator::exchange) of regions between blocks in `Mem`, over the group
+/// of `axes` on `mesh` (the world when `mesh` is null): in host memory on the host group; in
+/// device memory on the device world's group where the backend has one (nccl: on the device's
+/// stream), else through host memory: `src` (n_src elements) and `out` (n_out elements, whose
+/// cells the exchange does not write are kept) are downloaded, exchanged on host buffers, and
+/// `out` uploaded, waiting for the upload. Collective over the group.
+template <class Mem, class T>
+void exchange_in(Context& ctx, const MeshShape* mesh, const AxisList& axes, const T* src, std::int64_t n_src,
+                 const std::vector<coll::Region>& send, T* out, std::int64_t n_out, const std::vector<coll::Region>& recv) {
+  const coll::DType dt = coll::dtype_of<T>();
+  if (host_memory_v<Mem> || reshards_on_device<Mem>(ctx)) {
+    coll::Communicator* world = host_memory_v<Mem> ? &ctx.world() : ctx.device_world();
+    coll::Communicator& g = !mesh ? *world : host_memory_v<Mem> ? ctx.group(*mesh, axes) : ctx.device_group(*mesh, axes);
+    g.exchange(src, send, out, recv, dt);
+    return;
+  }
+  coll::Communicator& g = mesh ? ctx.group(*mesh, axes) : ctx.world();
+  auto& host_cache = block_cache<Kokkos::HostSpace>(ctx);
+  const std::shared_ptr<void> in = host_cache.allocate(static_cast<std::size_t>(n_src) * sizeof(T));
+  const std::shared_ptr<void> res = host_cache.allocate(static_cast<std::size_t>(n_out) * sizeof(T));
+  download<Mem>(ctx, src, static_cast<T*>(in.get()), n_src);
+  download<Mem>(ctx, static_cast<const T*>(out), static_cast<T*>(res.get()), n_out);
+  g.exchange(in.get(), send, res.get(), recv, dt);
+  upload<Mem>(ctx, static_cast<const T*>(res.get()), out, n_out);
+}
+
 }  // namespace shardlib::detail

@@ -46,4 +46,14 @@ void fence(const Exec& exec) {
   exec.fence();
 }
 
+namespace detail::portable {
+/// Runs `kernel(k)` for k in [0, count) on `exec` (the device forms of the kernels, which any
+/// execution space runs); fences a host instance, as every host kernel does.
+template <class Exec, class Kernel>
+void run(const Exec& exec, const char* label, std::int64_t count, const Kernel& kernel) {
+  if (count > 0) Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, count), kernel);
+  if constexpr (is_host_exec_v<Exec>) kernels::fence(exec);
+}
+}  // namespace detail::portable
+
 }  // namespace shardlib::kernels

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
-/// Host kernels that move elements of a local block without arithmetic: `permute` (transpose of
-/// any rank), `take` (gather along a dim; the vocab-parallel embedding lookup) and `copy_sub_box`
-/// (the local part of slicing).
+/// Kernels that move elements of a local block without arithmetic: `permute` (transpose of any
+/// rank), `take` (gather along a dim; the vocab-parallel embedding lookup) and its transpose
+/// `index_add`, `copy_sub_box` (the local part of slicing), `copy_strided` and `fill_strided`
+/// (boxes between strided views: pad's pieces, shift's vacated cells).
 ///
 /// `permute` and `copy_sub_box` share one engine: copy into a row-major output from an input
 /// read at arbitrary strides. It first drops extent-1 dims and merges neighbouring dims that are
@@ -14,9 +15,10 @@
 ///
 /// All kernels: one `Kokkos::parallel_for` on the given execution space instance, no allocation,
 /// arguments checked before anything is written; on a host instance the paths above and a fence
-/// before returning. `permute` and `copy_sub_box` also take a device instance (Kokkos::Cuda): one
-/// output element per GPU thread (consecutive threads write consecutive elements), queued on its
-/// stream without a fence.
+/// before returning. Every kernel also takes a device instance (Kokkos::Cuda): the forms of
+/// `detail::portable`, one output element per GPU thread (consecutive threads write consecutive
+/// elements), queued on its stream without a fence; take's and index_add's id check is then one
+/// reduction the host waits for (skipped when the caller does not check).
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -84,21 +86,150 @@ inline void copy_elements(T* dst, const T* src, std::int64_t n) noexcept {
   std::memcpy(static_cast<void*>(dst), static_cast<const void*>(src), static_cast<std::size_t>(n) * sizeof(T));
 }
 
-/// strided_copy on a device: out[k] = in[the element of v at row-major position k].
+/// The forms a device instance (Kokkos::Cuda) runs: one Kokkos thread per output element
+/// (consecutive threads write consecutive elements, so a warp's writes coalesce), functors rather
+/// than lambdas (nvcc names them in any enclosing template). Written for any execution space: the
+/// public kernels take them on a device instance, queued on its stream without a fence; the tests
+/// run them on a host instance against the host kernels (there they fence, as every host kernel
+/// does).
+namespace portable {
+
+/// The walk of two strided views of one extent: element k's offsets in both (row-major order).
+KOKKOS_INLINE_FUNCTION void strided_at(const StridedView& a, const StridedView& b, std::int64_t k, std::int64_t& ia,
+                                       std::int64_t& ib) {
+  ia = a.offset;
+  ib = b.offset;
+  for (int d = a.rank - 1; d >= 0; --d) {
+    const std::int64_t i = k % a.extent[d];
+    k /= a.extent[d];
+    ia += i * a.stride[d];
+    ib += i * b.stride[d];
+  }
+}
+
+/// out[out view at k] = in[in view at k] (strided_copy: the out view is row-major).
 template <class T>
 struct StridedCopyKernel {
   const T* in;
   T* out;
-  StridedView v;
+  StridedView a, b;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const {
-    std::int64_t src = v.offset, rest = k;
-    for (int d = v.rank - 1; d >= 0; --d) {
-      src += (rest % v.extent[d]) * v.stride[d];
-      rest /= v.extent[d];
-    }
-    out[k] = in[src];
+    std::int64_t ia, ib;
+    strided_at(a, b, k, ia, ib);
+    out[ib] = in[ia];
   }
 };
+
+/// out[view at k] = value.
+template <class T>
+struct FillStridedKernel {
+  T* out;
+  StridedView v;
+  T value;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const {
+    std::int64_t iv, unused;
+    strided_at(v, v, k, iv, unused);
+    out[iv] = value;
+  }
+};
+
+/// take's element e of out [outer, n_ids, inner]: the table's row when this block holds it, else 0.
+template <class T, class I>
+struct TakeKernel {
+  const T* table;
+  const I* ids;
+  T* out;
+  std::int64_t n_local, inner, n_ids, row_offset;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t e) const {
+    const std::int64_t i = e % inner, om = e / inner, o = om / n_ids;
+    const auto id = static_cast<std::int64_t>(ids[om % n_ids]);  // an unsigned id past INT64_MAX: negative, absent
+    const std::int64_t j = id - row_offset;
+    out[e] = j >= 0 && j < n_local ? table[(o * n_local + j) * inner + i] : T(0);
+  }
+};
+
+/// index_add's column (o, i) of out [outer, n_local, inner]: the values of every id this block
+/// holds, added in the order of the ids (deterministic).
+template <class T, class I>
+struct IndexAddKernel {
+  T* out;
+  const I* ids;
+  const T* values;
+  std::int64_t n_local, inner, n_ids, row_offset;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t item) const {
+    const std::int64_t o = item / inner, i = item % inner;
+    for (std::int64_t m = 0; m < n_ids; ++m) {
+      const std::int64_t j = static_cast<std::int64_t>(ids[m]) - row_offset;
+      if (j >= 0 && j < n_local) out[(o * n_local + j) * inner + i] += values[(o * n_ids + m) * inner + i];
+    }
+  }
+};
+
+/// The first id outside [0, extent): its position (val) and value (loc), as Kokkos::MinLoc folds.
+template <class I>
+struct FirstBadIdKernel {
+  using Pair = Kokkos::ValLocScalar<std::int64_t, std::int64_t>;
+  const I* ids;
+  std::int64_t extent;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t m, Pair& first) const {
+    const I id = ids[m];  // a negative id converts to 2^64 - |id|: past every extent
+    const bool bad = static_cast<std::uint64_t>(id) >= static_cast<std::uint64_t>(extent);
+    if (bad && m < first.val) {
+      first.val = m;
+      first.loc = static_cast<std::int64_t>(id);
+    }
+  }
+};
+
+/// strided_copy: out (row-major, v's extents) = the elements of `in` that `v` addresses.
+template <class Exec, class T>
+void strided_copy(const Exec& exec, const char* label, const T* in, T* out, const StridedView& v) {
+  StridedView row_major = v;
+  row_major.offset = 0;
+  std::int64_t s = 1;
+  for (int d = v.rank - 1; d >= 0; --d) {
+    row_major.stride[d] = s;
+    s *= v.extent[d];
+  }
+  run(exec, label, v.count(), StridedCopyKernel<T>{in, out, v, row_major});
+}
+/// copy_strided: out[b] = in[a] (views of one rank and extents, checked by the caller).
+template <class Exec, class T>
+void copy_strided(const Exec& exec, const char* label, const T* in, const StridedView& a, T* out, const StridedView& b) {
+  run(exec, label, a.count(), StridedCopyKernel<T>{in, out, a, b});
+}
+/// out[v] = value.
+template <class Exec, class T>
+void fill_strided(const Exec& exec, const char* label, const T& value, T* out, const StridedView& v) {
+  run(exec, label, v.count(), FillStridedKernel<T>{out, v, value});
+}
+/// take on a block of the table (arguments checked by the caller).
+template <class Exec, class T, class I>
+void take(const Exec& exec, const T* table, std::int64_t outer, std::int64_t n_local, std::int64_t inner,
+          std::int64_t row_offset, const I* ids, std::int64_t n_ids, T* out) {
+  run(exec, "shardlib::kernels::take", outer * n_ids * inner, TakeKernel<T, I>{table, ids, out, n_local, inner, n_ids, row_offset});
+}
+/// index_add into a block (arguments checked by the caller).
+template <class Exec, class T, class I>
+void index_add(const Exec& exec, T* out, std::int64_t outer, std::int64_t n_local, std::int64_t inner,
+               std::int64_t row_offset, const I* ids, std::int64_t n_ids, const T* values) {
+  if (n_local == 0 || n_ids == 0) return;
+  run(exec, "shardlib::kernels::index_add", outer * inner, IndexAddKernel<T, I>{out, ids, values, n_local, inner, n_ids, row_offset});
+}
+/// The position and value of the first id outside [0, extent), or position n_ids: one reduction,
+/// which the host waits for (the ids may be in device memory).
+template <class Exec, class I>
+Kokkos::ValLocScalar<std::int64_t, std::int64_t> first_bad_id(const Exec& exec, const I* ids, std::int64_t n_ids,
+                                                             std::int64_t extent) {
+  Kokkos::ValLocScalar<std::int64_t, std::int64_t> first{n_ids, 0};
+  if (n_ids > 0)
+    Kokkos::parallel_reduce("shardlib::kernels::check_ids", Kokkos::RangePolicy<Exec>(exec, 0, n_ids),
+                            FirstBadIdKernel<I>{ids, extent}, Kokkos::MinLoc<std::int64_t, std::int64_t>(first));
+  if (first.val > n_ids) first.val = n_ids;  // MinLoc's identity when nothing was folded in
+  return first;
+}
+
+}  // namespace portable
 
 template <class Exec, class T>
 void strided_copy_host(const Exec& exec, const char* label, const T* in, T* out, const StridedView& view);
@@ -109,9 +240,7 @@ template <class Exec, class T>
 void strided_copy(const Exec& exec, const char* label, const T* in, T* out, const StridedView& view) {
   static_assert(std::is_trivially_copyable_v<T>, "shardlib::kernels: layout kernels copy trivially copyable elements");
   if constexpr (!is_host_exec_v<Exec>) {
-    const StridedView v = normalise(view);
-    if (const std::int64_t n = view.count(); n > 0)
-      Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, n), StridedCopyKernel<T>{in, out, v});
+    portable::strided_copy(exec, label, in, out, normalise(view));
   } else {
     strided_copy_host(exec, label, in, out, view);
   }
@@ -213,6 +342,27 @@ inline void check_rank(const char* kernel, int rank) {
                                 " is outside [0, " + std::to_string(max_layout_rank) + "]");
 }
 
+/// Throws std::out_of_range naming the first id outside [0, extent), its position and the
+/// extent. Ids in device memory are checked by one reduction on `exec`, which the host waits for.
+template <class Exec, class I>
+void check_ids(const Exec& exec, const char* kernel, const I* ids, std::int64_t n_ids, std::int64_t extent) {
+  std::int64_t m = n_ids, id = 0;
+  if constexpr (is_host_exec_v<Exec>) {
+    for (std::int64_t k = 0; k < n_ids && m == n_ids; ++k)
+      if (std::cmp_less(ids[k], 0) || std::cmp_greater_equal(ids[k], extent)) m = k;
+    if (m < n_ids) id = static_cast<std::int64_t>(ids[m]);
+  } else {
+    const auto first = portable::first_bad_id(exec, ids, n_ids, extent);
+    m = first.val;
+    id = first.loc;
+  }
+  if (m < n_ids) {
+    const std::string value = std::is_unsigned_v<I> ? std::to_string(static_cast<std::uint64_t>(id)) : std::to_string(id);
+    throw std::out_of_range(std::string("shardlib::kernels::") + kernel + ": id " + value + " at position " +
+                            std::to_string(m) + " is outside [0, " + std::to_string(extent) + ")");
+  }
+}
+
 }  // namespace detail
 
 /// out = in with its dims permuted: out dim k is in dim perm[k] (numpy.transpose's axes), so
@@ -298,32 +448,31 @@ void take(const Exec& exec, const T* table, std::int64_t outer, std::int64_t n_l
     throw std::invalid_argument("shardlib::kernels::take: the block [" + std::to_string(row_offset) + ", " +
                                 std::to_string(row_offset) + " + " + std::to_string(n_local) +
                                 ") does not lie inside the dim [0, " + std::to_string(extent) + ")");
-  if (check) {
-    for (std::int64_t m = 0; m < n_ids; ++m)
-      if (std::cmp_less(ids[m], 0) || std::cmp_greater_equal(ids[m], extent))
-        throw std::out_of_range("shardlib::kernels::take: id " + std::to_string(ids[m]) + " at position " +
-                                std::to_string(m) + " is outside [0, " + std::to_string(extent) + ")");
+  if (check) detail::check_ids(exec, "take", ids, n_ids, extent);
+  if constexpr (!is_host_exec_v<Exec>) {
+    detail::portable::take(exec, table, outer, n_local, inner, row_offset, ids, n_ids, out);
+  } else {
+    const std::int64_t chunks = (inner + detail::copy_chunk - 1) / detail::copy_chunk;
+    if (outer != 0 && n_ids != 0 && chunks != 0) {
+      const std::int64_t hi = row_offset + n_local;
+      Kokkos::parallel_for("shardlib::kernels::take", Kokkos::RangePolicy<Exec>(exec, 0, outer * n_ids * chunks),
+                           [=](std::int64_t item) {
+                             const std::int64_t c = item % chunks, om = item / chunks;  // om = o * n_ids + m
+                             const std::int64_t o = om / n_ids;
+                             const I id = ids[om % n_ids];
+                             const std::int64_t start = c * detail::copy_chunk;
+                             const std::int64_t len = inner - start < detail::copy_chunk ? inner - start : detail::copy_chunk;
+                             T* dst = out + om * inner + start;
+                             if (std::cmp_greater_equal(id, row_offset) && std::cmp_less(id, hi)) {
+                               const std::int64_t j = static_cast<std::int64_t>(id) - row_offset;
+                               detail::copy_elements(dst, table + (o * n_local + j) * inner + start, len);
+                             } else {
+                               for (std::int64_t k = 0; k < len; ++k) dst[k] = T(0);
+                             }
+                           });
+    }
+    kernels::fence(exec);
   }
-  const std::int64_t chunks = (inner + detail::copy_chunk - 1) / detail::copy_chunk;
-  if (outer != 0 && n_ids != 0 && chunks != 0) {
-    const std::int64_t hi = row_offset + n_local;
-    Kokkos::parallel_for("shardlib::kernels::take", Kokkos::RangePolicy<Exec>(exec, 0, outer * n_ids * chunks),
-                         [=](std::int64_t item) {
-                           const std::int64_t c = item % chunks, om = item / chunks;  // om = o * n_ids + m
-                           const std::int64_t o = om / n_ids;
-                           const I id = ids[om % n_ids];
-                           const std::int64_t start = c * detail::copy_chunk;
-                           const std::int64_t len = inner - start < detail::copy_chunk ? inner - start : detail::copy_chunk;
-                           T* dst = out + om * inner + start;
-                           if (std::cmp_greater_equal(id, row_offset) && std::cmp_less(id, hi)) {
-                             const std::int64_t j = static_cast<std::int64_t>(id) - row_offset;
-                             detail::copy_elements(dst, table + (o * n_local + j) * inner + start, len);
-                           } else {
-                             for (std::int64_t k = 0; k < len; ++k) dst[k] = T(0);
-                           }
-                         });
-  }
-  kernels::fence(exec);
 }
 
 /// The transpose of take: `out` (the block [outer, n_local, inner] of a tensor whose dim of
@@ -336,25 +485,24 @@ void index_add(const Exec& exec, T* out, std::int64_t outer, std::int64_t n_loca
                std::int64_t row_offset, std::int64_t extent, const I* ids, std::int64_t n_ids, const T* values,
                bool check) {
   static_assert(std::is_integral_v<I> && !std::is_same_v<I, bool>, "shardlib::kernels::index_add: ids must be integers");
-  if (check) {
-    for (std::int64_t m = 0; m < n_ids; ++m)
-      if (std::cmp_less(ids[m], 0) || std::cmp_greater_equal(ids[m], extent))
-        throw std::out_of_range("shardlib::kernels::index_add: id " + std::to_string(ids[m]) + " at position " +
-                                std::to_string(m) + " is outside [0, " + std::to_string(extent) + ")");
+  if (check) detail::check_ids(exec, "index_add", ids, n_ids, extent);
+  if constexpr (!is_host_exec_v<Exec>) {
+    detail::portable::index_add(exec, out, outer, n_local, inner, row_offset, ids, n_ids, values);
+  } else {
+    if (outer == 0 || inner == 0 || n_ids == 0 || n_local == 0) return;
+    const std::int64_t hi = row_offset + n_local;
+    Kokkos::parallel_for("shardlib::kernels::index_add", Kokkos::RangePolicy<Exec>(exec, 0, outer * inner),
+                         [=](std::int64_t item) {
+                           const std::int64_t o = item / inner, k = item % inner;
+                           for (std::int64_t m = 0; m < n_ids; ++m) {
+                             const I id = ids[m];
+                             if (std::cmp_greater_equal(id, row_offset) && std::cmp_less(id, hi))
+                               out[(o * n_local + (static_cast<std::int64_t>(id) - row_offset)) * inner + k] +=
+                                   values[(o * n_ids + m) * inner + k];
+                           }
+                         });
+    kernels::fence(exec);
   }
-  if (outer == 0 || inner == 0 || n_ids == 0 || n_local == 0) return;
-  const std::int64_t hi = row_offset + n_local;
-  Kokkos::parallel_for("shardlib::kernels::index_add", Kokkos::RangePolicy<Exec>(exec, 0, outer * inner),
-                       [=](std::int64_t item) {
-                         const std::int64_t o = item / inner, k = item % inner;
-                         for (std::int64_t m = 0; m < n_ids; ++m) {
-                           const I id = ids[m];
-                           if (std::cmp_greater_equal(id, row_offset) && std::cmp_less(id, hi))
-                             out[(o * n_local + (static_cast<std::int64_t>(id) - row_offset)) * inner + k] +=
-                                 values[(o * n_ids + m) * inner + k];
-                         }
-                       });
-  kernels::fence(exec);
 }
 
 /// out[out_view] = in[in_view], element by element in row-major order of their common extents:
@@ -376,35 +524,55 @@ void copy_strided(const Exec& exec, const char* label, const T* in, const detail
       throw std::invalid_argument("shardlib::kernels::copy_strided: extent " + std::to_string(in_view.extent[d]) +
                                   " against " + std::to_string(out_view.extent[d]) + " on dim " + std::to_string(d));
   if (in_view.count() == 0) return;
-  const int r = in_view.rank;
-  detail::StridedView a = in_view, b = out_view;
-  // Rows along the last dim, or along the innermost long one when the last is short (a box one
-  // cell thin in the last dim would have rows of one element).
-  if (r > 1 && a.extent[r - 1] < 16) {
-    int k = r - 1;
-    while (k > 0 && a.extent[k] < 16 && a.extent[k - 1] > a.extent[k]) --k;
-    std::swap(a.extent[k], a.extent[r - 1]);
-    std::swap(a.stride[k], a.stride[r - 1]);
-    std::swap(b.extent[k], b.extent[r - 1]);
-    std::swap(b.stride[k], b.stride[r - 1]);
+  if constexpr (!is_host_exec_v<Exec>) {
+    detail::portable::copy_strided(exec, label, in, in_view, out, out_view);
+  } else {
+    const int r = in_view.rank;
+    detail::StridedView a = in_view, b = out_view;
+    // Rows along the last dim, or along the innermost long one when the last is short (a box one
+    // cell thin in the last dim would have rows of one element).
+    if (r > 1 && a.extent[r - 1] < 16) {
+      int k = r - 1;
+      while (k > 0 && a.extent[k] < 16 && a.extent[k - 1] > a.extent[k]) --k;
+      std::swap(a.extent[k], a.extent[r - 1]);
+      std::swap(a.stride[k], a.stride[r - 1]);
+      std::swap(b.extent[k], b.extent[r - 1]);
+      std::swap(b.stride[k], b.stride[r - 1]);
+    }
+    const std::int64_t run = r == 0 ? 1 : a.extent[r - 1], rows = a.count() / run;
+    const std::int64_t sa = r == 0 ? 0 : a.stride[r - 1], sb = r == 0 ? 0 : b.stride[r - 1];
+    Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, rows), [=](std::int64_t row) {
+      std::int64_t ia = a.offset, ib = b.offset, rest = row;
+      for (int d = r - 2; d >= 0; --d) {
+        const std::int64_t i = rest % a.extent[d];
+        rest /= a.extent[d];
+        ia += i * a.stride[d];
+        ib += i * b.stride[d];
+      }
+      if (sa == 1 && sb == 1) {
+        detail::copy_elements(out + ib, in + ia, run);
+      } else {
+        for (std::int64_t k = 0; k < run; ++k) out[ib + k * sb] = in[ia + k * sa];
+      }
+    });
+    kernels::fence(exec);
   }
-  const std::int64_t run = r == 0 ? 1 : a.extent[r - 1], rows = a.count() / run;
-  const std::int64_t sa = r == 0 ? 0 : a.stride[r - 1], sb = r == 0 ? 0 : b.stride[r - 1];
-  Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, rows), [=](std::int64_t row) {
-    std::int64_t ia = a.offset, ib = b.offset, rest = row;
-    for (int d = r - 2; d >= 0; --d) {
-      const std::int64_t i = rest % a.extent[d];
-      rest /= a.extent[d];
-      ia += i * a.stride[d];
-      ib += i * b.stride[d];
-    }
-    if (sa == 1 && sb == 1) {
-      detail::copy_elements(out + ib, in + ia, run);
-    } else {
-      for (std::int64_t k = 0; k < run; ++k) out[ib + k * sb] = in[ia + k * sa];
-    }
-  });
-  kernels::fence(exec);
+}
+
+/// out[out_view] = value: a box of a row-major array (a constant boundary, a shift's vacated
+/// cells). On a host instance, copy_strided from the value (stride 0) and a fence; on a device
+/// instance, one thread per element, the value carried in the kernel.
+template <class Exec, class T>
+void fill_strided(const Exec& exec, const char* label, const T& value, T* out, const detail::StridedView& out_view) {
+  detail::check_rank("fill_strided", out_view.rank);
+  if constexpr (!is_host_exec_v<Exec>) {
+    detail::portable::fill_strided(exec, label, value, out, out_view);
+  } else {
+    detail::StridedView in = out_view;
+    in.offset = 0;
+    for (int d = 0; d < in.rank; ++d) in.stride[d] = 0;
+    copy_strided(exec, label, &value, in, out, out_view);
+  }
 }
 
 }  // namespace shardlib::kernels

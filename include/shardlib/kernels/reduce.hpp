@@ -3,7 +3,7 @@
 /// Kernels that reduce along one dim of a local block, and the pieces of softmax and of layer / RMS
 /// normalisation built on such reductions: host kernels (below), and on a device instance
 /// (Kokkos::Cuda) the one-thread-per-row forms of `detail::portable`, queued on its stream without
-/// a fence (argmax_dim and argmin_dim: host only).
+/// a fence.
 ///
 /// Every kernel sees its block as `[outer, n, inner]`, row-major: the reduced dim in the middle,
 /// element (o, j, i) at `(o * n + j) * inner + i`. A *row* is a fixed (o, i); per-row results are
@@ -334,12 +334,40 @@ struct NormApplyKernel {
   }
 };
 
-/// Runs `kernel(k)` for k in [0, count) on `exec`; fences a host instance.
-template <class Exec, class Kernel>
-void run(const Exec& exec, const char* label, std::int64_t count, const Kernel& kernel) {
-  if (count > 0) Kokkos::parallel_for(label, Kokkos::RangePolicy<Exec>(exec, 0, count), kernel);
-  if constexpr (is_host_exec_v<Exec>) kernels::fence(exec);
-}
+/// scale's element: data[k] *= factor.
+template <class T>
+struct ScaleKernel {
+  T* data;
+  T factor;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const { data[k] = static_cast<T>(data[k] * factor); }
+};
+
+/// argmax_dim's (argmin_dim's) row: the first best value and its index, NaN over numbers.
+template <class T, bool Max>
+struct ArgDimKernel {
+  const T* in;
+  T* best;
+  std::int64_t* index;
+  std::int64_t n, inner, offset;
+  T init;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const {
+    const std::int64_t o = k / inner, i = k % inner;
+    const T* p = in + o * n * inner + i;
+    T v = init;
+    std::int64_t at = -1;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const T x = p[j * inner];
+      // In order, so ties and later NaNs keep the smaller index; a held NaN is never replaced.
+      const bool better = at < 0 || (v == v && (x != x || (Max ? x > v : x < v)));
+      if (better) {
+        v = x;
+        at = j;
+      }
+    }
+    best[k] = v;
+    index[k] = at < 0 ? -1 : at + offset;
+  }
+};
 
 template <class Exec, class T, class Acc>
 void reduce_dim(const Exec& exec, const T* in, Acc* out, std::int64_t outer, std::int64_t n, std::int64_t inner,
@@ -374,6 +402,18 @@ template <class Exec, class T>
 void moments(const Exec& exec, const T* in, double* sum, double* sumsq, std::int64_t outer, std::int64_t n,
              std::int64_t inner) {
   run(exec, "shardlib::kernels::moments", outer * inner, MomentsKernel<T>{in, sum, sumsq, n, inner});
+}
+
+template <class Exec, class T>
+void scale(const Exec& exec, T* data, std::int64_t n, T factor) {
+  run(exec, "shardlib::kernels::scale", n, ScaleKernel<T>{data, factor});
+}
+
+template <class Exec, class T, bool Max>
+void arg_dim(const Exec& exec, const T* in, T* best, std::int64_t* index, std::int64_t outer, std::int64_t n,
+             std::int64_t inner, std::int64_t index_offset) {
+  run(exec, Max ? "shardlib::kernels::argmax_dim" : "shardlib::kernels::argmin_dim", outer * inner,
+      ArgDimKernel<T, Max>{in, best, index, n, inner, index_offset, Max ? max_identity<T>() : min_identity<T>()});
 }
 
 /// layer_norm_apply (`sum` not null) or rms_norm_apply (`sum` null).
@@ -423,7 +463,12 @@ void reduce_dim(const Exec& exec, const T* in, Acc* out, std::int64_t outer, std
 template <class Exec, class T>
 void argmax_dim(const Exec& exec, const T* in, T* best, std::int64_t* index, std::int64_t outer, std::int64_t n,
                 std::int64_t inner, std::int64_t index_offset) {
-  detail::arg_dim<Exec, T, true>(exec, "argmax_dim", in, best, index, outer, n, inner, index_offset);
+  if constexpr (!is_host_exec_v<Exec>) {
+    detail::check_shape("argmax_dim", outer, n, inner);
+    detail::portable::arg_dim<Exec, T, true>(exec, in, best, index, outer, n, inner, index_offset);
+  } else {
+    detail::arg_dim<Exec, T, true>(exec, "argmax_dim", in, best, index, outer, n, inner, index_offset);
+  }
 }
 
 /// As `argmax_dim`, for the first minimum (NaN still wins, as in torch's argmin); n == 0 gives
@@ -431,7 +476,12 @@ void argmax_dim(const Exec& exec, const T* in, T* best, std::int64_t* index, std
 template <class Exec, class T>
 void argmin_dim(const Exec& exec, const T* in, T* best, std::int64_t* index, std::int64_t outer, std::int64_t n,
                 std::int64_t inner, std::int64_t index_offset) {
-  detail::arg_dim<Exec, T, false>(exec, "argmin_dim", in, best, index, outer, n, inner, index_offset);
+  if constexpr (!is_host_exec_v<Exec>) {
+    detail::check_shape("argmin_dim", outer, n, inner);
+    detail::portable::arg_dim<Exec, T, false>(exec, in, best, index, outer, n, inner, index_offset);
+  } else {
+    detail::arg_dim<Exec, T, false>(exec, "argmin_dim", in, best, index, outer, n, inner, index_offset);
+  }
 }
 
 /// Whether candidate (v, i) beats (w, k) for argmax (`Max`) or argmin, by the kernels' rule:
@@ -625,16 +675,6 @@ void rms_norm_apply(const Exec& exec, const T* in, T* out, const acc_t<T>* sumsq
   }
 }
 
-namespace detail {
-/// scale on a device: one element per GPU thread.
-template <class T>
-struct ScaleKernel {
-  T* data;
-  T factor;
-  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const { data[k] = static_cast<T>(data[k] * factor); }
-};
-}  // namespace detail
-
 /// data[k] *= factor for k in [0, n) (a mean is a sum scaled by 1 / count). On a device instance,
 /// queued on its stream; on a host one, fenced.
 template <class Exec, class T>
@@ -643,7 +683,7 @@ void scale(const Exec& exec, T* data, std::int64_t n, T factor) {
   constexpr std::int64_t chunk = 4096;
   if constexpr (!is_host_exec_v<Exec>) {
     if (n != 0)
-      Kokkos::parallel_for("shardlib::kernels::scale", Kokkos::RangePolicy<Exec>(exec, 0, n), detail::ScaleKernel<T>{data, factor});
+      detail::portable::scale(exec, data, n, factor);
     return;
   } else if (n != 0) {
     Kokkos::parallel_for("shardlib::kernels::scale", Kokkos::RangePolicy<Exec>(exec, 0, (n + chunk - 1) / chunk),

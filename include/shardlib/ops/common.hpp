@@ -48,7 +48,7 @@ template <OpName Op, class... Meshes>
 struct op_operands_are_on_different_meshes;
 /// This op's kernels (kernels/) are host kernels: a tensor in device memory cannot be its
 /// operand yet (docs/12_gpus.md); its loops, creation, transfers, reshards, the elementwise ops,
-/// the contractions, sum/mean/max/min, softmax and the norms work.
+/// the contractions, the reductions, softmax and the norms, and the layout ops work.
 template <class MemorySpace>
 struct ops_on_tensors_in_device_memory_are_not_built_yet;
 /// The operands of an op live in different memory spaces (host and device memory, say): move one
@@ -94,9 +94,18 @@ constexpr bool require_host_operand() {
   SHARDLIB_STATIC_REQUIRE(host_memory_v<Mem>,
                           "shardlib: this op takes tensors in host memory only, for now; a tensor in device memory "
                           "has creation, loops (parallel_for, map, parallel_reduce), to_host/from_host, reshards, "
-                          "the elementwise ops (+ - * /, unary math, cast, zip), einsum/matmul, "
-                          "sum/mean/max/min, softmax/log_softmax and layer_norm/rms_norm",
+                          "the elementwise ops (+ - * /, unary math, cast, zip, where), einsum/matmul, "
+                          "sum/mean/max/min/argmax, softmax/log_softmax, layer_norm/rms_norm, and the layout "
+                          "ops (permute, reshape, slice, concat, take, index_add, roll, shift, pad)",
                           error::ops_on_tensors_in_device_memory_are_not_built_yet<Mem>);
+  return true;
+}
+
+/// Stops the build when the operands of op `Name` live in different memory spaces.
+template <OpName Name, class Mem, class... Mems>
+constexpr bool require_one_memory_space() {
+  SHARDLIB_STATIC_REQUIRE(((std::is_same_v<Mem, Mems> && ...)), "shardlib: an op on tensors in different memory spaces",
+                          error::op_operands_are_in_different_memory_spaces<Name, Mem, Mems...>);
   return true;
 }
 
@@ -136,11 +145,12 @@ Block<T> block_as(const OperandRef<T>& t, const Sharding& target) {
   return block_as<T, Mem>(*t.ctx, *t.mesh, *t.sharding, t.shape, t.data, *t.box, target);
 }
 
-/// The block of `t` laid out as `target` (see above), for ops whose kernels take host memory
-/// only. `target` has the tensor's rank.
-template <class T, class MeshT, class SpecT, class Mem>
+/// The block of `t` laid out as `target` (see above), in `t`'s memory space. `AnyMemory`: the
+/// op's kernels run in every memory space; the others take host memory only. `target` has the
+/// tensor's rank.
+template <bool AnyMemory = false, class T, class MeshT, class SpecT, class Mem>
 Block<T> block_as(const DistributedTensor<T, MeshT, SpecT, Mem>& t, const Sharding& target) {
-  static_assert(require_host_operand<Mem>());
+  if constexpr (!AnyMemory) static_assert(require_host_operand<Mem>());
   return block_as<T, Mem>(t.context(), t.mesh().shape(), DistributedTensor<T, MeshT, SpecT, Mem>::sharding, t.shape(),
                           t.local().data(), t.block(), target);
 }

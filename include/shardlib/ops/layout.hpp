@@ -41,19 +41,18 @@ namespace detail {
 /// Moves `src` (this device's block `src_box` of a tensor whose dim `d` is shifted by `shift`
 /// into the output's coordinates) into the output block `out_box` at `out`: every output element
 /// that the source holds, from whichever device of dim `d`'s group holds it. Local when the dim
-/// is not split (`axes` empty), else one exchange over the group.
-template <class T>
+/// is not split (`axes` empty), else one exchange over the group. Both blocks in `Mem`.
+template <class T, class Mem>
 SHARDLIB_NOINLINE void shift_blocks(Context& ctx, const MeshShape& mesh, const AxisList& axes, int d, const T* src, ShardBox src_box,
                   std::int64_t src_extent, std::int64_t shift, T* out, const ShardBox& out_box,
                   std::int64_t out_extent) {
   const auto u = static_cast<std::size_t>(d);
   src_box.offset[u] += shift;
   if (axes.empty()) {
-    copy_box(ctx, src, src_box, out, out_box, intersect(src_box, out_box));
+    copy_box<Mem>(ctx, src, src_box, out, out_box, intersect(src_box, out_box));
     return;
   }
-  coll::Communicator& g = ctx.group(mesh, axes);
-  const int n = g.size();
+  const int n = mesh.group_size(axes);
   std::vector<coll::Region> send(static_cast<std::size_t>(n)), recv(send.size());
   for (int r = 0; r < n; ++r) {  // group rank r holds part r of dim d (only `axes` split it)
     ShardBox peer_src = src_box, peer_out = out_box;
@@ -65,7 +64,7 @@ SHARDLIB_NOINLINE void shift_blocks(Context& ctx, const MeshShape& mesh, const A
     send[static_cast<std::size_t>(r)] = region_in(src_box, intersect(src_box, peer_out));
     recv[static_cast<std::size_t>(r)] = region_in(out_box, intersect(peer_src, out_box));
   }
-  g.exchange(src, send, out, recv, coll::dtype_of<T>());
+  exchange_in<Mem>(ctx, &mesh, axes, src, src_box.num_elements(), send, out, out_box.num_elements(), recv);
 }
 
 [[noreturn]] SHARDLIB_COLD inline void throw_slice_out_of_range(std::int64_t begin, std::int64_t end, int dim,
@@ -109,7 +108,6 @@ std::array<std::int64_t, R> take_shape(ArrayRef<std::int64_t> table, ArrayRef<st
 /// their dims; a local transpose of each block, no communication).
 template <int... Perm, TensorType A>
 auto permute(const A& a) {
-  static_assert(detail::require_host_operand<typename A::memory_space>());
   static constexpr std::array<int, sizeof...(Perm)> perm{Perm...};
   static constexpr OpRule rule = permute_rule(A::sharding, detail::ArrayRef<int>(perm.data(), perm.size()));
   SHARDLIB_STATIC_REQUIRE((rule.status == OpRule::ok), "shardlib: permute needs a permutation of 0..rank-1",
@@ -125,7 +123,7 @@ auto permute(const A& a) {
   }
   Out out(a.mesh(), shape);
   auto guard = detail::kernel_guard(out.context(), false);
-  kernels::permute(out.context().exec(), a.local().data(), out.local().data(), static_cast<int>(A::rank), ext.data(),
+  kernels::permute(out.context().template exec_for<typename A::memory_space>(), a.local().data(), out.local().data(), static_cast<int>(A::rank), ext.data(),
                    perm.data());
   return out;
 }
@@ -181,7 +179,7 @@ SHARDLIB_NOINLINE void reshape_gather(const OpRule& rule, const OperandRef<T>& a
   ShardBox all;
   all.rank = static_cast<int>(shape.size());
   for (std::size_t k = 0; k < shape.size(); ++k) all.extent[k] = shape[k];
-  copy_box(*a.ctx, full.data, all, out, out_box, out_box);
+  copy_box<Mem>(*a.ctx, full.data, all, out, out_box, out_box);
 }
 
 template <OpName Pattern, std::size_t ROut, class A>
@@ -200,14 +198,14 @@ auto reshape_op(const A& a, const std::array<std::int64_t, ROut>* given) {
   static_assert(ROut == 0 || ROut == Out::rank, "shardlib: reshape: the output shape has another rank than the pattern");
   typename Out::Shape shape{};
   reshape_shape(Pattern.text, p, info(a), given ? given->data() : nullptr, shape.data());
-  const Block<T> in = block_as(a, rule.in[0]);
+  const Block<T> in = block_as<true>(a, rule.in[0]);
   if (reshape_blocks_align(p, rule.in[0], rule.out, a.mesh().shape(), a.shape(), shape)) {
     // Row-major blocks of the same elements in the same order: reinterpret, no copy.
     std::shared_ptr<void> owner = in.keep ? in.keep : a.block_owner();
     return Out(a.mesh(), shape, std::move(owner), const_cast<T*>(in.data));
   }
   Out out(a.mesh(), shape);
-  reshape_gather<T, Mem>(rule, ref(a), out.local().data(), out.block(), shape);
+  reshape_gather<T, Mem>(rule, ref<true>(a), out.local().data(), out.block(), shape);
   return out;
 }
 }  // namespace detail
@@ -241,11 +239,11 @@ auto slice(const A& a, std::int64_t begin, std::int64_t end) {
                                 typename A::memory_space>;
   const std::int64_t extent = a.shape()[static_cast<std::size_t>(Dim)];
   if (begin < 0 || end > extent || begin > end) detail::throw_slice_out_of_range(begin, end, Dim, detail::info(a));
-  const auto in = detail::block_as(a, rule.in[0]);
+  const auto in = detail::block_as<true>(a, rule.in[0]);
   typename Out::Shape shape = a.shape();
   shape[static_cast<std::size_t>(Dim)] = end - begin;
   Out out(a.mesh(), shape);
-  detail::shift_blocks<typename A::value_type>(out.context(), a.mesh().shape(), rule.comm, Dim, in.data, in.box, extent, -begin, out.local().data(),
+  detail::shift_blocks<typename A::value_type, typename A::memory_space>(out.context(), a.mesh().shape(), rule.comm, Dim, in.data, in.box, extent, -begin, out.local().data(),
                        out.block(), end - begin);
   return out;
 }
@@ -261,6 +259,7 @@ auto concat(const A& a, const B& b) {
                                                                          typename B::spec_type>);
   static_assert(std::is_same_v<typename A::value_type, typename B::value_type>,
                 "shardlib: concat needs operands of one element type");
+  static_assert(detail::require_one_memory_space<"concat", typename A::memory_space, typename B::memory_space>());
   detail::check_same_mesh("concat", a, b);
   using Out = DistributedTensor<typename A::value_type, typename A::mesh_type, spec_from_t<typename A::mesh_type, decltype([] { return rule.out; })>,
                                 typename A::memory_space>;
@@ -270,12 +269,13 @@ auto concat(const A& a, const B& b) {
       detail::throw_concat_mismatch(Dim, static_cast<int>(d), detail::info(a), detail::info(b));
   const auto u = static_cast<std::size_t>(Dim);
   shape[u] = a.shape()[u] + b.shape()[u];
-  const auto ba = detail::block_as(a, rule.in[0]);
-  const auto bb = detail::block_as(b, rule.in[1]);
+  const auto ba = detail::block_as<true>(a, rule.in[0]);
+  const auto bb = detail::block_as<true>(b, rule.in[1]);
   Out out(a.mesh(), shape);
-  detail::shift_blocks<typename A::value_type>(out.context(), a.mesh().shape(), rule.comm, Dim, ba.data, ba.box, a.shape()[u], 0, out.local().data(),
-                       out.block(), shape[u]);
-  detail::shift_blocks<typename A::value_type>(out.context(), a.mesh().shape(), rule.comm, Dim, bb.data, bb.box, b.shape()[u], a.shape()[u],
+  using Mem = typename A::memory_space;
+  detail::shift_blocks<typename A::value_type, Mem>(out.context(), a.mesh().shape(), rule.comm, Dim, ba.data, ba.box, a.shape()[u], 0,
+                                                    out.local().data(), out.block(), shape[u]);
+  detail::shift_blocks<typename A::value_type, Mem>(out.context(), a.mesh().shape(), rule.comm, Dim, bb.data, bb.box, b.shape()[u], a.shape()[u],
                        out.local().data(), out.block(), shape[u]);
   return out;
 }
@@ -294,6 +294,7 @@ auto take(const Table& table, const Indices& indices) {
   SHARDLIB_STATIC_REQUIRE((rule.status == OpRule::ok), "shardlib: no sharding rule for take with these specs",
                           error::op_has_no_sharding_rule_for_these_specs<"take", rule.status, typename Table::spec_type,
                                                                          typename Indices::spec_type>);
+  static_assert(detail::require_one_memory_space<"take", typename Table::memory_space, typename Indices::memory_space>());
   detail::check_same_mesh("take", table, indices);
   using T = typename Table::value_type;
   using MeshT = typename Table::mesh_type;
@@ -301,8 +302,8 @@ auto take(const Table& table, const Indices& indices) {
   constexpr std::size_t rt = Table::rank, ri = Indices::rank;
   constexpr auto u = static_cast<std::size_t>(Dim);
   const typename Out::Shape shape = detail::take_shape<Out::rank>(table.shape(), indices.shape(), u);
-  const auto bt = detail::block_as(table, rule.in[0]);
-  const auto bi = detail::block_as(indices, rule.in[1]);
+  const auto bt = detail::block_as<true>(table, rule.in[0]);
+  const auto bi = detail::block_as<true>(indices, rule.in[1]);
   Out out(table.mesh(), shape);
   std::int64_t outer = 1, inner = 1;
   for (std::size_t d = 0; d < rt; ++d) {
@@ -312,7 +313,7 @@ auto take(const Table& table, const Indices& indices) {
   constexpr bool check = detail::check_indices;
   auto guard = detail::kernel_guard(out.context(), false);
   try {
-    kernels::take(out.context().exec(), bt.data, outer, bt.box.extent[u], inner, bt.box.offset[u], table.shape()[u],
+    kernels::take(out.context().template exec_for<typename Table::memory_space>(), bt.data, outer, bt.box.extent[u], inner, bt.box.offset[u], table.shape()[u],
                   bi.data, bi.box.num_elements(), out.local().data(), check);
   } catch (const std::out_of_range& e) {  // name the tensors (the kernel's position is within this block)
     detail::throw_take_out_of_range(Dim, detail::info(table), detail::info(indices),
@@ -340,6 +341,8 @@ auto index_add(const Base& base, const Indices& indices, const Values& values) {
   SHARDLIB_STATIC_REQUIRE((rule.status == OpRule::ok), "shardlib: no sharding rule for index_add with these specs",
                           error::op_has_no_sharding_rule_for_these_specs<"index_add", rule.status, typename Base::spec_type,
                                                                          typename Indices::spec_type, typename Values::spec_type>);
+  static_assert(detail::require_one_memory_space<"index_add", typename Base::memory_space, typename Indices::memory_space,
+                                                typename Values::memory_space>());
   detail::check_same_mesh("index_add", base, indices);
   detail::check_same_mesh("index_add", base, values);
   using T = typename Base::value_type;
@@ -354,15 +357,16 @@ auto index_add(const Base& base, const Indices& indices, const Values& values) {
     throw std::invalid_argument("shardlib: index_add<" + std::to_string(Dim) + ">: values " + detail::operand_text(values) +
                                 " do not have the shape of take(base, indices) for base " + detail::operand_text(base) +
                                 " and indices " + detail::operand_text(indices));
-  const auto bb = detail::block_as(base, rule.in[0]);
-  const auto bi = detail::block_as(indices, rule.in[1]);
-  const auto bv = detail::block_as(values, rule.in[2]);
+  const auto bb = detail::block_as<true>(base, rule.in[0]);
+  const auto bi = detail::block_as<true>(indices, rule.in[1]);
+  const auto bv = detail::block_as<true>(values, rule.in[2]);
+  using Mem = typename Base::memory_space;
   Out out(base.mesh(), base.shape());
   Context& ctx = out.context();
   if (detail::off_first_coordinate(base.mesh().shape(), ctx.device(), rule.out.partial))
-    detail::fill(ctx, out.local().data(), out.block().num_elements(), T{});
+    detail::fill<Mem>(ctx, out.local().data(), out.block().num_elements(), T{});
   else
-    detail::copy_box(ctx, bb.data, bb.box, out.local().data(), out.block(), out.block());
+    detail::copy_box<Mem>(ctx, bb.data, bb.box, out.local().data(), out.block(), out.block());
   std::int64_t outer = 1, inner = 1;
   for (std::size_t d = 0; d < rt; ++d) {
     if (d < u) outer *= out.block().extent[d];
@@ -371,7 +375,7 @@ auto index_add(const Base& base, const Indices& indices, const Values& values) {
   constexpr bool check = detail::check_indices;
   auto guard = detail::kernel_guard(ctx, false);
   try {
-    kernels::index_add(ctx.exec(), out.local().data(), outer, out.block().extent[u], inner, out.block().offset[u],
+    kernels::index_add(ctx.exec_for<Mem>(), out.local().data(), outer, out.block().extent[u], inner, out.block().offset[u],
                        base.shape()[u], bi.data, bi.box.num_elements(), bv.data, check);
   } catch (const std::out_of_range& e) {
     detail::throw_take_out_of_range(Dim, detail::info(base), detail::info(indices),

@@ -64,35 +64,50 @@ std::array<std::int64_t, RO> reduced_shape(const std::array<std::int64_t, RI>& s
 
 /// The runtime part of a reduction along `dim`, compiled once per kind, element type and memory
 /// space: the operand in the rule's layout, one kernel into the output block `out` (`out_box`)
-/// on the device's instance for `Mem` (sum, mean, max, min: also in GPU memory), and argmax's two
-/// all_reduces over the dim's axes (host memory only).
+/// on the device's instance for `Mem`, and argmax's two all_reduces over the dim's axes (in GPU
+/// memory through host memory).
 template <Reduction Kind, class T, class U, class Mem>
 SHARDLIB_NOINLINE void reduce_run(const OpRule& rule, int dim, const OperandRef<T>& a, U* out, const ShardBox& out_box) {
   const Block<T> in = block_as<Mem>(a, rule.in[0]);
   Context& ctx = *a.ctx;
   const RowSplit r = split_at(in.box, dim);
   if constexpr (Kind == Reduction::argmax) {
-    static_assert(require_host_operand<Mem>());
     const auto rows = static_cast<std::size_t>(r.outer * r.inner);
-    std::vector<T> best(rows);
-    {
-      auto guard = kernel_guard(ctx, false);
-      kernels::argmax_dim(ctx.exec(), in.data, best.data(), out, r.outer, r.n, r.inner,
-                          in.box.offset[static_cast<std::size_t>(dim)]);
-    }
     // The group along the dim's axes (a world-wide split: every device asks, even with no rows;
     // within the group all devices have the same rows).
     coll::Communicator* g = rule.comm.empty() ? nullptr : &ctx.group(*a.mesh, rule.comm);
-    if (g && rows > 0) {  // the global maximum, then the first index holding it
+    // Each device's first maximum of its block, then (split dim) the global maximum and the first
+    // index holding it, on the host: in device memory the per-row answers go through host memory
+    // (a few values per row; argmax is not on a training step's path).
+    std::vector<T> best(rows);
+    std::vector<std::int64_t> host_idx;
+    std::int64_t* idx = out;
+    {
+      auto guard = kernel_guard(ctx, false);
+      const std::int64_t at = in.box.offset[static_cast<std::size_t>(dim)];
+      if constexpr (host_memory_v<Mem>) {
+        kernels::argmax_dim(ctx.exec(), in.data, best.data(), out, r.outer, r.n, r.inner, at);
+      } else {
+        const std::shared_ptr<void> dev_best = block_cache<Mem>(ctx).allocate(rows * sizeof(T));
+        kernels::argmax_dim(ctx.exec_for<Mem>(), in.data, static_cast<T*>(dev_best.get()), out, r.outer, r.n, r.inner, at);
+        if (g && rows > 0) {
+          host_idx.resize(rows);
+          idx = host_idx.data();
+          download<Mem>(ctx, static_cast<const T*>(dev_best.get()), best.data(), static_cast<std::int64_t>(rows));
+          download<Mem>(ctx, static_cast<const std::int64_t*>(out), idx, static_cast<std::int64_t>(rows));
+        }
+      }
+    }
+    if (g && rows > 0) {
       if constexpr (std::is_floating_point_v<T>)  // a NaN counts as +inf across devices
         for (auto& v : best)
           if (v != v) v = std::numeric_limits<T>::infinity();
       std::vector<T> top(rows);
       g->all_reduce(best.data(), top.data(), rows, coll::dtype_of<T>(), coll::Op::max);
-      std::int64_t* idx = out;
       for (std::size_t i = 0; i < rows; ++i)
         if (!(best[i] == top[i]) || idx[i] < 0) idx[i] = std::numeric_limits<std::int64_t>::max();
       g->all_reduce(idx, idx, rows, coll::dtype_of<std::int64_t>(), coll::Op::min);
+      if constexpr (!host_memory_v<Mem>) upload<Mem>(ctx, static_cast<const std::int64_t*>(idx), out, static_cast<std::int64_t>(rows));
     }
   } else {
     constexpr kernels::ReduceKind k = Kind == Reduction::max   ? kernels::ReduceKind::max
@@ -126,7 +141,7 @@ auto reduce_op(const A& a) {
     using Mem = typename A::memory_space;
     using Out = DistributedTensor<U, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, Mem>;
     Out out(a.mesh(), reduced_shape<Out::rank>(a.shape(), Dim, KeepDim));
-    reduce_run<Kind, T, U, Mem>(rule, Dim, ref<Kind != Reduction::argmax>(a), out.local().data(), out.block());
+    reduce_run<Kind, T, U, Mem>(rule, Dim, ref<true>(a), out.local().data(), out.block());
     return out;
   }
 }

@@ -73,25 +73,22 @@ inline kernels::detail::StridedView box_in(int rank, const std::int64_t* layout,
   return v;
 }
 
-/// Writes `value` into box `part` (global indices) of a row-major block laid out as `layout`.
-template <class T>
+/// Writes `value` into box `part` (global indices) of a row-major block in `Mem` laid out as `layout`.
+template <class T, class Mem>
 void fill_box(Context& ctx, T* dst, const ShardBox& layout, const ShardBox& part, T value) {
   if (part.num_elements() == 0) return;
   std::array<std::int64_t, max_tensor_rank> lo{};
   for (int d = 0; d < part.rank; ++d) lo[static_cast<std::size_t>(d)] = part.offset[static_cast<std::size_t>(d)] - layout.offset[static_cast<std::size_t>(d)];
-  const auto out = box_in(part.rank, layout.extent.data(), lo.data(), part.extent.data());
-  kernels::detail::StridedView in = out;
-  in.offset = 0;
-  for (int d = 0; d < in.rank; ++d) in.stride[d] = 0;
   auto guard = kernel_guard(ctx, false);
-  kernels::copy_strided(ctx.exec(), "shardlib::fill_box", &value, in, dst, out);
+  kernels::fill_strided(ctx.exec_for<Mem>(), "shardlib::fill_box", value, dst,
+                        box_in(part.rank, layout.extent.data(), lo.data(), part.extent.data()));
 }
 
 /// roll's runtime part (compiled once per element type): the block `src` (box `box`, the output's
 /// box too) rolled by `shift` along dim `d` of extent `n` into `out`. Local when the dim is not
 /// split (`axes` empty); else one exchange over the group, in which each device receives the
-/// cells it now holds that another device held.
-template <class T>
+/// cells it now holds that another device held. Both blocks in `Mem`.
+template <class T, class Mem>
 SHARDLIB_NOINLINE void roll_blocks(Context& ctx, const MeshShape& mesh, const AxisList& axes, int d, const T* src,
                                    const ShardBox& box, std::int64_t n, std::int64_t shift, T* out) {
   const auto u = static_cast<std::size_t>(d);
@@ -103,12 +100,11 @@ SHARDLIB_NOINLINE void roll_blocks(Context& ctx, const MeshShape& mesh, const Ax
   if (axes.empty() || mesh.group_size(axes) == 1) {
     for (const std::int64_t by : {s, s - n}) {
       const ShardBox from = moved(box, by);
-      copy_box(ctx, src, from, out, box, intersect(from, box));
+      copy_box<Mem>(ctx, src, from, out, box, intersect(from, box));
     }
     return;
   }
-  coll::Communicator& g = ctx.group(mesh, axes);
-  const int parts = g.size();
+  const int parts = mesh.group_size(axes);
   std::vector<coll::Region> send(static_cast<std::size_t>(parts)), recv(send.size());
   for (int r = 0; r < parts; ++r) {  // group rank r holds part r of dim d
     ShardBox peer = box;
@@ -124,7 +120,7 @@ SHARDLIB_NOINLINE void roll_blocks(Context& ctx, const MeshShape& mesh, const Ax
       if (from_peer.num_elements() > 0) recv[static_cast<std::size_t>(r)] = region_in(box, from_peer);
     }
   }
-  g.exchange(src, send, out, recv, coll::dtype_of<T>());
+  exchange_in<Mem>(ctx, &mesh, axes, src, box.num_elements(), send, out, box.num_elements(), recv);
 }
 
 /// shift's vacated cells of dim `d` (extent `n`) in the output block `box`: [0, shift) or
@@ -153,6 +149,7 @@ SHARDLIB_NOINLINE void pad_run(Context& ctx, const MeshShape& mesh, const Shardi
                                const T* src, const ShardBox& in_box, ArrayRef<std::int64_t> lo, ArrayRef<std::int64_t> out_shape,
                                const Boundary& b, T* out, bool exchange) {
   halo::Plan plan = pad_plan(sharding, mesh, in_shape, lo, out_shape, b, ctx.device());
+  const auto& exec = ctx.exec_for<Mem>();
   const int R = plan.rank;
   const ShardBox& ob = plan.block;
   // The source box of copy c in a block of `extent`, walked in the output's order (mirrors read
@@ -177,14 +174,10 @@ SHARDLIB_NOINLINE void pad_run(Context& ctx, const MeshShape& mesh, const Shardi
     auto guard = kernel_guard(ctx, false);
     for (const auto& f : plan.fills) {
       const T value = zeros ? T{} : static_cast<T>(f.value);
-      const auto o = box_in(R, ob.extent.data(), f.lo.data(), f.extent.data());
-      kernels::detail::StridedView in = o;
-      in.offset = 0;
-      for (int d = 0; d < R; ++d) in.stride[d] = 0;
-      kernels::copy_strided(ctx.exec(), "shardlib::pad::fill", &value, in, out, o);
+      kernels::fill_strided(exec, "shardlib::pad::fill", value, out, box_in(R, ob.extent.data(), f.lo.data(), f.extent.data()));
     }
     for (const auto& c : plan.local)
-      kernels::copy_strided(ctx.exec(), "shardlib::pad::local", src,
+      kernels::copy_strided(exec, "shardlib::pad::local", src,
                             stepped(box_in(R, in_box.extent.data(), c.src_lo.data(), c.src_extent.data()), c), out, dst_view(c));
   }
   if (!exchange) return;
@@ -206,22 +199,30 @@ SHARDLIB_NOINLINE void pad_run(Context& ctx, const MeshShape& mesh, const Shardi
     }
     return off;
   };
-  Kokkos::View<T*, Mem> send_buf("shardlib::pad::send", static_cast<std::size_t>(stage(plan.sends, true, send_at, send_regions)));
-  Kokkos::View<T*, Mem> recv_buf("shardlib::pad::recv", static_cast<std::size_t>(stage(plan.receives, false, recv_at, recv_regions)));
+  // The staging buffers from the block cache (no allocation, so no device synchronisation, in
+  // steady state).
+  const std::int64_t n_send = stage(plan.sends, true, send_at, send_regions);
+  const std::int64_t n_recv = stage(plan.receives, false, recv_at, recv_regions);
+  auto& cache = block_cache<Mem>(ctx);
+  const std::shared_ptr<void> send_keep = cache.allocate(static_cast<std::size_t>(n_send) * sizeof(T));
+  const std::shared_ptr<void> recv_keep = cache.allocate(static_cast<std::size_t>(n_recv) * sizeof(T));
+  T* const send_buf = static_cast<T*>(send_keep.get());
+  T* const recv_buf = static_cast<T*>(recv_keep.get());
   {
     auto guard = kernel_guard(ctx, false);
     for (std::size_t i = 0; i < plan.sends.size(); ++i) {
       const auto& c = plan.sends[i];
       const auto packed = box_in(R, c.src_extent.data(), zero.data(), c.src_extent.data());
-      kernels::copy_strided(ctx.exec(), "shardlib::pad::pack", src, box_in(R, in_box.extent.data(), c.src_lo.data(), c.src_extent.data()),
-                            send_buf.data() + send_at[i], packed);
+      kernels::copy_strided(exec, "shardlib::pad::pack", src, box_in(R, in_box.extent.data(), c.src_lo.data(), c.src_extent.data()),
+                            send_buf + send_at[i], packed);
     }
   }
-  ctx.world().exchange(send_buf.data(), send_regions, recv_buf.data(), recv_regions, coll::dtype_of<T>());
+  exchange_in<Mem>(ctx, nullptr, AxisList{}, send_buf, n_send, send_regions,
+                   recv_buf, n_recv, recv_regions);
   auto guard = kernel_guard(ctx, false);
   for (std::size_t i = 0; i < plan.receives.size(); ++i) {
     const auto& c = plan.receives[i];
-    kernels::copy_strided(ctx.exec(), "shardlib::pad::unpack", recv_buf.data() + recv_at[i],
+    kernels::copy_strided(exec, "shardlib::pad::unpack", recv_buf + recv_at[i],
                           stepped(box_in(R, c.src_extent.data(), zero.data(), c.src_extent.data()), c), out, dst_view(c));
   }
 }
@@ -239,19 +240,18 @@ using shift_result_t = typename shift_result<std::remove_cvref_t<A>>::type;
 
 template <class A>
 shift_result_t<A> roll_op(const A& a, std::int64_t shift, int dim) {
-  static_assert(require_host_operand<typename A::memory_space>());
   const OpRule rule = roll_rule(A::sharding, dim);
   if (rule.status != OpRule::ok) throw_dim_out_of_range("roll", dim, info(a));
   shift_result_t<A> out(a.mesh(), a.shape());
-  roll_blocks<typename A::value_type>(out.context(), a.mesh().shape(), rule.comm, dim, a.local().data(), a.block(),
+  roll_blocks<typename A::value_type, typename A::memory_space>(out.context(), a.mesh().shape(), rule.comm, dim, a.local().data(), a.block(),
                                       a.shape()[static_cast<std::size_t>(dim)], shift, out.local().data());
   return out;
 }
 
 template <class A>
 shift_result_t<A> shift_op(const A& a, std::int64_t shift, int dim, typename A::value_type fill) {
-  static_assert(require_host_operand<typename A::memory_space>());
   using T = typename A::value_type;
+  using Mem = typename A::memory_space;
   const OpRule rule = roll_rule(A::sharding, dim);
   if (rule.status != OpRule::ok) throw_dim_out_of_range("shift", dim, info(a));
   const std::int64_t n = a.shape()[static_cast<std::size_t>(dim)];
@@ -259,8 +259,8 @@ shift_result_t<A> shift_op(const A& a, std::int64_t shift, int dim, typename A::
   Context& ctx = out.context();
   // Past the extent nothing stays: clamp (the exchange then moves nothing).
   const std::int64_t s = shift > n ? n : shift < -n ? -n : shift;
-  shift_blocks<T>(ctx, a.mesh().shape(), rule.comm, dim, a.local().data(), a.block(), n, s, out.local().data(), out.block(), n);
-  fill_box<T>(ctx, out.local().data(), out.block(), vacated(out.block(), dim, n, s),
+  shift_blocks<T, Mem>(ctx, a.mesh().shape(), rule.comm, dim, a.local().data(), a.block(), n, s, out.local().data(), out.block(), n);
+  fill_box<T, Mem>(ctx, out.local().data(), out.block(), vacated(out.block(), dim, n, s),
               constant_is_zero_here(ctx, a.mesh().shape(), A::sharding) ? T{} : fill);
   return out;
 }
