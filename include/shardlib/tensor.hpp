@@ -591,8 +591,10 @@ template <class F, class I, class T>
 struct map_result<F, I, T, true> {
   using type = stored_t<std::remove_cvref_t<std::invoke_result_t<F, const I&, const compute_t<T>&>>, T>;
 };
-/// map's kernel: o[k] = f(in[k]) or f(global index, in[k]), on the element's compute type.
-template <class F, class T, class U, std::size_t R, bool Indexed>
+/// map's kernel: o[k] = f(in[k]) or f(global index, in[k]), on the element's compute type; the
+/// form host memory uses (`Device` false: f may be host-only; nvcc warns) and the one device
+/// memory uses (f must run on the GPU: calling host code is an error).
+template <bool Device, class F, class T, class U, std::size_t R, bool Indexed>
 struct MapKernel {
   F f;
   const T* in;
@@ -602,14 +604,28 @@ struct MapKernel {
     else o[k] = static_cast<U>(f(static_cast<compute_t<T>>(in[k])));
   }
 };
+SHARDLIB_DEVICE_FUNCTORS_BEGIN
+template <class F, class T, class U, std::size_t R, bool Indexed>
+struct MapKernel<true, F, T, U, R, Indexed> {
+  F f;
+  const T* in;
+  U* o;
+  KOKKOS_FORCEINLINE_FUNCTION void operator()(const Index<R>& g, std::int64_t k) const {
+    if constexpr (Indexed) o[k] = static_cast<U>(f(g, static_cast<compute_t<T>>(in[k])));
+    else o[k] = static_cast<U>(f(static_cast<compute_t<T>>(in[k])));
+  }
+};
+SHARDLIB_DEVICE_FUNCTORS_END
 /// map's element type for `f` on a tensor of `T` and rank `R`.
 template <class F, class T, std::size_t R>
 using map_element_t =
     typename map_result<F, Index<R>, T, std::is_invocable_v<F, const Index<R>&, const compute_t<T>&>>::type;
 
 
-/// parallel_for's element functor: f(global index, out[k], in[k]...).
-template <class F, class T, class P, std::size_t... I>
+/// parallel_for's element functor: f(global index, out[k], in[k]...); the form host memory uses
+/// (`Device` false: f may be host-only; nvcc warns) and the one device memory uses (f must run on
+/// the GPU: calling host code is an error).
+template <bool Device, class F, class T, class P, std::size_t... I>
 struct ForKernel {
   F f;
   T* out;
@@ -619,6 +635,18 @@ struct ForKernel {
     f(g, out[k], detail::get<I>(in)[k]...);
   }
 };
+SHARDLIB_DEVICE_FUNCTORS_BEGIN
+template <class F, class T, class P, std::size_t... I>
+struct ForKernel<true, F, T, P, I...> {
+  F f;
+  T* out;
+  P in;
+  template <std::size_t R>
+  KOKKOS_FORCEINLINE_FUNCTION void operator()(const Index<R>& g, std::int64_t k) const {
+    f(g, out[k], detail::get<I>(in)[k]...);
+  }
+};
+SHARDLIB_DEVICE_FUNCTORS_END
 
 template <class Tensor, class Args, std::size_t... I>
 void parallel_for_impl(Tensor& t, const Args& args, std::index_sequence<I...>) {
@@ -642,7 +670,8 @@ void parallel_for_impl(Tensor& t, const Args& args, std::index_sequence<I...>) {
           error::parallel_for_functor_must_take_the_written_element_by_non_const_reference<F, T>);
       (check_loop_operand("parallel_for", t, I + 1, std::get<I>(args)), ...);
       const auto in = pack<loop_pointer_t<std::tuple_element_t<I, Args>>...>(std::get<I>(args).local().data()...);
-      t.for_each_local(ForKernel<F, T, decltype(in), I...>{std::get<sizeof...(I)>(args), t.local().data(), in});
+      constexpr bool device = !host_memory_v<typename Tensor::memory_space>;
+      t.for_each_local(ForKernel<device, F, T, decltype(in), I...>{std::get<sizeof...(I)>(args), t.local().data(), in});
     }
   }
 }
@@ -653,6 +682,7 @@ void parallel_for_impl(Tensor& t, const Args& args, std::index_sequence<I...>) {
 /// buffer per process) needs no lock across in-process devices, and the result does not depend
 /// on the thread schedule. In device memory, a Kokkos::parallel_reduce on the device's stream.
 /// parallel_reduce's work item on device memory: element `c` combined into `acc`.
+SHARDLIB_DEVICE_FUNCTORS_BEGIN
 template <ReduceOp Op, class R, std::size_t Rank, class F, class T, class P, std::size_t... I>
 struct ReduceKernel {
   BlockWalk<Rank> walk;
@@ -665,6 +695,7 @@ struct ReduceKernel {
     });
   }
 };
+SHARDLIB_DEVICE_FUNCTORS_END
 
 template <ReduceOp Op, class R, class Mem, std::size_t Rank, class F, class T, class P, std::size_t... I>
 R reduce_block(const Context& ctx, const ShardBox& box, const F& f, const T* a, const P& in, std::index_sequence<I...>) {
@@ -793,7 +824,8 @@ DistributedTensor<detail::map_element_t<F, T, SpecT::rank>, MeshT, SpecT, Mem> m
   constexpr bool indexed = std::is_invocable_v<F, const Index<Tensor::rank>&, const C&>;
   using U = detail::map_element_t<F, T, SpecT::rank>;
   DistributedTensor<U, MeshT, SpecT, Mem> out(t.mesh(), t.shape());
-  t.for_each_local(detail::MapKernel<F, T, U, Tensor::rank, indexed>{f, t.local().data(), out.local().data()});
+  t.for_each_local(detail::MapKernel<!detail::host_memory_v<Mem>, F, T, U, Tensor::rank, indexed>{
+      f, t.local().data(), out.local().data()});
   return out;
 }
 

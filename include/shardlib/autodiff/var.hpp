@@ -254,11 +254,23 @@ class LeafNode final : public TensorNode<Tensor>, public LeafGrad {
 
 }  // namespace autodiff::detail
 
+namespace autodiff::detail {
+/// Stops the build for a Var of a tensor in device memory: the backward rules and the gradient
+/// accumulation run host kernels (docs/12_gpus.md).
+template <class Tensor>
+constexpr bool require_host_var() {
+  if constexpr (shardlib::is_tensor_v<Tensor>) return shardlib::detail::require_host_operand<typename Tensor::memory_space>();
+  else return true;
+}
+}  // namespace autodiff::detail
+
 /// A tensor that may carry a gradient: the value of an op on `Var`s or `Param`s, or a constant
-/// (a `Var` made from a tensor). Copies share the value's block and the graph node.
+/// (a `Var` made from a tensor). Copies share the value's block and the graph node. Tensors in
+/// host memory only, for now.
 template <class Tensor>
 class Var {
   static_assert(is_tensor_v<Tensor>, "shardlib: Var<Tensor>: Tensor must be a DistributedTensor<...>");
+  static_assert(autodiff::detail::require_host_var<Tensor>());
 
  public:
   using tensor_type = Tensor;

@@ -26,3 +26,16 @@
 #define SHARDLIB_NOINLINE
 #define SHARDLIB_COLD
 #endif
+
+/// Around the GPU kernels that call a user's functor (loops, map, zip, parallel_reduce): under
+/// nvcc, calling a host-only function from them is an error, not nvcc's warning #20011/#20014
+/// (which would leave a kernel that fails when it runs). Those kernels are used in device memory
+/// only; host memory has host-only forms of them, so a host functor on a host tensor still builds.
+#if defined(__NVCC__) && defined(__NVCC_DIAG_PRAGMA_SUPPORT__)
+#define SHARDLIB_DEVICE_FUNCTORS_BEGIN \
+  _Pragma("nv_diagnostic push") _Pragma("nv_diag_error 20011") _Pragma("nv_diag_error 20014")
+#define SHARDLIB_DEVICE_FUNCTORS_END _Pragma("nv_diagnostic pop")
+#else
+#define SHARDLIB_DEVICE_FUNCTORS_BEGIN
+#define SHARDLIB_DEVICE_FUNCTORS_END
+#endif

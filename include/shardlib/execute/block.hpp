@@ -107,13 +107,15 @@ struct BlockWalk {
 /// enclosing function has class-type template arguments (a Mesh's axis names, a Spec), and one
 /// functor serves every spec type.
 
-/// Work item `c` of a block walk: the element functor on its chunk.
+/// Work item `c` of a block walk: the element functor on its chunk (device memory only).
+SHARDLIB_DEVICE_FUNCTORS_BEGIN
 template <std::size_t R, class Elem>
 struct WalkKernel {
   BlockWalk<R> walk;
   Elem elem;
   KOKKOS_FORCEINLINE_FUNCTION void operator()(std::int64_t c) const { walk(c, elem); }
 };
+SHARDLIB_DEVICE_FUNCTORS_END
 
 /// Runs `elem(const Index<R>& global, std::int64_t k)` on every element of block `box` (k: its
 /// row-major position in the block) as a Kokkos kernel on the device's execution space instance

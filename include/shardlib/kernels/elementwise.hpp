@@ -11,6 +11,7 @@
 /// Knows nothing of tensors or collectives: raw pointers, extents, an execution-space instance.
 #pragma once
 
+#include <shardlib/detail/attributes.hpp>
 #include <shardlib/detail/pack.hpp>
 #include <shardlib/kernels/vmath.hpp>
 
@@ -48,8 +49,10 @@ using shardlib::detail::get;
 using shardlib::detail::Pack;
 
 /// `out[k] = f(in[k]...)`, inputs laid out as the output: a named functor, so that it also runs on
-/// a GPU (nvcc cannot name an extended lambda in every template that calls it).
-template <class Out, class F, class P, std::size_t... I>
+/// a GPU (nvcc cannot name an extended lambda in every template that calls it). The form host
+/// instances use (`Device` false: f may be host-only; nvcc warns) and the one device instances
+/// use (f must run on the GPU: calling host code is an error).
+template <bool Device, class Out, class F, class P, std::size_t... I>
 struct FlatKernel {
   Out* out;
   F f;
@@ -57,37 +60,70 @@ struct FlatKernel {
   KOKKOS_FORCEINLINE_FUNCTION void operator()(std::int64_t k) const { out[k] = f(get<I>(in)[k]...); }
 };
 
-/// One row of the last dim per work item: the row index decomposed once, then each input strided
-/// along the row (stride 0 broadcasts).
-template <class Out, std::size_t R, class F, class P, std::size_t... I>
-struct RowsKernel {
-  static constexpr std::size_t N = sizeof...(I);
-  Out* out;
-  F f;
-  P in;                                       // Pack<const In*...>
+/// RowsKernel's walk: the output box and each input's strides; `start` decomposes a row index
+/// once into each input's offset.
+template <std::size_t R, std::size_t N, std::size_t... I>
+struct RowsWalk {
   std::int64_t extent[R];                     // the output box
   std::int64_t stride[N > 0 ? N : 1][R];      // stride[i][d]: input i along dim d
-  KOKKOS_FORCEINLINE_FUNCTION void operator()(std::int64_t row) const {
+  KOKKOS_FORCEINLINE_FUNCTION void start(std::int64_t row, std::int64_t (&base)[N > 0 ? N : 1]) const {
     std::int64_t rest = row;
-    std::int64_t base[N > 0 ? N : 1] = {};
     for (std::size_t d = R - 1; d-- > 0;) {
       const std::int64_t i = rest % extent[d];
       rest /= extent[d];
       ((base[I] += i * stride[I][d]), ...);
     }
-    const std::int64_t len = extent[R - 1];
-    Out* o = out + row * len;
-    for (std::int64_t j = 0; j < len; ++j) o[j] = f(get<I>(in)[base[I] + j * stride[I][R - 1]]...);
   }
 };
+
+/// One row of the last dim per work item: the row index decomposed once, then each input strided
+/// along the row (stride 0 broadcasts). Host and device forms as FlatKernel's.
+template <bool Device, class Out, std::size_t R, class F, class P, std::size_t... I>
+struct RowsKernel {
+  static constexpr std::size_t N = sizeof...(I);
+  Out* out;
+  F f;
+  P in;  // Pack<const In*...>
+  RowsWalk<R, N, I...> w;
+  KOKKOS_FORCEINLINE_FUNCTION void operator()(std::int64_t row) const {
+    std::int64_t base[N > 0 ? N : 1] = {};
+    w.start(row, base);
+    Out* o = out + row * w.extent[R - 1];
+    for (std::int64_t j = 0; j < w.extent[R - 1]; ++j) o[j] = f(get<I>(in)[base[I] + j * w.stride[I][R - 1]]...);
+  }
+};
+
+SHARDLIB_DEVICE_FUNCTORS_BEGIN
+template <class Out, class F, class P, std::size_t... I>
+struct FlatKernel<true, Out, F, P, I...> {
+  Out* out;
+  F f;
+  P in;
+  KOKKOS_FORCEINLINE_FUNCTION void operator()(std::int64_t k) const { out[k] = f(get<I>(in)[k]...); }
+};
+template <class Out, std::size_t R, class F, class P, std::size_t... I>
+struct RowsKernel<true, Out, R, F, P, I...> {
+  static constexpr std::size_t N = sizeof...(I);
+  Out* out;
+  F f;
+  P in;
+  RowsWalk<R, N, I...> w;
+  KOKKOS_FORCEINLINE_FUNCTION void operator()(std::int64_t row) const {
+    std::int64_t base[N > 0 ? N : 1] = {};
+    w.start(row, base);
+    Out* o = out + row * w.extent[R - 1];
+    for (std::int64_t j = 0; j < w.extent[R - 1]; ++j) o[j] = f(get<I>(in)[base[I] + j * w.stride[I][R - 1]]...);
+  }
+};
+SHARDLIB_DEVICE_FUNCTORS_END
 
 template <class Exec, class Out, std::size_t R, class F, std::size_t... I, class... In>
 void elementwise_strided(const Exec& exec, Out* out, const std::array<std::int64_t, R>& extent, std::int64_t rows,
                          F f, std::index_sequence<I...>, const Strided<In, R>&... in) {
-  RowsKernel<Out, R, F, Pack<const In*...>, I...> k{out, f, shardlib::detail::pack(in.data...), {}, {}};
+  RowsKernel<!is_host_exec_v<Exec>, Out, R, F, Pack<const In*...>, I...> k{out, f, shardlib::detail::pack(in.data...), {}};
   for (std::size_t d = 0; d < R; ++d) {
-    k.extent[d] = extent[d];
-    ((k.stride[I][d] = in.stride[d]), ...);
+    k.w.extent[d] = extent[d];
+    ((k.w.stride[I][d] = in.stride[d]), ...);
   }
   Kokkos::parallel_for("shardlib::elementwise_strided", Kokkos::RangePolicy<Exec>(exec, 0, rows), k);
 }
@@ -119,7 +155,7 @@ void elementwise(const Exec& exec, Out* out, const std::array<std::int64_t, R>& 
   if (((in.stride == dense) && ...)) {
     Kokkos::parallel_for("shardlib::elementwise", Kokkos::RangePolicy<Exec>(exec, 0, n),
                          [&]<std::size_t... I>(std::index_sequence<I...>) {
-                           return detail::FlatKernel<Out, F, shardlib::detail::Pack<const In*...>, I...>{
+                           return detail::FlatKernel<!is_host_exec_v<Exec>, Out, F, shardlib::detail::Pack<const In*...>, I...>{
                                out, f, shardlib::detail::pack(in.data...)};
                          }(std::index_sequence_for<In...>{}));
   } else if constexpr (R > 0) {  // (a rank-0 box has no strides: always dense)

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <shardlib/kernels/layout.hpp>
+#include <shardlib/ops/common.hpp>
 #include <shardlib/sharding/halo.hpp>
 #include <shardlib/tensor.hpp>
 
@@ -293,6 +294,7 @@ class Ghosted {
   using tensor_type = DistributedTensor<T, MeshT, SpecT, Mem>;
   static constexpr std::size_t rank = tensor_type::rank;
   static_assert(rank >= 1, "shardlib: ghosted: a rank-0 tensor has no neighbours");
+  static_assert(detail::require_host_operand<Mem>());  // its ghost exchange and stencil_for are host kernels
 
   /// Plans the exchange for this device and fills the constant ghost cells. Not collective.
   /// Throws std::invalid_argument for a bad width or boundary, naming the dim and the tensor.
