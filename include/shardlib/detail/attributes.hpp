@@ -30,7 +30,9 @@
 /// Around the GPU kernels that call a user's functor (loops, map, zip, parallel_reduce): under
 /// nvcc, calling a host-only function from them is an error, not nvcc's warning #20011/#20014
 /// (which would leave a kernel that fails when it runs). Those kernels are used in device memory
-/// only; host memory has host-only forms of them, so a host functor on a host tensor still builds.
+/// only; host memory has forms of them outside these marks, so a host functor on a host tensor
+/// still builds. Each such kernel is written twice, the same body: nvcc applies the diagnostic
+/// state where a function is defined, so a shared body would make the host form an error too.
 #if defined(__NVCC__) && defined(__NVCC_DIAG_PRAGMA_SUPPORT__)
 #define SHARDLIB_DEVICE_FUNCTORS_BEGIN \
   _Pragma("nv_diagnostic push") _Pragma("nv_diag_error 20011") _Pragma("nv_diag_error 20014")
