@@ -169,6 +169,49 @@ class Goals(unittest.TestCase):
         self.assertEqual(self.rows({"ops": recs})["MLP block beside DTensor (same devices)"][4], "not measured")
 
 
+class Gpu(unittest.TestCase):
+    """benchmarks/run gpu: skipped with the reason where there is no GPU or no CUDA Kokkos; a
+    --kokkos folder that is not a CUDA Kokkos is a failed section naming what is missing."""
+
+    def run_gpu(self, *extra, env=None):
+        with tempfile.TemporaryDirectory() as d:
+            e = {k: v for k, v in os.environ.items() if k != "SHARDLIB_KOKKOS_CUDA"}
+            e.update(PATH="/usr/bin:/bin", **(env or {}))  # no nvidia-smi
+            r = subprocess.run([sys.executable, RUN, "gpu", "--report", d] + list(extra), capture_output=True,
+                               text=True, env=e)
+            return r, json.loads(read(os.path.join(d, "records.json")))
+
+    def test_no_gpu_and_no_kokkos_is_skipped_with_both_reasons(self):
+        r, saved = self.run_gpu()
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("== gpu (skipped)", r.stdout)
+        self.assertIn("nvidia-smi is not on the PATH", r.stdout)
+        self.assertIn("--kokkos DIR", r.stdout)
+        self.assertEqual(saved["sections"]["gpu"]["status"], "skipped")
+
+    def test_a_folder_that_is_not_a_cuda_kokkos_fails_naming_it(self):
+        with tempfile.TemporaryDirectory() as k:
+            os.makedirs(os.path.join(k, "bin"))
+            os.makedirs(os.path.join(k, "include"))
+            open(os.path.join(k, "bin", "nvcc_wrapper"), "w").close()
+            with open(os.path.join(k, "include", "KokkosCore_config.h"), "w") as f:
+                f.write("#define KOKKOS_ENABLE_SERIAL\n")
+            r, saved = self.run_gpu("--kokkos", k)
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("was built without CUDA", r.stdout)
+            self.assertEqual(saved["sections"]["gpu"]["status"], "failed")
+            r, _ = self.run_gpu(env={"SHARDLIB_KOKKOS_CUDA": os.path.join(k, "nowhere")})
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("is not a Kokkos install with CUDA", r.stdout)
+
+    def test_goals_take_gpu_records_only(self):
+        recs = [record(bench="gpu", part="overhead", name="a + b", overhead_us=3.0, gpu="NVIDIA H200"),
+                record(bench="gpu", part="overhead", name="gelu", overhead_us=9.0, gpu="none (host memory)")]
+        row = {r[1]: r for r in goals.evaluate({"gpu": recs})}["host overhead per op above a bare kernel launch (1 device, 32x32)"]
+        self.assertEqual(row[4], "pass")
+        self.assertIn("3.00 us", row[3])
+
+
 class Report(unittest.TestCase):
     def test_sections_merge_and_the_report_renders_without_plots(self):
         with tempfile.TemporaryDirectory() as d:

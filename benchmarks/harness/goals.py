@@ -142,6 +142,20 @@ def evaluate(by_bench):
                                 "spec, which read the file once per device, left out)", ">= 0.70",
                           [(r["fraction_of_baseline"], f"{r['name']} {r['backend']} {r['devices']} dev {r['cache']}")
                            for r in io if r["bytes"] >= 256 << 20 and not r["name"].endswith("->R")], 0.70))
+    # gpu (issue 14): records of bench_gpu on a GPU only (its --host check of the program is no GPU figure)
+    gp = [r for r in _ours(g("gpu")) if r.get("gpu", "none").split(" ")[0] != "none"]
+    rows.append(_at_least("gpu", "elementwise ops of the device-to-device copy bandwidth", ">= 0.80",
+                          [(r["fraction_of_copy"], f"{r['name']} {r['dtype']}") for r in gp if r["part"] == "elementwise"], 0.80))
+    rows.append(_at_least("gpu", "sharded matmul of the speed of cuBLAS called directly on the same local shapes", ">= 0.95",
+                          [(r["fraction_of_baseline"], f"{r['name']} {r['dtype']} {r['devices']} dev")
+                           for r in gp if r["part"] == "matmul"], 0.95))
+    rows.append(_at_most("gpu", "host overhead per op above a bare kernel launch (1 device, 32x32)", "<= 5 us",
+                         [(r["overhead_us"], r["name"]) for r in gp if r["part"] == "overhead"], 5.0,
+                         fmt=lambda v: f"{v:.2f} us"))
+    big = max((r["tflops"] for r in gp if r["part"] == "mlp" and r["devices"] == 1 and r.get("peak_tflops")), default=None)
+    rows.append(_at_least("gpu", "bf16 MLP block at large sizes (1 device), of the GPU's bf16 peak", ">= 0.50",
+                          [(r["fraction_of_peak"], f"{r['name']}, {r['gpu']}") for r in gp if r["part"] == "mlp"
+                           and r["devices"] == 1 and r.get("peak_tflops") and r["tflops"] == big], 0.50))
     # compile (issue 10)
     cp = g("compile")
     rows.append(_at_most("compile", "quickstart.cpp at -O2 (CPU seconds of the compiler)", "<= 10 s",

@@ -439,6 +439,135 @@ def train_table(records):
               f"{jt}{ratio}  {coll}")
 
 
+# ---- gpu ---------------------------------------------------------------------------------------
+
+class Skipped(Exception):
+    """A benchmark that cannot run on this machine (no GPU, no CUDA-enabled Kokkos): its section
+    says why and is marked skipped, not failed."""
+
+
+def gpu_here():
+    """(name, compute capability) of the first GPU nvidia-smi lists, or (None, why not)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None, "nvidia-smi is not on the PATH (no NVIDIA driver on this machine)"
+    r = subprocess.run([smi, "--query-gpu=name,compute_cap", "--format=csv,noheader"], capture_output=True, text=True)
+    lines = [line for line in r.stdout.splitlines() if line.strip()]
+    if r.returncode != 0 or not lines:
+        return None, f"nvidia-smi lists no GPU ({(r.stderr or r.stdout).strip()[:200] or 'no output'})"
+    name, _, cap = lines[0].rpartition(",")
+    return (name.strip(), cap.strip()), None
+
+
+def cuda_kokkos(args):
+    """The CUDA-enabled Kokkos install to build with: --kokkos DIR, else $SHARDLIB_KOKKOS_CUDA; None
+    when neither is given. A folder that is not one is an error naming what is missing."""
+    folder = args.kokkos or os.environ.get("SHARDLIB_KOKKOS_CUDA")
+    if not folder:
+        return None
+    folder = os.path.abspath(folder)
+    wrapper = os.path.join(folder, "bin", "nvcc_wrapper")
+    config = os.path.join(folder, "include", "KokkosCore_config.h")
+    if not os.path.exists(wrapper) or not os.path.exists(config):
+        raise CaseFailed(f"--kokkos {folder} is not a Kokkos install with CUDA: it needs bin/nvcc_wrapper and "
+                         f"include/KokkosCore_config.h (cmake --install of a Kokkos configured with -DKokkos_ENABLE_CUDA=ON)")
+    with open(config) as f:
+        if not re.search(r"^#define KOKKOS_ENABLE_CUDA\b", f.read(), re.M):
+            raise CaseFailed(f"the Kokkos in {folder} was built without CUDA (no KOKKOS_ENABLE_CUDA in {config})")
+    libdir = next((d for d in (os.path.join(folder, "lib"), os.path.join(folder, "lib64"))
+                   if os.path.exists(os.path.join(d, "libkokkoscore.a")) or os.path.exists(os.path.join(d, "libkokkoscore.so"))),
+                  None)
+    if libdir is None:
+        raise CaseFailed(f"the Kokkos in {folder} has no libkokkoscore in lib/ or lib64/")
+    return folder, wrapper, libdir
+
+
+def gpu_build_argv(wrapper, folder, libdir, arch, out):
+    """The compile-and-link command of bench_gpu with Kokkos's nvcc_wrapper (as docs/12 says)."""
+    eigen = subprocess.run(["pkg-config", "--cflags", "eigen3"], capture_output=True, text=True).stdout.split() \
+        if shutil.which("pkg-config") else []
+    eigen = [("-isystem" + a[2:]) if a.startswith("-I") else a for a in eigen] or ["-isystem/usr/include/eigen3"]
+    return [wrapper, "-std=c++20", "-extended-lambda", f"-arch=sm_{arch}", "-O3", "-DNDEBUG",
+            "-I" + os.path.join(ROOT, "include"), "-I" + os.path.join(folder, "include")] + eigen + \
+           [os.path.join(ROOT, "benchmarks", "gpu.cpp"), "-o", out, "-L" + libdir, "-lkokkoscore", "-lcublas", "-lcuda", "-ldl"]
+
+
+def build_gpu(kokkos, arch):
+    """build-bench/benchmarks/bench_gpu_cuda compiled with nvcc_wrapper for sm_ARCH; again only
+    when a header, gpu.cpp or the command changed."""
+    folder, wrapper, libdir = kokkos
+    out = os.path.join(BUILD, "benchmarks", "bench_gpu_cuda")
+    argv = gpu_build_argv(wrapper, folder, libdir, arch, out)
+    stamp = out + ".cmd"
+    sources = [os.path.join(ROOT, "benchmarks", f) for f in ("gpu.cpp", "common.hpp")]
+    for d, _, files in os.walk(os.path.join(ROOT, "include")):
+        sources += [os.path.join(d, f) for f in files]
+    try:
+        fresh = open(stamp).read() == shlex.join(argv) and \
+            os.path.getmtime(out) >= max(os.path.getmtime(f) for f in sources)
+    except OSError:
+        fresh = False
+    if fresh:
+        return out
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    env = dict(os.environ)
+    if shutil.which("nvcc") is None and os.path.exists("/usr/local/cuda/bin/nvcc"):
+        env["PATH"] = "/usr/local/cuda/bin:" + env.get("PATH", "")
+    print(f"  building {out} with {wrapper} (sm_{arch}; minutes) ...", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    if r.returncode != 0:
+        errors = [line for line in r.stdout.splitlines() if "error" in line]
+        raise CaseFailed(f"nvcc_wrapper could not build bench_gpu: $ {shlex.join(argv)}\n" +
+                         "\n".join((errors or r.stdout.splitlines())[-30:]))
+    with open(stamp, "w") as f:
+        f.write(shlex.join(argv))
+    print(f"  built in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    return out
+
+
+def gpu_cases(args, exes, peers):
+    kokkos = cuda_kokkos(args)
+    gpu, why = gpu_here()
+    if kokkos is None:
+        raise Skipped(("no GPU here: " + why + "; " if gpu is None else "") +
+                      "no CUDA-enabled Kokkos was given: benchmarks/run gpu --kokkos DIR (or SHARDLIB_KOKKOS_CUDA=DIR), "
+                      "DIR a Kokkos install configured with -DKokkos_ENABLE_CUDA=ON (docs/12)")
+    arch = args.cuda_arch or (gpu[1].replace(".", "") if gpu else "90")
+    exe = build_gpu(kokkos, arch)  # where there is no GPU, this still checks that it builds
+    if gpu is None:
+        raise Skipped(f"no GPU here: {why} (bench_gpu was built for sm_{arch}: {exe})")
+    base = [exe, "--backend", "threads", "--devices"]
+    c = [Case("gpu: elementwise against cudaMemcpy, 1 device", "gpu", base + ["1", "--part", "elementwise"]),
+         Case("gpu: per-op host overhead, 1 device", "gpu", base + ["1", "--part", "overhead"])]
+    c += [Case(f"gpu: matmul against cuBLAS, {n} device(s)", "gpu", base + [str(n), "--part", "matmul"]) for n in (1, 2)]
+    c += [Case(f"gpu: MLP block, {n} device(s)", "gpu", base + [str(n), "--part", "mlp"]) for n in args.devs]
+    c += [Case(f"gpu: reshards, {n} devices", "gpu", base + [str(n), "--part", "reshard"]) for n in args.devs if n > 1]
+    return c
+
+
+def gpu_table(records):
+    print(f"GPU: {records[0]['gpu']}" if records else "")
+    for r in records:
+        p, name, dev = r["part"], r["name"], r["devices"]
+        if p == "elementwise":
+            print(f"{p:<12}{name + ' ' + r['dtype']:<26}{dev:>4}{r['gbytes_per_second']:>10.1f} GB/s  copy "
+                  f"{r['copy_gbytes_per_second']:>8.1f} GB/s  fraction {r['fraction_of_copy']:.3f} (target >= 0.8)")
+        elif p == "matmul":
+            print(f"{p:<12}{name + ' ' + r['dtype']:<26}{dev:>4}{r['tflops']:>10.1f} TFLOP/s  direct "
+                  f"{r['baseline_tflops']:>8.1f}  fraction {r['fraction_of_baseline']:.3f} (target >= 0.95)")
+        elif p == "overhead":
+            print(f"{p:<12}{name:<26}{dev:>4}{r['seconds'] * 1e6:>10.2f} us  bare launch {r['baseline_seconds'] * 1e6:.2f} us"
+                  f"  overhead {r['overhead_us']:.2f} us (target <= 5)")
+        elif p == "mlp":
+            peak = f"{r['fraction_of_peak']:.3f} of peak {r['peak_tflops']}" if r.get("peak_tflops") else "peak unknown"
+            print(f"{p:<12}{name:<26}{dev:>4}{r['tflops']:>10.1f} TFLOP/s  {peak} (target >= 0.5); "
+                  f"{r['fraction_of_cublas']:.3f} of cuBLAS's {r['cublas_tflops']:.1f}")
+        elif p == "reshard":
+            print(f"{p:<12}{name:<26}{dev:>4}{r['seconds'] * 1e6:>10.1f} us  bare copies {r['baseline_seconds'] * 1e6:.1f} us"
+                  f"  {r['ratio_to_baseline']:.2f}x")
+
+
 # ---- compile -----------------------------------------------------------------------------------
 
 COMPILE_TUS = [  # (name, source relative to the root); the first is the baseline
@@ -561,10 +690,13 @@ def compile_table(records):
 
 
 class Suite:
-    def __init__(self, name, targets, cases, table, devices, all_devices=None, finish=None):
+    """`meson_build`: whether the suite needs build-bench/ configured (gpu builds with nvcc_wrapper)."""
+
+    def __init__(self, name, targets, cases, table, devices, all_devices=None, finish=None, meson_build=True):
         self.name, self.targets, self.cases, self.table = name, targets, cases, table
         self.default_devices, self.all_devices = devices, all_devices or devices
         self.finish = finish
+        self.meson_build = meson_build
 
 
 SUITES = [
@@ -576,6 +708,7 @@ SUITES = [
     Suite("loops", ["bench_loops"], loops_cases, loops_table, "1,8"),
     Suite("stencil", ["bench_stencil"], stencil_cases, stencil_table, "1,2,4,8", "1,8"),
     Suite("train", ["bench_train"], train_cases, train_table, "8"),
+    Suite("gpu", [], gpu_cases, gpu_table, "1,2,4,8", "1,8", meson_build=False),
     Suite("compile", [], compile_cases, compile_table, "1", finish=compile_finish),
 ]
 BY_NAME = {s.name: s for s in SUITES}

@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""bench_gpu (benchmarks/gpu.cpp) on host memory (--host --quick; this build's Kokkos has no CUDA):
+every part prints its records with the fields every benchmark record has and the ones
+benchmarks/run's gpu table and goals read; the table prints them; the goals leave them out (no GPU
+figure); without --host it refuses with exit status 77 and says why.
+
+usage: bench_gpu_host.py BENCH_GPU
+"""
+import io
+import json
+import os
+import subprocess
+import sys
+from contextlib import redirect_stdout
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from harness import goals  # noqa: E402
+from harness.suites import gpu_table  # noqa: E402
+
+COMMON = ("bench", "part", "name", "backend", "devices", "seconds", "baseline", "baseline_seconds", "gpu")
+FIELDS = {"elementwise": ("dtype", "bytes", "gbytes_per_second", "copy_gbytes_per_second", "fraction_of_copy"),
+          "matmul": ("dtype", "local_shape", "tflops", "baseline_tflops", "fraction_of_baseline"),
+          "overhead": ("shape", "overhead_us"),
+          "mlp": ("mesh", "dtype", "tflops", "peak_tflops", "fraction_of_peak", "cublas_tflops", "fraction_of_cublas"),
+          "reshard": ("bytes", "output_block_bytes", "ratio_to_baseline")}
+RUNS = [("elementwise", 1, 6), ("matmul", 2, 5), ("overhead", 1, 7), ("mlp", 4, 1), ("reshard", 4, 4)]
+
+
+def main():
+    exe = sys.argv[1]
+    r = subprocess.run([exe, "--part", "elementwise"], capture_output=True, text=True)
+    assert r.returncode == 77 and "has no CUDA" in r.stderr, (r.returncode, r.stderr)
+    records = []
+    for part, devices, count in RUNS:
+        argv = [exe, "--host", "--quick", "--part", part, "--backend", "threads", "--devices", str(devices)]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, f"{' '.join(argv)}: exit status {r.returncode}\n{r.stderr[-2000:]}"
+        got = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+        assert len(got) == count, f"{part}: {len(got)} records, expected {count}:\n{r.stdout}"
+        for rec in got:
+            missing = [f for f in COMMON + FIELDS[part] if f not in rec]
+            assert not missing, f"{part}: record without {missing}: {rec}"
+            assert rec["bench"] == "gpu" and rec["part"] == part and rec["devices"] == devices, rec
+            assert rec["seconds"] > 0 and rec["gpu"] == "none (host memory)", rec
+        records += got
+        print(f"{part}: {len(got)} records on {devices} device(s)")
+    out = io.StringIO()
+    with redirect_stdout(out):
+        gpu_table(records)
+    assert out.getvalue().count("\n") == len(records) + 1, out.getvalue()
+    rows = [row for row in goals.evaluate({"gpu": records}) if row[0] == "gpu"]
+    assert len(rows) == 4 and all(row[4] == "not measured" for row in rows), rows
+    print(out.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
