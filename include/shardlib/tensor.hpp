@@ -191,10 +191,11 @@ class DistributedTensor {
   }
 
   /// From a global row-major array that every device passes (each copies its block; no
-  /// communication). Throws std::invalid_argument when its size is not the shape's element count.
+  /// communication). Throws std::invalid_argument when its size is not the shape's element count,
+  /// or when it is GPU memory (with CUDA: a cudaMalloc'd pointer, a CudaSpace view's data).
   static DistributedTensor from_host(const MeshT& mesh, const Shape& shape, std::span<const T> global) {
     DistributedTensor t(mesh, shape);
-    t.check_host_size(global.size(), "from_host");
+    t.check_host_array(global, "from_host");
     const ShardBox all = t.global_box();
     t.write_from_host([&](T* block) { detail::copy_box(t.context(), global.data(), all, block, t.box_, t.box_); });
     t.mask_partial();
@@ -206,14 +207,15 @@ class DistributedTensor {
   }
   /// From a global row-major array that only device `root` passes (the others pass an empty
   /// span): root sends every device its block (collective). Throws std::invalid_argument on root
-  /// when the size is wrong, std::out_of_range when root is not a device of the mesh.
+  /// when the size is wrong or the array is GPU memory, std::out_of_range when root is not a
+  /// device of the mesh.
   static DistributedTensor scatter_from(const MeshT& mesh, const Shape& shape, std::span<const T> global, int root) {
     DistributedTensor t(mesh, shape);
     Context& ctx = t.context();
     if (root < 0 || root >= ctx.num_devices())
       throw std::out_of_range("shardlib: scatter_from: root " + std::to_string(root) + " is not a device of mesh " +
                               mesh.to_string());
-    if (ctx.device() == root) t.check_host_size(global.size(), "scatter_from");
+    if (ctx.device() == root) t.check_host_array(global, "scatter_from");
     coll::Communicator& world = ctx.world();
     std::vector<coll::Region> send(static_cast<std::size_t>(world.size())), recv(send.size());
     const ShardBox all = t.global_box();
@@ -462,11 +464,20 @@ class DistributedTensor {
     for (std::size_t d = 0; d < rank; ++d) b.extent[d] = shape_[d];
     return b;
   }
-  void check_host_size(std::size_t n, const char* what) const {
-    if (static_cast<std::int64_t>(n) != size())
-      throw std::invalid_argument(std::string("shardlib: ") + what + ": a host array of " + std::to_string(n) +
+  /// Throws std::invalid_argument naming the tensor when `global` is not a host array of its
+  /// element count (the wrong size, or GPU memory: the host copy would crash).
+  void check_host_array(std::span<const T> global, const char* what) const {
+    if (static_cast<std::int64_t>(global.size()) != size())
+      throw std::invalid_argument(std::string("shardlib: ") + what + ": a host array of " + std::to_string(global.size()) +
                                   " elements for a tensor of shape " + detail::shape_text(shape_) + " with " +
                                   spec_string() + " (" + std::to_string(size()) + " elements)");
+    if (const int gpu = detail::gpu_only_memory_device(global.data()); gpu >= 0)
+      throw std::invalid_argument(std::string("shardlib: ") + what + ": the array for a tensor of shape " +
+                                  detail::shape_text(shape_) + " with " + spec_string() + " is in the memory of GPU " +
+                                  std::to_string(gpu) + ", which the host cannot read; " + what +
+                                  " takes a host array (a std::vector, a host Kokkos::View) and uploads it to a "
+                                  "tensor in GPU memory itself. For data already on the GPU, make the tensor "
+                                  "(uninitialized) and copy each device's block into local() (Kokkos::deep_copy)");
   }
   /// Fills the block with value(k) of each element's global linear index k, then masks.
   template <class G>

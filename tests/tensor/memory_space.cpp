@@ -68,6 +68,22 @@ void check_creation_and_transfers(sl::Context& ctx) {
   const auto s = T2<Both>::scatter_from(mesh, shape, ctx.device() == 0 ? std::span<const float>(global) : std::span<const float>(), 0);
   CHECK(s.to_host() == global);
 
+  // An array in GPU memory where from_host and scatter_from read a host array is refused, naming
+  // the tensor, for tensors in either memory (with CUDA; a host array is never taken for one).
+  CHECK(sl::detail::gpu_only_memory_device(global.data()) == -1);
+  if constexpr (!sl::detail::host_memory_v<Mem>) {
+    Kokkos::View<float*, Mem> on_gpu("on_gpu", global.size());
+    const std::span<const float> g(on_gpu.data(), global.size());
+    CHECK(sl::detail::gpu_only_memory_device(g.data()) >= 0);
+    CHECK_THROWS_WITH_AS(T2<Rows>::from_host(mesh, shape, g), doctest::Contains("is in the memory of GPU"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS((T2<Rows, Kokkos::HostSpace>::from_host(mesh, shape, g)),
+                         doctest::Contains("with Spec<\"x\", none> is in the memory of GPU"), std::invalid_argument);
+    if (ctx.num_devices() == 1)  // on root only: the others would wait in the scatter
+      CHECK_THROWS_WITH_AS(T2<Both>::scatter_from(mesh, shape, g, 0), doctest::Contains("scatter_from: the array"),
+                           std::invalid_argument);
+  }
+
   // A partial-sum tensor made from a global value holds it on coordinate 0 of "y": the sum is it.
   const auto p = T2<RowsPartial>::from_host(mesh, shape, std::span<const float>(global));
   CHECK(p.to_host() == global);

@@ -326,6 +326,25 @@ void fill(const Context& ctx, T* dst, std::int64_t n, T value) {
   }
 }
 
+/// The GPU that `p` points into when it is GPU memory the host cannot read (cudaMalloc, a
+/// Kokkos::CudaSpace view), else -1: host memory (pageable, pinned), managed memory, null, or a
+/// build without CUDA. For the entry points that read a user's host array (from_host,
+/// scatter_from): given a GPU pointer they would crash in a host copy.
+inline int gpu_only_memory_device(const void* p) noexcept {
+#if defined(KOKKOS_ENABLE_CUDA)
+  if (p == nullptr) return -1;
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear it: an unknown pointer is the host's
+    return -1;
+  }
+  return a.type == cudaMemoryTypeDevice ? a.device : -1;
+#else
+  (void)p;
+  return -1;
+#endif
+}
+
 /// Copies `n` elements from a buffer in `From` to one in `To` (at least one of them host memory)
 /// and waits for the copy: on the device's instance for the device memory side, else a host copy.
 template <class From, class To, class T>
