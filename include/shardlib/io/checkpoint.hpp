@@ -495,7 +495,8 @@ Tensor load(const typename Tensor::mesh_type& mesh, const std::string& path, con
                                   " in the checkpoint (shape " + detail::shape_text(shape) + ") but " +
                                   Tensor::spec_string() + " has rank " + std::to_string(Tensor::rank));
     typename Tensor::Shape s{};
-    std::copy(shape.begin(), shape.end(), s.begin());
+    if constexpr (Tensor::rank > 0)  // a scalar's Shape is std::array<int64_t, 0>: nothing to copy (g++'s -Wnonnull)
+      std::copy(shape.begin(), shape.end(), s.begin());
     fresh.emplace(Tensor::uninitialized(mesh, s));
     return detail::Slot::Block{fresh->local().data(), fresh->block()};
   };
