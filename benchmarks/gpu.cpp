@@ -211,8 +211,10 @@ const char* dtype() {
 // ---- elementwise -----------------------------------------------------------------------------
 
 template <class T, class F>
-void elementwise_case(sl::Context& ctx, const char* name, int tensors, std::int64_t n, F&& op, void* dst, const void* src) {
+void elementwise_case(sl::Context& ctx, const char* name, int tensors, std::int64_t n, F&& op, void* dst, const void* src,
+                      std::size_t capacity) {
   const std::size_t bytes = static_cast<std::size_t>(tensors) * static_cast<std::size_t>(n) * sizeof(T);
+  if (bytes / 2 > capacity) throw std::logic_error("bench_gpu: the copy buffers are too small for " + std::string(name));
   auto base = [&] { bare_copy(ctx, dst, src, bytes / 2); };
   const auto [secs, base_secs] = time_pair(ctx, op, base);
   const double gbs = bytes / secs * 1e-9, base_gbs = bytes / base_secs * 1e-9;
@@ -227,18 +229,19 @@ void elementwise_case(sl::Context& ctx, const char* name, int tensors, std::int6
 void elementwise(sl::Context& ctx, std::int64_t mib) {
   M1 mesh(ctx, {ctx.num_devices()});
   const std::int64_t n = (mib << 20) / 4, cols = 4096, rows = n / cols;
-  const std::size_t most = static_cast<std::size_t>(3 * rows * cols) * 4;
+  // The copy baseline moves half of a case's bytes; the most a case counts is 4 float tensors.
+  const std::size_t most = static_cast<std::size_t>(4 * rows * cols) * sizeof(float);
   Kokkos::View<char*, Mem> src("bench_gpu src", most / 2), dst("bench_gpu dst", most / 2);
   using F2 = Tensor<float, sl::Spec<"x", none>>;
   const auto a = F2::random(mesh, {rows, cols}, 1), b = F2::random(mesh, {rows, cols}, 2);
   const auto ha = sl::cast<sl::bf16>(a), hb = sl::cast<sl::bf16>(b);
   const std::int64_t m = rows * cols;
-  elementwise_case<float>(ctx, "a + b", 3, m, [&] { auto c = a + b; }, dst.data(), src.data());
-  elementwise_case<float>(ctx, "a * 2 + 1", 4, m, [&] { auto c = a * 2.0f + 1.0f; }, dst.data(), src.data());
-  elementwise_case<float>(ctx, "gelu", 2, m, [&] { auto c = sl::gelu(a); }, dst.data(), src.data());
-  elementwise_case<float>(ctx, "exp", 2, m, [&] { auto c = sl::exp(a); }, dst.data(), src.data());
-  elementwise_case<sl::bf16>(ctx, "a + b", 3, m, [&] { auto c = ha + hb; }, dst.data(), src.data());
-  elementwise_case<sl::bf16>(ctx, "gelu", 2, m, [&] { auto c = sl::gelu(ha); }, dst.data(), src.data());
+  elementwise_case<float>(ctx, "a + b", 3, m, [&] { auto c = a + b; }, dst.data(), src.data(), most / 2);
+  elementwise_case<float>(ctx, "a * 2 + 1", 4, m, [&] { auto c = a * 2.0f + 1.0f; }, dst.data(), src.data(), most / 2);
+  elementwise_case<float>(ctx, "gelu", 2, m, [&] { auto c = sl::gelu(a); }, dst.data(), src.data(), most / 2);
+  elementwise_case<float>(ctx, "exp", 2, m, [&] { auto c = sl::exp(a); }, dst.data(), src.data(), most / 2);
+  elementwise_case<sl::bf16>(ctx, "a + b", 3, m, [&] { auto c = ha + hb; }, dst.data(), src.data(), most / 2);
+  elementwise_case<sl::bf16>(ctx, "gelu", 2, m, [&] { auto c = sl::gelu(ha); }, dst.data(), src.data(), most / 2);
 }
 
 // ---- matmul ----------------------------------------------------------------------------------
