@@ -411,7 +411,7 @@ class Runtime {
     Runtime rt = mpi(argc, argv, std::move(threads_arg));
     rt.backend_ = Backend::nccl;
     rt.device_instance_ = detail::device_instances(1)[0];
-    auto world = coll::NcclCommunicator::world(MPI_COMM_WORLD, detail::device_stream(rt.device_instance_));
+    auto world = coll::NcclCommunicator::world(MPI_COMM_WORLD, detail::device_stream(*rt.device_instance_));
 #if defined(KOKKOS_ENABLE_CUDA)
     if (const int kokkos_gpu = Kokkos::Cuda().cuda_device(); kokkos_gpu != world->device())
       throw std::runtime_error("shardlib: nccl backend, rank " + std::to_string(rt.mpi_rank_) + ": Kokkos runs on GPU " +
@@ -485,7 +485,7 @@ class Runtime {
   Runtime& operator=(Runtime&&) noexcept = delete;
   ~Runtime() {
     device_world_.reset();  // before Kokkos (its stream) and MPI
-    device_instance_ = {};
+    device_instance_.reset();
 #if defined(SHARDLIB_HAVE_MPI)
     if (owns_mpi_) {
       kokkos_.reset();  // Kokkos goes first: it may hold MPI-aware resources
@@ -552,7 +552,7 @@ class Runtime {
     }
 #if defined(SHARDLIB_HAVE_MPI)
     Context ctx(mpi_rank_, devices_, coll::MpiCommunicator::world(), {}, false,
-                device_world_ ? device_instance_ : detail::device_instances(1)[0], device_world_.get());
+                device_world_ ? *device_instance_ : detail::device_instances(1)[0], device_world_.get());
     body(ctx);
 #endif
   }
@@ -661,7 +661,9 @@ class Runtime {
   std::chrono::milliseconds timeout_{120000};
   host::ThreadShare share_;
   std::unique_ptr<KokkosScope> kokkos_;
-  detail::DeviceInstance device_instance_{};          // nccl: this process's device instance (its stream)
+  // nccl: this process's device instance (its stream). Optional: a Kokkos::Cuda made before
+  // Kokkos::initialize aborts ("device not initialized"), and the Runtime starts Kokkos itself.
+  std::optional<detail::DeviceInstance> device_instance_;
   std::unique_ptr<coll::Communicator> device_world_;  // nccl: the NCCL communicator over all processes
 };
 
