@@ -153,17 +153,42 @@ KOKKOS_INLINE_FUNCTION std::uint64_t mix64(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
-/// The random value of element `k` (global linear index) for `seed`: uniform in [lo, hi).
+/// lo + (hi - lo) * u with the product rounded before the sum, on every compiler and processor:
+/// never a fused multiply-add (nvcc fuses `a * b + c` by default, g++ where the target has FMA),
+/// so that a random tensor has the same bits in GPU memory as in host memory.
+template <class F>
+KOKKOS_INLINE_FUNCTION F lerp_unfused(F lo, F hi, F u) {
+  static_assert(std::is_same_v<F, float> || std::is_same_v<F, double>);
+#if defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<F, float>) return __fadd_rn(lo, __fmul_rn(hi - lo, u));
+  else return __dadd_rn(lo, __dmul_rn(hi - lo, u));
+#else
+  F p = (hi - lo) * u;
+#if defined(__GNUC__) && defined(__x86_64__)
+  __asm__("" : "+x"(p));  // an optimisation barrier: the compiler cannot fuse p into the sum
+#elif defined(__GNUC__) && defined(__aarch64__)
+  __asm__("" : "+w"(p));
+#endif
+  return lo + p;
+#endif
+}
+
+/// The random value of element `k` (global linear index) for `seed`: uniform in [lo, hi), the
+/// same bits on the host and on a GPU.
 template <class T>
 KOKKOS_INLINE_FUNCTION T random_value(std::uint64_t seed, std::int64_t k, T lo, T hi) {
   const std::uint64_t x = mix64(static_cast<std::uint64_t>(k) ^ mix64(seed));
   if constexpr (is_floating_v<T>) {
     if constexpr (sizeof(T) <= 4) {  // float, f16, bf16: the float value, rounded
       const float u = static_cast<float>(x >> 40) * (1.0f / 16777216.0f);  // 24 bits: exact, < 1
-      const T v = static_cast<T>(lo + (hi - lo) * u);
+      const T v = static_cast<T>(lerp_unfused<float>(static_cast<float>(lo), static_cast<float>(hi), u));
+      return v < hi ? v : lo;
+    } else if constexpr (std::is_same_v<T, double>) {
+      const double u = static_cast<double>(x >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
+      const T v = lerp_unfused<double>(lo, hi, u);
       return v < hi ? v : lo;
     } else {
-      const double u = static_cast<double>(x >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
+      const double u = static_cast<double>(x >> 11) * (1.0 / 9007199254740992.0);
       const T v = static_cast<T>(lo + (hi - lo) * u);
       return v < hi ? v : lo;
     }
