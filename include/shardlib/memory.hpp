@@ -118,7 +118,8 @@ struct MemoryLedger {
   }
 };
 
-/// Per-device cache of blocks (>= 64 KiB), as PyTorch's caching allocator: a block
+/// Per-device cache of blocks (in host memory those of 64 KiB or more; in GPU memory all, in
+/// multiples of 512 bytes), as PyTorch's caching allocator: a block
 /// freed by one tensor is handed to the next of a similar size instead of going back to the OS
 /// (glibc returns blocks above 32 MiB to the OS at once, and touching fresh pages again cost 4x
 /// the reshard itself at 64 MiB). Holds at most SHARDLIB_BLOCK_CACHE_MB (default 1024) MiB of
@@ -127,7 +128,15 @@ struct MemoryLedger {
 template <class MemorySpace>
 class BlockCache : public std::enable_shared_from_this<BlockCache<MemorySpace>> {
  public:
+  /// In host memory, blocks smaller than this bypass the cache (malloc is cheap there).
   static constexpr std::size_t min_bytes = std::size_t{64} << 10;
+  /// Whether a block of `bytes` goes through the cache: in GPU memory every block does, since
+  /// cudaMalloc costs microseconds and cudaFree waits for the whole GPU (a host synchronisation
+  /// in every op on small tensors otherwise).
+  static constexpr bool cached(std::size_t bytes) noexcept {
+    if constexpr (detail::host_memory_v<MemorySpace>) return bytes >= min_bytes;
+    else return true;
+  }
   /// The deleter of every block: returns it to the cache and takes it off the ledger.
   /// `tag_memory` finds it with std::get_deleter to move the block to another role.
   struct Release {
@@ -154,8 +163,9 @@ class BlockCache : public std::enable_shared_from_this<BlockCache<MemorySpace>> 
   std::shared_ptr<void> allocate(std::size_t bytes) {
     if (bytes == 0) return {};
     const std::size_t requested = bytes;
+    if constexpr (!detail::host_memory_v<MemorySpace>) bytes = (bytes + 511) / 512 * 512;  // small blocks of near sizes reuse each other
     void* p = nullptr;
-    if (bytes >= min_bytes) {
+    if (cached(bytes)) {
       std::lock_guard<std::mutex> lock(m_);
       auto it = free_.lower_bound(bytes);
       if (it != free_.end() && it->first - bytes <= bytes / 4) {  // waste at most a quarter
@@ -191,7 +201,7 @@ class BlockCache : public std::enable_shared_from_this<BlockCache<MemorySpace>> 
 
  private:
   void release(void* p, std::size_t bytes) noexcept {
-    if (bytes >= min_bytes) {
+    if (cached(bytes)) {
       std::lock_guard<std::mutex> lock(m_);
       if (cached_ + bytes <= cap_) {
         free_.emplace(bytes, p);

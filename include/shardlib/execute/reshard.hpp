@@ -190,6 +190,30 @@ inline const CompiledReshard& compiled_reshard(Context& ctx, const MeshShape& me
   return *cache.back();
 }
 
+/// Whether step `k` moves nothing between devices: a local copy or mask, or a collective over a
+/// group of one device (a mesh axis of size 1: a partial sum over it is already the sum, a gather
+/// over it is the block itself). run_reshard makes such collectives local copies.
+inline bool step_is_local(const CompiledStep& k) noexcept {
+  switch (k.kind) {
+    case ReshardStepKind::local_copy:
+    case ReshardStepKind::mask: return true;
+    case ReshardStepKind::all_reduce:
+    case ReshardStepKind::all_gather:
+    case ReshardStepKind::reduce_scatter: return k.comm && k.comm->size() == 1;
+    case ReshardStepKind::exchange: return false;
+  }
+  return false;
+}
+
+/// `n` elements from `src` to `dst`, both in `Mem` (on the device's instance there).
+template <class Mem, class T>
+void copy_flat(const Context& ctx, const T* src, T* dst, std::int64_t n) {
+  ShardBox b;
+  b.rank = 1;
+  b.extent[0] = n;
+  copy_box<Mem>(ctx, src, b, dst, b, b);
+}
+
 /// Runs a compiled reshard on this device: reads the block `src`, writes the new block into
 /// `alloc_final(elements)` (not called when there are no steps). Intermediate blocks come from
 /// `alloc(elements)` (shared_ptr<void> owners). Throws what the collectives throw; `src` is
@@ -211,6 +235,14 @@ void run_reshard(const Context& ctx, const CompiledReshard& c, const T* src,
     } else {
       keep[i % 2] = alloc(n_out);
       out = static_cast<T*>(keep[i % 2].get());
+    }
+    const bool collective = k.kind == ReshardStepKind::all_reduce || k.kind == ReshardStepKind::all_gather ||
+                            k.kind == ReshardStepKind::reduce_scatter;
+    if (collective && step_is_local(k)) {  // over a group of one: the block itself
+      if (k.kind == ReshardStepKind::reduce_scatter && !k.in_order) copy_box<Mem>(ctx, cur, k.in_box, out, k.boxes[0], k.boxes[0]);
+      else copy_flat<Mem>(ctx, cur, out, static_cast<std::int64_t>(n_out));
+      cur = out;
+      continue;
     }
     switch (k.kind) {
       case ReshardStepKind::local_copy: copy_box<Mem>(ctx, cur, k.in_box, out, k.out_box, k.out_box); break;
@@ -251,14 +283,16 @@ void run_reshard(const Context& ctx, const CompiledReshard& c, const T* src,
 
 /// run_reshard on a block in `Mem`, the intermediate blocks from the device's block caches: in
 /// host memory, and in device memory when `c` runs on the device world (`c.on_device`, compiled
-/// for reshards_on_device<Mem>: the nccl backend), run_reshard itself, ordered by the device's
-/// stream; otherwise, in device memory, through host memory (the block is downloaded, resharded
+/// for reshards_on_device<Mem>: the nccl backend) or moves nothing between devices (every step
+/// local: step_is_local), run_reshard itself, ordered by the device's stream; otherwise, in device
+/// memory, through host memory (the block is downloaded, resharded
 /// by the collectives on host buffers, and the result uploaded into `alloc_final(elements)`),
 /// waiting for the upload. `src` is never written.
 template <class Mem, class T>
 void run_reshard_in(Context& ctx, const CompiledReshard& c, const T* src,
                     std::type_identity_t<FunctionRef<T*(std::size_t)>> alloc_final) {
-  if (host_memory_v<Mem> || c.on_device) {
+  // Steps that move nothing between devices run where the block is, in device memory too.
+  if (host_memory_v<Mem> || c.on_device || std::all_of(c.steps.begin(), c.steps.end(), step_is_local)) {
     auto& cache = block_cache<Mem>(ctx);
     run_reshard<T, Mem>(ctx, c, src, [&](std::size_t n) { return cache.allocate(n * sizeof(T)); }, alloc_final);
   } else {

@@ -93,13 +93,31 @@ struct RowsKernel {
   }
 };
 
+/// Elements per GPU thread in FlatKernel's device form.
+inline constexpr int flat_per_thread = 4;
+
 SHARDLIB_DEVICE_FUNCTORS_BEGIN
+/// The device form: work item i computes elements i, i + items, ... (flat_per_thread of them), all
+/// loaded before any is stored, so each thread has several loads in flight and neighbouring
+/// threads still touch neighbouring elements. One element per thread left an H200 at 20 to 60 %
+/// of its copy bandwidth (ncu: 41 % achieved occupancy, the memory system 22 % busy).
 template <class Out, class F, class P, std::size_t... I>
 struct FlatKernel<true, Out, F, P, I...> {
   Out* out;
   F f;
   P in;
-  KOKKOS_FORCEINLINE_FUNCTION void operator()(std::int64_t k) const { out[k] = f(get<I>(in)[k]...); }
+  std::int64_t n, items;
+  KOKKOS_FORCEINLINE_FUNCTION void operator()(std::int64_t i) const {
+    Out v[flat_per_thread];
+    for (int j = 0; j < flat_per_thread; ++j) {
+      const std::int64_t k = i + j * items;
+      if (k < n) v[j] = f(get<I>(in)[k]...);
+    }
+    for (int j = 0; j < flat_per_thread; ++j) {
+      const std::int64_t k = i + j * items;
+      if (k < n) out[k] = v[j];
+    }
+  }
 };
 template <class Out, std::size_t R, class F, class P, std::size_t... I>
 struct RowsKernel<true, Out, R, F, P, I...> {
@@ -153,11 +171,20 @@ void elementwise(const Exec& exec, Out* out, const std::array<std::int64_t, R>& 
     }
   }
   if (((in.stride == dense) && ...)) {
-    Kokkos::parallel_for("shardlib::elementwise", Kokkos::RangePolicy<Exec>(exec, 0, n),
-                         [&]<std::size_t... I>(std::index_sequence<I...>) {
-                           return detail::FlatKernel<!is_host_exec_v<Exec>, Out, F, shardlib::detail::Pack<const In*...>, I...>{
-                               out, f, shardlib::detail::pack(in.data...)};
-                         }(std::index_sequence_for<In...>{}));
+    if constexpr (is_host_exec_v<Exec>) {
+      Kokkos::parallel_for("shardlib::elementwise", Kokkos::RangePolicy<Exec>(exec, 0, n),
+                           [&]<std::size_t... I>(std::index_sequence<I...>) {
+                             return detail::FlatKernel<false, Out, F, shardlib::detail::Pack<const In*...>, I...>{
+                                 out, f, shardlib::detail::pack(in.data...)};
+                           }(std::index_sequence_for<In...>{}));
+    } else {
+      const std::int64_t items = (n + detail::flat_per_thread - 1) / detail::flat_per_thread;
+      Kokkos::parallel_for("shardlib::elementwise", Kokkos::RangePolicy<Exec>(exec, 0, items),
+                           [&]<std::size_t... I>(std::index_sequence<I...>) {
+                             return detail::FlatKernel<true, Out, F, shardlib::detail::Pack<const In*...>, I...>{
+                                 out, f, shardlib::detail::pack(in.data...), n, items};
+                           }(std::index_sequence_for<In...>{}));
+    }
   } else if constexpr (R > 0) {  // (a rank-0 box has no strides: always dense)
     detail::elementwise_strided(exec, out, extent, n / extent[R - 1], f, std::index_sequence_for<In...>{}, in...);
   }

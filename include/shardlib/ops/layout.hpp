@@ -306,10 +306,8 @@ auto take(const Table& table, const Indices& indices) {
   const auto bi = detail::block_as<true>(indices, rule.in[1]);
   Out out(table.mesh(), shape);
   std::int64_t outer = 1, inner = 1;
-  for (std::size_t d = 0; d < rt; ++d) {
-    if (d < u) outer *= bt.box.extent[d];
-    if (d > u) inner *= bt.box.extent[d];
-  }
+  for (std::size_t d = 0; d != u; ++d) outer *= bt.box.extent[d];  // (not d < u: nvcc warns when u is 0)
+  for (std::size_t d = u + 1; d < rt; ++d) inner *= bt.box.extent[d];
   constexpr bool check = detail::check_indices;
   auto guard = detail::kernel_guard(out.context(), false);
   try {
@@ -368,10 +366,8 @@ auto index_add(const Base& base, const Indices& indices, const Values& values) {
   else
     detail::copy_box<Mem>(ctx, bb.data, bb.box, out.local().data(), out.block(), out.block());
   std::int64_t outer = 1, inner = 1;
-  for (std::size_t d = 0; d < rt; ++d) {
-    if (d < u) outer *= out.block().extent[d];
-    if (d > u) inner *= out.block().extent[d];
-  }
+  for (std::size_t d = 0; d != u; ++d) outer *= out.block().extent[d];  // (not d < u: nvcc warns when u is 0)
+  for (std::size_t d = u + 1; d < rt; ++d) inner *= out.block().extent[d];
   constexpr bool check = detail::check_indices;
   auto guard = detail::kernel_guard(ctx, false);
   try {
