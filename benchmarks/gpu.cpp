@@ -109,6 +109,12 @@ double batch_seconds(sl::Context& ctx, F& f, int iters) {
   return t;
 }
 
+/// A View's allocation without Kokkos's fill: the fill runs on the default instance, and several
+/// in-process devices using the default instance at once from their threads race (seen on an
+/// H200: a fill's kernel wrote 1.8 GB outside its View). Buffers here are filled, where they need
+/// values, with deep_copy on the device's own instance.
+inline auto uninitialised(const char* label) { return Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)); }
+
 /// Medians of seconds per call of `op` and `base` (7 repetitions, alternating which goes first).
 template <class F, class G>
 std::pair<double, double> time_pair(sl::Context& ctx, F&& op, G&& base) {
@@ -231,7 +237,7 @@ void elementwise(sl::Context& ctx, std::int64_t mib) {
   const std::int64_t n = (mib << 20) / 4, cols = 4096, rows = n / cols;
   // The copy baseline moves half of a case's bytes; the most a case counts is 4 float tensors.
   const std::size_t most = static_cast<std::size_t>(4 * rows * cols) * sizeof(float);
-  Kokkos::View<char*, Mem> src("bench_gpu src", most / 2), dst("bench_gpu dst", most / 2);
+  Kokkos::View<char*, Mem> src(uninitialised("bench_gpu src"), most / 2), dst(uninitialised("bench_gpu dst"), most / 2);
   using F2 = Tensor<float, sl::Spec<"x", none>>;
   const auto a = F2::random(mesh, {rows, cols}, 1), b = F2::random(mesh, {rows, cols}, 2);
   const auto ha = sl::cast<sl::bf16>(a), hb = sl::cast<sl::bf16>(b);
@@ -263,7 +269,7 @@ void matmul_case(sl::Context& ctx, BareGemm& gemm, std::int64_t m, std::int64_t 
   const auto x = X::random(mesh, {m, k}, 3, T(-1.0f), T(1.0f));
   const auto w = W::random(mesh, {k, n}, 4, T(-1.0f), T(1.0f));
   const std::int64_t lm = x.local().extent(0);
-  Kokkos::View<T**, Kokkos::LayoutRight, Mem> c("bench_gpu c", lm, n);
+  Kokkos::View<T**, Kokkos::LayoutRight, Mem> c(uninitialised("bench_gpu c"), lm, n);
   set_tf32(tf32);
   auto ours = [&] { auto y = sl::matmul(x, w); };
   auto base = [&] { gemm(x.local().data(), w.local().data(), c.data(), lm, n, k, tf32); };
@@ -313,7 +319,7 @@ void overhead(sl::Context& ctx, std::int64_t size) {
   const auto a = F2::random(mesh, {size, size}, 5), b = F2::random(mesh, {size, size}, 6);
   const auto w = R2::random(mesh, {size, size}, 7);
   const std::int64_t n = a.local().size();
-  Kokkos::View<float*, Mem> c("bench_gpu c", static_cast<std::size_t>(n));
+  Kokkos::View<float*, Mem> c(uninitialised("bench_gpu c"), static_cast<std::size_t>(n));
   const Exec& exec = ctx.exec_for<Mem>();
   auto bare = [&] { bare_add(exec, a.local().data(), b.local().data(), c.data(), n); };
   const int calls = 200;  // far from CUDA's queue of ~1000 launches: the host never waits
@@ -349,10 +355,12 @@ void mlp(sl::Context& ctx, int model, double peak_arg, bool quick) {
   double cublas_tflops = 0;
   {
     const std::int64_t s = quick ? 512 : 8192;
-    Kokkos::View<H*, Mem> a("a", s * s), b("b", s * s), c("c", s * s);
-    Kokkos::deep_copy(a, H(0.5f));
-    Kokkos::deep_copy(b, H(0.25f));
-    auto g = [&] { gemm(a.data(), b.data(), c.data(), s, s, s); };
+    // Replicated tensors: each device's own s x s blocks, filled by shardlib's kernel on its stream
+    // (Kokkos's ViewFill of bf16 wrote outside its View on an H200; see uninitialised).
+    using R2 = Tensor<H, sl::Spec<none, none>, MD>;
+    const auto a = R2::full(mesh, {s, s}, H(0.5f)), b = R2::full(mesh, {s, s}, H(0.25f));
+    auto c = R2::full(mesh, {s, s}, H(0.0f));
+    auto g = [&] { gemm(a.local().data(), b.local().data(), c.local().data(), s, s, s); };
     g();
     const double secs = batch_seconds(ctx, g, 10);
     cublas_tflops = 2.0 * s * s * s * devices / secs * 1e-12;  // every device's at once: the GPU's
@@ -378,6 +386,15 @@ void mlp(sl::Context& ctx, int model, double peak_arg, bool quick) {
     auto nothing = [] {};
     const auto [secs, unused] = time_pair(ctx, block, nothing);
     (void)unused;
+    // Where the time goes: each stage alone, on the same operands.
+    const auto h = sl::matmul(x, w1);
+    const auto g = sl::gelu(h);
+    const auto y = sl::matmul(g, w2);
+    const auto [matmul1, gelu] = time_pair(ctx, [&] { auto r = sl::matmul(x, w1); }, [&] { auto r = sl::gelu(h); });
+    const auto [matmul2, resolve] =
+        time_pair(ctx, [&] { auto r = sl::matmul(g, w2); }, [&] { auto r = sl::reshard<sl::Spec<"data", none>>(y); });
+    const std::string stages = "\"matmul1_seconds\": " + num(matmul1) + ", \"gelu_seconds\": " + num(gelu) +
+                               ", \"matmul2_seconds\": " + num(matmul2) + ", \"reshard_seconds\": " + num(resolve);
     const double flops = 4.0 * sz.t * sz.d * sz.f;
     const double tflops = flops / secs * 1e-12 / devices;  // per GPU share: all devices are on one GPU
     const double on_gpu_total = flops / secs * 1e-12;
@@ -386,10 +403,12 @@ void mlp(sl::Context& ctx, int model, double peak_arg, bool quick) {
                     num(secs) + ", \"tflops\": " + num(on_gpu_total) + ", \"peak_tflops\": " + peak_text + ", \"peak_source\": \"" +
                     peak_source + "\", \"fraction_of_peak\": " + (peak > 0 ? num(on_gpu_total / peak) : "null") +
                     ", \"cublas_tflops\": " + num(cublas_tflops) + ", \"fraction_of_cublas\": " + num(on_gpu_total / cublas_tflops) +
-                    ", \"baseline\": null, \"baseline_seconds\": null");
+                    ", " + stages + ", \"baseline\": null, \"baseline_seconds\": null");
     say(ctx, "mlp T" + std::to_string(sz.t) + " D" + std::to_string(sz.d) + " F" + std::to_string(sz.f) + " on " +
                  mesh.to_string() + ": " + num(on_gpu_total) + " TFLOP/s on the GPU (" + num(tflops) + " per device), peak " +
                  peak_text + ", one cuBLAS GEMM " + num(cublas_tflops));
+    say(ctx, "  stages alone: matmul " + num(matmul1 * 1e3) + " ms, gelu " + num(gelu * 1e3) + " ms, matmul " +
+                 num(matmul2 * 1e3) + " ms, reshard to Spec<data, none> " + num(resolve * 1e3) + " ms");
   }
 }
 
@@ -399,7 +418,8 @@ template <class To, class From>
 void reshard_case(sl::Context& ctx, const char* name, const Tensor<float, From>& t) {
   const std::int64_t out_elems = sl::reshard<To>(t).local().size();
   const std::size_t bytes = static_cast<std::size_t>(out_elems) * 4;
-  Kokkos::View<char*, Mem> src("bench_gpu src", std::max<std::size_t>(bytes, 1)), dst("bench_gpu dst", std::max<std::size_t>(bytes, 1));
+  Kokkos::View<char*, Mem> src(uninitialised("bench_gpu src"), std::max<std::size_t>(bytes, 1)),
+      dst(uninitialised("bench_gpu dst"), std::max<std::size_t>(bytes, 1));
   auto ours = [&] { auto r = sl::reshard<To>(t); };
   auto base = [&] { bare_copy(ctx, dst.data(), src.data(), bytes); };
   const auto [secs, base_secs] = time_pair(ctx, ours, base);
