@@ -2,7 +2,8 @@
 /// @file
 /// GEMM on an NVIDIA GPU: `C[b] = alpha * A[b] * B[b] + beta * C[b]` over a batch of strided
 /// matrices (kernels::MatrixBatch, as the host gemm takes them), as one
-/// `cublasGemmStridedBatchedEx` queued on the stream of a `Kokkos::Cuda` instance; nothing waits.
+/// `cublasGemmStridedBatchedEx` (`cublasGemmEx` for a batch of one) queued on the stream of a
+/// `Kokkos::Cuda` instance; nothing waits.
 ///
 /// Element types: float (FP32 compute; TF32 tensor cores when `set_allow_tf32(true)`, off by
 /// default, as in PyTorch), double (FP64), bf16 and f16 (16-bit operands and result, float32
@@ -161,6 +162,18 @@ void cublas_gemm(const CublasHandle& handle, std::int64_t batch, std::type_ident
   const auto call = [&](const T* pa, const T* pb, T* pc, std::int64_t count, std::int64_t sa, std::int64_t sb,
                         std::int64_t sc) {
     cublasStatus_t s;
+    if (count == 1) {  // one product: cublasGemmEx (float32 4096^3 on an H200: 0.94-0.95 of a direct call, 0.89-0.90 batched)
+      if (lc.layout == detail::GemmLayout::col_major)
+        s = cublasGemmEx(handle.get(), a_row ? CUBLAS_OP_T : CUBLAS_OP_N, b_row ? CUBLAS_OP_T : CUBLAS_OP_N, i(m), i(n), i(k),
+                         &alpha, pa, Types::data, i(la.ld), pb, Types::data, i(lb.ld), &beta, pc, Types::data, i(lc.ld),
+                         Types::compute(), CUBLAS_GEMM_DEFAULT);
+      else
+        s = cublasGemmEx(handle.get(), b_row ? CUBLAS_OP_N : CUBLAS_OP_T, a_row ? CUBLAS_OP_N : CUBLAS_OP_T, i(n), i(m), i(k),
+                         &alpha, pb, Types::data, i(lb.ld), pa, Types::data, i(la.ld), &beta, pc, Types::data, i(lc.ld),
+                         Types::compute(), CUBLAS_GEMM_DEFAULT);
+      check_cublas("cublasGemmEx", s);
+      return;
+    }
     if (lc.layout == detail::GemmLayout::col_major)
       s = cublasGemmStridedBatchedEx(handle.get(), a_row ? CUBLAS_OP_T : CUBLAS_OP_N, b_row ? CUBLAS_OP_T : CUBLAS_OP_N,
                                      i(m), i(n), i(k), &alpha, pa, Types::data, i(la.ld), sa, pb, Types::data, i(lb.ld),
