@@ -5,7 +5,9 @@
   docs_snippets.py --extract ID FILE.md OUT   writes block ID of FILE.md to OUT
 
 A block with no #include gets `#include <shardlib/shardlib.hpp>` in front (README fragments).
-Ids are <file stem>_<line of the opening fence>.
+A block's `int main` gets a `return 0;` at the end of its body: the same program, and a well-defined
+one when tests/unity.py compiles the block as a function of a namespace (only ::main may end
+without a return). Ids are <file stem>_<line of the opening fence>.
 """
 import os
 import re
@@ -23,6 +25,39 @@ def blocks(path):
         yield f"{stem}_{line}", code
 
 
+def end_of_main(code):
+    """The index of the closing brace of `int main`'s body in CODE, or None without a main."""
+    m = re.search(r"\bint\s+main\s*\(", code)
+    if not m:
+        return None
+    depth, i, opened = 0, m.end(), False
+    while i < len(code):
+        c = code[i]
+        if code.startswith("//", i):
+            i = code.find("\n", i)
+            if i < 0:
+                break
+        elif code.startswith("/*", i):
+            i = code.find("*/", i) + 1
+        elif c in "\"'":  # a string or character literal, with its escapes
+            i += 1
+            while i < len(code) and code[i] != c:
+                i += 2 if code[i] == "\\" else 1
+        elif c == "{":
+            depth, opened = depth + 1, True
+        elif c == "}":
+            depth -= 1
+            if opened and depth == 0:
+                return i
+        i += 1
+    raise SystemExit("docs_snippets.py: the braces of main do not match in a block")
+
+
+def with_return(code):
+    end = end_of_main(code)
+    return code if end is None else code[:end] + "  return 0;\n" + code[end:]
+
+
 def main():
     if sys.argv[1] == "--list":
         for path in sys.argv[2:]:
@@ -34,7 +69,7 @@ def main():
         for i, code in blocks(path):
             if i == ident:
                 with open(out, "w", encoding="utf-8") as f:
-                    f.write(f'#line 1 "{os.path.basename(path)}:{ident}"\n' + code)
+                    f.write(f'#line 1 "{os.path.basename(path)}:{ident}"\n' + with_return(code))
                 return 0
         print(f"no block {ident} in {path} (reconfigure after editing the docs)", file=sys.stderr)
         return 1

@@ -2,6 +2,8 @@
 #include <doctest/doctest.h>
 #include <shardlib/sharding/block.hpp>
 
+#include "../string_makers.hpp"
+
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -18,20 +20,9 @@ using Shape = std::vector<std::int64_t>;
 
 namespace {
 // A box as text, from its fields alone: the oracle comparisons below use it rather than the
-// operator== under test.
-std::string text(const sl::ShardBox& b) {
-  std::string s = "box{";
-  for (int d = 0; d < b.rank; ++d)
-    s += (d ? ", [" : "[") + std::to_string(b.offset[static_cast<std::size_t>(d)]) + " +" +
-         std::to_string(b.extent[static_cast<std::size_t>(d)]) + ")";
-  return s + "}";
-}
+// operator== under test (printed so by doctest too: string_makers.hpp).
+std::string text(const sl::ShardBox& b) { return sl::test::box_text(b); }
 }  // namespace
-
-template <>
-struct doctest::StringMaker<sl::ShardBox> {
-  static doctest::String convert(const sl::ShardBox& b) { return text(b).c_str(); }
-};
 
 namespace {
 // ---- Compile-time examples: the rules run in constant evaluation. ----------------------------

@@ -16,6 +16,7 @@
 #include <shardlib/tensor.hpp>
 
 #include "../collectives/harness.hpp"
+#include "../string_makers.hpp"  // a failed comparison of two downloaded tensors prints their elements
 
 #include <cmath>
 #include <algorithm>
@@ -29,18 +30,6 @@
 
 namespace sl = shardlib;
 using sl::none;
-
-// A failed comparison of two downloaded tensors prints their elements.
-namespace doctest {
-template <class T>
-struct StringMaker<std::vector<T>> {
-  static String convert(const std::vector<T>& v) {
-    std::string s = "[";
-    for (std::size_t k = 0; k < v.size(); ++k) s += (k ? ", " : "") + std::to_string(static_cast<double>(v[k]));
-    return String((s + "]").c_str());
-  }
-};
-}  // namespace doctest
 
 using Mem = Kokkos::DefaultExecutionSpace::memory_space;
 using M2 = sl::Mesh<"x", "y">;
