@@ -10,7 +10,8 @@ A snippet states its phrases in comments:
 The compiler and its flags (include directories, defines) are those of a reference translation
 unit of the build, read from compile_commands.json (tests/compile_flags.py). With g++, the
 library's umbrella header is precompiled once and included first in every snippet (parsing it is
-most of a snippet's compile time); the errors are the same.
+most of a snippet's compile time); the errors are the same. The snippets as they are (without
+SHARDLIB_SHOULD_FAIL) are compiled together, in one translation unit (each alone when that fails).
 
 usage: run.py --compiler-id ID --compile-commands FILE --reference SOURCE_NAME -- SNIPPET...
 """
@@ -24,6 +25,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from compile_flags import reference_flags  # noqa: E402
+from unity import skeleton  # noqa: E402
 
 
 def expectations(path, compiler_id):
@@ -43,14 +45,31 @@ def compile_snippet(compiler, cwd, flags, path, should_fail):
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
 
 
-def check(compiler, cwd, flags, compiler_id, path):
+def all_compile(compiler, cwd, flags, snippets, tmp):
+    """Whether every snippet compiles without SHARDLIB_SHOULD_FAIL, tried in one translation unit
+    (each snippet in a namespace of its own, as tests/unity.py does): one compilation instead of
+    one per snippet. When it fails, each snippet is compiled alone to say which."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    lines = []
+    for p in snippets:
+        lines += skeleton(p, root)
+    for i, p in enumerate(snippets):
+        lines += [f"namespace compile_fail_{i} {{", f'#include "{p}"', "}"]
+    unity = os.path.join(tmp, "all_snippets.cpp")
+    with open(unity, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return compile_snippet(compiler, cwd, flags, unity, should_fail=False).returncode == 0
+
+
+def check(compiler, cwd, flags, compiler_id, path, known_good):
     name = os.path.basename(path)
     words = expectations(path, compiler_id)
     if not words:
         return False, f"{name}: states no '// expect:' phrase"
-    good = compile_snippet(compiler, cwd, flags, path, should_fail=False)
-    if good.returncode != 0:
-        return False, f"{name}: does not compile even without SHARDLIB_SHOULD_FAIL:\n{good.stderr[-3000:]}"
+    if not known_good:
+        good = compile_snippet(compiler, cwd, flags, path, should_fail=False)
+        if good.returncode != 0:
+            return False, f"{name}: does not compile even without SHARDLIB_SHOULD_FAIL:\n{good.stderr[-3000:]}"
     bad = compile_snippet(compiler, cwd, flags, path, should_fail=True)
     if bad.returncode == 0:
         return False, f"{name}: compiled with SHARDLIB_SHOULD_FAIL, but must not"
@@ -77,8 +96,11 @@ def main():
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         flags = flags + precompiled_umbrella(compiler, cwd, flags, opts.compiler_id, tmp)
+        known_good = all_compile(compiler, cwd, flags, snippets, tmp)
+        print("without SHARDLIB_SHOULD_FAIL: " + ("all compile (one translation unit)" if known_good else
+                                                  "not all compile together; each is compiled alone"))
         with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-            for ok, message in pool.map(lambda p: check(compiler, cwd, flags, opts.compiler_id, p), snippets):
+            for ok, message in pool.map(lambda p: check(compiler, cwd, flags, opts.compiler_id, p, known_good), snippets):
                 print(("PASS " if ok else "FAIL ") + message)
                 failed += not ok
     print(f"{len(snippets) - failed} passed, {failed} failed")

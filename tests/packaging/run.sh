@@ -3,6 +3,9 @@
 #   1. as a Meson subproject (dependency('shardlib') through meson.override_dependency);
 #   2. installed, through pkg-config;
 #   3. installed, through CMake's find_package(shardlib).
+# The consumers build with no optimisation flags (Meson's plain buildtype, CMake's empty build
+# type): what is tested is how they find shardlib, and unoptimised they compile in two thirds of
+# the time (this test: 95 s -> 65 s without ccache).
 # usage: run.sh SOURCE_ROOT WORK_DIR
 set -euo pipefail
 src=$(cd "$1" && pwd)
@@ -17,7 +20,7 @@ step "1. shardlib as a Meson subproject"
 cp -r "$consumer" "$work/sub"
 mkdir -p "$work/sub/subprojects"
 ln -s "$src" "$work/sub/subprojects/shardlib"
-meson setup "$work/sub/build" "$work/sub" >"$work/sub.log" 2>&1 || { cat "$work/sub.log"; exit 1; }
+meson setup "$work/sub/build" "$work/sub" -Dbuildtype=plain >"$work/sub.log" 2>&1 || { cat "$work/sub.log"; exit 1; }
 meson compile -C "$work/sub/build" >>"$work/sub.log" 2>&1 || { cat "$work/sub.log"; exit 1; }
 "$work/sub/build/consumer"
 # The NCCL consumer is built only (no GPU here): wherever the subproject had the NCCL backend,
@@ -41,14 +44,14 @@ test -f "$prefix/include/shardlib/detail/diagnostics.hpp" || { echo "install fla
 test -f "$prefix/include/shardlib/runtime/kokkos_scope.hpp" || { echo "install lost include/shardlib/runtime"; exit 1; }
 pcdir=$(dirname "$(find "$prefix" -name shardlib.pc | head -n 1)")
 cp -r "$consumer" "$work/pc"
-PKG_CONFIG_PATH=$pcdir meson setup "$work/pc/build" "$work/pc" -Duse_subproject=false \
+PKG_CONFIG_PATH=$pcdir meson setup "$work/pc/build" "$work/pc" -Duse_subproject=false -Dbuildtype=plain \
   >"$work/pc.log" 2>&1 || { cat "$work/pc.log"; exit 1; }
 meson compile -C "$work/pc/build" >>"$work/pc.log" 2>&1 || { cat "$work/pc.log"; exit 1; }
 "$work/pc/build/consumer"
 run_io "$work/pc/build" pkg-config
 
 step "3. installed shardlib through CMake find_package"
-cmake -S "$consumer" -B "$work/cmake" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release \
+cmake -S "$consumer" -B "$work/cmake" -DCMAKE_PREFIX_PATH="$prefix" \
   >"$work/cmake.log" 2>&1 || { cat "$work/cmake.log"; exit 1; }
 cmake --build "$work/cmake" >>"$work/cmake.log" 2>&1 || { cat "$work/cmake.log"; exit 1; }
 "$work/cmake/consumer"
