@@ -24,6 +24,17 @@ using Clock = std::chrono::steady_clock;
 using shardlib::coll::DType;
 using shardlib::coll::Op;
 
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__OPTIMIZE__)
+/// A benchmark compiled without optimisation says so when it starts: outside a release build
+/// (build/, where CI compiles them only to keep them compiling) they compile at -O0, and their
+/// figures mean nothing. `benchmarks/run` measures them in its own release build (build-bench/).
+inline const bool unoptimised_build_warned = [] {
+  std::fputs("warning: this benchmark was compiled without optimisation: its figures mean nothing "
+             "(benchmarks/run NAME builds and runs it in a release build)\n", stderr);
+  return true;
+}();
+#endif
+
 inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
