@@ -22,9 +22,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 
 namespace shardlib {
@@ -123,8 +126,13 @@ struct MemoryLedger {
 /// freed by one tensor is handed to the next of a similar size instead of going back to the OS
 /// (glibc returns blocks above 32 MiB to the OS at once, and touching fresh pages again cost 4x
 /// the reshard itself at 64 MiB). Holds at most SHARDLIB_BLOCK_CACHE_MB (default 1024) MiB of
-/// free blocks. Thread-safe: a tensor may be destroyed on another thread than its device's.
-/// Keeps the device's MemoryLedger: each live block is counted under its role.
+/// free blocks: a released block that does not fit under that cap evicts the blocks released
+/// longest ago, so that the sizes a loop uses now stay cached and stale ones go (keeping the
+/// stale ones instead sent a block used in every step back to cudaFree, which waits for the whole
+/// GPU, on every step). When the space's allocator fails, the free blocks go back to it and the
+/// allocation is tried once more (PyTorch's allocator does the same). Thread-safe: a tensor may
+/// be destroyed on another thread than its device's. Keeps the device's MemoryLedger: each live
+/// block is counted under its role.
 template <class MemorySpace>
 class BlockCache : public std::enable_shared_from_this<BlockCache<MemorySpace>> {
  public:
@@ -150,14 +158,15 @@ class BlockCache : public std::enable_shared_from_this<BlockCache<MemorySpace>> 
     }
   };
 
+  /// A cache holding at most SHARDLIB_BLOCK_CACHE_MB (default 1024) MiB of free blocks.
   BlockCache() {
     if (const char* e = std::getenv("SHARDLIB_BLOCK_CACHE_MB")) cap_ = std::strtoull(e, nullptr, 10) << 20;
   }
+  /// A cache holding at most `cap_bytes` of free blocks.
+  explicit BlockCache(std::size_t cap_bytes) : cap_(cap_bytes) {}
   BlockCache(const BlockCache&) = delete;
   BlockCache& operator=(const BlockCache&) = delete;
-  ~BlockCache() {
-    for (auto& [bytes, p] : free_) MemorySpace().deallocate(p, bytes);
-  }
+  ~BlockCache() { trim(); }
   /// A block of at least `bytes` (uninitialised), returned to the cache when the last owner goes;
   /// counted under the thread's current role until then.
   std::shared_ptr<void> allocate(std::size_t bytes) {
@@ -167,22 +176,47 @@ class BlockCache : public std::enable_shared_from_this<BlockCache<MemorySpace>> 
     void* p = nullptr;
     if (cached(bytes)) {
       std::lock_guard<std::mutex> lock(m_);
-      auto it = free_.lower_bound(bytes);
-      if (it != free_.end() && it->first - bytes <= bytes / 4) {  // waste at most a quarter
-        p = it->second;
+      auto it = by_size_.lower_bound(bytes);
+      if (it != by_size_.end() && it->first - bytes <= bytes / 4) {  // waste at most a quarter
+        p = it->second->p;
         bytes = it->first;
         cached_ -= bytes;
-        free_.erase(it);
+        lru_.erase(it->second);
+        by_size_.erase(it);
       }
     }
-    if (!p) p = MemorySpace().allocate(bytes);  // the space's own allocator: no allocation record
+    if (!p) {
+      try {
+        p = MemorySpace().allocate(bytes);  // the space's own allocator: no allocation record
+      } catch (const std::bad_alloc&) {  // the free blocks back to the space, then once more
+        if (trim() == 0) throw;
+        p = MemorySpace().allocate(bytes);
+      }
+    }
     const MemoryRole role = current_memory_role();
     ledger_.add(role, static_cast<std::int64_t>(requested));
     return std::shared_ptr<void>(p, Release{this->shared_from_this(), bytes, requested, role});
   }
+  /// Bytes of free blocks held.
   std::size_t cached_bytes() const {
     std::lock_guard<std::mutex> lock(m_);
     return cached_;
+  }
+  /// Returns every free block to the memory space; the bytes returned.
+  std::size_t trim() noexcept {
+    std::list<Free> all;
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      all.swap(lru_);
+      by_size_.clear();
+      cached_ = 0;
+    }
+    std::size_t n = 0;
+    for (const Free& f : all) {
+      MemorySpace().deallocate(f.p, f.bytes);
+      n += f.bytes;
+    }
+    return n;
   }
   /// Live bytes by role.
   MemoryUsage usage() const noexcept { return ledger_.usage(); }
@@ -200,19 +234,40 @@ class BlockCache : public std::enable_shared_from_this<BlockCache<MemorySpace>> 
   void reset_peak() noexcept { ledger_.reset_peak(); }
 
  private:
+  /// A free block: in `lru_` (oldest release first) and in `by_size_` (by its bytes).
+  struct Free {
+    void* p;
+    std::size_t bytes;
+    typename std::multimap<std::size_t, typename std::list<Free>::iterator>::iterator sized;
+  };
   void release(void* p, std::size_t bytes) noexcept {
-    if (cached(bytes)) {
-      std::lock_guard<std::mutex> lock(m_);
-      if (cached_ + bytes <= cap_) {
-        free_.emplace(bytes, p);
+    std::list<Free> evicted;
+    if (cached(bytes) && bytes <= cap_) {
+      try {
+        std::lock_guard<std::mutex> lock(m_);
+        while (cached_ + bytes > cap_) {  // make room: the blocks released longest ago go
+          by_size_.erase(lru_.front().sized);
+          cached_ -= lru_.front().bytes;
+          evicted.splice(evicted.end(), lru_, lru_.begin());
+        }
+        lru_.push_back({p, bytes, {}});
+        try {
+          lru_.back().sized = by_size_.emplace(bytes, std::prev(lru_.end()));
+        } catch (...) {
+          lru_.pop_back();
+          throw;
+        }
         cached_ += bytes;
-        return;
+        p = nullptr;
+      } catch (...) {  // no memory for the cache's own nodes: the block goes back to the space
       }
     }
-    MemorySpace().deallocate(p, bytes);
+    for (const Free& f : evicted) MemorySpace().deallocate(f.p, f.bytes);
+    if (p) MemorySpace().deallocate(p, bytes);
   }
   mutable std::mutex m_;
-  std::multimap<std::size_t, void*> free_;
+  std::list<Free> lru_;
+  std::multimap<std::size_t, typename std::list<Free>::iterator> by_size_;
   std::size_t cached_ = 0;
   std::size_t cap_ = std::size_t{1024} << 20;
   MemoryLedger ledger_;

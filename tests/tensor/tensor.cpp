@@ -7,7 +7,10 @@
 
 #include "../collectives/harness.hpp"
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <new>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -212,6 +215,71 @@ TEST_CASE("large blocks come back from the device's block cache") {
     CHECK(sl::parallel_reduce(u, [](const sl::Index<1>&, float x) { return static_cast<double>(x); }) ==
           static_cast<double>(n * ctx.num_devices()));
   });
+}
+
+/// Host memory that refuses to hold more than `limit` bytes at once (std::bad_alloc, as Kokkos'
+/// spaces throw), for the block cache's out-of-memory path.
+struct LimitedSpace : Kokkos::HostSpace {
+  static inline std::size_t live = 0, limit = 0, refused = 0;
+  void* allocate(std::size_t bytes) const {
+    if (live + bytes > limit) {
+      ++refused;
+      throw std::bad_alloc();
+    }
+    live += bytes;
+    return Kokkos::HostSpace::allocate(bytes);
+  }
+  void deallocate(void* p, std::size_t bytes) const {
+    live -= bytes;
+    Kokkos::HostSpace::deallocate(p, bytes);
+  }
+};
+
+TEST_CASE("the block cache evicts the blocks released longest ago, and gives its blocks back when memory runs out") {
+  constexpr std::size_t mib = std::size_t{1} << 20;
+  LimitedSpace::limit = 64 * mib;
+  {
+    auto cache = std::make_shared<sl::detail::BlockCache<LimitedSpace>>(4 * mib);
+    { auto stale = cache->allocate(3 * mib); }  // released first, never asked for again
+    CHECK(cache->cached_bytes() == 3 * mib);
+    void* first = nullptr;
+    for (int step = 0; step < 3; ++step) {  // a loop that uses 2 MiB blocks: they stay cached
+      auto b = cache->allocate(2 * mib);
+      if (step == 0) first = b.get();
+      CHECK(b.get() == first);
+    }
+    CHECK(cache->cached_bytes() == 2 * mib);  // the stale 3 MiB went back to the space
+    CHECK(LimitedSpace::live == 2 * mib);
+    {  // 1.5 MiB does not fit beside the 2 and the 1 MiB blocks: the 2 MiB one, released first, goes
+      auto a = cache->allocate(mib), c = cache->allocate(mib + mib / 2);
+      void* pa = a.get();
+      a.reset();
+      CHECK(cache->cached_bytes() == 3 * mib);
+      c.reset();
+      CHECK(cache->cached_bytes() == 5 * mib / 2);
+      CHECK(LimitedSpace::live == 2 * mib + mib / 2);
+      auto again = cache->allocate(mib);  // the 1 MiB block stayed
+      CHECK(again.get() == pa);
+    }
+    { auto huge = cache->allocate(5 * mib); }  // larger than the cap: straight back
+    CHECK(cache->cached_bytes() == 5 * mib / 2);
+    // Out of memory: the free blocks go back to the space and the allocation is tried again.
+    LimitedSpace::limit = LimitedSpace::live + 6 * mib;
+    LimitedSpace::refused = 0;
+    {
+      auto big = cache->allocate(7 * mib);
+      CHECK(LimitedSpace::refused == 1);
+      CHECK(cache->cached_bytes() == 0);
+      CHECK(LimitedSpace::live == 7 * mib);
+      // Nothing left to give back: the space's error reaches the caller, and the cache still works.
+      CHECK_THROWS_AS(cache->allocate(2 * mib), std::bad_alloc);
+    }
+    CHECK(cache->cached_bytes() == 0);  // 7 MiB is past the cap
+    CHECK(LimitedSpace::live == 0);
+    auto again = cache->allocate(2 * mib);
+    CHECK(again != nullptr);
+  }
+  CHECK(LimitedSpace::live == 0);  // the cache gives its free blocks back when it goes
 }
 
 TEST_CASE("reshard errors: another mesh, an unbound mesh; nothing half-changed") {
