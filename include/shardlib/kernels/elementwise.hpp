@@ -6,7 +6,8 @@
 ///
 /// On host execution spaces, a functor with an Eigen array form (kernels/vmath.hpp) over float or
 /// double operands laid out as the output runs vectorised, a chunk of `vmath::chunk` elements per
-/// work item; everything else runs the scalar functor per element.
+/// work item; everything else runs the scalar functor per element. On a GPU, operands laid out as
+/// the output are read and written 16 bytes per load and store where their pointers allow.
 ///
 /// Knows nothing of tensors or collectives: raw pointers, extents, an execution-space instance.
 #pragma once
@@ -133,7 +134,81 @@ struct RowsKernel<true, Out, R, F, P, I...> {
     for (std::int64_t j = 0; j < w.extent[R - 1]; ++j) o[j] = f(get<I>(in)[base[I] + j * w.stride[I][R - 1]]...);
   }
 };
+
+/// `V` elements of T in one aligned load or store (`sizeof(T) * V` bytes, a power of two).
+template <class T, int V>
+struct alignas(sizeof(T) * V) Vec {
+  T v[V];
+};
+/// Each input's vector of V elements at element k.
+template <int V>
+KOKKOS_FORCEINLINE_FUNCTION Pack<> load_vectors(const Pack<>&, std::int64_t) { return {}; }
+template <int V, class H, class... Ts>
+KOKKOS_FORCEINLINE_FUNCTION Pack<Vec<H, V>, Vec<Ts, V>...> load_vectors(const Pack<const H*, const Ts*...>& p, std::int64_t k) {
+  return {*reinterpret_cast<const Vec<H, V>*>(p.head + k), load_vectors<V>(p.rest, k)};
+}
+
+/// The vectorised device form: work item i loads V consecutive elements of each input with one
+/// aligned load (16 bytes for the widest type) and stores V outputs with one; the item past the
+/// last whole vector does the n % V left. 16-bit elements one per load left an H200 at 0.58 of
+/// its copy bandwidth for bf16 `a + b` (FlatKernel's 4 per thread move 8 bytes of each input).
+template <int V, class Out, class F, class P, std::size_t... I>
+struct VectorKernel {
+  Out* out;
+  F f;
+  P in;  // Pack<const In*...>, each aligned to V of its elements
+  std::int64_t n, vectors;
+  KOKKOS_FORCEINLINE_FUNCTION void operator()(std::int64_t i) const {
+    if (i < vectors) {
+      const std::int64_t k = i * V;
+      const auto x = load_vectors<V>(in, k);
+      Vec<Out, V> y;
+      for (int j = 0; j < V; ++j) y.v[j] = f(get<I>(x).v[j]...);
+      *reinterpret_cast<Vec<Out, V>*>(out + k) = y;
+    } else {
+      for (std::int64_t k = vectors * V; k < n; ++k) out[k] = f(get<I>(in)[k]...);
+    }
+  }
+};
 SHARDLIB_DEVICE_FUNCTORS_END
+
+/// Elements per vector for these element types: 16 bytes of the widest (8 bf16, 4 float, 2
+/// double); 1 (no vectors) when a size is not a power of two up to 16 bytes.
+template <class... Ts>
+inline constexpr int vector_width = [] {
+  std::size_t widest = 1;
+  for (std::size_t s : {sizeof(Ts)...}) {
+    if (s > 16 || (s & (s - 1)) != 0) return 1;
+    widest = s > widest ? s : widest;
+  }
+  return static_cast<int>(16 / widest);
+}();
+
+/// Whether `p` is aligned to `bytes`.
+inline bool aligned_to(const void* p, std::size_t bytes) noexcept {
+  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
+}
+
+/// `out[k] = f(in[k]...)` for k < n with VectorKernel, when the element types have vectors and
+/// every pointer is aligned to its vector; false (nothing launched) otherwise. The GPU's dense
+/// elementwise path; the tests run it on host instances too.
+template <class Exec, class Out, class F, class... In>
+bool elementwise_vectors(const Exec& exec, Out* out, std::int64_t n, F f, const In*... in) {
+  constexpr int V = vector_width<Out, In...>;
+  if constexpr (V < 2) {
+    return false;
+  } else {
+    if (!aligned_to(out, sizeof(Out) * V) || !(aligned_to(in, sizeof(In) * V) && ...)) return false;
+    const std::int64_t vectors = n / V, items = vectors + (n % V != 0 ? 1 : 0);
+    Kokkos::parallel_for("shardlib::elementwise(vector)", Kokkos::RangePolicy<Exec>(exec, 0, items),
+                         [&]<std::size_t... I>(std::index_sequence<I...>) {
+                           return VectorKernel<V, Out, F, Pack<const In*...>, I...>{out, f, shardlib::detail::pack(in...), n,
+                                                                                     vectors};
+                         }(std::index_sequence_for<In...>{}));
+    if constexpr (is_host_exec_v<Exec>) kernels::fence(exec);
+    return true;
+  }
+}
 
 template <class Exec, class Out, std::size_t R, class F, std::size_t... I, class... In>
 void elementwise_strided(const Exec& exec, Out* out, const std::array<std::int64_t, R>& extent, std::int64_t rows,
@@ -177,7 +252,7 @@ void elementwise(const Exec& exec, Out* out, const std::array<std::int64_t, R>& 
                              return detail::FlatKernel<false, Out, F, shardlib::detail::Pack<const In*...>, I...>{
                                  out, f, shardlib::detail::pack(in.data...)};
                            }(std::index_sequence_for<In...>{}));
-    } else {
+    } else if (!detail::elementwise_vectors(exec, out, n, f, in.data...)) {  // unaligned: element loads
       const std::int64_t items = (n + detail::flat_per_thread - 1) / detail::flat_per_thread;
       Kokkos::parallel_for("shardlib::elementwise", Kokkos::RangePolicy<Exec>(exec, 0, items),
                            [&]<std::size_t... I>(std::index_sequence<I...>) {
