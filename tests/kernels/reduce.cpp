@@ -450,6 +450,52 @@ TEST_SUITE("kernels_reduce") {
     }
   }
 
+  TEST_CASE("rows_fused (a team per row, one launch) gives what the stats and apply kernels give") {
+    // The GPU's kernel for whole contiguous rows, run here on a host instance (a thread per team),
+    // against detail::portable's stats and apply kernels on the same rows: softmax and
+    // log_softmax of scale * x, layer_norm and rms_norm; NaN, +-inf, empty rows, in place.
+    namespace p = k::detail::portable;
+    using p::RowOp;
+    const auto same = [](double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; };
+    std::mt19937_64 g(61);
+    for (int c = 0; c < 200; ++c) {
+      Shape s = random_shape(g, c);
+      s.outer *= s.inner;  // contiguous rows: inner 1
+      s.inner = 1;
+      while (s.size() > 20000) s.outer /= 2;
+      std::vector<float> x = random_values<float>(g, s.size(), -20, 20);
+      if (c % 5 == 1 && !x.empty()) x[g() % x.size()] = std::numeric_limits<float>::quiet_NaN();
+      if (c % 5 == 2 && !x.empty()) x[g() % x.size()] = -std::numeric_limits<float>::infinity();
+      if (c % 5 == 3 && !x.empty()) x[g() % x.size()] = std::numeric_limits<float>::infinity();
+      CAPTURE(s.outer);
+      CAPTURE(s.n);
+      const float scale = c % 3 == 0 ? 0.125f : 1.0f;
+      const auto rows = std::size_t(s.rows());
+      std::vector<float> xs = x;  // what the two-kernel path reads: scale * x, rounded
+      for (auto& v : xs) v *= scale;
+      std::vector<float> mx(rows), z(rows), want(x.size()), got(x.size());
+      p::reduce_dim(exec, xs.data(), mx.data(), s.outer, s.n, s.inner, ReduceKind::max);
+      p::exp_sum(exec, xs.data(), mx.data(), z.data(), s.outer, s.n, s.inner);
+      for (const bool log : {false, true}) {
+        p::softmax_apply(exec, xs.data(), want.data(), mx.data(), z.data(), s.outer, s.n, s.inner, log);
+        p::rows_fused(exec, log ? RowOp::log_softmax : RowOp::softmax, x.data(), got.data(), s.outer, s.n, scale, 0.0);
+        for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(same(got[e], want[e]));
+        std::vector<float> inplace = x;
+        p::rows_fused(exec, log ? RowOp::log_softmax : RowOp::softmax, inplace.data(), inplace.data(), s.outer, s.n, scale, 0.0);
+        for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(same(inplace[e], want[e]));
+      }
+      std::vector<double> ms(rows), mq(rows);
+      p::moments(exec, x.data(), ms.data(), mq.data(), s.outer, s.n, s.inner);
+      const double eps = c % 2 == 0 ? 1e-5 : 0.5;
+      p::norm_apply(exec, x.data(), want.data(), ms.data(), mq.data(), s.outer, s.n, s.inner, s.n, eps);
+      p::rows_fused(exec, RowOp::layer_norm, x.data(), got.data(), s.outer, s.n, 1.0f, eps);
+      for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(same(got[e], want[e]));
+      p::norm_apply(exec, x.data(), want.data(), static_cast<const double*>(nullptr), mq.data(), s.outer, s.n, s.inner, s.n, eps);
+      p::rows_fused(exec, RowOp::rms_norm, x.data(), got.data(), s.outer, s.n, 1.0f, eps);
+      for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(same(got[e], want[e]));
+    }
+  }
+
   TEST_CASE("scale, and bad arguments named in the message") {
     std::vector<float> v(10000);
     for (std::size_t i = 0; i < v.size(); ++i) v[i] = float(i);

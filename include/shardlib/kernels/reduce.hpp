@@ -2,8 +2,9 @@
 /// @file
 /// Kernels that reduce along one dim of a local block, and the pieces of softmax and of layer / RMS
 /// normalisation built on such reductions: host kernels (below), and on a device instance
-/// (Kokkos::Cuda) the one-thread-per-row forms of `detail::portable`, queued on its stream without
-/// a fence.
+/// (Kokkos::Cuda) the forms of `detail::portable`, queued on its stream without a fence: one
+/// thread per row for the stats, per element for the apply kernels, and `rows_fused`, softmax or
+/// a norm of whole contiguous rows in one launch, a team of threads per row.
 ///
 /// Every kernel sees its block as `[outer, n, inner]`, row-major: the reduced dim in the middle,
 /// element (o, j, i) at `(o * n + j) * inner + i`. A *row* is a fixed (o, i); per-row results are
@@ -422,6 +423,108 @@ void norm_apply(const Exec& exec, const T* in, T* out, const double* sum, const 
                 std::int64_t n, std::int64_t inner, std::int64_t count, double eps) {
   run(exec, sum != nullptr ? "shardlib::kernels::layer_norm_apply" : "shardlib::kernels::rms_norm_apply", outer * n * inner,
       NormApplyKernel<T>{in, out, sum, sumsq, static_cast<double>(count), eps, n, inner});
+}
+
+/// What rows_fused computes along each row.
+enum class RowOp : std::uint8_t { softmax, log_softmax, layer_norm, rms_norm };
+
+/// rows_fused's team: one row, its threads striding along it. softmax: the max of scale * x (a
+/// NaN counts as +inf, so that its row comes out NaN as in SoftmaxApplyKernel), the sum in double
+/// of exp(scale * x - max), then the outputs; the norms: the sums of x and x² in double, then the
+/// outputs. The same arithmetic as the stats and apply kernels above, in one launch and one read
+/// of the row from memory (the later passes find it in cache).
+template <class T, RowOp Op>
+struct RowsTeamKernel {
+  const T* in;
+  T* out;
+  std::int64_t n;
+  T scale;
+  double eps;
+  T inf;  // +infinity (a NaN's stand-in in the max)
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
+    using std::exp, std::log, std::sqrt;
+    const std::int64_t r = team.league_rank();
+    const T* x = in + r * n;
+    T* y = out + r * n;
+    const auto range = Kokkos::TeamThreadRange(team, n);
+    if constexpr (Op == RowOp::softmax || Op == RowOp::log_softmax) {
+      const T s = scale;
+      T m;
+      Kokkos::parallel_reduce(
+          range,
+          [&](std::int64_t j, T& acc) {
+            const T v = s * x[j];
+            const T w = v != v ? inf : v;
+            if (w > acc) acc = w;
+          },
+          Kokkos::Max<T>(m));
+      double sum = 0;
+      Kokkos::parallel_reduce(
+          range, [&](std::int64_t j, double& acc) { acc += static_cast<double>(exp(s * x[j] - m)); }, sum);
+      const T z = static_cast<T>(sum);
+      if constexpr (Op == RowOp::log_softmax) {
+        const T lz = log(z);
+        Kokkos::parallel_for(range, [&](std::int64_t j) { y[j] = s * x[j] - m - lz; });
+      } else {
+        const T inv = T(1) / z;
+        Kokkos::parallel_for(range, [&](std::int64_t j) { y[j] = exp(s * x[j] - m) * inv; });
+      }
+    } else {
+      const double count = static_cast<double>(n);
+      double sum = 0, sumsq = 0;
+      if constexpr (Op == RowOp::layer_norm)
+        Kokkos::parallel_reduce(range, [&](std::int64_t j, double& acc) { acc += static_cast<double>(x[j]); }, sum);
+      Kokkos::parallel_reduce(
+          range,
+          [&](std::int64_t j, double& acc) {
+            const double v = static_cast<double>(x[j]);
+            acc += v * v;
+          },
+          sumsq);
+      double mean = 0, inv;
+      if constexpr (Op == RowOp::layer_norm) {
+        mean = sum / count;
+        const double var = sumsq / count - mean * mean;
+        inv = 1.0 / sqrt((var > 0.0 ? var : 0.0) + eps);
+      } else {
+        inv = 1.0 / sqrt(sumsq / count + eps);
+      }
+      Kokkos::parallel_for(range, [&](std::int64_t j) { y[j] = static_cast<T>((static_cast<double>(x[j]) - mean) * inv); });
+    }
+  }
+};
+
+/// `op` along each of `rows` contiguous rows of `n` (`in` [rows, n] row-major, whole rows on this
+/// device): one team per row, one launch (softmax and log_softmax of scale * in; eps for the
+/// norms). On a GPU, teams of up to 256 threads (fewer for short rows); on a host instance one
+/// thread per team. `out` may be `in`: each thread writes only what it read last.
+template <class Exec, class T>
+void rows_fused(const Exec& exec, RowOp op, const T* in, T* out, std::int64_t rows, std::int64_t n, T scale, double eps) {
+  if (rows <= 0) return;
+  int team = 1;
+  if constexpr (!is_host_exec_v<Exec>) {
+    team = 32;
+    while (team < 256 && team < n) team *= 2;
+  }
+  const Kokkos::TeamPolicy<Exec> policy(exec, static_cast<int>(rows), team);
+  switch (op) {
+    case RowOp::softmax:
+      Kokkos::parallel_for("shardlib::kernels::softmax_rows(team)", policy, RowsTeamKernel<T, RowOp::softmax>{in, out, n, scale, eps, min_identity<T>()});
+      break;
+    case RowOp::log_softmax:
+      Kokkos::parallel_for("shardlib::kernels::log_softmax_rows(team)", policy,
+                           RowsTeamKernel<T, RowOp::log_softmax>{in, out, n, scale, eps, min_identity<T>()});
+      break;
+    case RowOp::layer_norm:
+      Kokkos::parallel_for("shardlib::kernels::layer_norm_rows(team)", policy,
+                           RowsTeamKernel<T, RowOp::layer_norm>{in, out, n, scale, eps, min_identity<T>()});
+      break;
+    case RowOp::rms_norm:
+      Kokkos::parallel_for("shardlib::kernels::rms_norm_rows(team)", policy, RowsTeamKernel<T, RowOp::rms_norm>{in, out, n, scale, eps, min_identity<T>()});
+      break;
+  }
+  if constexpr (is_host_exec_v<Exec>) kernels::fence(exec);
 }
 
 }  // namespace detail::portable

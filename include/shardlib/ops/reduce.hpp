@@ -169,8 +169,9 @@ void all_reduce_stats(Context& ctx, const MeshShape& mesh, const AxisList& axes,
 /// The runtime part of a normalisation along `dim`, compiled once per kind, element type and
 /// memory space: per-row statistics (all-reduced over the dim's axes when it is split), then the
 /// kernel that writes the output block `out`, on the device's instance for `Mem` (host memory:
-/// whole contiguous rows take the fused row kernels of kernels/rows.hpp; device memory: the stats
-/// and apply kernels, one GPU thread per row or element, the statistics kept in device memory).
+/// whole contiguous rows take the fused row kernels of kernels/rows.hpp; device memory: whole
+/// contiguous rows one team per row in one launch, other blocks the stats and apply kernels, one
+/// GPU thread per row or element, the statistics kept in device memory).
 template <Normalization Kind, class T, class Mem>
 SHARDLIB_NOINLINE void normalize_run(const OpRule& rule, int dim, double eps, double scale, const OperandRef<T>& a,
                                      T* out) {
@@ -195,6 +196,17 @@ SHARDLIB_NOINLINE void normalize_run(const OpRule& rule, int dim, double eps, do
     }
   }
   const auto& exec = ctx.exec_for<Mem>();
+  if constexpr (!host_memory_v<Mem>) {
+    if (!split && r.inner == 1) {  // whole contiguous rows: one team per row, one launch
+      constexpr auto op = Kind == Normalization::softmax       ? kernels::detail::portable::RowOp::softmax
+                          : Kind == Normalization::log_softmax ? kernels::detail::portable::RowOp::log_softmax
+                          : Kind == Normalization::layer_norm  ? kernels::detail::portable::RowOp::layer_norm
+                                                               : kernels::detail::portable::RowOp::rms_norm;
+      auto guard = kernel_guard(ctx, false);
+      kernels::detail::portable::rows_fused(exec, op, in.data, out, r.outer, r.n, static_cast<T>(scale), eps);
+      return;
+    }
+  }
   auto reduce_stats = [&](auto* p, std::size_t n, coll::Op op) {
     if (split) all_reduce_stats<Mem>(ctx, *a.mesh, rule.comm, p, n, op);
   };
