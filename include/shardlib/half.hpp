@@ -13,7 +13,10 @@
 /// The conversions are exact bit manipulations (constexpr, no FPU mode involved), checked in
 /// tests/half.cpp against the compiler's own `_Float16` over every f16 value and random floats.
 /// They also run in GPU kernels (SHARDLIB_HOST_DEVICE; `__builtin_bit_cast`, which nvcc takes in
-/// device code, where std::bit_cast would need --expt-relaxed-constexpr).
+/// device code, where std::bit_cast would need --expt-relaxed-constexpr). Compiled for a GPU, the
+/// conversions that are not a shift use its conversion instructions (`cvt.rn`, round to nearest
+/// even: the same values; a NaN comes out as the canonical quiet NaN): the bit manipulation cost
+/// bf16 `gelu` about 6 of its 37 instructions per element on an H200.
 ///
 /// Knows nothing of tensors, collectives or Kokkos (the collectives map these types to their
 /// DType, collectives/types.hpp).
@@ -29,6 +32,13 @@ namespace shardlib {
 
 /// IEEE binary16 bits -> float (exact).
 SHARDLIB_HOST_DEVICE constexpr float f16_to_float(std::uint16_t h) noexcept {
+#if defined(__CUDA_ARCH__)
+  if (!__builtin_is_constant_evaluated()) {  // the GPU's conversion instruction: the same value
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+  }
+#endif
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   const std::uint32_t exp = (h >> 10) & 0x1fu;
   std::uint32_t man = h & 0x3ffu, bits;
@@ -53,6 +63,13 @@ SHARDLIB_HOST_DEVICE constexpr float f16_to_float(std::uint16_t h) noexcept {
 
 /// float -> IEEE binary16 bits, rounded to nearest even (overflow to infinity, NaN kept quiet).
 SHARDLIB_HOST_DEVICE constexpr std::uint16_t float_to_f16(float f) noexcept {
+#if defined(__CUDA_ARCH__)
+  if (!__builtin_is_constant_evaluated()) {  // one instruction, rounding to nearest even as below
+    std::uint16_t h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+  }
+#endif
   const std::uint32_t x = __builtin_bit_cast(std::uint32_t, f);
   const std::uint32_t sign = (x >> 16) & 0x8000u;
   const std::uint32_t absx = x & 0x7fffffffu;
@@ -83,6 +100,13 @@ SHARDLIB_HOST_DEVICE constexpr float bf16_to_float(std::uint16_t b) noexcept {
 
 /// float -> bfloat16 bits, rounded to nearest even (NaN kept quiet).
 SHARDLIB_HOST_DEVICE constexpr std::uint16_t float_to_bf16(float f) noexcept {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (!__builtin_is_constant_evaluated()) {  // one instruction from Ampere on (the same rounding)
+    std::uint16_t b;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(f));
+    return b;
+  }
+#endif
   std::uint32_t x = __builtin_bit_cast(std::uint32_t, f);
   if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);
   x += 0x7fffu + ((x >> 16) & 1u);
