@@ -5,8 +5,11 @@
 
 #include <doctest/doctest.h>
 #include <shardlib/collectives/communicator.hpp>
+#include <shardlib/collectives/threads_device.hpp>
+#include <shardlib/runtime/runtime.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <initializer_list>
 #include <numeric>
@@ -541,5 +544,72 @@ TEST_SUITE("collectives") {
     CHECK(sl::coll::bytes_text(393216) == "384 KiB");
     CHECK(sl::coll::bytes_text(3u << 19) == "1.50 MiB");
     CHECK(sl::coll::bytes_text(40ull << 30) == "40.0 GiB");
+  }
+
+  TEST_CASE("the threads communicator over device memory, run on host instances: every collective, sub-groups, dry runs") {
+    // collectives/threads_device.hpp's ThreadDeviceCommunicator with a host execution space: the
+    // protocol and the data movement a GPU runs (copies and region copies as rectangles, the
+    // reduction kernel, the event hooks, which order nothing here), on the checks above and
+    // against the host communicator (ctx.world()) for 16-bit reductions.
+    if (sl::test::mpi_runtime()) return;  // a threads backend
+    using Comm = sl::coll::ThreadDeviceCommunicator<Kokkos::DefaultHostExecutionSpace>;
+    for (int n : {1, 2, 3, 5}) {
+      auto world = Comm::make_world(n, std::chrono::milliseconds(60000));
+      sl::Runtime::threads(n).spmd([&](sl::Context& ctx) {
+        auto comm = Comm::world(world, ctx.device(), {ctx.exec()});
+        CHECK(comm->accepts_device_memory());
+        check_all_gather<std::int32_t>(*comm);
+        check_all_gather<double>(*comm);
+        check_reductions<std::int32_t>(*comm);
+        check_reductions<std::uint8_t>(*comm);
+        check_reductions<float>(*comm);
+        check_reductions<double>(*comm);
+        check_all_to_all<float>(*comm);
+        check_exchange_transpose<std::int8_t>(*comm);
+        check_exchange_transpose<double>(*comm);
+        check_exchange_shapes(*comm);
+        check_exchange_sparse(*comm);
+        check_exchange_self(*comm);
+        check_point_to_point(*comm);
+        comm->barrier();
+        // 16-bit floats reduce through float, rounded once: as the host communicator does.
+        for (const DType t : {DType::f16, DType::bf16}) {
+          std::vector<std::uint16_t> in(37), got(37), want(37);
+          for (std::size_t i = 0; i < in.size(); ++i) {
+            const float v = 0.37f * static_cast<float>(ctx.device() + 1) + static_cast<float>(i) * 1.13f;
+            in[i] = t == DType::f16 ? sl::float_to_f16(v) : sl::float_to_bf16(v);
+          }
+          for (const Op op : {Op::sum, Op::prod, Op::max, Op::min}) {
+            comm->all_reduce(in.data(), got.data(), in.size(), t, op);
+            ctx.world().all_reduce(in.data(), want.data(), in.size(), t, op);
+            REQUIRE(got == want);
+          }
+        }
+        // A sub-group (split) works as the world does.
+        auto half = comm->split(ctx.device() % 2, ctx.device(), "half");
+        REQUIRE(half);
+        check_reductions<double>(*half);
+        check_exchange_transpose<float>(*half);
+        // Dry runs: this device's own part, zeros for the others'.
+        {
+          sl::coll::DryRun dry;
+          std::vector<float> a(4, 2.f), b(4 * static_cast<std::size_t>(n), 9.f);
+          comm->all_gather(a.data(), b.data(), 4, DType::f32);
+          for (int r = 0; r < n; ++r)
+            for (std::size_t i = 0; i < 4; ++i)
+              REQUIRE(b[static_cast<std::size_t>(r) * 4 + i] == (r == ctx.device() ? 2.f : 0.f));
+          // exchange: column p of a [2, n] block goes to rank p (strided regions, as rectangles)
+          std::vector<float> src(2 * static_cast<std::size_t>(n), 5.f), dst(2 * static_cast<std::size_t>(n), 9.f);
+          std::vector<sl::coll::Region> sr, rr;
+          for (int p = 0; p < n; ++p) {
+            sr.push_back(sl::coll::Region::strided(static_cast<std::size_t>(p), {2}, {static_cast<std::size_t>(n)}));
+            rr.push_back(sl::coll::Region::strided(static_cast<std::size_t>(p), {2}, {static_cast<std::size_t>(n)}));
+          }
+          comm->exchange(src.data(), sr, dst.data(), rr, DType::f32);
+          for (std::size_t k = 0; k < dst.size(); ++k)
+            REQUIRE(dst[k] == (static_cast<int>(k % static_cast<std::size_t>(n)) == ctx.device() ? 5.f : 0.f));
+        }
+      });
+    }
   }
 }

@@ -22,6 +22,10 @@
 /// device's receive buffer (detail/region_copy.hpp), with no packing.
 ///
 /// send/recv are eager: `send` copies into a mailbox and returns; `recv` takes from it.
+///
+/// The same communicator over GPU memory (collectives/threads_device.hpp: in-process devices each
+/// with its own CUDA stream) keeps this protocol and its checks; what it queues instead of
+/// copying is ordered by CUDA events, so that no collective waits for a stream on the host.
 #pragma once
 
 #include <shardlib/collectives/communicator.hpp>
@@ -181,6 +185,9 @@ class ThreadGroup {
   ThreadWorld& world() noexcept { return *world_; }
   const std::shared_ptr<ThreadWorld>& world_ptr() const noexcept { return world_; }
   Slot& slot(int rank) noexcept { return slots_[static_cast<std::size_t>(rank)]; }
+  /// What the group's way of moving data keeps for all members (device memory: each member's
+  /// stream events); set by whoever makes the group, before its members use it.
+  std::shared_ptr<void>& moves_state() noexcept { return moves_state_; }
 
   /// Returns once every member has arrived (see the file comment for what ends a wait).
   /// `where()` names the call for error messages; it runs only when there is an error.
@@ -250,6 +257,7 @@ class ThreadGroup {
 
  private:
   std::shared_ptr<ThreadWorld> world_;
+  std::shared_ptr<void> moves_state_;
   std::vector<int> devices_;  // world device of each rank
   std::vector<Slot> slots_;
   std::vector<std::atomic<std::uint64_t>> stamps_;  // generation each member last arrived for
@@ -264,25 +272,66 @@ inline void copy_bytes(void* dst, const void* src, std::size_t bytes) noexcept {
   if (bytes && dst != src) std::memcpy(dst, src, bytes);
 }
 
+/// How a threads communicator moves data, in host memory: memcpy, the host reduction; every copy
+/// is done when it returns, so the ordering hooks do nothing. (collectives/threads_device.hpp
+/// has the form for GPU memory, which orders the members' streams with events.) The hooks, in
+/// the order a collective calls them: `posted` once this member's slot is posted (before the
+/// first meeting); `reading(me, r)` before it reads rank r's buffers; `phase` when all_reduce's
+/// first phase is queued (`reading_phase(me, r)` before its second phase reads rank r's output);
+/// `finishing` before the last meeting; `finished` after it.
+struct HostMoves {
+  static constexpr bool host = true;
+  static std::shared_ptr<void> make_state(int /*members*/) { return nullptr; }
+  void posted(ThreadGroup&, int) {}
+  void reading(ThreadGroup&, int /*me*/, int /*peer*/) {}
+  void phase(ThreadGroup&, int) {}
+  void reading_phase(ThreadGroup&, int /*me*/, int /*peer*/) {}
+  void finishing(ThreadGroup&, int) {}
+  void finished(ThreadGroup&, int) {}
+  void copy(void* dst, const void* src, std::size_t bytes) { copy_bytes(dst, src, bytes); }
+  void copy_region(void* dst, const Region& dr, const void* src, const Region& sr, std::size_t e) {
+    detail::copy_region(dst, dr, src, sr, e);
+  }
+  void reduce(void* out, const void* const* in, int inputs, std::size_t n, DType t, Op op) {
+    detail::reduce(out, in, inputs, n, t, op);
+  }
+  /// send's copy into a host message, recv's out of one.
+  void to_host(void* dst, const void* src, std::size_t bytes) { copy_bytes(dst, src, bytes); }
+  void from_host(void* dst, const void* src, std::size_t bytes) { copy_bytes(dst, src, bytes); }
+};
+
 }  // namespace detail
 
 /// One device's handle on a threads group (see the file comment). Created by the runtime
-/// (`world`) and by `split`; used only from its device's thread.
-class ThreadCommunicator final : public Communicator {
+/// (`world`) and by `split`; used only from its device's thread. `Moves` says how data moves:
+/// detail::HostMoves (ThreadCommunicator, host memory) or the GPU form of
+/// collectives/threads_device.hpp; the protocol, its checks and its errors are the same.
+template <class Moves>
+class BasicThreadCommunicator final : public Communicator {
  public:
   /// The world communicator of `device` in `world`.
-  static std::unique_ptr<ThreadCommunicator> world(std::shared_ptr<detail::ThreadGroup> group, int device) {
-    return std::unique_ptr<ThreadCommunicator>(new ThreadCommunicator(std::move(group), device, "world"));
+  static std::unique_ptr<BasicThreadCommunicator> world(std::shared_ptr<detail::ThreadGroup> group, int device,
+                                                        Moves moves = {}) {
+    return std::unique_ptr<BasicThreadCommunicator>(
+        new BasicThreadCommunicator(std::move(group), device, "world", std::move(moves)));
   }
   /// A fresh world: the state its devices share.
   static std::shared_ptr<detail::ThreadGroup> make_world(int devices, std::chrono::milliseconds timeout) {
+    return make_world(std::make_shared<detail::ThreadWorld>(devices, timeout));
+  }
+  /// A fresh world group of the devices of `world` (another group over the same run: its aborts,
+  /// finished devices and timeout hold for both).
+  static std::shared_ptr<detail::ThreadGroup> make_world(std::shared_ptr<detail::ThreadWorld> world) {
+    const int devices = world->devices();
     std::vector<int> all(static_cast<std::size_t>(devices));
     for (int i = 0; i < devices; ++i) all[static_cast<std::size_t>(i)] = i;
-    return std::make_shared<detail::ThreadGroup>(std::make_shared<detail::ThreadWorld>(devices, timeout),
-                                                 std::move(all));
+    auto g = std::make_shared<detail::ThreadGroup>(std::move(world), std::move(all));
+    g->moves_state() = Moves::make_state(devices);
+    return g;
   }
 
   std::string_view backend() const noexcept override { return "threads"; }
+  bool accepts_device_memory() const noexcept override { return !Moves::host; }
 
  protected:
   void do_all_gather(const void* send, void* recv, const Blocks& blocks, DType t) override {
@@ -298,9 +347,10 @@ class ThreadCommunicator final : public Communicator {
     const std::size_t e = size_of(t);
     for (int r = 0; r < size(); ++r) {
       const auto& s = g_->slot(r);
-      detail::copy_bytes(static_cast<char*>(recv) + blocks.offset(r) * e, s.send, blocks.count(r) * e);
+      moves_.reading(*g_, rank(), r);
+      moves_.copy(static_cast<char*>(recv) + blocks.offset(r) * e, s.send, blocks.count(r) * e);
     }
-    meet("all_gather");
+    finish("all_gather");
   }
 
   void do_reduce_scatter(const void* send, void* recv, const Blocks& blocks, DType t, Op op) override {
@@ -314,9 +364,10 @@ class ThreadCommunicator final : public Communicator {
       if (s.dtype != t || s.op != op || !same_blocks(s, me)) mismatch("reduce_scatter", "block counts, element type or op", r);
     }
     const std::size_t off = blocks.offset(rank()) * size_of(t);
+    for (int r = 0; r < size(); ++r) moves_.reading(*g_, rank(), r);
     gather_inputs([&](int r) { return static_cast<const char*>(g_->slot(r).send) + off; });
-    detail::reduce(recv, inputs_.data(), size(), blocks.count(rank()), t, op);
-    meet("reduce_scatter");
+    moves_.reduce(recv, inputs_.data(), size(), blocks.count(rank()), t, op);
+    finish("reduce_scatter");
   }
 
   void do_all_reduce(const void* send, void* recv, std::size_t count, DType t, Op op) override {
@@ -336,15 +387,19 @@ class ThreadCommunicator final : public Communicator {
     auto block_off = [&](int r) { return static_cast<std::size_t>(r) * base + std::min<std::size_t>(static_cast<std::size_t>(r), extra); };
     auto block_len = [&](int r) { return base + (static_cast<std::size_t>(r) < extra ? 1 : 0); };
     const std::size_t off = block_off(rank()) * e;
+    for (int r = 0; r < size(); ++r) moves_.reading(*g_, rank(), r);
     gather_inputs([&](int r) { return static_cast<const char*>(g_->slot(r).send) + off; });
-    detail::reduce(static_cast<char*>(recv) + off, inputs_.data(), size(), block_len(rank()), t, op);
+    moves_.reduce(static_cast<char*>(recv) + off, inputs_.data(), size(), block_len(rank()), t, op);
+    moves_.phase(*g_, rank());
     meet("all_reduce");
     // Phase 2: copy the other blocks from their owners' outputs.
     for (int r = 0; r < size(); ++r)
-      if (r != rank())
-        detail::copy_bytes(static_cast<char*>(recv) + block_off(r) * e,
-                           static_cast<const char*>(g_->slot(r).recv) + block_off(r) * e, block_len(r) * e);
-    meet("all_reduce");
+      if (r != rank()) {
+        moves_.reading_phase(*g_, rank(), r);
+        moves_.copy(static_cast<char*>(recv) + block_off(r) * e, static_cast<const char*>(g_->slot(r).recv) + block_off(r) * e,
+                    block_len(r) * e);
+      }
+    finish("all_reduce");
   }
 
   void do_all_to_all(const void* send, const Blocks& sb, void* recv, const Blocks& rb, DType t) override {
@@ -368,10 +423,10 @@ class ThreadCommunicator final : public Communicator {
       const auto& sp = g_->slot(p);
       std::size_t from = 0;
       for (int q = 0; q < rank(); ++q) from += sp.block(q);
-      detail::copy_bytes(static_cast<char*>(recv) + rb.offset(p) * e, static_cast<const char*>(sp.send) + from * e,
-                         rb.count(p) * e);
+      moves_.reading(*g_, rank(), p);
+      moves_.copy(static_cast<char*>(recv) + rb.offset(p) * e, static_cast<const char*>(sp.send) + from * e, rb.count(p) * e);
     }
-    meet("all_to_all");
+    finish("all_to_all");
   }
 
   void do_exchange(const void* send, std::span<const Region> send_regions, void* recv,
@@ -407,13 +462,16 @@ class ThreadCommunicator final : public Communicator {
       throw CollectiveError(error);
     }
     const std::size_t e = size_of(t);
-    if (!copy_in_slabs(recv, recv_regions, e)) {
+    bool done = false;
+    if constexpr (Moves::host) done = copy_in_slabs(recv, recv_regions, e);
+    if (!done) {
       for (int p = 0; p < size(); ++p) {
         const auto& sp = g_->slot(p);
-        detail::copy_region(recv, recv_regions[static_cast<std::size_t>(p)], sp.send, sp.send_regions[rank()], e);
+        moves_.reading(*g_, rank(), p);
+        moves_.copy_region(recv, recv_regions[static_cast<std::size_t>(p)], sp.send, sp.send_regions[rank()], e);
       }
     }
-    meet(call);
+    finish(call);
   }
 
   void do_broadcast(void* buf, std::size_t count, DType t, int root) override {
@@ -426,13 +484,22 @@ class ThreadCommunicator final : public Communicator {
       const auto& s = g_->slot(r);
       if (s.dtype != t || s.count != count || s.root != root) mismatch("broadcast", "element count, element type or root", r);
     }
-    if (rank() != root) detail::copy_bytes(buf, g_->slot(root).send, count * size_of(t));
-    meet("broadcast");
+    if (rank() != root) {
+      moves_.reading(*g_, rank(), root);
+      moves_.copy(buf, g_->slot(root).send, count * size_of(t));
+    }
+    finish("broadcast");
   }
 
   void do_send(const void* buf, std::size_t count, DType t, int peer, int tag) override {
     check_thread("send");
-    g_->world().post({g_.get(), rank(), peer, tag}, buf, count * size_of(t));
+    if constexpr (Moves::host) {
+      g_->world().post({g_.get(), rank(), peer, tag}, buf, count * size_of(t));
+    } else {  // through host memory (waits for this device's queued work)
+      std::vector<std::byte> msg(count * size_of(t));
+      moves_.to_host(msg.data(), buf, msg.size());
+      g_->world().post({g_.get(), rank(), peer, tag}, msg.data(), msg.size());
+    }
   }
 
   void do_recv(void* buf, std::size_t count, DType t, int peer, int tag) override {
@@ -442,7 +509,7 @@ class ThreadCommunicator final : public Communicator {
       throw CollectiveError("shardlib: " + where("recv") + ": the message from rank " + std::to_string(peer) + " has " +
                             std::to_string(msg.size()) + " bytes, but " + std::to_string(count) + " elements of " +
                             std::string(coll::name(t)) + " (" + std::to_string(count * size_of(t)) + " bytes) were expected");
-    detail::copy_bytes(buf, msg.data(), msg.size());
+    moves_.from_host(buf, msg.data(), msg.size());
   }
 
   void do_permute(const void* send, std::size_t send_count, int dest, void* recv, std::size_t recv_count, int source,
@@ -466,8 +533,11 @@ class ThreadCommunicator final : public Communicator {
         throw CollectiveError("shardlib: " + where("permute") + ": rank " + std::to_string(r) + " sends to rank " +
                               std::to_string(s.dest) + ", which does not receive from it");
     }
-    if (source != -1) detail::copy_bytes(recv, g_->slot(source).send, recv_count * size_of(t));
-    meet("permute");
+    if (source != -1) {
+      moves_.reading(*g_, rank(), source);
+      moves_.copy(recv, g_->slot(source).send, recv_count * size_of(t));
+    }
+    finish("permute");
   }
 
   void do_barrier() override {
@@ -475,7 +545,8 @@ class ThreadCommunicator final : public Communicator {
     g_->slot(rank()).kind = Kind::barrier;
     g_->slot(rank()).exchange = false;
     meet_posted("barrier");  // checks that every member is in a barrier
-    meet("barrier");
+    for (int r = 0; r < size(); ++r) moves_.reading(*g_, rank(), r);  // (GPU streams: every member's reaches this point)
+    finish("barrier");
   }
 
   std::unique_ptr<Communicator> do_split(int color, int key, std::string name) override {
@@ -492,7 +563,9 @@ class ThreadCommunicator final : public Communicator {
     if (color >= 0 && members.front().second == rank()) {
       std::vector<int> devices;
       for (auto& m : members) devices.push_back(g_->device(m.second));
-      me.created = std::make_shared<detail::ThreadGroup>(g_->world_ptr(), std::move(devices));
+      auto created = std::make_shared<detail::ThreadGroup>(g_->world_ptr(), std::move(devices));
+      created->moves_state() = Moves::make_state(created->size());
+      me.created = std::move(created);
     }
     meet("split");
     std::unique_ptr<Communicator> out;
@@ -500,7 +573,7 @@ class ThreadCommunicator final : public Communicator {
       int new_rank = 0;
       while (members[static_cast<std::size_t>(new_rank)].second != rank()) ++new_rank;
       auto group = std::static_pointer_cast<detail::ThreadGroup>(g_->slot(members.front().second).created);
-      out.reset(new ThreadCommunicator(std::move(group), new_rank, std::move(name)));
+      out.reset(new BasicThreadCommunicator(std::move(group), new_rank, std::move(name), moves_));
     }
     meet("split");
     me.created.reset();
@@ -508,8 +581,9 @@ class ThreadCommunicator final : public Communicator {
   }
 
  private:
-  ThreadCommunicator(std::shared_ptr<detail::ThreadGroup> group, int rank, std::string name)
-      : Communicator(rank, group->size(), std::move(name)), g_(std::move(group)), owner_(std::this_thread::get_id()) {
+  BasicThreadCommunicator(std::shared_ptr<detail::ThreadGroup> group, int rank, std::string name, Moves moves)
+      : Communicator(rank, group->size(), std::move(name)), g_(std::move(group)), owner_(std::this_thread::get_id()),
+        moves_(std::move(moves)) {
     inputs_.resize(static_cast<std::size_t>(size()));
   }
 
@@ -564,6 +638,27 @@ class ThreadCommunicator final : public Communicator {
     return true;
   }
 
+  // Dry runs (see Communicator): in GPU memory, the same fills on this device's stream.
+  void dry_zero(void* p, std::size_t count, DType t) override {
+    if constexpr (Moves::host) Communicator::dry_zero(p, count, t);
+    else moves_.zero(p, count * size_of(t));
+  }
+  void dry_copy(void* dst, const void* src, std::size_t count, DType t) override {
+    if constexpr (Moves::host) Communicator::dry_copy(dst, src, count, t);
+    else if (dst != src) moves_.copy(dst, src, count * size_of(t));
+  }
+  void dry_exchange(const void* send, std::span<const Region> send_regions, void* recv, std::span<const Region> recv_regions,
+                    DType t) override {
+    if constexpr (Moves::host) {
+      Communicator::dry_exchange(send, send_regions, recv, recv_regions, t);
+    } else {
+      const std::size_t e = size_of(t), me = static_cast<std::size_t>(rank());
+      for (int p = 0; p < size(); ++p)
+        if (p != rank()) moves_.zero_region(recv, recv_regions[static_cast<std::size_t>(p)], e);
+      moves_.copy_region(recv, recv_regions[me], send, send_regions[me], e);
+    }
+  }
+
   static void set_blocks(detail::Slot& s, const Blocks& b) noexcept {
     s.counts = b.data();
     s.uniform = b.is_uniform() ? b.count(0) : 0;
@@ -575,6 +670,7 @@ class ThreadCommunicator final : public Communicator {
   }
   /// First barrier of a collective: every slot is posted; check all members are in this call.
   void meet_posted(std::string_view call) {
+    moves_.posted(*g_, rank());
     if (size() > 1) g_->arrive_and_wait(rank(), [&] { return where(call); });
     const Kind k = g_->slot(rank()).kind;
     const bool ex = g_->slot(rank()).exchange;
@@ -585,6 +681,13 @@ class ThreadCommunicator final : public Communicator {
   /// its next call.
   void meet(std::string_view call) {
     if (size() > 1) g_->arrive_and_wait(rank(), [&] { return where(call); });
+  }
+  /// The last meeting of a collective that moved data: nobody's buffers are read after it (on
+  /// GPU streams: each member's later work waits for the others' reads).
+  void finish(std::string_view call) {
+    moves_.finishing(*g_, rank());
+    meet(call);
+    moves_.finished(*g_, rank());
   }
   [[noreturn]] void mismatch(std::string_view call, std::string_view what, int r) const {
     throw CollectiveError(mismatch_text(call, what, r));
@@ -606,7 +709,11 @@ class ThreadCommunicator final : public Communicator {
 
   std::shared_ptr<detail::ThreadGroup> g_;
   std::thread::id owner_;
+  Moves moves_;
   std::vector<const void*> inputs_;
 };
+
+/// The threads backend's communicator over host memory.
+using ThreadCommunicator = BasicThreadCommunicator<detail::HostMoves>;
 
 }  // namespace shardlib::coll

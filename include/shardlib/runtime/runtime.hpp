@@ -26,6 +26,10 @@
 
 #include <shardlib/collectives/communicator.hpp>
 #include <shardlib/collectives/threads.hpp>
+#include <Kokkos_Core.hpp>  // (KOKKOS_ENABLE_CUDA, before the test below)
+#if defined(KOKKOS_ENABLE_CUDA)
+#include <shardlib/collectives/threads_device.hpp>
+#endif
 #include <shardlib/kernels/blas.hpp>
 #include <shardlib/kernels/vmath.hpp>
 #include <shardlib/mesh.hpp>
@@ -126,9 +130,10 @@ class Context {
   }
 
   /// The collectives on device memory: under the nccl backend, its NCCL communicator over all
-  /// devices (on this device's stream, the one of `exec_for<Kokkos::CudaSpace>()`); nullptr on
-  /// the other backends, whose collectives move host memory (tensors in device memory go
-  /// through host memory there).
+  /// devices (on this device's stream, the one of `exec_for<Kokkos::CudaSpace>()`); under
+  /// threads on a CUDA-enabled Kokkos, the in-process devices' communicator over GPU memory
+  /// (collectives/threads_device.hpp, on the same stream); nullptr otherwise (mpi, or no
+  /// device memory), where tensors in device memory go through host memory.
   coll::Communicator* device_world() noexcept { return device_world_; }
   /// This device's group along `axes` of `mesh` on device_world() (as group(); collective on
   /// first use). Throws std::logic_error without a device world.
@@ -580,13 +585,23 @@ class Runtime {
     auto world = coll::ThreadCommunicator::make_world(devices_, timeout_);
     const std::vector<Kokkos::DefaultHostExecutionSpace> spaces = detail::host_instances(devices_, kokkos_threads_each());
     const std::vector<detail::DeviceInstance> device_spaces = detail::device_instances(devices_);
+#if defined(KOKKOS_ENABLE_CUDA)
+    // Collectives over GPU memory between the devices' streams (a group of its own over the
+    // same run: an abort or a finished device ends its waits too).
+    using DeviceComm = coll::ThreadDeviceCommunicator<Kokkos::Cuda>;
+    auto device_world = DeviceComm::make_world(world->world_ptr());
+#endif
     std::exception_ptr first;
     bool first_is_root_cause = false;
     std::mutex m;
     auto run_device = [&](int d) {
       try {
+        std::unique_ptr<coll::Communicator> device_comm;
+#if defined(KOKKOS_ENABLE_CUDA)
+        device_comm = DeviceComm::world(device_world, d, {device_spaces[static_cast<std::size_t>(d)]});
+#endif
         Context ctx(d, devices_, coll::ThreadCommunicator::world(world, d), spaces[static_cast<std::size_t>(d)],
-                    devices_ > 1, device_spaces[static_cast<std::size_t>(d)]);
+                    devices_ > 1, device_spaces[static_cast<std::size_t>(d)], device_comm.get());
         body(ctx);
       } catch (...) {
         std::exception_ptr e = std::current_exception();
