@@ -26,7 +26,8 @@
 // overhead: each op on a float [32, 32] tensor, host time per call with the calls queued back to
 //   back (the GPU keeps up, so this is the host's cost: shapes, rules, block cache, launch), next
 //   to the bare Kokkos::parallel_for of the same size on the same instance; overhead_us = ours -
-//   bare (target <= 5 us).
+//   bare (target <= 5 us); and matmul once more next to the cublasGemmEx call it makes, on the
+//   same operands (the product's own dispatch cost, cuBLAS's host time taken out).
 // mlp: bf16 x [T, D] (rows over "data"), w1 [D, F] (columns over "model"), w2 [F, D] (rows over
 //   "model"): gelu(x w1) w2, the partial sum resolved to x's layout; 4 T D F flops; TFLOP/s next
 //   to the GPU's bf16 dense peak (NVIDIA's datasheet figure for the GPU's name, --peak-tflops to
@@ -302,14 +303,14 @@ void matmul(sl::Context& ctx, bool quick) {
 // ---- per-op host overhead --------------------------------------------------------------------
 
 template <class F>
-void overhead_case(sl::Context& ctx, const char* name, std::int64_t size, int calls, double base, F&& op) {
+void overhead_case(sl::Context& ctx, const char* name, std::int64_t size, int calls, double base, F&& op,
+                   const char* baseline = "Kokkos::parallel_for (bare launch)") {
   op();
   const double secs = host_seconds(ctx, op, calls);
   record(ctx, std::string("\"part\": \"overhead\", \"name\": \"") + name + "\", \"shape\": [" + std::to_string(size) + ", " +
-                  std::to_string(size) + "], \"seconds\": " + num(secs) +
-                  ", \"baseline\": \"Kokkos::parallel_for (bare launch)\", \"baseline_seconds\": " + num(base) +
-                  ", \"overhead_us\": " + num((secs - base) * 1e6));
-  say(ctx, std::string(name) + ": " + num(secs * 1e6) + " us per call on the host, bare launch " + num(base * 1e6) + " us");
+                  std::to_string(size) + "], \"seconds\": " + num(secs) + ", \"baseline\": \"" + baseline +
+                  "\", \"baseline_seconds\": " + num(base) + ", \"overhead_us\": " + num((secs - base) * 1e6));
+  say(ctx, std::string(name) + ": " + num(secs * 1e6) + " us per call on the host, " + baseline + " " + num(base * 1e6) + " us");
 }
 
 void overhead(sl::Context& ctx, std::int64_t size) {
@@ -332,6 +333,14 @@ void overhead(sl::Context& ctx, std::int64_t size) {
   overhead_case(ctx, "softmax<1>", size, calls, base, [&] { auto r = sl::softmax<1>(a); });
   overhead_case(ctx, "transpose", size, calls, base, [&] { auto r = sl::transpose<0, 1>(w); });
   overhead_case(ctx, "matmul", size, calls, base, [&] { auto r = sl::matmul(a, w); });
+  // The product's own dispatch: matmul against the cuBLAS call it makes, on the same operands.
+  BareGemm gemm(ctx);
+  Kokkos::View<float*, Mem> d(uninitialised("bench_gpu d"), static_cast<std::size_t>(a.local().extent(0) * size));
+  auto direct = [&] { gemm(a.local().data(), w.local().data(), d.data(), a.local().extent(0), size, size); };
+  direct();
+  const double gemm_base = host_seconds(ctx, direct, calls);
+  overhead_case(ctx, "matmul (over the GEMM)", size, calls, gemm_base, [&] { auto r = sl::matmul(a, w); },
+                on_gpu ? "cublasGemmEx (direct call)" : "kernels::gemm (direct call)");
 }
 
 // ---- the MLP block ---------------------------------------------------------------------------

@@ -149,8 +149,13 @@ def evaluate(by_bench):
     rows.append(_at_least("gpu", "sharded matmul of the speed of cuBLAS called directly on the same local shapes", ">= 0.95",
                           [(r["fraction_of_baseline"], f"{r['name']} {r['dtype']} {r['devices']} dev")
                            for r in gp if r["part"] == "matmul"], 0.95))
-    rows.append(_at_most("gpu", "host overhead per op above a bare kernel launch (1 device, 32x32)", "<= 5 us",
-                         [(r["overhead_us"], r["name"]) for r in gp if r["part"] == "overhead"], 5.0,
+    # matmul's launch is a cuBLAS call, whose own host time is not ours: where bench_gpu measured
+    # an op next to its direct call too ("NAME (over the GEMM)"), that record stands for the op.
+    ov = [r for r in gp if r["part"] == "overhead"]
+    direct = {r["name"][:-len(" (over the GEMM)")] for r in ov if r["name"].endswith(" (over the GEMM)")}
+    rows.append(_at_most("gpu", "host overhead per op above its bare launch: a Kokkos kernel, for matmul its cublasGemmEx "
+                                "call (1 device, 32x32)", "<= 5 us",
+                         [(r["overhead_us"], r["name"]) for r in ov if r["name"] not in direct], 5.0,
                          fmt=lambda v: f"{v:.2f} us"))
     big = max((r["tflops"] for r in gp if r["part"] == "mlp" and r["devices"] == 1 and r.get("peak_tflops")), default=None)
     rows.append(_at_least("gpu", "bf16 MLP block at large sizes (1 device), of the GPU's bf16 peak", ">= 0.50",
