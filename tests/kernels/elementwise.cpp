@@ -38,7 +38,8 @@ void check_two(F f) {
   constexpr int V = kd::vector_width<Out, A, B>;
   static_assert(V >= 2);
   std::mt19937_64 g(sizeof(Out) * 100 + sizeof(A) * 10 + sizeof(B));
-  const auto a = values<A>(g, 64), b = values<B>(g, 64);
+  const std::vector<A> a = values<A>(g, 64);
+  const std::vector<B> b = values<B>(g, 64);
   for (int oo : {0, 1})
     for (int oa : {0, 1})
       for (int ob : {0, V})
