@@ -80,6 +80,19 @@ class LeafGrad {
   /// as the parameter (then `only_pending()` is that block).
   virtual bool resolves_by_all_reduce(AxisList& axes) const = 0;
   virtual const Contribution& only_pending() const = 0;
+  /// Whether the gradient is in host memory (buckets hold gradients of one kind of memory).
+  virtual bool in_host_memory() const noexcept = 0;
+  /// Whether the gradient may share a bucket: in host memory, or in device memory under a backend
+  /// that reduces device memory in place (threads on a GPU, nccl). Otherwise it resolves alone
+  /// (its reshard goes through host memory).
+  virtual bool bucketable() const = 0;
+  /// A bucket of `bytes` in the gradient's memory, counted as gradients in the device's ledger.
+  virtual std::shared_ptr<void> allocate_bucket(std::size_t bytes) = 0;
+  /// Copies `only_pending()`'s block to `dst` in the gradient's memory (device memory: queued on
+  /// the device's stream).
+  virtual void copy_pending_to(void* dst) = 0;
+  /// The communicator that all-reduces a bucket over `axes` (device memory: the device group).
+  virtual coll::Communicator& bucket_group(const AxisList& axes) = 0;
   /// The pending contributions resolved into the parameter's spec (collective when one is
   /// partial or laid out otherwise): a type-erased tensor for commit().
   virtual std::shared_ptr<void> resolve_alone() = 0;
@@ -174,36 +187,61 @@ SHARDLIB_NOINLINE inline std::vector<Node*> backward_order(Node* root, std::vect
   return post;
 }
 
-/// `out = a + b` over `n` elements on the device's execution space.
+/// out[k] = a[k] + b[k] (a kernel; device memory: on the GPU).
 template <class T>
-void add_blocks(const Context& ctx, T* out, const T* a, const T* b, std::int64_t n) {
-  if (n == 0) return;
-  auto guard = kernel_guard(ctx, false);
-  Kokkos::parallel_for("shardlib::autodiff::add",
-                       Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, n),
-                       [=](std::int64_t k) { out[k] = a[k] + b[k]; });
-  kernels::fence(ctx.exec());
-}
-
-/// out[k] = in[k] converted (`n` elements; a kernel).
+struct AddKernel {
+  T* out;
+  const T* a;
+  const T* b;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const { out[k] = a[k] + b[k]; }
+};
+/// out[k] = in[k] converted.
 template <class T, class U>
-void convert_block(const Context& ctx, T* out, const U* in, std::int64_t n) {
-  if (n == 0) return;
-  auto guard = kernel_guard(ctx, false);
-  Kokkos::parallel_for("shardlib::autodiff::convert",
-                       Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, n),
-                       [=](std::int64_t k) { out[k] = static_cast<T>(in[k]); });
-  kernels::fence(ctx.exec());
+struct ConvertKernel {
+  T* out;
+  const U* in;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const { out[k] = static_cast<T>(in[k]); }
+};
+/// Sets `bad` to 1 where an element is a NaN or an infinity.
+template <class T>
+struct NonFiniteKernel {
+  const T* p;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k, int& bad) const {
+    const compute_t<T> v = static_cast<compute_t<T>>(p[k]);
+    if (!(v - v == v - v)) bad = 1;  // inf - inf and NaN - NaN are NaN; finite - itself is 0
+  }
+};
+
+/// `out = a + b` over `n` elements of blocks in `Mem`, on the device's execution space.
+template <class T, class Mem>
+void add_blocks(const Context& ctx, T* out, const T* a, const T* b, std::int64_t n) {
+  for_range<Mem>("shardlib::autodiff::add", ctx, n, AddKernel<T>{out, a, b});
 }
 
-/// Whether a block holds a NaN or an infinity.
-template <class T>
-bool has_non_finite(const T* p, std::int64_t n) {
+/// out[k] = in[k] converted (`n` elements of blocks in `Mem`; a kernel).
+template <class T, class U, class Mem>
+void convert_block(const Context& ctx, T* out, const U* in, std::int64_t n) {
+  for_range<Mem>("shardlib::autodiff::convert", ctx, n, ConvertKernel<T, U>{out, in});
+}
+
+/// Whether a block in `Mem` holds a NaN or an infinity (a reduction kernel; waits for it).
+template <class T, class Mem>
+bool has_non_finite(const Context& ctx, const T* p, std::int64_t n) {
   if constexpr (is_floating_v<T>) {
-    for (std::int64_t k = 0; k < n; ++k)
-      if (!std::isfinite(static_cast<compute_t<T>>(p[k]))) return true;
+    if (n == 0) return false;
+    int bad = 0;
+    if constexpr (host_memory_v<Mem>) {
+      for (std::int64_t k = 0; k < n && !bad; ++k) NonFiniteKernel<T>{p}(k, bad);
+    } else {
+      const auto& exec = ctx.exec_for<Mem>();
+      Kokkos::parallel_reduce("shardlib::autodiff::non_finite", Kokkos::RangePolicy<exec_space_t<Mem>>(exec, 0, n),
+                              NonFiniteKernel<T>{p}, Kokkos::Max<int>(bad));
+      kernels::fence(exec);
+    }
+    return bad != 0;
+  } else {
+    return false;
   }
-  return false;
 }
 
 /// Adds contribution `c` to `pending`: summed locally into one of the same sharding, else
@@ -214,7 +252,7 @@ void add_contribution(Context& ctx, std::vector<Contribution>& pending, Contribu
     if (p.sharding != c.sharding) continue;
     const std::int64_t n = p.box.num_elements();
     std::shared_ptr<void> keep = block_cache<Mem>(ctx).allocate(static_cast<std::size_t>(n) * sizeof(T));
-    add_blocks(ctx, static_cast<T*>(keep.get()), static_cast<const T*>(p.data), static_cast<const T*>(c.data), n);
+    add_blocks<T, Mem>(ctx, static_cast<T*>(keep.get()), static_cast<const T*>(p.data), static_cast<const T*>(c.data), n);
     p.data = keep.get();
     p.keep = std::move(keep);
     return;
@@ -238,7 +276,7 @@ SHARDLIB_NOINLINE Block<T> resolve(Context& ctx, const MeshShape& mesh, ArrayRef
     }
     const std::int64_t n = b.box.num_elements();
     std::shared_ptr<void> keep = block_cache<Mem>(ctx).allocate(static_cast<std::size_t>(n) * sizeof(T));
-    add_blocks(ctx, static_cast<T*>(keep.get()), sum.data, b.data, n);
+    add_blocks<T, Mem>(ctx, static_cast<T*>(keep.get()), sum.data, b.data, n);
     sum.keep = std::move(keep);
     sum.data = static_cast<const T*>(sum.keep.get());
   }
@@ -259,6 +297,63 @@ constexpr AxisList axis_union(const AxisList& a, const AxisList& b) noexcept {
     if (a.contains(x) || b.contains(x)) u.push_back(x);
   return u;
 }
+
+/// out[k] for k in [item * chunk, +chunk) = the sum over rows j < m of g[j * n + k] (the
+/// summed dims lead), each addition in compute_t<T> and rounded to T.
+template <class T>
+struct SumRowsKernel {
+  T* out;
+  const T* g;
+  std::int64_t n, m, chunk;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t item) const {
+    const std::int64_t k0 = item * chunk, k1 = k0 + chunk < n ? k0 + chunk : n;
+    for (std::int64_t k = k0; k < k1; ++k) out[k] = T{};
+    for (std::int64_t j = 0; j < m; ++j) {
+      const T* row = g + j * n;
+      for (std::int64_t k = k0; k < k1; ++k) out[k] = static_cast<T>(static_cast<compute_t<T>>(out[k]) + static_cast<compute_t<T>>(row[k]));
+    }
+  }
+};
+/// out[k] = the sum of g over the summed dims (extents `sum_ext`, strides `sum_stride` in g's
+/// block) at the kept dims' position of output element k.
+template <class T>
+struct SumToShapeKernel {
+  T* out;
+  const T* g;
+  std::int64_t m;
+  int nk, ns;
+  Kokkos::Array<std::int64_t, max_tensor_rank> kept_ext, kept_stride, sum_ext, sum_stride;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const {
+    std::int64_t rest = k, base = 0;
+    for (int i = nk - 1; i >= 0; --i) {
+      base += (rest % kept_ext[i]) * kept_stride[i];
+      rest /= kept_ext[i];
+    }
+    compute_t<T> acc{};  // a 16-bit gradient's sum in float, rounded once
+    for (std::int64_t j = 0; j < m; ++j) {
+      std::int64_t rj = j, off = base;
+      for (int i = ns - 1; i >= 0; --i) {
+        off += (rj % sum_ext[i]) * sum_stride[i];
+        rj /= sum_ext[i];
+      }
+      acc += static_cast<compute_t<T>>(g[off]);
+    }
+    out[k] = static_cast<T>(acc);
+  }
+};
+/// out[k] = scale * g[o * inner + i] (k = (o * len + any) * inner + i): a reduction's gradient
+/// spread back over the reduced dim.
+template <class T>
+struct ExpandDimKernel {
+  T* out;
+  const T* g;
+  std::int64_t len, inner;
+  T scale;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const {
+    const std::int64_t o = k / (len * inner), i = k % inner;
+    out[k] = scale * g[o * inner + i];
+  }
+};
 
 /// The gradient `g` (a block of a tensor of global shape `g_shape`, non-partial sharding `gs`)
 /// summed down to `shape` (numpy's broadcasting, undone): over the leading dims `shape` lacks and
@@ -290,7 +385,8 @@ SHARDLIB_NOINLINE Contribution sum_to_shape(Context& ctx, const MeshShape& mesh,
   T* out = static_cast<T*>(c.data);
   // Output element k: its kept dims' local indices give a base offset into g's block; the summed
   // dims are walked with their strides.
-  std::array<std::int64_t, max_tensor_rank> g_stride{}, kept_ext{}, kept_stride{}, sum_ext{}, sum_stride{};
+  std::array<std::int64_t, max_tensor_rank> g_stride{};
+  Kokkos::Array<std::int64_t, max_tensor_rank> kept_ext{}, kept_stride{}, sum_ext{}, sum_stride{};
   int nk = 0, ns = 0;
   std::int64_t m = 1, st = 1;
   for (int d = R - 1; d >= 0; --d) {
@@ -309,46 +405,18 @@ SHARDLIB_NOINLINE Contribution sum_to_shape(Context& ctx, const MeshShape& mesh,
       kept_stride[static_cast<std::size_t>(nk++)] = g_stride[u];
     }
   }
-  auto guard = kernel_guard(ctx, false);
   bool leading = true;  // summed dims first, kept dims after: out[k] = sum over rows j of g[j * n + k]
   for (int d = 1; d < R; ++d)
     if (summed[static_cast<std::size_t>(d)] && !summed[static_cast<std::size_t>(d - 1)]) leading = false;
   if (leading) {
-    constexpr std::int64_t chunk = 64;
-    Kokkos::parallel_for("shardlib::autodiff::sum_rows",
-                         Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, (n + chunk - 1) / chunk),
-                         [=](std::int64_t b) {
-                           const std::int64_t k0 = b * chunk, k1 = k0 + chunk < n ? k0 + chunk : n;
-                           for (std::int64_t k = k0; k < k1; ++k) out[k] = T{};
-                           for (std::int64_t j = 0; j < m; ++j) {
-                             const T* row = g + j * n;
-                             for (std::int64_t k = k0; k < k1; ++k) out[k] += row[k];
-                           }
-                         });
-    kernels::fence(ctx.exec());
+    // On the host a chunk of 64 outputs per item (each row's run read in order); on a GPU one
+    // output per thread (neighbouring threads read neighbouring elements of each row).
+    const std::int64_t chunk = host_memory_v<Mem> ? 64 : 1;
+    for_range<Mem>("shardlib::autodiff::sum_rows", ctx, (n + chunk - 1) / chunk, SumRowsKernel<T>{out, g, n, m, chunk});
     return c;
   }
-  Kokkos::parallel_for("shardlib::autodiff::sum_to_shape",
-                       Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, n), [=](std::int64_t k) {
-                         std::int64_t rest = k, base = 0;
-                         for (int i = nk - 1; i >= 0; --i) {
-                           const auto u = static_cast<std::size_t>(i);
-                           base += (rest % kept_ext[u]) * kept_stride[u];
-                           rest /= kept_ext[u];
-                         }
-                         T acc{};
-                         for (std::int64_t j = 0; j < m; ++j) {
-                           std::int64_t rj = j, off = base;
-                           for (int i = ns - 1; i >= 0; --i) {
-                             const auto u = static_cast<std::size_t>(i);
-                             off += (rj % sum_ext[u]) * sum_stride[u];
-                             rj /= sum_ext[u];
-                           }
-                           acc += g[off];
-                         }
-                         out[k] = acc;
-                       });
-  kernels::fence(ctx.exec());
+  for_range<Mem>("shardlib::autodiff::sum_to_shape", ctx, n,
+                 SumToShapeKernel<T>{out, g, m, nk, ns, kept_ext, kept_stride, sum_ext, sum_stride});
   return c;
 }
 
@@ -378,13 +446,7 @@ SHARDLIB_NOINLINE Contribution expand_dim(Context& ctx, const MeshShape& mesh, c
   std::int64_t inner = 1;
   for (int d = dim + 1; d < r; ++d) inner *= c.box.extent[static_cast<std::size_t>(d)];
   const std::int64_t len = c.box.extent[static_cast<std::size_t>(dim)];
-  auto guard = kernel_guard(ctx, false);
-  Kokkos::parallel_for("shardlib::autodiff::expand_dim",
-                       Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, n), [=](std::int64_t k) {
-                         const std::int64_t o = k / (len * inner), i = k % inner;
-                         out[k] = scale * g[o * inner + i];
-                       });
-  kernels::fence(ctx.exec());
+  for_range<Mem>("shardlib::autodiff::expand_dim", ctx, n, ExpandDimKernel<T>{out, g, len, inner, scale});
   return c;
 }
 
@@ -423,7 +485,7 @@ SHARDLIB_NOINLINE inline void resolve_leaves(std::vector<LeafGrad*> leaves, std:
   while (i < leaves.size()) {
     AxisList axes;
     LeafGrad& first = *leaves[i];
-    if (bucket_bytes == 0 || !first.resolves_by_all_reduce(axes) || axes.empty()) {
+    if (bucket_bytes == 0 || !first.resolves_by_all_reduce(axes) || axes.empty() || !first.bucketable()) {
       resolved[i] = first.resolve_alone();
       ++i;
       continue;
@@ -433,29 +495,22 @@ SHARDLIB_NOINLINE inline void resolve_leaves(std::vector<LeafGrad*> leaves, std:
       AxisList a;
       LeafGrad& l = *leaves[j];
       if (l.dtype() != first.dtype() || !(l.mesh_shape() == first.mesh_shape()) || !l.resolves_by_all_reduce(a) ||
-          !(a == axes))
+          !(a == axes) || l.in_host_memory() != first.in_host_memory() || !l.bucketable())
         break;
       const std::size_t b = static_cast<std::size_t>(l.only_pending().box.num_elements()) * l.elem_size();
       if (j > i && bytes + b > bucket_bytes) break;
       bytes += b;
       ++j;
     }
-    std::shared_ptr<void> buffer;  // host memory, counted as gradients in the device's ledger
-    {
-      MemoryRoleScope role(MemoryRole::gradients);
-      buffer = block_cache<Kokkos::HostSpace>(first.context()).allocate(std::max<std::size_t>(bytes, 1));
-    }
+    std::shared_ptr<void> buffer = first.allocate_bucket(std::max<std::size_t>(bytes, 1));
     char* buf = static_cast<char*>(buffer.get());
     std::size_t off = 0;
     for (std::size_t k = i; k < j; ++k) {
-      const Contribution& c = leaves[k]->only_pending();
-      const std::size_t b = static_cast<std::size_t>(c.box.num_elements()) * leaves[k]->elem_size();
-      if (b) std::memcpy(buf + off, c.data, b);
-      off += b;
+      leaves[k]->copy_pending_to(buf + off);
+      off += static_cast<std::size_t>(leaves[k]->only_pending().box.num_elements()) * leaves[k]->elem_size();
     }
     if (bytes && first.mesh_shape().group_size(axes) > 1)  // a group of one device adds nothing
-      first.context().group(first.mesh_shape(), axes).all_reduce(buf, buf, bytes / first.elem_size(), first.dtype(),
-                                                                  coll::Op::sum);
+      first.bucket_group(axes).all_reduce(buf, buf, bytes / first.elem_size(), first.dtype(), coll::Op::sum);
     off = 0;
     for (std::size_t k = i; k < j; ++k) {  // each gradient views its part of the bucket
       const std::size_t b =
@@ -469,9 +524,9 @@ SHARDLIB_NOINLINE inline void resolve_leaves(std::vector<LeafGrad*> leaves, std:
 }
 
 /// Throws, on every device together, when a device's contribution holds a NaN or infinity.
-template <class T>
+template <class T, class Mem>
 void check_finite(Context& ctx, const Contribution& c, const Node& node, int input, const Node& target) {
-  int bad = has_non_finite(static_cast<const T*>(c.data), c.box.num_elements()) ? 1 : 0;
+  int bad = has_non_finite<T, Mem>(ctx, static_cast<const T*>(c.data), c.box.num_elements()) ? 1 : 0;
   ctx.world().all_reduce(&bad, &bad, 1, coll::dtype_of<int>(), coll::Op::max);
   if (bad)
     throw std::runtime_error(std::string("shardlib: backward: a NaN or infinity in the gradient that op '") +

@@ -5,10 +5,13 @@
 #pragma once
 
 #include <shardlib/autodiff/reduce.hpp>
+#include <shardlib/kernels/layout.hpp>
 #include <shardlib/kernels/vmath.hpp>
+#include <shardlib/ops/layout.hpp>
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -124,6 +127,149 @@ SHARDLIB_NOINLINE void cross_entropy_grad(const Block<T>& z, std::int64_t n, con
   }
 }
 
+/// What the backward of cross_entropy keeps of logits in device memory: per local row,
+/// log-sum-exp (`rows` T) and the row's target (`rows` int64), blocks in the logits' memory.
+struct CrossEntropyRows {
+  std::shared_ptr<void> lse, target;
+};
+
+/// The row maxima of a [rows, cols] block (-inf for no columns).
+template <class T>
+struct CrossEntropyMaxKernel {
+  const T* z;
+  T* m;
+  std::int64_t cols;
+  T lowest;  // -inf (set by the host: numeric_limits is not device code)
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t r) const {
+    T v = lowest;
+    for (std::int64_t c = 0; c < cols; ++c) v = z[r * cols + c] > v ? z[r * cols + c] : v;
+    m[r] = v;
+  }
+};
+/// The row sums of exp(z - m).
+template <class T>
+struct CrossEntropyExpSumKernel {
+  const T* z;
+  const T* m;
+  T* s;
+  std::int64_t cols;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t r) const {
+    using std::exp;
+    T acc = 0;
+    for (std::int64_t c = 0; c < cols; ++c) acc += exp(z[r * cols + c] - m[r]);
+    s[r] = acc;
+  }
+};
+/// Row r's log-sum-exp and target (kept for the backward), and its addend of the loss: lse (on
+/// the first device of the class dim's group) minus the target's logit (on the device that holds
+/// its column).
+template <class T, class I>
+struct CrossEntropyLossKernel {
+  const T* z;
+  const T* m;
+  const T* s;
+  const I* t;
+  T* lse;
+  std::int64_t* target;
+  std::int64_t cols, col0;
+  bool first;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t r, T& total) const {
+    using std::log;
+    const T l = m[r] + log(s[r]);
+    const auto tr = static_cast<std::int64_t>(t[r]);
+    lse[r] = l;
+    target[r] = tr;
+    const std::int64_t c = tr - col0;
+    total += (first ? l : T(0)) - (c >= 0 && c < cols ? z[r * cols + c] : T(0));
+  }
+};
+/// out[0] /= n (0 for no rows).
+template <class T>
+struct CrossEntropyMeanKernel {
+  T* out;
+  std::int64_t n;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t) const { out[0] = n > 0 ? out[0] / static_cast<T>(n) : T(0); }
+};
+/// The logits' gradient, element k of the [rows, cols] block: g / n * (softmax - one_hot(target)),
+/// with g read from the scalar gradient's block.
+template <class T>
+struct CrossEntropyGradKernel {
+  const T* z;
+  const T* lse;
+  const std::int64_t* target;
+  const T* g;
+  T* out;
+  std::int64_t cols, col0, n;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const {
+    using std::exp;
+    const std::int64_t r = k / cols, c = k % cols;
+    const T scale = n > 0 ? g[0] / static_cast<T>(n) : T(0);
+    out[k] = scale * (exp(z[k] - lse[r]) - (col0 + c == target[r] ? T(1) : T(0)));
+  }
+};
+
+/// cross_entropy_run for logits and targets in any memory `Mem` (device memory: kernels on the
+/// device's stream, the two row statistics all-reduced over the class dim's axes in device
+/// memory where the backend can): the same loss, its row statistics kept in `saved`. The targets
+/// are checked by a reduction that the host waits for (unless NDEBUG without SHARDLIB_CHECKED,
+/// as take's ids).
+template <class T, class I, class Mem>
+SHARDLIB_NOINLINE void cross_entropy_run_in(Context& ctx, const MeshShape& mesh, const Sharding& layout,
+                                            ArrayRef<std::int64_t> shape, const Block<T>& z, const Block<I>& t,
+                                            const OperandInfo& logits_info, const OperandInfo& targets_info, T* out,
+                                            CrossEntropyRows& saved) {
+  const std::int64_t rows = z.box.extent[0], cols = z.box.extent[1], col0 = z.box.offset[1];
+  const std::int64_t n = shape[0], classes = shape[1];
+  if (check_indices && rows > 0) {
+    const auto first = kernels::detail::portable::first_bad_id(ctx.exec_for<Mem>(), t.data, rows, classes);
+    if (first.val < rows)
+      throw std::out_of_range("shardlib: cross_entropy: target " + std::to_string(static_cast<long long>(first.loc)) +
+                              " of row " + std::to_string(z.box.offset[0] + first.val) + " is outside [0, " +
+                              std::to_string(classes) + ") (logits " + operand_text(logits_info) + ", targets " +
+                              operand_text(targets_info) + ")");
+  }
+  auto& cache = block_cache<Mem>(ctx);
+  const auto row_bytes = static_cast<std::size_t>(std::max<std::int64_t>(rows, 1));
+  const std::shared_ptr<void> stats = cache.allocate(2 * row_bytes * sizeof(T));  // m, then s
+  saved.lse = cache.allocate(row_bytes * sizeof(T));
+  saved.target = cache.allocate(row_bytes * sizeof(std::int64_t));
+  T* m = static_cast<T*>(stats.get());
+  T* s = m + row_bytes;
+  for_range<Mem>("shardlib::cross_entropy_max", ctx, rows, CrossEntropyMaxKernel<T>{z.data, m, cols, -std::numeric_limits<T>::infinity()});
+  const AxisList& vaxes = layout.dims[1];
+  const bool split = mesh.group_size(vaxes) > 1;
+  if (split && rows) all_reduce_stats<Mem>(ctx, mesh, vaxes, m, static_cast<std::size_t>(rows), coll::Op::max);
+  for_range<Mem>("shardlib::cross_entropy_exp_sum", ctx, rows, CrossEntropyExpSumKernel<T>{z.data, m, s, cols});
+  if (split && rows) all_reduce_stats<Mem>(ctx, mesh, vaxes, s, static_cast<std::size_t>(rows), coll::Op::sum);
+  if (rows == 0) {
+    fill<Mem>(ctx, out, 1, T(0));
+    return;
+  }
+  const auto& exec = ctx.exec_for<Mem>();
+  {
+    auto guard = kernel_guard(ctx, true);
+    Kokkos::parallel_reduce("shardlib::cross_entropy_loss", Kokkos::RangePolicy<exec_space_t<Mem>>(exec, 0, rows),
+                            CrossEntropyLossKernel<T, I>{z.data, m, s, t.data, static_cast<T*>(saved.lse.get()),
+                                                         static_cast<std::int64_t*>(saved.target.get()), cols, col0,
+                                                         mesh.group_rank(ctx.device(), vaxes) == 0},
+                            Kokkos::View<T, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(out));
+  }
+  for_range<Mem>("shardlib::cross_entropy_mean", ctx, 1, CrossEntropyMeanKernel<T>{out, n});
+}
+
+/// cross_entropy_grad for logits in any memory `Mem`: `g` points at the loss's gradient (one
+/// element in `Mem`); a kernel on the device's stream.
+template <class T, class Mem>
+void cross_entropy_grad_in(const Context& ctx, const Block<T>& z, std::int64_t n, const CrossEntropyRows& saved,
+                           const T* g, T* out) {
+  const std::int64_t cols = z.box.extent[1];
+  if (cols == 0) return;
+  for_range<Mem>("shardlib::cross_entropy_grad", ctx, z.box.extent[0] * cols,
+                 CrossEntropyGradKernel<T>{z.data, static_cast<const T*>(saved.lse.get()),
+                                           static_cast<const std::int64_t*>(saved.target.get()), g, out, cols,
+                                           z.box.offset[1], n});
+}
+
 }  // namespace autodiff::detail
 
 /// Mean cross-entropy of `logits` ([rows, classes], a Var or tensor) against integer `targets`
@@ -160,21 +306,32 @@ auto cross_entropy(const L& logits0, const Targets& targets) {
       if (targets.shape()[0] != z.shape()[0])
         throw std::invalid_argument("shardlib: cross_entropy: logits " + operand_text(z) + " and targets " +
                                     operand_text(targets) + " have different row counts");
+      static_assert(require_one_memory_space<"cross_entropy", Mem, typename Targets::memory_space>());
       Sharding rows;
       rows.rank = 1;
       rows.dims[0] = layout.dims[0];
-      const Block<I> t = block_as(targets, rows);
+      const Block<I> t = block_as<true>(targets, rows);
       const Block<T> zb{nullptr, z.local().data(), z.block()};
       Out out(z.mesh(), {});
-      auto saved = std::make_shared<CrossEntropySaved<T>>();
-      cross_entropy_run<T, I, Mem>(z.context(), z.mesh().shape(), layout, z.shape(), zb, t, info(z), info(targets),
-                                   out.local().data(), *saved);
+      // Host memory: the host kernels (Eigen's packets); device memory: kernels on the stream.
+      using Saved = std::conditional_t<host_memory_v<Mem>, CrossEntropySaved<T>, CrossEntropyRows>;
+      auto saved = std::make_shared<Saved>();
+      if constexpr (host_memory_v<Mem>)
+        cross_entropy_run<T, I, Mem>(z.context(), z.mesh().shape(), layout, z.shape(), zb, t, info(z), info(targets),
+                                     out.local().data(), *saved);
+      else
+        cross_entropy_run_in<T, I, Mem>(z.context(), z.mesh().shape(), layout, z.shape(), zb, t, info(z),
+                                        info(targets), out.local().data(), *saved);
       if constexpr (VarType<std::remove_cvref_t<decltype(logits)>>) {
         return record("cross_entropy", std::move(out),
                       [nz = logits.node(), z, saved](const auto& g, autodiff::BackwardPass& p) {
                         Z gz(z.mesh(), z.shape());
-                        cross_entropy_grad<T>({nullptr, z.local().data(), z.block()}, z.shape()[0], *saved,
-                                              g.local().data()[0], gz.local().data());
+                        const Block<T> zg{nullptr, z.local().data(), z.block()};
+                        if constexpr (host_memory_v<Mem>)
+                          cross_entropy_grad<T>(zg, z.shape()[0], *saved, g.local().data()[0], gz.local().data());
+                        else
+                          cross_entropy_grad_in<T, Mem>(z.context(), zg, z.shape()[0], *saved, g.local().data(),
+                                                        gz.local().data());
                         give(p, 0, *nz, gz);
                       },
                       logits.node());

@@ -69,13 +69,14 @@ void give(BackwardPass& pass, int k, TensorNode<In>& to, const G& g) {
   if (!same)
     c = sum_to_shape<T, typename In::memory_space>(to.mesh().context(), to.mesh().shape(), G::sharding, g.shape(),
                                                   g.block(), g.local().data(), g.block_owner(), to.shape());
-  if (pass.options.check_finite) check_finite<T>(to.mesh().context(), c, *pass.current, k, to);
+  if (pass.options.check_finite) check_finite<T, typename In::memory_space>(to.mesh().context(), c, *pass.current, k, to);
   to.add(std::move(c));
 }
 /// Hands an untyped contribution (a block of the input's shape) to input `k`.
 template <class In>
 void give(BackwardPass& pass, int k, TensorNode<In>& to, Contribution c) {
-  if (pass.options.check_finite) check_finite<typename In::value_type>(to.mesh().context(), c, *pass.current, k, to);
+  if (pass.options.check_finite)
+    check_finite<typename In::value_type, typename In::memory_space>(to.mesh().context(), c, *pass.current, k, to);
   to.add(std::move(c));
 }
 

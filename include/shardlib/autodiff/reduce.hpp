@@ -11,6 +11,7 @@
 
 #include <shardlib/autodiff/elementwise.hpp>
 #include <shardlib/kernels/exec.hpp>
+#include <shardlib/ops/reduce.hpp>
 
 namespace shardlib {
 
@@ -148,6 +149,61 @@ auto log_softmax(const A& a0, double scale = 1) {
                 a.node());
 }
 namespace autodiff::detail {
+/// The row sums norm_backward needs, in double (layer_norm: of x, x^2, g and g y; rms_norm: of
+/// x^2 and g y) of row `row` (elements base + j * inner, j < n) into st[row * k ...].
+template <class T>
+struct NormBackwardSums {
+  const T *x, *y, *g;
+  double* st;
+  std::int64_t n, inner;
+  bool layer;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t row) const {
+    const std::int64_t base = (row / inner) * n * inner + row % inner;
+    double sx = 0, sxx = 0, sg = 0, sgy = 0;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const std::int64_t e = base + j * inner;
+      const double xv = static_cast<double>(static_cast<compute_t<T>>(x[e]));
+      const double gv = static_cast<double>(static_cast<compute_t<T>>(g[e]));
+      sx += xv, sxx += xv * xv, sg += gv, sgy += gv * static_cast<double>(static_cast<compute_t<T>>(y[e]));
+    }
+    if (layer) {
+      double* s = st + row * 4;
+      s[0] = sx, s[1] = sxx, s[2] = sg, s[3] = sgy;
+    } else {
+      double* s = st + row * 2;
+      s[0] = sxx, s[1] = sgy;
+    }
+  }
+};
+/// The input's gradient of row `row` from the (all-reduced) sums: rstd (g - mean(g) - y mean(g y)).
+template <class T>
+struct NormBackwardApply {
+  const T *y, *g;
+  const double* st;
+  T* out;
+  std::int64_t n, inner;
+  double count, eps;
+  bool layer;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t row) const {
+    using std::sqrt;
+    const std::int64_t base = (row / inner) * n * inner + row % inner;
+    double scale, mg, mgy;
+    if (layer) {
+      const double* s = st + row * 4;
+      const double mu = s[0] / count, var = s[1] / count - mu * mu;
+      scale = 1.0 / sqrt(var + eps), mg = s[2] / count, mgy = s[3] / count;
+    } else {
+      const double* s = st + row * 2;
+      scale = 1.0 / sqrt(s[0] / count + eps), mg = 0, mgy = s[1] / count;
+    }
+    for (std::int64_t j = 0; j < n; ++j) {
+      const std::int64_t e = base + j * inner;
+      out[e] = static_cast<T>(scale * (static_cast<double>(static_cast<compute_t<T>>(g[e])) - mg -
+                                       static_cast<double>(static_cast<compute_t<T>>(y[e])) * mgy));
+    }
+  }
+};
+
 /// The backward of layer_norm (`layer`) or rms_norm along `dim`: the input's gradient block
 /// (laid out as y) from the blocks of x, y and g. The row sums it needs (layer_norm: of x, x^2,
 /// g and g y; rms_norm: of x^2 and g y) are all-reduced in one call over the dim's axes when it
@@ -167,48 +223,20 @@ SHARDLIB_NOINLINE Contribution norm_backward(Context& ctx, const MeshShape& mesh
   const RowSplit r = split_at(c.box, dim);
   const std::int64_t rows = r.outer * r.inner, n = r.n, inner = r.inner;
   const int k = layer ? 4 : 2;
-  std::vector<double> stats(static_cast<std::size_t>(k * rows));
-  double* st = stats.data();
-  const T *px = bx.data, *py = by.data, *pg = bg.data;
-  {
-    auto guard = kernel_guard(ctx, true);
-    Kokkos::parallel_for("shardlib::autodiff::norm_backward_sums",
-                         Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, rows), [=](std::int64_t row) {
-                           const std::int64_t base = (row / inner) * n * inner + row % inner;
-                           double sx = 0, sxx = 0, sg = 0, sgy = 0;
-                           for (std::int64_t j = 0; j < n; ++j) {
-                             const std::int64_t e = base + j * inner;
-                             const double xv = px[e], gv = pg[e];
-                             sx += xv, sxx += xv * xv, sg += gv, sgy += gv * static_cast<double>(py[e]);
-                           }
-                           double* s = st + row * k;
-                           if (layer) s[0] = sx, s[1] = sxx, s[2] = sg, s[3] = sgy;
-                           else s[0] = sxx, s[1] = sgy;
-                         });
-    kernels::fence(ctx.exec());
-  }
+  const std::shared_ptr<void> stats =  // the row sums, in double, in Mem
+      block_cache<Mem>(ctx).allocate(static_cast<std::size_t>(std::max<std::int64_t>(k * rows, 1)) * sizeof(double));
+  double* st = static_cast<double*>(stats.get());
+  for_range<Mem>("shardlib::autodiff::norm_backward_sums", ctx, rows,
+                 NormBackwardSums<T>{bx.data, by.data, bg.data, st, n, inner, layer});
   const AxisList& axes = layout.dims[static_cast<std::size_t>(dim)];
   if (rows && mesh.group_size(axes) > 1)
-    ctx.group(mesh, axes).all_reduce(st, st, stats.size(), coll::dtype_of<double>(), coll::Op::sum);
-  const double count = static_cast<double>(shape[static_cast<std::size_t>(dim)]);
-  auto guard = kernel_guard(ctx, false);
-  Kokkos::parallel_for("shardlib::autodiff::norm_backward",
-                       Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, rows), [=](std::int64_t row) {
-                         const std::int64_t base = (row / inner) * n * inner + row % inner;
-                         const double* s = st + row * k;
-                         double scale, mg, mgy;
-                         if (layer) {
-                           const double mu = s[0] / count, var = s[1] / count - mu * mu;
-                           scale = 1.0 / std::sqrt(var + eps), mg = s[2] / count, mgy = s[3] / count;
-                         } else {
-                           scale = 1.0 / std::sqrt(s[0] / count + eps), mg = 0, mgy = s[1] / count;
-                         }
-                         for (std::int64_t j = 0; j < n; ++j) {
-                           const std::int64_t e = base + j * inner;
-                           out[e] = static_cast<T>(scale * (static_cast<double>(pg[e]) - mg - static_cast<double>(py[e]) * mgy));
-                         }
-                       });
-  kernels::fence(ctx.exec());
+    all_reduce_stats<Mem>(ctx, mesh, axes, st, static_cast<std::size_t>(k * rows), coll::Op::sum);
+  for_range<Mem>("shardlib::autodiff::norm_backward", ctx, rows,
+                 NormBackwardApply<T>{by.data, bg.data, st, out, n, inner, static_cast<double>(shape[static_cast<std::size_t>(dim)]),
+                                      eps, layer});
+  // The blocks of x, y and g (resharded copies perhaps) and the sums are in use until the
+  // kernels ran: on a device's stream they are given back to the cache, which hands them out
+  // again only to work queued on the same stream after these kernels.
   return c;
 }
 
@@ -225,7 +253,7 @@ auto norm_var(const A0& a0, double eps) {
                   using T = typename Y::value_type;
                   give(p, 0, *na,
                        norm_backward<T, typename Y::memory_space>(g.context(), g.mesh().shape(), Y::sharding, y.shape(), Dim,
-                                                                  eps, Layer, ref(x), ref(y), ref(g)));
+                                                                  eps, Layer, ref<true>(x), ref<true>(y), ref<true>(g)));
                 },
                 a.node());
 }

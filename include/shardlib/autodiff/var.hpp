@@ -161,7 +161,7 @@ class CastNode final : public TensorNode<Out> {
       const std::int64_t n = c.box.num_elements();
       std::shared_ptr<void> keep = block_cache<Mem>(ctx).allocate(static_cast<std::size_t>(n) * sizeof(T));
       T* out = static_cast<T*>(keep.get());
-      convert_block(ctx, out, static_cast<const U*>(c.data), n);
+      convert_block<T, U, Mem>(ctx, out, static_cast<const U*>(c.data), n);
       input_->add(Contribution{c.sharding, c.box, std::move(keep), out});
     }
     this->pending_.clear();
@@ -178,6 +178,7 @@ class CastNode final : public TensorNode<Out> {
 template <class Tensor>
 class LeafNode final : public TensorNode<Tensor>, public LeafGrad {
   using T = typename Tensor::value_type;
+  using Mem = typename Tensor::memory_space;
 
  public:
   explicit LeafNode(const Tensor& value) : TensorNode<Tensor>("param", {}, value) {}
@@ -197,6 +198,24 @@ class LeafNode final : public TensorNode<Tensor>, public LeafGrad {
     return true;
   }
   const Contribution& only_pending() const override { return this->pending_.front(); }
+  bool in_host_memory() const noexcept override { return host_memory_v<Mem>; }
+  bool bucketable() const override { return host_memory_v<Mem> || reshards_on_device<Mem>(this->mesh_.context()); }
+  std::shared_ptr<void> allocate_bucket(std::size_t bytes) override {
+    MemoryRoleScope role(MemoryRole::gradients);
+    return block_cache<Mem>(this->mesh_.context()).allocate(bytes);
+  }
+  void copy_pending_to(void* dst) override {
+    const Contribution& c = this->pending_.front();
+    ShardBox b;
+    b.rank = 1;
+    b.extent[0] = c.box.num_elements();
+    copy_box<Mem>(this->mesh_.context(), static_cast<const T*>(c.data), b, static_cast<T*>(dst), b, b);
+  }
+  coll::Communicator& bucket_group(const AxisList& axes) override {
+    Context& ctx = this->mesh_.context();
+    if constexpr (host_memory_v<Mem>) return ctx.group(this->mesh_.shape(), axes);
+    else return ctx.device_group(this->mesh_.shape(), axes);
+  }
   std::shared_ptr<void> resolve_alone() override {
     Block<T> b = resolve<T, typename Tensor::memory_space>(this->mesh_.context(), this->mesh_.shape(), this->shape_,
                                                           this->pending_, Tensor::sharding);
@@ -212,7 +231,7 @@ class LeafNode final : public TensorNode<Tensor>, public LeafGrad {
       grad_ = g;
     } else {
       Tensor sum(this->mesh_, this->shape_);
-      add_blocks(this->mesh_.context(), sum.local().data(), grad_->local().data(), g.local().data(),
+      add_blocks<T, Mem>(this->mesh_.context(), sum.local().data(), grad_->local().data(), g.local().data(),
                  sum.block().num_elements());
       grad_ = std::move(sum);
     }
@@ -228,7 +247,6 @@ class LeafNode final : public TensorNode<Tensor>, public LeafGrad {
   void settle() override {
     if (!settle_ || this->pending_.empty()) return;
     if (this->pending_.size() == 1 && this->pending_.front().sharding == *settle_) return;
-    using Mem = typename Tensor::memory_space;
     Block<T> b = resolve<T, Mem>(this->mesh_.context(), this->mesh_.shape(), this->shape_, this->pending_, *settle_);
     if (b.keep) block_cache<Mem>(this->mesh_.context()).retag(b.keep, MemoryRole::gradients);
     Contribution c{*settle_, b.box, std::move(b.keep), const_cast<T*>(b.data)};
@@ -254,23 +272,13 @@ class LeafNode final : public TensorNode<Tensor>, public LeafGrad {
 
 }  // namespace autodiff::detail
 
-namespace autodiff::detail {
-/// Stops the build for a Var of a tensor in device memory: the backward rules and the gradient
-/// accumulation run host kernels (docs/12_gpus.md).
-template <class Tensor>
-constexpr bool require_host_var() {
-  if constexpr (shardlib::is_tensor_v<Tensor>) return shardlib::detail::require_host_operand<typename Tensor::memory_space>();
-  else return true;
-}
-}  // namespace autodiff::detail
-
 /// A tensor that may carry a gradient: the value of an op on `Var`s or `Param`s, or a constant
-/// (a `Var` made from a tensor). Copies share the value's block and the graph node. Tensors in
-/// host memory only, for now.
+/// (a `Var` made from a tensor). Copies share the value's block and the graph node. The tensor
+/// may live in device memory: the backward rules, the gradients' sums and their buckets are then
+/// kernels and collectives on the device's stream (docs/12_gpus.md).
 template <class Tensor>
 class Var {
   static_assert(is_tensor_v<Tensor>, "shardlib: Var<Tensor>: Tensor must be a DistributedTensor<...>");
-  static_assert(autodiff::detail::require_host_var<Tensor>());
 
  public:
   using tensor_type = Tensor;

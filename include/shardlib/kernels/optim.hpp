@@ -27,27 +27,35 @@ struct SgdStep {
   bool nesterov = false;
 };
 
+/// The SGD step on element i (see sgd_update).
+template <class T, class G>
+struct SgdKernel {
+  T* p;
+  const G* g;
+  T* buf;
+  T lr, mu, wd, gs;
+  bool nesterov;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const {
+    const T d = gs * static_cast<T>(g[i]) + wd * p[i];
+    if (buf == nullptr) {
+      p[i] -= lr * d;
+      return;
+    }
+    const T b = mu * buf[i] + d;
+    buf[i] = b;
+    p[i] -= lr * (nesterov ? d + mu * b : b);
+  }
+};
+
 /// p -= lr * d, where g' = grad_scale g + weight_decay p, buf = momentum buf + g' (buf starts at
 /// zero, so the first step's buf is g'), d = nesterov ? g' + momentum buf : buf (momentum 0: d =
-/// g', and `buf` may be null).
+/// g', and `buf` may be null). On a host instance it returns when done; on a device one it is
+/// queued on the instance's stream.
 template <class Exec, class T, class G>
 void sgd_update(const Exec& exec, std::int64_t n, T* p, const G* g, T* buf, const SgdStep& s) {
-  if (n == 0) return;
-  const T lr = static_cast<T>(s.lr), mu = static_cast<T>(s.momentum), wd = static_cast<T>(s.weight_decay),
-          gs = static_cast<T>(s.grad_scale);
-  const bool nesterov = s.nesterov;
-  if (buf == nullptr) {
-    Kokkos::parallel_for("shardlib::sgd", Kokkos::RangePolicy<Exec>(exec, 0, n),
-                         [=](std::int64_t i) { p[i] -= lr * (gs * static_cast<T>(g[i]) + wd * p[i]); });
-  } else {
-    Kokkos::parallel_for("shardlib::sgd_momentum", Kokkos::RangePolicy<Exec>(exec, 0, n), [=](std::int64_t i) {
-      const T d = gs * static_cast<T>(g[i]) + wd * p[i];
-      const T b = mu * buf[i] + d;
-      buf[i] = b;
-      p[i] -= lr * (nesterov ? d + mu * b : b);
-    });
-  }
-  kernels::fence(exec);
+  detail::portable::run(exec, buf == nullptr ? "shardlib::sgd" : "shardlib::sgd_momentum", n,
+                        SgdKernel<T, G>{p, g, buf, static_cast<T>(s.lr), static_cast<T>(s.momentum),
+                                        static_cast<T>(s.weight_decay), static_cast<T>(s.grad_scale), s.nesterov});
 }
 
 /// AdamW hyperparameters of one step (`step` counts from 1, for the bias corrections).
@@ -56,39 +64,54 @@ struct AdamWStep {
   std::int64_t step = 1;
 };
 
-/// Decoupled weight decay, then Adam: p *= 1 - lr wd; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g²;
-/// p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps), with g = grad_scale * grad.
-template <class Exec, class T, class G>
-void adamw_update(const Exec& exec, std::int64_t n, T* p, const G* g, T* m, T* v, const AdamWStep& s) {
-  if (n == 0) return;
-  const double t = static_cast<double>(s.step);
-  const T decay = static_cast<T>(1 - s.lr * s.weight_decay), b1 = static_cast<T>(s.beta1),
-          b2 = static_cast<T>(s.beta2), eps = static_cast<T>(s.eps), gs = static_cast<T>(s.grad_scale),
-          step_size = static_cast<T>(s.lr / (1 - std::pow(s.beta1, t))),
-          bc2_sqrt = static_cast<T>(std::sqrt(1 - std::pow(s.beta2, t)));
-  Kokkos::parallel_for("shardlib::adamw", Kokkos::RangePolicy<Exec>(exec, 0, n), [=](std::int64_t i) {
+/// The AdamW step on element i (see adamw_update).
+template <class T, class G>
+struct AdamWKernel {
+  T* p;
+  const G* g;
+  T* m;
+  T* v;
+  T decay, b1, b2, eps, gs, step_size, bc2_sqrt;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const {
+    using std::sqrt;
     const T gi = gs * static_cast<T>(g[i]);
     const T mi = b1 * m[i] + (T(1) - b1) * gi;
     const T vi = b2 * v[i] + (T(1) - b2) * gi * gi;
     m[i] = mi;
     v[i] = vi;
-    p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
-  });
-  kernels::fence(exec);
+    p[i] = p[i] * decay - step_size * mi / (sqrt(vi) / bc2_sqrt + eps);
+  }
+};
+
+/// Decoupled weight decay, then Adam: p *= 1 - lr wd; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g²;
+/// p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps), with g = grad_scale * grad. On a
+/// host instance it returns when done; on a device one it is queued on the instance's stream.
+template <class Exec, class T, class G>
+void adamw_update(const Exec& exec, std::int64_t n, T* p, const G* g, T* m, T* v, const AdamWStep& s) {
+  const double t = static_cast<double>(s.step);
+  detail::portable::run(exec, "shardlib::adamw", n,
+                        AdamWKernel<T, G>{p, g, m, v, static_cast<T>(1 - s.lr * s.weight_decay), static_cast<T>(s.beta1),
+                                          static_cast<T>(s.beta2), static_cast<T>(s.eps), static_cast<T>(s.grad_scale),
+                                          static_cast<T>(s.lr / (1 - std::pow(s.beta1, t))),
+                                          static_cast<T>(std::sqrt(1 - std::pow(s.beta2, t)))});
 }
 
-/// The sum of squares of `g[0..n)` in double.
+/// x² of element i in double, summed.
+template <class T>
+struct SumOfSquaresKernel {
+  const T* g;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, double& acc) const {
+    const double x = static_cast<double>(static_cast<compute_t<T>>(g[i]));
+    acc += x * x;
+  }
+};
+
+/// The sum of squares of `g[0..n)` in double (waits for it: the host needs the value).
 template <class Exec, class T>
 double sum_of_squares(const Exec& exec, std::int64_t n, const T* g) {
   double s = 0;
   if (n == 0) return s;
-  Kokkos::parallel_reduce(
-      "shardlib::sum_of_squares", Kokkos::RangePolicy<Exec>(exec, 0, n),
-      [=](std::int64_t i, double& acc) {
-        const double x = static_cast<double>(static_cast<compute_t<T>>(g[i]));
-        acc += x * x;
-      },
-      s);
+  Kokkos::parallel_reduce("shardlib::sum_of_squares", Kokkos::RangePolicy<Exec>(exec, 0, n), SumOfSquaresKernel<T>{g}, s);
   kernels::fence(exec);
   return s;
 }

@@ -46,10 +46,10 @@ struct op_has_no_sharding_rule_for_these_specs;
 /// The operands of an op live on meshes of different types.
 template <OpName Op, class... Meshes>
 struct op_operands_are_on_different_meshes;
-/// This op's kernels (kernels/) are host kernels: a tensor in device memory cannot be its
-/// operand yet (docs/12_gpus.md): gradients (Var, Param, cross_entropy) and stencils (ghosted,
-/// stencil_for). Its loops, creation, transfers, reshards, the elementwise ops, the
-/// contractions, the reductions, softmax and the norms, and the layout ops work.
+/// This op's kernels are host kernels: a tensor in device memory cannot be its operand yet
+/// (docs/12_gpus.md): the stencils (ghosted, stencil_for). Everything else works on it: its
+/// loops, creation, transfers, reshards, the ops, and gradients (Var, Param, backward, the
+/// losses, the optimizers).
 template <class MemorySpace>
 struct ops_on_tensors_in_device_memory_are_not_built_yet;
 /// The operands of an op live in different memory spaces (host and device memory, say): move one
@@ -93,12 +93,13 @@ struct OperandRef {
 template <class Mem>
 constexpr bool require_host_operand() {
   SHARDLIB_STATIC_REQUIRE(host_memory_v<Mem>,
-                          "shardlib: this op takes tensors in host memory only, for now (gradients: Var, Param, "
-                          "cross_entropy; stencils: ghosted, stencil_for); a tensor in device memory "
-                          "has creation, loops (parallel_for, map, parallel_reduce), to_host/from_host, reshards, "
-                          "the elementwise ops (+ - * /, unary math, cast, zip, where), einsum/matmul, "
-                          "sum/mean/max/min/argmax, softmax/log_softmax, layer_norm/rms_norm, and the layout "
-                          "ops (permute, reshape, slice, concat, take, index_add, roll, shift, pad)",
+                          "shardlib: this op takes tensors in host memory only, for now (the stencils: ghosted, "
+                          "stencil_for); a tensor in device memory has creation, loops (parallel_for, map, "
+                          "parallel_reduce), to_host/from_host, reshards, the elementwise ops (+ - * /, unary "
+                          "math, cast, zip, where), einsum/matmul, sum/mean/max/min/argmax, "
+                          "softmax/log_softmax, layer_norm/rms_norm, the layout ops (permute, reshape, slice, "
+                          "concat, take, index_add, roll, shift, pad), and gradients of all of these (Var, "
+                          "Param, backward, mse_loss, cross_entropy, SGD, AdamW)",
                           error::ops_on_tensors_in_device_memory_are_not_built_yet<Mem>);
   return true;
 }

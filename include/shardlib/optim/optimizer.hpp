@@ -192,10 +192,10 @@ class TypedSlot final : public Slot<Rule> {
       Shard g = leaf.template take_grad<Shard>();
       if (leaf.grad()) {  // an earlier synchronised pass left a gradient: add it in the state's spec
         const Shard c(*leaf.grad());
-        autodiff::detail::add_blocks(context(), g.local().data(), g.local().data(), c.local().data(), g.block().num_elements());
+        autodiff::detail::add_blocks<T, Mem>(context(), g.local().data(), g.local().data(), c.local().data(), g.block().num_elements());
       }
       if (held_)  // the gradient held since the last zero_grad: gradients add up until zero_grad
-        autodiff::detail::add_blocks(context(), g.local().data(), g.local().data(), held_->local().data(),
+        autodiff::detail::add_blocks<T, Mem>(context(), g.local().data(), g.local().data(), held_->local().data(),
                                      g.block().num_elements());
       leaf.zero_grad();
       tag_memory(g, MemoryRole::gradients);
@@ -207,7 +207,7 @@ class TypedSlot final : public Slot<Rule> {
       if (leaf.grad()) {  // but a synchronised backward since: its gradient adds to the held one
         const Shard c(*leaf.grad());
         Shard g = Shard::uninitialized(held_->mesh(), held_->shape());
-        autodiff::detail::add_blocks(context(), g.local().data(), held_->local().data(), c.local().data(),
+        autodiff::detail::add_blocks<T, Mem>(context(), g.local().data(), held_->local().data(), c.local().data(),
                                      g.block().num_elements());
         leaf.zero_grad();
         tag_memory(g, MemoryRole::gradients);
@@ -226,8 +226,8 @@ class TypedSlot final : public Slot<Rule> {
   double local_sum_of_squares() const override {
     const Shard& g = *grad_;
     if (!is_primary_replica(State::sharding, g.mesh().shape(), context().device())) return 0;
-    auto guard = shardlib::detail::kernel_guard(context(), true);
-    return kernels::sum_of_squares(context().exec(), g.block().num_elements(), g.local().data());
+    auto guard = host_kernel_guard(true);
+    return kernels::sum_of_squares(context().template exec_for<Mem>(), g.block().num_elements(), g.local().data());
   }
   void update(const typename Rule::Step& step) override {
     if constexpr (mixed) {
@@ -248,8 +248,9 @@ class TypedSlot final : public Slot<Rule> {
         return;
       }
       const Tensor back(*values_);  // one all_gather for a replicated parameter (16-bit: half the bytes)
-      Kokkos::deep_copy(param_.value().context().exec(), param_.value().local(), back.local());
-      kernels::fence(param_.value().context().exec());
+      const auto& exec = context().template exec_for<Mem>();
+      Kokkos::deep_copy(exec, param_.value().local(), back.local());
+      if constexpr (shardlib::detail::host_memory_v<Mem>) kernels::fence(exec);
       values_.reset();
     }
     grad_.reset();
@@ -261,17 +262,22 @@ class TypedSlot final : public Slot<Rule> {
   std::int64_t num_elements() const noexcept override { return param_.value().size(); }
 
  private:
+  /// The host kernels' guard (see runtime.hpp); nothing for kernels on a device's stream.
+  std::unique_lock<std::mutex> host_kernel_guard(bool reduction) const {
+    if constexpr (shardlib::detail::host_memory_v<Mem>) return shardlib::detail::kernel_guard(context(), reduction);
+    else return {};
+  }
   template <class P>
   void run(P& p, const typename Rule::Step& step) {
     M* s[Rule::max_states] = {};
     for (std::size_t i = 0; i < state_.size(); ++i) s[i] = state_[i].local().data();
-    auto guard = shardlib::detail::kernel_guard(context(), false);
-    Rule::update(context().exec(), p.block().num_elements(), p.local().data(), grad_->local().data(), s, step);
+    auto guard = host_kernel_guard(false);
+    Rule::update(context().template exec_for<Mem>(), p.block().num_elements(), p.local().data(), grad_->local().data(), s, step);
   }
   /// The master weights rounded into `out`'s block (laid out as the state's; local).
   template <class Out>
   void round_into(Out& out) {
-    autodiff::detail::convert_block(context(), out.local().data(), master_->local().data(), out.block().num_elements());
+    autodiff::detail::convert_block<T, M, Mem>(context(), out.local().data(), master_->local().data(), out.block().num_elements());
   }
 
   Param<Tensor> param_;
