@@ -381,7 +381,7 @@ class DistributedTensor {
 
   /// Internal: an uninitialised tensor of `shape` on `mesh`.
   DistributedTensor(const MeshT& mesh, const Shape& shape) : mesh_(mesh), shape_(shape) {
-    for (std::size_t d = 0; d < rank; ++d)
+    for (std::size_t d = 0; d != rank; ++d)  // != rank: nvcc warns of d < 0 for rank 0
       if (shape_[d] < 0)
         throw std::invalid_argument("shardlib: tensor of shape " + detail::shape_text(shape_) + " with " +
                                     spec_string() + ": dim " + std::to_string(d) + " has a negative extent");

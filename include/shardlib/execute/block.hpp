@@ -58,7 +58,7 @@ struct BlockWalk {
   /// The walk of box `b` in at most `max_items` work items (chunks of default_chunk or more).
   explicit BlockWalk(const ShardBox& b, std::int64_t max_items = std::numeric_limits<std::int64_t>::max())
       : size(b.num_elements()) {
-    for (std::size_t d = 0; d < R; ++d) {
+    for (std::size_t d = 0; d != R; ++d) {  // != R: nvcc warns of d < 0 for R = 0
       offset[d] = b.offset[d];
       extent[d] = b.extent[d];
     }
@@ -156,7 +156,7 @@ void for_range(const char* label, const Context& ctx, std::int64_t n, const F& f
 template <std::size_t R>
 KOKKOS_INLINE_FUNCTION std::int64_t linear_index(const Index<R>& g, const std::int64_t (&shape)[R > 0 ? R : 1]) {
   std::int64_t k = 0;
-  for (std::size_t d = 0; d < R; ++d) k = k * shape[d] + g.i[d];
+  for (std::size_t d = 0; d != R; ++d) k = k * shape[d] + g.i[d];  // != R: nvcc warns of d < 0 for R = 0
   return k;
 }
 
@@ -454,7 +454,7 @@ struct GenerateKernel {
 template <std::size_t R, class Mem = Kokkos::HostSpace, class T, class G>
 SHARDLIB_NOINLINE void generate_block(const Context& ctx, T* data, const ShardBox& box, const std::int64_t* shape, G value) {
   ShapeOf<R> gshape;
-  for (std::size_t d = 0; d < R; ++d) gshape.s[d] = shape[d];
+  for (std::size_t d = 0; d != R; ++d) gshape.s[d] = shape[d];
   for_each_in_block<R, Mem>("shardlib::generate", ctx, box, GenerateKernel<R, T, G>{data, gshape, value});
 }
 

@@ -111,7 +111,7 @@ SHARDLIB_NOINLINE void elementwise_run(Context& ctx, F f, U* out, const ShardBox
                                        std::index_sequence<I...>, const OperandRef<Ts>&... ops) {
   const std::tuple blocks{block_as<Mem>(ops, broadcast_layout<R>(ops, layouts[I], shape))...};
   std::array<std::int64_t, R> extent{};
-  for (std::size_t d = 0; d < R; ++d) extent[d] = out_box.extent[d];
+  for (std::size_t d = 0; d != R; ++d) extent[d] = out_box.extent[d];  // != R: nvcc warns of d < 0 for R = 0
   auto guard = kernel_guard(ctx, false);
   std::apply(
       [&](const auto&... bs) {

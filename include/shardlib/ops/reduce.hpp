@@ -52,7 +52,7 @@ template <std::size_t RO, std::size_t RI>
 std::array<std::int64_t, RO> reduced_shape(const std::array<std::int64_t, RI>& shape, int d, bool keepdim) {
   std::array<std::int64_t, RO> out{};
   std::size_t k = 0;
-  for (std::size_t i = 0; i < RI && k < RO; ++i) {
+  for (std::size_t i = 0; i < RI && k != RO; ++i) {  // != RO: nvcc warns of k < 0 for RO = 0
     if (static_cast<int>(i) == d) {
       if (keepdim) out[k++] = 1;
     } else {
