@@ -295,9 +295,8 @@ struct HostMoves {
   void reduce(void* out, const void* const* in, int inputs, std::size_t n, DType t, Op op) {
     detail::reduce(out, in, inputs, n, t, op);
   }
-  /// send's copy into a host message, recv's out of one.
-  void to_host(void* dst, const void* src, std::size_t bytes) { copy_bytes(dst, src, bytes); }
-  void from_host(void* dst, const void* src, std::size_t bytes) { copy_bytes(dst, src, bytes); }
+  /// send's copy into a host message and recv's out of one (one side is a member's buffer).
+  void message_copy(void* dst, const void* src, std::size_t bytes) { copy_bytes(dst, src, bytes); }
 };
 
 }  // namespace detail
@@ -497,7 +496,7 @@ class BasicThreadCommunicator final : public Communicator {
       g_->world().post({g_.get(), rank(), peer, tag}, buf, count * size_of(t));
     } else {  // through host memory (waits for this device's queued work)
       std::vector<std::byte> msg(count * size_of(t));
-      moves_.to_host(msg.data(), buf, msg.size());
+      moves_.message_copy(msg.data(), buf, msg.size());
       g_->world().post({g_.get(), rank(), peer, tag}, msg.data(), msg.size());
     }
   }
@@ -509,7 +508,7 @@ class BasicThreadCommunicator final : public Communicator {
       throw CollectiveError("shardlib: " + where("recv") + ": the message from rank " + std::to_string(peer) + " has " +
                             std::to_string(msg.size()) + " bytes, but " + std::to_string(count) + " elements of " +
                             std::string(coll::name(t)) + " (" + std::to_string(count * size_of(t)) + " bytes) were expected");
-    moves_.from_host(buf, msg.data(), msg.size());
+    moves_.message_copy(buf, msg.data(), msg.size());
   }
 
   void do_permute(const void* send, std::size_t send_count, int dest, void* recv, std::size_t recv_count, int source,

@@ -223,9 +223,8 @@ struct DeviceMoves {
       case DType::f64: return run<double, double>(out, in, inputs, n, op);
     }
   }
-  /// send's copy into a host message and recv's out of one: they wait for the stream.
-  void to_host(void* dst, const void* src, std::size_t bytes) { transfer(dst, src, bytes); }
-  void from_host(void* dst, const void* src, std::size_t bytes) { transfer(dst, src, bytes); }
+  /// send's copy into a host message and recv's out of one: it waits for the stream.
+  void message_copy(void* dst, const void* src, std::size_t bytes) { transfer(dst, src, bytes); }
 
  private:
   static StreamMarks::Member& mark(ThreadGroup& g, int r) {
