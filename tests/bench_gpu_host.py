@@ -56,6 +56,7 @@ def main():
     # record), every other op from the bare kernel launch.
     names = {r["name"] for r in records if r["part"] == "overhead"}
     assert {"matmul", "matmul (over the GEMM)"} <= names, names
+    assert [r.get("stands_for") for r in records if r["part"] == "overhead" and r["name"] == "matmul (over the GEMM)"] == ["matmul"]
     gpu = [dict(r, gpu="NVIDIA H200", overhead_us={"matmul": 9.0, "matmul (over the GEMM)": 1.5}.get(r["name"], 0.2))
            for r in records if r["part"] == "overhead"]
     row = [row for row in goals.evaluate({"gpu": gpu}) if row[0] == "gpu" and "overhead" in row[1]][0]

@@ -150,9 +150,9 @@ def evaluate(by_bench):
                           [(r["fraction_of_baseline"], f"{r['name']} {r['dtype']} {r['devices']} dev")
                            for r in gp if r["part"] == "matmul"], 0.95))
     # matmul's launch is a cuBLAS call, whose own host time is not ours: where bench_gpu measured
-    # an op next to its direct call too ("NAME (over the GEMM)"), that record stands for the op.
+    # an op next to its direct call too, that record ("stands_for": the op) counts for the op.
     ov = [r for r in gp if r["part"] == "overhead"]
-    direct = {r["name"][:-len(" (over the GEMM)")] for r in ov if r["name"].endswith(" (over the GEMM)")}
+    direct = {r["stands_for"] for r in ov if r.get("stands_for")}
     rows.append(_at_most("gpu", "host overhead per op above its bare launch: a Kokkos kernel, for matmul its cublasGemmEx "
                                 "call (1 device, 32x32)", "<= 5 us",
                          [(r["overhead_us"], r["name"]) for r in ov if r["name"] not in direct], 5.0,
