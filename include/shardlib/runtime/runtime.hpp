@@ -253,14 +253,16 @@ inline std::vector<Kokkos::DefaultHostExecutionSpace> host_instances(int n, [[ma
 /// One instance of the default (device) execution space per in-process device, each with its
 /// own stream on a CUDA-enabled Kokkos (partition_space), so that the devices' kernels and copies
 /// overlap on the GPU. Empty objects where the default execution space is the host's.
-inline std::vector<DeviceInstance> device_instances(int n) {
-  if constexpr (has_device_space_v) {
+/// (A template, so that the discarded branch is not compiled: on a host-only Kokkos 4 or 5,
+/// partition_space of the default space gives host instances, which are no DeviceInstance.)
+template <class Instance = DeviceInstance>
+std::vector<Instance> device_instances(int n) {
 #if KOKKOS_VERSION >= 40000
-    return Kokkos::Experimental::partition_space(Kokkos::DefaultExecutionSpace(),
-                                                 std::vector<int>(static_cast<std::size_t>(n), 1));
+  if constexpr (!std::is_same_v<Instance, NoDeviceSpace>)
+    return Kokkos::Experimental::partition_space(Instance(), std::vector<int>(static_cast<std::size_t>(n), 1));
+  else
 #endif
-  }
-  return std::vector<DeviceInstance>(static_cast<std::size_t>(n));
+    return std::vector<Instance>(static_cast<std::size_t>(n));
 }
 
 #if defined(SHARDLIB_HAVE_NCCL)
