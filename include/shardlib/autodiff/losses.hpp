@@ -6,6 +6,7 @@
 
 #include <shardlib/autodiff/reduce.hpp>
 #include <shardlib/kernels/layout.hpp>
+#include <shardlib/kernels/reduce.hpp>
 #include <shardlib/kernels/vmath.hpp>
 #include <shardlib/ops/layout.hpp>
 
@@ -133,33 +134,6 @@ struct CrossEntropyRows {
   std::shared_ptr<void> lse, target;
 };
 
-/// The row maxima of a [rows, cols] block (-inf for no columns).
-template <class T>
-struct CrossEntropyMaxKernel {
-  const T* z;
-  T* m;
-  std::int64_t cols;
-  T lowest;  // -inf (set by the host: numeric_limits is not device code)
-  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t r) const {
-    T v = lowest;
-    for (std::int64_t c = 0; c < cols; ++c) v = z[r * cols + c] > v ? z[r * cols + c] : v;
-    m[r] = v;
-  }
-};
-/// The row sums of exp(z - m).
-template <class T>
-struct CrossEntropyExpSumKernel {
-  const T* z;
-  const T* m;
-  T* s;
-  std::int64_t cols;
-  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t r) const {
-    using std::exp;
-    T acc = 0;
-    for (std::int64_t c = 0; c < cols; ++c) acc += exp(z[r * cols + c] - m[r]);
-    s[r] = acc;
-  }
-};
 /// Row r's log-sum-exp and target (kept for the backward), and its addend of the loss: lse (on
 /// the first device of the class dim's group) minus the target's logit (on the device that holds
 /// its column).
@@ -209,10 +183,10 @@ struct CrossEntropyGradKernel {
 };
 
 /// cross_entropy_run for logits and targets in any memory `Mem` (device memory: kernels on the
-/// device's stream, the two row statistics all-reduced over the class dim's axes in device
-/// memory where the backend can): the same loss, its row statistics kept in `saved`. The targets
-/// are checked by a reduction that the host waits for (unless NDEBUG without SHARDLIB_CHECKED,
-/// as take's ids).
+/// device's stream; the row max and sum of exponentials are softmax's portable kernels,
+/// all-reduced over the class dim's axes in device memory where the backend can): the same
+/// loss, its row statistics kept in `saved`. The targets are checked by a reduction that the
+/// host waits for (unless NDEBUG without SHARDLIB_CHECKED, as take's ids).
 template <class T, class I, class Mem>
 SHARDLIB_NOINLINE void cross_entropy_run_in(Context& ctx, const MeshShape& mesh, const Sharding& layout,
                                             ArrayRef<std::int64_t> shape, const Block<T>& z, const Block<I>& t,
@@ -235,17 +209,18 @@ SHARDLIB_NOINLINE void cross_entropy_run_in(Context& ctx, const MeshShape& mesh,
   saved.target = cache.allocate(row_bytes * sizeof(std::int64_t));
   T* m = static_cast<T*>(stats.get());
   T* s = m + row_bytes;
-  for_range<Mem>("shardlib::cross_entropy_max", ctx, rows, CrossEntropyMaxKernel<T>{z.data, m, cols, -std::numeric_limits<T>::infinity()});
+  const auto& exec = ctx.exec_for<Mem>();
+  // The max, then the sum of exp(z - max) in double: softmax's portable kernels (kernels/reduce.hpp).
+  kernels::detail::portable::reduce_dim(exec, z.data, m, rows, cols, 1, kernels::ReduceKind::max);
   const AxisList& vaxes = layout.dims[1];
   const bool split = mesh.group_size(vaxes) > 1;
   if (split && rows) all_reduce_stats<Mem>(ctx, mesh, vaxes, m, static_cast<std::size_t>(rows), coll::Op::max);
-  for_range<Mem>("shardlib::cross_entropy_exp_sum", ctx, rows, CrossEntropyExpSumKernel<T>{z.data, m, s, cols});
+  kernels::detail::portable::exp_sum(exec, z.data, m, s, rows, cols, 1);
   if (split && rows) all_reduce_stats<Mem>(ctx, mesh, vaxes, s, static_cast<std::size_t>(rows), coll::Op::sum);
   if (rows == 0) {
     fill<Mem>(ctx, out, 1, T(0));
     return;
   }
-  const auto& exec = ctx.exec_for<Mem>();
   {
     auto guard = kernel_guard(ctx, true);
     Kokkos::parallel_reduce("shardlib::cross_entropy_loss", Kokkos::RangePolicy<exec_space_t<Mem>>(exec, 0, rows),
