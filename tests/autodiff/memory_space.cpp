@@ -271,22 +271,7 @@ void check_syncs(sl::Context& ctx) {
   CHECK(w1.value().to_host().size() == 48);
 }
 
-// On a GPU the suite runs on 1 to 8 virtual devices on the one GPU; on host memory (CI, and the
-// sanitizers) on 1 to 4. SHARDLIB_TEST_DEVICES=5,7 picks the counts.
-void on_devices(const std::function<void(sl::Context&)>& body) {
-  if (const char* env = std::getenv("SHARDLIB_TEST_DEVICES")) {
-    std::string list = env;
-    for (std::size_t at = 0; at < list.size();) {
-      const std::size_t end = std::min(list.find(',', at), list.size());
-      sl::test::for_each_run(body, {std::stoi(list.substr(at, end - at))});
-      at = end + 1;
-    }
-  } else if constexpr (sl::detail::host_memory_v<Mem>) {
-    sl::test::for_each_run(body, {1, 2, 3, 4});
-  } else {
-    sl::test::for_each_run(body, {1, 2, 3, 4, 5, 6, 7, 8});
-  }
-}
+void on_devices(const std::function<void(sl::Context&)>& body) { sl::test::for_each_run_in<Mem>(body); }
 }  // namespace
 
 TEST_SUITE("autodiff_memory_space") {
