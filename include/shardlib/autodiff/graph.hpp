@@ -202,13 +202,13 @@ struct ConvertKernel {
   const U* in;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const { out[k] = static_cast<T>(in[k]); }
 };
-/// Sets `bad` to 1 where an element is a NaN or an infinity.
+/// Counts the elements that are a NaN or an infinity (a Kokkos::Sum reduction).
 template <class T>
 struct NonFiniteKernel {
   const T* p;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k, int& bad) const {
     const compute_t<T> v = static_cast<compute_t<T>>(p[k]);
-    if (!(v - v == v - v)) bad = 1;  // inf - inf and NaN - NaN are NaN; finite - itself is 0
+    if (!(v - v == v - v)) ++bad;  // inf - inf and NaN - NaN are NaN; finite - itself is 0
   }
 };
 
@@ -224,20 +224,20 @@ void convert_block(const Context& ctx, T* out, const U* in, std::int64_t n) {
   for_range<Mem>("shardlib::autodiff::convert", ctx, n, ConvertKernel<T, U>{out, in});
 }
 
-/// Whether a block in `Mem` holds a NaN or an infinity (a reduction kernel; waits for it).
+/// Whether a block in `Mem` holds a NaN or an infinity: one reduction kernel on the device's
+/// execution space (host memory too, so CI runs the code a GPU runs), which the host waits for.
 template <class T, class Mem>
 bool has_non_finite(const Context& ctx, const T* p, std::int64_t n) {
   if constexpr (is_floating_v<T>) {
     if (n == 0) return false;
     int bad = 0;
-    if constexpr (host_memory_v<Mem>) {
-      for (std::int64_t k = 0; k < n && !bad; ++k) NonFiniteKernel<T>{p}(k, bad);
-    } else {
-      const auto& exec = ctx.exec_for<Mem>();
+    const auto& exec = ctx.exec_for<Mem>();
+    {
+      auto guard = host_memory_v<Mem> ? kernel_guard(ctx, true) : std::unique_lock<std::mutex>();
       Kokkos::parallel_reduce("shardlib::autodiff::non_finite", Kokkos::RangePolicy<exec_space_t<Mem>>(exec, 0, n),
-                              NonFiniteKernel<T>{p}, Kokkos::Max<int>(bad));
-      kernels::fence(exec);
+                              NonFiniteKernel<T>{p}, Kokkos::Sum<int>(bad));
     }
+    kernels::fence(exec);
     return bad != 0;
   } else {
     return false;
