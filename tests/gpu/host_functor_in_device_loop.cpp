@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // A host-only functor in a loop over a tensor in GPU memory does not compile: compiled with
-// nvcc_wrapper against a CUDA-enabled Kokkos with -DCASE=1..4, each case must fail with nvcc's
+// nvcc_wrapper against a CUDA-enabled Kokkos with -DCASE=1..5, each case must fail with nvcc's
 // "calling a __host__ function ... from a __host__ __device__ function" naming shardlib's kernel
-// (ForKernel<1, ...>, MapKernel<1, ...>, ReduceKernel, FlatKernel<1, ...>); with -DCASE=0 the
-// same functors on tensors in host memory must compile. Not built by meson (CI's Kokkos has no
+// (ForKernel<1, ...>, MapKernel<1, ...>, ReduceKernel, FlatKernel<1, ...>, DeviceStencil); with
+// -DCASE=0 the same functors on tensors in host memory must compile. Not built by meson (CI's Kokkos has no
 // CUDA): docs/12_gpus.md, "What has run where", has the commands.
 #include <shardlib/shardlib.hpp>
+#include <shardlib/stencil.hpp>
 
 namespace sl = shardlib;
 using M = sl::Mesh<"x">;
@@ -25,6 +26,10 @@ struct HostReduce {
 struct HostZip {
   float operator()(float a, float b) const { return a * b; }
 };
+struct HostStencil {
+  template <class Nb>
+  float operator()(const sl::Index<1>&, const Nb& nb) const { return nb(-1) + nb(1); }
+};
 
 #if CASE == 1
 void use(Gpu& t) { sl::parallel_for(t, HostFor{}); }
@@ -34,11 +39,18 @@ Gpu use(const Gpu& t) { return sl::map(t, HostMap{}); }
 double use(const Gpu& t) { return sl::parallel_reduce(t, HostReduce{}); }
 #elif CASE == 4
 Gpu use(const Gpu& t) { return sl::zip(HostZip{}, t, t); }
+#elif CASE == 5
+void use(Gpu& t, Gpu& out) {
+  auto g = sl::ghosted(t, {1});
+  sl::stencil_for(out, g, HostStencil{});
+}
 #else
 double use(Host& t) {
   sl::parallel_for(t, HostFor{});
   const Host m = sl::map(t, HostMap{});
-  const Host z = sl::zip(HostZip{}, t, m);
+  Host z = sl::zip(HostZip{}, t, m);
+  auto g = sl::ghosted(t, {1});
+  sl::stencil_for(z, g, HostStencil{});
   return sl::parallel_reduce(z, HostReduce{});
 }
 #endif

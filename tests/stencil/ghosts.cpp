@@ -7,7 +7,9 @@
 //   cells held by other devices (each travels once);
 // - stencil_for against a serial loop over the global array (Jacobi 5-point bit for bit,
 //   27-point periodic 3-D), with and without overlap;
-// - bad input: widths, boundaries, outputs, reads beyond the width, exchanges out of order.
+// - bad input: widths, boundaries, outputs, reads beyond the width, exchanges out of order;
+// - the kernels of tensors in GPU memory (a point per work item) on host memory, against the
+//   same oracles.
 #include <doctest/doctest.h>
 #include <shardlib/stencil.hpp>
 
@@ -205,6 +207,14 @@ std::array<int, 2> split2(int n) {
 
 // Jacobi on a 2-D grid with fixed boundary values (Dirichlet 1 on the low side of dim 0, 0
 // elsewhere), against the serial loop over the global array: bit for bit.
+/// stencil_for, or with PerPoint its GPU work items (one point each) on host memory.
+template <bool PerPoint, sl::Check C = sl::Check::off, class Out, class In, class F>
+void run_stencil(Out& out, In& in, const F& f, sl::GhostRefresh refresh = sl::GhostRefresh::overlap) {
+  if constexpr (PerPoint) sl::detail::run_stencil<C, true>(out, in, f, refresh);
+  else sl::stencil_for<C>(out, in, f, refresh);
+}
+
+template <bool PerPoint = false>
 void jacobi(sl::Context& ctx, sl::GhostRefresh refresh) {
   const auto [px, py] = split2(ctx.num_devices());
   const Mesh2 mesh(ctx, {px, py});
@@ -220,7 +230,7 @@ void jacobi(sl::Context& ctx, sl::GhostRefresh refresh) {
   auto step = [](const sl::Index<2>&, const auto& nb) { return 0.25 * (nb(-1, 0) + nb(1, 0) + nb(0, -1) + nb(0, 1)); };
   for (int it = 0; it < 10; ++it) {
     if (refresh == sl::GhostRefresh::none) gu.exchange();
-    sl::stencil_for(v, gu, step, refresh);
+    run_stencil<PerPoint>(v, gu, step, refresh);
     for (std::int64_t i = 0; i < nx; ++i)
       for (std::int64_t j = 0; j < ny; ++j)
         next[static_cast<std::size_t>(i * ny + j)] = 0.25 * (at(i - 1, j) + at(i + 1, j) + at(i, j - 1) + at(i, j + 1));
@@ -234,6 +244,7 @@ void jacobi(sl::Context& ctx, sl::GhostRefresh refresh) {
 }
 
 // A 27-point periodic stencil on a 3-D grid, dims split over one axis, two axes and none.
+template <bool PerPoint = false>
 void periodic27(sl::Context& ctx) {
   const int n = ctx.num_devices();
   const int z = n % 2 == 0 ? 2 : 1;
@@ -243,7 +254,7 @@ void periodic27(sl::Context& ctx) {
   auto u = Grid3::random(mesh, {nx, ny, nz}, 3, -1.0, 1.0), v = Grid3::zeros(mesh, {nx, ny, nz});
   const auto host = u.to_host();
   auto g = sl::ghosted(u, {1, 1, 1}, B::periodic());
-  sl::stencil_for(v, g, [](const sl::Index<3>& i, const auto& nb) {
+  run_stencil<PerPoint>(v, g, [](const sl::Index<3>& i, const auto& nb) {
     double s = 0;
     for (int a = -1; a <= 1; ++a)
       for (int b = -1; b <= 1; ++b)
@@ -264,6 +275,25 @@ void periodic27(sl::Context& ctx) {
         const std::size_t at = static_cast<std::size_t>((i * ny + j) * nz + k);
         if (got[at] != s) FAIL_CHECK("(" << i << ", " << j << ", " << k << "): " << got[at] << " != " << s);
       }
+}
+// Reads at the full widths (2 and 1, reflect boundaries) pass the checked mode, with one exchange.
+template <bool PerPoint>
+void checked_within(sl::Context& ctx) {
+  const auto [px, py] = split2(ctx.num_devices());
+  const Mesh2 mesh(ctx, {px, py});
+  auto u = Grid2::iota(mesh, {8, 8}), v = Grid2::zeros(mesh, {8, 8});
+  auto g = sl::ghosted(u, {2, 1}, B::reflect());
+  coll::CommRecorder rec;
+  run_stencil<PerPoint, sl::Check::on>(v, g, [](const sl::Index<2>&, const auto& nb) { return nb(-2, -1) + nb(2, 1); });
+  CHECK(rec[coll::Kind::all_to_all].calls == 1);
+  CHECK(rec.total_calls() == 1);
+  CHECK(rec[coll::Kind::all_to_all].bytes_received == static_cast<std::uint64_t>(g.cells_received()) * sizeof(double));
+  // iota: u(i, j) = 8i + j; reflect maps -1 -> 0, -2 -> 1, 8 -> 7, 9 -> 6.
+  auto m = [](std::int64_t i) { return i < 0 ? -1 - i : i > 7 ? 15 - i : i; };
+  const auto got = v.to_host();
+  for (std::int64_t i = 0; i < 8; ++i)
+    for (std::int64_t j = 0; j < 8; ++j)
+      CHECK(got[static_cast<std::size_t>(i * 8 + j)] == static_cast<double>(8 * m(i - 2) + m(j - 1) + 8 * m(i + 2) + m(j + 1)));
 }
 }  // namespace
 
@@ -326,22 +356,29 @@ TEST_CASE("ghosted and stencil_for: bad input is reported with the tensor, dim a
 }
 
 TEST_CASE("stencil_for: a functor reading within the widths passes the checked mode, and the counters show one exchange") {
-  sl::test::for_each_run([](sl::Context& ctx) {
-    const auto [px, py] = split2(ctx.num_devices());
-    const Mesh2 mesh(ctx, {px, py});
-    auto u = Grid2::iota(mesh, {8, 8}), v = Grid2::zeros(mesh, {8, 8});
-    auto g = sl::ghosted(u, {2, 1}, B::reflect());
-    coll::CommRecorder rec;
-    sl::stencil_for<sl::Check::on>(v, g, [](const sl::Index<2>&, const auto& nb) { return nb(-2, -1) + nb(2, 1); });
-    CHECK(rec[coll::Kind::all_to_all].calls == 1);
-    CHECK(rec.total_calls() == 1);
-    CHECK(rec[coll::Kind::all_to_all].bytes_received == static_cast<std::uint64_t>(g.cells_received()) * sizeof(double));
-    // iota: u(i, j) = 8i + j; reflect maps -1 -> 0, -2 -> 1, 8 -> 7, 9 -> 6.
-    auto m = [](std::int64_t i) { return i < 0 ? -1 - i : i > 7 ? 15 - i : i; };
-    const auto got = v.to_host();
-    for (std::int64_t i = 0; i < 8; ++i)
-      for (std::int64_t j = 0; j < 8; ++j)
-        CHECK(got[static_cast<std::size_t>(i * 8 + j)] == static_cast<double>(8 * m(i - 2) + m(j - 1) + 8 * m(i + 2) + m(j + 1)));
-  });
+  sl::test::for_each_run([](sl::Context& ctx) { checked_within<false>(ctx); });
+}
+
+TEST_CASE("stencil_for's GPU work items (a point each, GPU memory's) on host memory: the results of the rows' layout") {
+  // What stencil_for runs on tensors in GPU memory, here on host memory (CI has no GPU): the
+  // same kernels with a point per work item instead of a row.
+  for (auto refresh : {sl::GhostRefresh::overlap, sl::GhostRefresh::blocking, sl::GhostRefresh::none})
+    sl::test::for_each_run([&](sl::Context& ctx) { jacobi<true>(ctx, refresh); }, {1, 2, 4, 6});
+  sl::test::for_each_run([](sl::Context& ctx) { periodic27<true>(ctx); }, {1, 2, 3, 8});
+  sl::test::for_each_run([](sl::Context& ctx) { checked_within<true>(ctx); }, {1, 4});
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        const Mesh2 mesh(ctx, {ctx.num_devices(), 1});
+        auto u = Grid2::zeros(mesh, {8, 12}), v = Grid2::zeros(mesh, {8, 12});
+        auto g = sl::ghosted(u, {1, 1});
+        try {
+          run_stencil<true, sl::Check::on>(v, g, [](const sl::Index<2>&, const auto& nb) { return nb(0, -2); });
+          FAIL_CHECK("no exception for nb(0, -2) with widths (1, 1)");
+        } catch (const std::out_of_range& e) {
+          CHECK(std::string(e.what()).find("nb(0, -2) at global index (") != std::string::npos);
+        }
+      },
+      {1, 4});
 }
 }
+

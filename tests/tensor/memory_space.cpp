@@ -4,7 +4,8 @@
 // from_host/to_host, scatter_from/gather_to, clone, reshards, the loops (KOKKOS_LAMBDA bodies),
 // the elementwise ops, the contractions (cuBLAS on a GPU), the reductions (argmax too), softmax
 // and the norms, the layout ops (permute, reshape, slice, concat, take, index_add, roll, shift,
-// pad, where) against the same program on tensors in host memory, on 1..4 devices: the host tensor is the
+// pad, where), ghosted views and stencil_for (a functor struct: nvcc has no generic device lambdas)
+// against the same program on tensors in host memory, on 1..4 devices: the host tensor is the
 // oracle of the device one.
 #include <doctest/doctest.h>
 #include <shardlib/memory.hpp>
@@ -13,12 +14,14 @@
 #include <shardlib/ops/linalg.hpp>
 #include <shardlib/ops/reduce.hpp>
 #include <shardlib/ops/shift.hpp>
+#include <shardlib/stencil.hpp>
 #include <shardlib/tensor.hpp>
 
 #include "../collectives/harness.hpp"
 #include "../string_makers.hpp"  // a failed comparison of two downloaded tensors prints their elements
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -497,6 +500,75 @@ void check_syncs(sl::Context& ctx) {
   CHECK(h.size() == 96);
 }
 
+// A stencil for tensors in GPU memory: a struct with a templated KOKKOS_INLINE_FUNCTION
+// operator() (nvcc has no generic __host__ __device__ lambdas). Written so that no compiler may
+// fuse a multiply and an add: the same bits on a GPU as on the host.
+struct Smooth {
+  template <class Nb>
+  KOKKOS_INLINE_FUNCTION float operator()(const sl::Index<2>& i, const Nb& nb) const {
+    return 0.125f * (nb(-1, 0) + nb(1, 0) + nb(0, -2) + nb(0, 2) + nb(-1, 1) + nb(1, -1) + static_cast<float>(i[1]));
+  }
+};
+struct ReadsTooFar {
+  template <class Nb>
+  KOKKOS_INLINE_FUNCTION float operator()(const sl::Index<2>&, const Nb& nb) const { return nb(2, 0); }
+};
+
+// Ghosted views and stencil_for: several steps with each ghost refresh, boundaries of four kinds,
+// against host memory bit for bit (a [11, 3] grid has blocks narrower than the width 2 on 4 and
+// more devices: ghost cells from several peers, packed and unpacked); the checked mode's error;
+// at(); and no stream wait in a stencil step.
+void check_stencil(sl::Context& ctx, const std::int64_t (&shape)[2]) {
+  const M2 mesh = mesh_of(ctx);
+  const std::array<std::array<sl::Boundary, 2>, 2> boundary = {
+      {{sl::Boundary::dirichlet(2.0), sl::Boundary::reflect()}, {sl::Boundary::periodic(), sl::Boundary::periodic()}}};
+  auto u = T2<Both>::random(mesh, shape, 61, -1.0f, 1.0f), v = T2<Both>::zeros(mesh, shape);
+  auto hu = T2<Both, Kokkos::HostSpace>::random(mesh, shape, 61, -1.0f, 1.0f), hv = T2<Both, Kokkos::HostSpace>::zeros(mesh, shape);
+  auto g = sl::ghosted(u, {1, 2}, boundary);
+  auto hg = sl::ghosted(hu, {1, 2}, boundary);
+  CHECK(g.cells_received() == hg.cells_received());
+  for (auto refresh : {sl::GhostRefresh::overlap, sl::GhostRefresh::blocking, sl::GhostRefresh::none}) {
+    CAPTURE(static_cast<int>(refresh));
+    for (int step = 0; step < 3; ++step) {
+      if (refresh == sl::GhostRefresh::none) {
+        g.exchange();
+        hg.exchange();
+      }
+      sl::stencil_for(v, g, Smooth{}, refresh);
+      sl::stencil_for(hv, hg, Smooth{}, refresh);
+      std::swap(u, v);
+      std::swap(hu, hv);
+    }
+    CHECK(u.to_host() == hu.to_host());
+  }
+  // at(): a cell of the block and one of the ghost layers (a copy of one cell in GPU memory).
+  g.exchange();
+  hg.exchange();
+  const sl::ShardBox& b = u.block();
+  if (b.num_elements() > 0) {
+    CHECK(g.at({b.offset[0], b.offset[1]}) == hg.at({b.offset[0], b.offset[1]}));
+    CHECK(g.at({b.offset[0] - 1, b.offset[1] - 2}) == hg.at({b.offset[0] - 1, b.offset[1] - 2}));
+  }
+  // The checked mode finds the read beyond the widths on the GPU and reports it on the host.
+  try {
+    sl::stencil_for<sl::Check::on>(v, g, ReadsTooFar{});
+    FAIL_CHECK("no exception for nb(2, 0) with widths (1, 2)");
+  } catch (const std::out_of_range& e) {
+    CHECK(std::string(e.what()).find("nb(2, 0) at global index (") != std::string::npos);
+  }
+  // In steady state a stencil step waits for no GPU stream (the exchange and the kernels are
+  // queued; on host memory there is no device stream to count).
+  sl::stencil_for(v, g, Smooth{});
+  const sl::kernels::SyncCount before = sl::kernels::sync_count();
+  sl::stencil_for(v, g, Smooth{});
+  CHECK_MESSAGE(sl::kernels::sync_count().device == before.device,
+                "a stencil step waited for the GPU stream " << sl::kernels::sync_count().device - before.device << " times");
+}
+void check_stencils(sl::Context& ctx) {
+  check_stencil(ctx, {11, 9});
+  check_stencil(ctx, {11, 3});
+}
+
 void on_devices(const std::function<void(sl::Context&)>& body) { sl::test::for_each_run_in<Mem>(body); }
 
 TEST_SUITE("tensor_memory_space") {
@@ -526,5 +598,8 @@ TEST_SUITE("tensor_memory_space") {
   }
   TEST_CASE("ops on tensors in the default execution space's memory wait for no GPU stream in steady state") {
     on_devices(check_syncs);
+  }
+  TEST_CASE("ghosted views and stencil_for on tensors in the default execution space's memory against host memory") {
+    on_devices(check_stencils);
   }
 }

@@ -10,8 +10,15 @@
 /// `exchange()` refreshes them — collective, one exchange over all devices in which exactly the
 /// ghost cells travel, once each — or `start()` ... `finish()` with work in between.
 /// stencil/stencil_for.hpp runs stencils over a ghosted view and does this for you.
+///
+/// A tensor in GPU memory keeps its ghost regions in GPU memory: packing, unpacking and the
+/// copies within a device are kernels on the device's instance (its stream), and the exchange
+/// runs on the device world where the backend has one (threads over GPU memory: device-to-device
+/// copies; nccl: grouped sends and receives), queued with no host wait. Under a backend without
+/// one (mpi), the ghost cells (only they) are packed on the GPU and go through host memory.
 #pragma once
 
+#include <shardlib/execute/block.hpp>
 #include <shardlib/kernels/layout.hpp>
 #include <shardlib/ops/common.hpp>
 #include <shardlib/sharding/halo.hpp>
@@ -52,14 +59,15 @@ struct Ghosts {
 
 namespace detail {
 
-/// The ghost exchange of one device, for blocks of `T` (the runtime-generic part of Ghosted:
-/// compiled once per element type, whatever the spec). `describe` names the tensor in messages.
+/// The ghost exchange of one device, for blocks of `T` in `Mem` (the runtime-generic part of
+/// Ghosted: compiled once per element type and memory space, whatever the spec). `describe` names
+/// the tensor in messages.
 template <class T, class Mem>
 class GhostExchange {
  public:
   GhostExchange(Context& ctx, const Sharding& sharding, const MeshShape& mesh, ArrayRef<std::int64_t> shape, const HaloSpec& h,
                 std::string describe)
-      : ctx_(&ctx), halo_(h), describe_(std::move(describe)) {
+      : ctx_(&ctx), halo_(h), describe_(std::move(describe)), staged_(!host_memory_v<Mem> && !reshards_on_device<Mem>(ctx)) {
     try {
       plan_ = halo::plan(h, sharding, mesh, shape, ctx.device());
     } catch (const std::invalid_argument& e) {
@@ -86,8 +94,9 @@ class GhostExchange {
     // Direct: when each peer gets one piece, in order (no mirror, no repeated edge cell), it goes
     // straight from the block into the peer's ghost region as a strided region (the backends copy
     // or send strided regions themselves); otherwise through packed staging buffers.
-    send_direct_ = direct(plan_.sends, true);
-    recv_direct_ = direct(plan_.receives, false);
+    // Staged through host memory: always packed, so that only the ghost cells cross.
+    send_direct_ = !staged_ && direct(plan_.sends, true);
+    recv_direct_ = !staged_ && direct(plan_.receives, false);
     if (send_direct_) {
       for (const auto& c : plan_.sends) send_regions_[static_cast<std::size_t>(c.dst)] = to_region(block_view(c, false));
     } else {
@@ -101,13 +110,14 @@ class GhostExchange {
     }
     for (const auto& c : plan_.sends) sent_ += c.src_cells(R);
     for (const auto& c : plan_.receives) received_ += c.cells(R);
+    if (staged_) {
+      host_send_.resize(send_buf_.size());
+      host_recv_.resize(recv_buf_.size());
+    }
     // Constant ghost cells never change: filled once.
-    auto guard = kernel_guard(ctx, false);
     for (const auto& f : plan_.fills) {
-      const T value = static_cast<T>(f.value);
-      kernels::detail::StridedView in = box_view(f.extent), out = region_view(f.region, f.lo, f.extent);
-      for (int d = 0; d < R; ++d) in.stride[d] = 0;
-      kernels::copy_strided(ctx.exec(), "shardlib::ghosts::fill", &value, in, ghosts_.data(), out);
+      auto guard = host_guard();
+      kernels::fill_strided(exec(), "shardlib::ghosts::fill", static_cast<T>(f.value), ghosts_.data(), region_view(f.region, f.lo, f.extent));
     }
   }
 
@@ -115,21 +125,21 @@ class GhostExchange {
   void start(const T* block) {
     if (pending_)
       throw std::logic_error("shardlib: ghosted view of " + describe_ + ": start() while an exchange is in flight; call finish() first");
-    if (!send_direct_) {
-      auto guard = kernel_guard(*ctx_, false);
+    if (!send_direct_)
       for (std::size_t i = 0; i < plan_.sends.size(); ++i) {
         const auto& c = plan_.sends[i];
-        kernels::copy_strided(ctx_->exec(), "shardlib::ghosts::pack", block, block_view(c, false), send_buf_.data() + send_offset_[i],
-                              box_view(c.src_extent));
+        copy("shardlib::ghosts::pack", block, block_view(c, false), send_buf_.data() + send_offset_[i], box_view(c.src_extent));
       }
+    if (staged_) {
+      download<Mem>(*ctx_, send_buf_.data(), host_send_.data(), static_cast<std::int64_t>(host_send_.size()));
+      pending_ = ctx_->world().start_exchange(host_send_.data(), send_regions_, host_recv_.data(), recv_regions_, coll::dtype_of<T>());
+    } else {
+      pending_ = world().start_exchange(send_direct_ ? block : send_buf_.data(), send_regions_,
+                                        recv_direct_ ? ghosts_.data() : recv_buf_.data(), recv_regions_, coll::dtype_of<T>());
     }
-    pending_ = ctx_->world().start_exchange(send_direct_ ? block : send_buf_.data(), send_regions_,
-                                            recv_direct_ ? ghosts_.data() : recv_buf_.data(), recv_regions_, coll::dtype_of<T>());
     // Copies within this device while the messages travel.
-    auto guard = kernel_guard(*ctx_, false);
     for (const auto& c : plan_.local)
-      kernels::copy_strided(ctx_->exec(), "shardlib::ghosts::local", block, block_view(c, true), ghosts_.data(),
-                            region_view(c.region, c.dst_lo, c.extent));
+      copy("shardlib::ghosts::local", block, block_view(c, true), ghosts_.data(), region_view(c.region, c.dst_lo, c.extent));
   }
   /// Completes the exchange: the ghost regions hold the neighbours' cells.
   void finish() {
@@ -137,11 +147,11 @@ class GhostExchange {
     auto pending = std::move(pending_);
     pending->wait();
     if (recv_direct_) return;
-    auto guard = kernel_guard(*ctx_, false);
+    if (staged_) upload<Mem>(*ctx_, host_recv_.data(), recv_buf_.data(), static_cast<std::int64_t>(host_recv_.size()));
     for (std::size_t i = 0; i < plan_.receives.size(); ++i) {
       const auto& c = plan_.receives[i];
-      kernels::copy_strided(ctx_->exec(), "shardlib::ghosts::unpack", recv_buf_.data() + recv_offset_[i], packed_view(c),
-                            ghosts_.data(), region_view(c.region, c.dst_lo, c.extent));
+      copy("shardlib::ghosts::unpack", recv_buf_.data() + recv_offset_[i], packed_view(c), ghosts_.data(),
+           region_view(c.region, c.dst_lo, c.extent));
     }
   }
   bool in_flight() const noexcept { return pending_ != nullptr; }
@@ -173,19 +183,57 @@ class GhostExchange {
     const auto e = halo::region_extent(r, R, plan_.block.extent, halo_.width);
     std::int64_t k = 0;
     for (int d = 0; d < R; ++d) k = k * e[static_cast<std::size_t>(d)] + q[static_cast<std::size_t>(d)];
-    return r == halo::centre_region(R) ? block[k] : ghosts_.data()[region_offset_[static_cast<std::size_t>(r)] + k];
+    const T* p = r == halo::centre_region(R) ? block + k : ghosts_.data() + region_offset_[static_cast<std::size_t>(r)] + k;
+    if constexpr (host_memory_v<Mem>) {
+      return *p;
+    } else {
+      T v{};
+      download<Mem>(*ctx_, p, &v, 1);  // one cell: a copy and a wait
+      return v;
+    }
   }
 
   const T* ghost_data() const noexcept { return ghosts_.data(); }
   const std::int64_t* region_offsets() const noexcept { return region_offset_.data(); }
-  /// Scratch for stencil_for's padded copies, kept between calls.
-  std::vector<T>& scratch() noexcept { return scratch_; }
+  /// Scratch in `Mem` for stencil_for's padded copies, of `n` elements at least; kept between
+  /// calls (it grows; kernels queued earlier on the device's stream keep the old one alive).
+  T* scratch(std::size_t n) {
+    if (scratch_.size() < n) scratch_ = Kokkos::View<T*, Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "shardlib::stencil_for::scratch"), n);
+    return scratch_.data();
+  }
+  /// stencil_for's record of a read beyond the widths (Check::on): `n` integers in `Mem`, zeroed
+  /// (on the device's stream in GPU memory) for the next loop; kept between calls.
+  std::int64_t* reset_fault(std::size_t n) {
+    if (fault_.size() < n) {
+      fault_ = Kokkos::View<std::int64_t*, Mem>("shardlib::stencil_for::fault", n);  // zeroed
+    } else if constexpr (host_memory_v<Mem>) {
+      std::fill_n(fault_.data(), n, std::int64_t{0});
+    } else {
+      Kokkos::deep_copy(exec(), fault_, std::int64_t{0});
+    }
+    return fault_.data();
+  }
   const halo::Plan& plan() const noexcept { return plan_; }
   std::int64_t cells_received() const noexcept { return received_; }
   std::int64_t cells_sent() const noexcept { return sent_; }
   const std::string& describe() const noexcept { return describe_; }
 
  private:
+  /// The device's execution space instance for blocks in Mem, and the world their exchange runs on.
+  const exec_space_t<Mem>& exec() const noexcept { return ctx_->exec_for<Mem>(); }
+  coll::Communicator& world() const {
+    if constexpr (host_memory_v<Mem>) return ctx_->world();
+    else return *ctx_->device_world();
+  }
+  /// Host kernels run under the kernel guard (Kokkos 3 with threads devices); device ones are queued.
+  std::unique_lock<std::mutex> host_guard() const {
+    if constexpr (host_memory_v<Mem>) return kernel_guard(*ctx_, false);
+    else return {};
+  }
+  void copy(const char* label, const T* in, const kernels::detail::StridedView& a, T* out, const kernels::detail::StridedView& b) const {
+    auto guard = host_guard();
+    kernels::copy_strided(exec(), label, in, a, out, b);
+  }
   /// Whether every peer has one piece at most, walked in order (steps +1).
   bool direct(const std::vector<halo::Copy>& pieces, bool sends) const {
     for (std::size_t i = 0; i < pieces.size(); ++i) {
@@ -272,15 +320,17 @@ class GhostExchange {
   Context* ctx_;
   HaloSpec halo_;
   std::string describe_;
+  bool staged_;  // device memory with no device world: packed cells go through host memory
   halo::Plan plan_;
   std::vector<std::int64_t> region_offset_;              // 3^R + 1 entries (the centre region is empty here)
   std::vector<std::int64_t> send_offset_, recv_offset_;  // per piece, in the staging buffers
   std::vector<coll::Region> send_regions_, recv_regions_;  // per device, in the staging buffers
-  Kokkos::View<T*, Mem> ghosts_, send_buf_, recv_buf_;
+  Kokkos::View<T*, Mem> ghosts_, send_buf_, recv_buf_, scratch_;
+  Kokkos::View<std::int64_t*, Mem> fault_;
+  std::vector<T> host_send_, host_recv_;  // staged_ only
   std::int64_t received_ = 0, sent_ = 0;
   bool send_direct_ = false, recv_direct_ = false;
   std::unique_ptr<coll::PendingExchange> pending_;
-  std::vector<T> scratch_;
 };
 
 }  // namespace detail
@@ -294,7 +344,6 @@ class Ghosted {
   using tensor_type = DistributedTensor<T, MeshT, SpecT, Mem>;
   static constexpr std::size_t rank = tensor_type::rank;
   static_assert(rank >= 1, "shardlib: ghosted: a rank-0 tensor has no neighbours");
-  static_assert(detail::require_host_operand<Mem>());  // its ghost exchange and stencil_for are host kernels
 
   /// Plans the exchange for this device and fills the constant ghost cells. Not collective.
   /// Throws std::invalid_argument for a bad width or boundary, naming the dim and the tensor.
@@ -333,14 +382,16 @@ class Ghosted {
   /// Cells it sends (the neighbours' ghost cells it holds; an edge boundary sends its cell once).
   std::int64_t cells_sent() const noexcept { return x_.cells_sent(); }
 
-  /// The cell at `global` (host memory), in this device's block or its ghost layers (current
-  /// after an exchange). Throws std::out_of_range naming the index and the widened block otherwise.
+  /// The cell at `global`, in this device's block or its ghost layers (current after an
+  /// exchange); in GPU memory a copy of one cell and a wait (for tests, not loops). Throws
+  /// std::out_of_range naming the index and the widened block otherwise.
   T at(const Index<rank>& global) const { return x_.at(global.i, t_->local().data()); }
 
-  /// Internal (stencil_for): the ghost regions' storage and where each region starts in it.
+  /// Internal (stencil_for): the ghost regions' storage (in Mem) and where each region starts in it.
   const T* ghost_data() const noexcept { return x_.ghost_data(); }
   const std::int64_t* region_offsets() const noexcept { return x_.region_offsets(); }
-  std::vector<T>& scratch() noexcept { return x_.scratch(); }
+  T* scratch(std::size_t n) { return x_.scratch(n); }
+  std::int64_t* reset_fault(std::size_t n) { return x_.reset_fault(n); }
   /// "a tensor of shape [8, 8] with Spec<x, y> on mesh {x: 2, y: 2}, ghost widths (1, 1)".
   const std::string& describe() const noexcept { return x_.describe(); }
 

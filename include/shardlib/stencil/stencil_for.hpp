@@ -9,20 +9,21 @@
 /// exchange, then the boundary shell: the two ends of each interior row (whose reads leave the
 /// block along the last dim only), and the slabs of the other dims, each first gathered with its
 /// neighbourhood (block and ghost cells) into a padded copy. The kernels (Kokkos, on the device's
-/// execution-space instance) run one row (the contiguous last dim) per work item; in the interior
-/// `nb` is a pointer and strides and the row a restrict loop, so a stencil written as a generic
-/// lambda compiles to the plain loop one would write over the block.
+/// execution-space instance) run one row (the contiguous last dim) per work item on the host, one
+/// point per GPU thread in GPU memory; in the interior `nb` is a pointer and strides and the row a
+/// restrict loop, so a stencil written as a generic lambda compiles to the plain loop one would
+/// write over the block.
 ///
 /// `stencil_for<sl::Check::on>(...)` checks every read against the ghost widths and throws
 /// std::out_of_range naming the offset, the index and the widths (after the loop, on the device
 /// that read out of bounds).
 #pragma once
 
+#include <shardlib/execute/block.hpp>
 #include <shardlib/kernels/exec.hpp>
 #include <shardlib/stencil/ghosted.hpp>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -48,21 +49,22 @@ struct stencil_for_needs_output_and_input_of_one_mesh_and_spec;
 
 namespace detail {
 
-/// Where the first out-of-width read of a checked stencil went.
+/// Where the first out-of-width read of a checked stencil went, as integers in the block's
+/// memory space (zeroed when allocated, read back after the loop): whether one happened, its
+/// offset and the point's global index (the ghosted view keeps them: Ghosted::reset_fault).
 struct StencilFault {
-  std::atomic<int> hit{0};
-  std::int64_t offset[max_tensor_rank] = {};
-  std::int64_t index[max_tensor_rank] = {};
+  static constexpr std::size_t hit = 0, offset = 1, index = 1 + max_tensor_rank, size = 1 + 2 * max_tensor_rank;
 };
 
-/// What the kernels know of a ghosted input block.
+/// What the kernels know of a ghosted input block (pointers into the block's memory space, but
+/// `region_offset`, which the host reads when it launches them).
 template <class T, std::size_t R>
 struct StencilGeometry {
   const T* block = nullptr;
   const T* ghosts = nullptr;
   const std::int64_t* region_offset = nullptr;
   std::int64_t extent[R] = {}, stride[R] = {}, width[R] = {}, offset[R] = {};
-  StencilFault* fault = nullptr;
+  std::int64_t* fault = nullptr;  // Check::on: StencilFault::size integers
 };
 
 /// Checked reads: whether offset `off` lies within the widths; if not, the first such read (over
@@ -72,14 +74,11 @@ KOKKOS_INLINE_FUNCTION bool checked_read(const StencilGeometry<T, R>& g, const s
                                          std::int64_t j) {
   bool ok = true;
   for (std::size_t d = 0; d < R; ++d) ok = ok && off[d] <= g.width[d] && -off[d] <= g.width[d];
-  if (!ok) {
-    int expected = 0;
-    if (g.fault->hit.compare_exchange_strong(expected, 1))
-      for (std::size_t d = 0; d < R; ++d) {
-        g.fault->offset[d] = off[d];
-        g.fault->index[d] = g.offset[d] + li[d] + (d + 1 == R ? j : 0);
-      }
-  }
+  if (!ok && Kokkos::atomic_compare_exchange(g.fault + StencilFault::hit, std::int64_t{0}, std::int64_t{1}) == 0)
+    for (std::size_t d = 0; d < R; ++d) {
+      g.fault[StencilFault::offset + d] = off[d];
+      g.fault[StencilFault::index + d] = g.offset[d] + li[d] + (d + 1 == R ? j : 0);
+    }
   return ok;
 }
 
@@ -115,13 +114,6 @@ struct Neighbors<T, R, true> {
   }
 };
 
-template <std::size_t R>
-inline std::int64_t flat(const std::int64_t (&i)[R], const std::int64_t (&s)[R]) noexcept {
-  std::int64_t k = 0;
-  for (std::size_t d = 0; d < R; ++d) k += i[d] * s[d];
-  return k;
-}
-
 /// One row: out[j] = f(i + (0, ..., j), nb at in + j), j < len; restrict pointers so that the
 /// compiler vectorises it as it would a plain loop.
 template <class T, class U, std::size_t R, class F>
@@ -135,75 +127,100 @@ KOKKOS_INLINE_FUNCTION void stencil_row(const T* __restrict in, U* __restrict ou
   }
 }
 
-/// out[box [lo, lo + ext) of the block] = f(global index, nb), one row per work item; `in` is the
-/// input at the box's first point, with strides `is` (the block itself, or a padded copy). Rows
-/// run along the last dim, or along the innermost long dim when the last is short (a slab of the
-/// shell one cell thin in the last dim has rows of one point otherwise).
-template <bool Checked, class T, class U, std::size_t R, class F>
+/// The stencil functor of a tensor in GPU memory, called from the GPU kernels: under nvcc a
+/// functor that calls host code is a compile error here (not nvcc's warning, which would leave a
+/// kernel that fails when it runs). A stencil in GPU memory is a struct whose templated
+/// `operator()(const Index<R>&, const Nb&)` is KOKKOS_INLINE_FUNCTION (nvcc has no generic
+/// __host__ __device__ lambdas).
+SHARDLIB_DEVICE_FUNCTORS_BEGIN
+template <class F>
+struct DeviceStencil {
+  F f;
+  template <class I, class Nb>
+  KOKKOS_FORCEINLINE_FUNCTION auto operator()(const I& i, const Nb& nb) const {
+    return f(i, nb);
+  }
+};
+SHARDLIB_DEVICE_FUNCTORS_END
+
+/// out[box [lo, lo + ext) of the block] = f(global index, nb): `in` is the input at the box's
+/// first point, with strides `in_stride` (the block itself, or a padded copy). Rows run along
+/// dim `rd` (the last dim, or the innermost long one when the last is short: a slab of the shell
+/// one cell thin in the last dim would have rows of one point). A work item is a row on the host
+/// (PerPoint false: the row is a plain loop) and one point on a GPU (consecutive threads, points).
+template <bool Checked, bool PerPoint, class T, class U, std::size_t R, class F>
+struct StencilBoxKernel {
+  StencilGeometry<T, R> g;
+  std::int64_t lo[R], ext[R], in_stride[R];
+  const T* in;
+  U* out;
+  std::size_t rd;
+  std::int64_t len;
+  bool unit;  // rows contiguous in the input
+  F f;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t item) const {
+    const std::int64_t row = PerPoint ? item / len : item;
+    const std::int64_t j0 = PerPoint ? item % len : 0, j1 = PerPoint ? j0 + 1 : len;
+    std::int64_t li[R];  // local index of the row's first point
+    std::int64_t rest = row, from = 0;
+    for (std::size_t d = R; d-- > 0;) {
+      if (d == rd) {
+        li[d] = lo[d];
+        continue;
+      }
+      const std::int64_t k = rest % ext[d];
+      rest /= ext[d];
+      li[d] = lo[d] + k;
+      from += k * in_stride[d];
+    }
+    Index<R> gi;
+    std::int64_t to = 0;
+    for (std::size_t d = 0; d < R; ++d) {
+      gi.i[d] = g.offset[d] + li[d];
+      to += li[d] * g.stride[d];
+    }
+    gi.i[rd] += j0;
+    if constexpr (!Checked) {
+      if (unit) {
+        stencil_row<T, U, R>(in + from + j0, out + to + j0, j1 - j0, in_stride, gi, f);
+        return;
+      }
+    }
+    const std::int64_t si = in_stride[rd], so = g.stride[rd];
+    for (std::int64_t j = j0; j < j1; ++j) {
+      if constexpr (Checked) {
+        Neighbors<T, R, true> nb{in + from + j * si, {}, &g, {}};
+        for (std::size_t d = 0; d < R; ++d) {
+          nb.s[d] = in_stride[d];
+          nb.li[d] = li[d] + (d == rd ? j : 0);
+        }
+        out[to + j * so] = static_cast<U>(f(static_cast<const Index<R>&>(gi), nb));
+      } else {
+        Neighbors<T, R, false> nb{in + from + j * si, {}};
+        for (std::size_t d = 0; d < R; ++d) nb.s[d] = in_stride[d];
+        out[to + j * so] = static_cast<U>(f(static_cast<const Index<R>&>(gi), nb));
+      }
+      ++gi.i[rd];
+    }
+  }
+};
+
+template <bool Checked, bool PerPoint, class Mem, class T, class U, std::size_t R, class F>
 void stencil_box(const Context& ctx, const StencilGeometry<T, R>& g, const std::int64_t (&lo)[R], const std::int64_t (&ext)[R],
                  const T* in, const std::int64_t (&is)[R], U* out, const F& f) {
-  std::size_t rd = R - 1;
-  while (rd > 0 && ext[rd] < 16 && ext[rd - 1] > ext[rd]) --rd;
+  StencilBoxKernel<Checked, PerPoint, T, U, R, F> k{g, {}, {}, {}, in, out, R - 1, 0, false, f};
+  while (k.rd > 0 && ext[k.rd] < 16 && ext[k.rd - 1] > ext[k.rd]) --k.rd;
   std::int64_t rows = 1;
-  for (std::size_t d = 0; d < R; ++d)
-    if (d != rd) rows *= ext[d];
-  const std::int64_t len = ext[rd];
-  if (rows <= 0 || len <= 0) return;
-  struct Box {
-    std::int64_t lo[R], ext[R], in_stride[R];
-  } box{};
   for (std::size_t d = 0; d < R; ++d) {
-    box.lo[d] = lo[d];
-    box.ext[d] = ext[d];
-    box.in_stride[d] = is[d];
+    if (d != k.rd) rows *= ext[d];
+    k.lo[d] = lo[d];
+    k.ext[d] = ext[d];
+    k.in_stride[d] = is[d];
   }
-  const bool unit = rd == R - 1 && is[R - 1] == 1;
-  auto guard = kernel_guard(ctx, false);
-  Kokkos::parallel_for(
-      "shardlib::stencil_for", Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, rows),
-      [=](std::int64_t row) {
-        std::int64_t li[R];  // local index of the row's first point
-        std::int64_t rest = row, from = 0;
-        for (std::size_t d = R; d-- > 0;) {
-          if (d == rd) {
-            li[d] = box.lo[d];
-            continue;
-          }
-          const std::int64_t k = rest % box.ext[d];
-          rest /= box.ext[d];
-          li[d] = box.lo[d] + k;
-          from += k * box.in_stride[d];
-        }
-        Index<R> gi;
-        std::int64_t to = 0;
-        for (std::size_t d = 0; d < R; ++d) {
-          gi.i[d] = g.offset[d] + li[d];
-          to += li[d] * g.stride[d];
-        }
-        if constexpr (!Checked) {
-          if (unit) {
-            stencil_row<T, U, R>(in + from, out + to, len, box.in_stride, gi, f);
-            return;
-          }
-        }
-        const std::int64_t si = box.in_stride[rd], so = g.stride[rd];
-        for (std::int64_t j = 0; j < len; ++j) {
-          if constexpr (Checked) {
-            Neighbors<T, R, true> nb{in + from + j * si, {}, &g, {}};
-            for (std::size_t d = 0; d < R; ++d) {
-              nb.s[d] = box.in_stride[d];
-              nb.li[d] = li[d] + (d == rd ? j : 0);
-            }
-            out[to + j * so] = static_cast<U>(f(static_cast<const Index<R>&>(gi), nb));
-          } else {
-            Neighbors<T, R, false> nb{in + from + j * si, {}};
-            for (std::size_t d = 0; d < R; ++d) nb.s[d] = box.in_stride[d];
-            out[to + j * so] = static_cast<U>(f(static_cast<const Index<R>&>(gi), nb));
-          }
-          ++gi.i[rd];
-        }
-      });
-  kernels::fence(ctx.exec());
+  k.len = ext[k.rd];
+  if (rows <= 0 || k.len <= 0) return;
+  k.unit = k.rd == R - 1 && is[R - 1] == 1;
+  for_range<Mem>("shardlib::stencil_for", ctx, PerPoint ? rows * k.len : rows, k);
 }
 
 /// nb(...) for points near the ends of a row whose neighbours in the other dims are all in the
@@ -239,92 +256,101 @@ enum class RowPart : std::uint8_t { middle, ends, all };
 
 /// The rows whose neighbours in dims < R-1 lie in the block (local indices [w, n - w) there):
 /// their middle points ([w, n - w) of the last dim) read only the block; their end points read
-/// the last dim's ghost regions too.
-template <bool Checked, class T, class U, std::size_t R, class F>
+/// the last dim's ghost regions too. A work item is a row on the host (PerPoint false) and one
+/// point of `part` on a GPU.
+template <bool Checked, bool PerPoint, class T, class U, std::size_t R, class F>
+struct StencilRowsKernel {
+  StencilGeometry<T, R> g;
+  std::int64_t gs[R];      // the last dim's ghost regions' strides
+  const T* low;            // ... low region (codes 1, ..., 1, 0)
+  const T* high;           // ... high region (codes 1, ..., 1, 2)
+  U* out;
+  std::int64_t n, w, mid0, mid1;
+  std::int64_t per_row;    // PerPoint: the points of `part` in a row
+  RowPart part;
+  F f;
+
+  KOKKOS_INLINE_FUNCTION void end(const std::int64_t (&li)[R], std::int64_t at, std::int64_t atg, Index<R> gi,
+                                  std::int64_t j) const {
+    const EdgeNeighbors<T, R, Checked> nb{g.block + at, low + atg, high + atg, g.stride, gs, j, n, w, &g, li};
+    gi.i[R - 1] = g.offset[R - 1] + j;
+    out[at + j] = static_cast<U>(f(static_cast<const Index<R>&>(gi), nb));
+  }
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t item) const {
+    const std::int64_t row = PerPoint ? item / per_row : item;
+    std::int64_t j0 = 0, j1 = n;  // the item's points of the row
+    if constexpr (PerPoint) {
+      const std::int64_t p = item % per_row;
+      j0 = part == RowPart::middle ? mid0 + p : part == RowPart::ends && p >= mid0 ? mid1 + (p - mid0) : p;
+      j1 = j0 + 1;
+    }
+    std::int64_t li[R] = {};
+    std::int64_t rest = row;
+    for (std::size_t d = R - 1; d-- > 0;) {
+      const std::int64_t e = g.extent[d] - 2 * g.width[d];
+      li[d] = g.width[d] + rest % e;
+      rest /= e;
+    }
+    Index<R> gi;
+    std::int64_t at = 0, atg = 0;
+    for (std::size_t d = 0; d < R; ++d) {
+      gi.i[d] = g.offset[d] + li[d];
+      at += li[d] * g.stride[d];
+      atg += li[d] * gs[d];
+    }
+    if (part != RowPart::middle)
+      for (std::int64_t j = j0; j < j1 && j < mid0; ++j) end(li, at, atg, gi, j);
+    const std::int64_t a = j0 > mid0 ? j0 : mid0, b = j1 < mid1 ? j1 : mid1;
+    if (part != RowPart::ends && a < b) {
+      Index<R> gm = gi;
+      gm.i[R - 1] = g.offset[R - 1] + a;
+      if constexpr (!Checked) {
+        stencil_row<T, U, R>(g.block + at + a, out + at + a, b - a, g.stride, gm, f);
+      } else {
+        for (std::int64_t j = a; j < b; ++j) {
+          Neighbors<T, R, true> nb{g.block + at + j, {}, &g, {}};
+          for (std::size_t d = 0; d < R; ++d) {
+            nb.s[d] = g.stride[d];
+            nb.li[d] = li[d] + (d + 1 == R ? j : 0);
+          }
+          out[at + j] = static_cast<U>(f(static_cast<const Index<R>&>(gm), nb));
+          ++gm.i[R - 1];
+        }
+      }
+    }
+    if (part != RowPart::middle)
+      for (std::int64_t j = j0 > mid1 ? j0 : mid1; j < j1; ++j) end(li, at, atg, gi, j);
+  }
+};
+
+template <bool Checked, bool PerPoint, class Mem, class T, class U, std::size_t R, class F>
 void stencil_rows(const Context& ctx, const StencilGeometry<T, R>& g, RowPart part, U* out, const F& f) {
   std::int64_t rows = 1;
   for (std::size_t d = 0; d + 1 < R; ++d) rows *= std::max<std::int64_t>(g.extent[d] - 2 * g.width[d], 0);
   const std::int64_t n = g.extent[R - 1], w = g.width[R - 1];
   if (rows <= 0 || n <= 0) return;
-  // The last dim's ghost regions (codes 1, ..., 1, 0 and 1, ..., 1, 2) and their strides.
-  struct Rows {
-    std::int64_t gs[R];
-    const T* low;
-    const T* high;
-  } r{};
+  StencilRowsKernel<Checked, PerPoint, T, U, R, F> k{g, {}, nullptr, nullptr, out, n, w, 0, 0, 0, part, f};
   std::int64_t m = 1;
   for (std::size_t d = R; d-- > 0;) {
-    r.gs[d] = m;
+    k.gs[d] = m;
     m *= d + 1 == R ? w : g.extent[d];
   }
   const int centre = halo::centre_region(static_cast<int>(R));
-  r.low = g.ghosts + g.region_offset[centre - 1];
-  r.high = g.ghosts + g.region_offset[centre + 1];
-  const std::int64_t mid0 = std::min(w, n), mid1 = std::max(n - w, mid0);
-  auto guard = kernel_guard(ctx, false);
-  Kokkos::parallel_for(
-      "shardlib::stencil_for", Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, rows),
-      [=](std::int64_t row) {
-        std::int64_t li[R] = {};
-        std::int64_t rest = row;
-        for (std::size_t d = R - 1; d-- > 0;) {
-          const std::int64_t e = g.extent[d] - 2 * g.width[d];
-          li[d] = g.width[d] + rest % e;
-          rest /= e;
-        }
-        Index<R> gi;
-        std::int64_t at = 0, atg = 0;
-        for (std::size_t d = 0; d < R; ++d) {
-          gi.i[d] = g.offset[d] + li[d];
-          at += li[d] * g.stride[d];
-          atg += li[d] * r.gs[d];
-        }
-        auto end = [&](std::int64_t j) {
-          const EdgeNeighbors<T, R, Checked> nb{g.block + at, r.low + atg, r.high + atg, g.stride, r.gs, j, n, w, &g, li};
-          Index<R> gj = gi;
-          gj.i[R - 1] = g.offset[R - 1] + j;
-          out[at + j] = static_cast<U>(f(static_cast<const Index<R>&>(gj), nb));
-        };
-        if (part != RowPart::middle)
-          for (std::int64_t j = 0; j < mid0; ++j) end(j);
-        if (part != RowPart::ends) {
-          Index<R> gm = gi;
-          gm.i[R - 1] = g.offset[R - 1] + mid0;
-          if constexpr (!Checked) {
-            stencil_row<T, U, R>(g.block + at + mid0, out + at + mid0, mid1 - mid0, g.stride, gm, f);
-          } else {
-            for (std::int64_t j = mid0; j < mid1; ++j) {
-              Neighbors<T, R, true> nb{g.block + at + j, {}, &g, {}};
-              for (std::size_t d = 0; d < R; ++d) {
-                nb.s[d] = g.stride[d];
-                nb.li[d] = li[d] + (d + 1 == R ? j : 0);
-              }
-              out[at + j] = static_cast<U>(f(static_cast<const Index<R>&>(gm), nb));
-              ++gm.i[R - 1];
-            }
-          }
-        }
-        if (part != RowPart::middle)
-          for (std::int64_t j = mid1; j < n; ++j) end(j);
-      });
-  kernels::fence(ctx.exec());
+  k.low = g.ghosts + g.region_offset[centre - 1];
+  k.high = g.ghosts + g.region_offset[centre + 1];
+  k.mid0 = std::min(w, n);
+  k.mid1 = std::max(n - w, k.mid0);
+  k.per_row = part == RowPart::middle ? k.mid1 - k.mid0 : part == RowPart::ends ? k.mid0 + n - k.mid1 : n;
+  if (PerPoint && k.per_row == 0) return;
+  for_range<Mem>("shardlib::stencil_for", ctx, PerPoint ? rows * k.per_row : rows, k);
 }
 
 /// The box [lo - w, lo + ext + w) around a box of the block, gathered from the block and the
-/// ghost regions into `tmp` (row-major; its strides to `ts`).
-template <class T, std::size_t R>
+/// ghost regions into `tmp` (row-major, in the block's memory space; its strides to `ts`).
+template <class Mem, class T, std::size_t R>
 void gather_padded(const Context& ctx, const StencilGeometry<T, R>& g, const std::int64_t (&lo)[R], const std::int64_t (&ext)[R],
-                   std::vector<T>& tmp, std::int64_t (&ts)[R]) {
-  std::int64_t p0[R], pe[R], n = 1;
-  for (std::size_t d = R; d-- > 0;) {
-    p0[d] = lo[d] - g.width[d];
-    pe[d] = ext[d] + 2 * g.width[d];
-    ts[d] = n;
-    n *= pe[d];
-  }
-  if (tmp.size() < static_cast<std::size_t>(n)) tmp.resize(static_cast<std::size_t>(n));
+                   T* tmp, const std::int64_t (&ts)[R]) {
   const int rank = static_cast<int>(R), regions = halo::region_count(rank);
-  auto guard = kernel_guard(ctx, false);
   for (int r = 0; r < regions; ++r) {
     kernels::detail::StridedView src, dst;
     src.rank = dst.rank = rank;
@@ -335,23 +361,29 @@ void gather_padded(const Context& ctx, const StencilGeometry<T, R>& g, const std
       const int code = halo::region_code(r, static_cast<int>(d), rank);
       const std::int64_t r0 = code == 0 ? -g.width[d] : code == 1 ? 0 : g.extent[d];
       const std::int64_t re = code == 1 ? g.extent[d] : g.width[d];
-      const std::int64_t a = std::max(r0, p0[d]), b = std::min(r0 + re, p0[d] + pe[d]);
+      const std::int64_t p0 = lo[d] - g.width[d], pe = ext[d] + 2 * g.width[d];
+      const std::int64_t a = std::max(r0, p0), b = std::min(r0 + re, p0 + pe);
       empty = a >= b;
       src.extent[d] = dst.extent[d] = b - a;
       src.stride[d] = centre ? g.stride[d] : rs;
       src.offset += (a - r0) * src.stride[d];
       dst.stride[d] = ts[d];
-      dst.offset += (a - p0[d]) * ts[d];
+      dst.offset += (a - p0) * ts[d];
       rs *= re;
     }
     if (empty) continue;
     const T* from = centre ? g.block : g.ghosts + g.region_offset[r];
-    kernels::copy_strided(ctx.exec(), "shardlib::stencil_for::gather", from, src, tmp.data(), dst);
+    if constexpr (host_memory_v<Mem>) {
+      auto guard = kernel_guard(ctx, false);
+      kernels::copy_strided(ctx.exec(), "shardlib::stencil_for::gather", from, src, tmp, dst);
+    } else {
+      kernels::copy_strided(ctx.exec_for<Mem>(), "shardlib::stencil_for::gather", from, src, tmp, dst);
+    }
   }
 }
 
 template <class T, class MeshT, class SpecT, class Mem>
-StencilGeometry<T, SpecT::rank> stencil_geometry(const Ghosted<T, MeshT, SpecT, Mem>& in, StencilFault* fault) {
+StencilGeometry<T, SpecT::rank> stencil_geometry(const Ghosted<T, MeshT, SpecT, Mem>& in, std::int64_t* fault) {
   constexpr std::size_t R = SpecT::rank;
   StencilGeometry<T, R> g;
   const ShardBox& b = in.tensor().block();
@@ -370,26 +402,13 @@ StencilGeometry<T, SpecT::rank> stencil_geometry(const Ghosted<T, MeshT, SpecT, 
   return g;
 }
 
-}  // namespace detail
-
-/// Sets every element of `out` to `f(const Index<R>& i, const auto& nb)`, where `nb(o_0, ...,
-/// o_{R-1})` is the input at global index i + o (|o_d| <= the ghost width of dim d). `out` has
-/// the mesh, spec and shape of `in`'s tensor and is another tensor (a stencil reads the old
-/// values while writing the new). The ghosts are refreshed as `refresh` says (collective unless
-/// GhostRefresh::none). Throws std::invalid_argument for another shape or an output that is the
-/// input; std::out_of_range for a read beyond the widths (Check::on).
-template <Check C = Check::off, class U, class T, class MeshT, class SpecT, class OutSpec, class Mem, class F>
-void stencil_for(DistributedTensor<U, MeshT, OutSpec, Mem>& out, Ghosted<T, MeshT, SpecT, Mem>& in, F f,
-                 GhostRefresh refresh = GhostRefresh::overlap) {
+/// stencil_for with its work items chosen: a row each (PerPoint false, host memory) or a point
+/// each (true, GPU memory; the tests run it on host memory too).
+template <Check C, bool PerPoint, class U, class T, class MeshT, class SpecT, class OutSpec, class Mem, class F>
+void run_stencil(DistributedTensor<U, MeshT, OutSpec, Mem>& out, Ghosted<T, MeshT, SpecT, Mem>& in, const F& f,
+                 GhostRefresh refresh) {
   constexpr std::size_t R = SpecT::rank;
-  SHARDLIB_STATIC_REQUIRE((std::is_same_v<OutSpec, SpecT>),
-                          "shardlib: stencil_for: the output needs the input's spec (the same block on each device)",
-                          error::stencil_for_needs_output_and_input_of_one_mesh_and_spec<OutSpec, SpecT>);
   constexpr bool Checked = C == Check::on;
-  static_assert(std::is_invocable_v<const F&, const Index<R>&, const detail::Neighbors<T, R, Checked>&> &&
-                    std::is_invocable_v<const F&, const Index<R>&, const detail::EdgeNeighbors<T, R, Checked>&>,
-                "shardlib: stencil_for: the functor must be callable as f(const sl::Index<R>& i, const auto& nb), with "
-                "nb(offsets...) reading a neighbour (a generic lambda)");
   const auto& t = in.tensor();
   if (out.shape() != t.shape())
     throw std::invalid_argument("shardlib: stencil_for: the output has shape " + detail::shape_text(out.shape()) +
@@ -401,8 +420,9 @@ void stencil_for(DistributedTensor<U, MeshT, OutSpec, Mem>& out, Ghosted<T, Mesh
   if (in.in_flight())
     throw std::logic_error("shardlib: stencil_for: the input (" + in.describe() +
                            ") has an exchange in flight; finish() it first");
-  detail::StencilFault fault;
-  const auto g = detail::stencil_geometry(in, &fault);
+  std::int64_t* fault = nullptr;
+  if constexpr (Checked) fault = in.reset_fault(StencilFault::size);
+  const auto g = stencil_geometry(in, fault);
   Context& ctx = t.context();
   U* o = out.local().data();
   // The rows whose neighbours in dims < R-1 are in the block: their middles while the ghosts
@@ -411,18 +431,17 @@ void stencil_for(DistributedTensor<U, MeshT, OutSpec, Mem>& out, Ghosted<T, Mesh
   if (refresh == GhostRefresh::overlap) {
     in.start();
     try {
-      detail::stencil_rows<Checked>(ctx, g, detail::RowPart::middle, o, f);
+      stencil_rows<Checked, PerPoint, Mem>(ctx, g, RowPart::middle, o, f);
     } catch (...) {
       in.finish();
       throw;
     }
     in.finish();
-    detail::stencil_rows<Checked>(ctx, g, detail::RowPart::ends, o, f);
+    stencil_rows<Checked, PerPoint, Mem>(ctx, g, RowPart::ends, o, f);
   } else {
     if (refresh == GhostRefresh::blocking) in.exchange();
-    detail::stencil_rows<Checked>(ctx, g, detail::RowPart::all, o, f);
+    stencil_rows<Checked, PerPoint, Mem>(ctx, g, RowPart::all, o, f);
   }
-  std::vector<T>& tmp = in.scratch();
   for (std::size_t d = 0; d + 1 < R; ++d) {
     for (int side = 0; side < 2; ++side) {
       std::int64_t a[R], e[R];
@@ -436,24 +455,65 @@ void stencil_for(DistributedTensor<U, MeshT, OutSpec, Mem>& out, Ghosted<T, Mesh
       std::int64_t cells = 1;
       for (std::size_t k = 0; k < R; ++k) cells *= e[k];
       if (cells == 0) continue;
-      std::int64_t ts[R];
-      detail::gather_padded(ctx, g, a, e, tmp, ts);
+      std::int64_t ts[R], padded = 1;
+      for (std::size_t k = R; k-- > 0;) {
+        ts[k] = padded;
+        padded *= e[k] + 2 * g.width[k];
+      }
+      // One scratch for every slab: on a GPU the slabs' copies and kernels queue in order.
+      T* tmp = in.scratch(static_cast<std::size_t>(padded));
+      gather_padded<Mem>(ctx, g, a, e, tmp, ts);
       std::int64_t first = 0;
       for (std::size_t k = 0; k < R; ++k) first += g.width[k] * ts[k];
-      detail::stencil_box<Checked>(ctx, g, a, e, tmp.data() + first, ts, o, f);
+      stencil_box<Checked, PerPoint, Mem>(ctx, g, a, e, tmp + first, ts, o, f);
     }
   }
-  if (fault.hit.load()) {
-    std::string off, idx, w;
-    for (std::size_t d = 0; d < R; ++d) {
-      off += (d ? ", " : "") + std::to_string(fault.offset[d]);
-      idx += (d ? ", " : "") + std::to_string(fault.index[d]);
-      w += (d ? ", " : "") + std::to_string(g.width[d]);
+  if constexpr (Checked) {
+    std::int64_t hit[StencilFault::size];
+    download<Mem>(ctx, fault, hit, StencilFault::size);  // in GPU memory, waits for the kernels
+    if (hit[StencilFault::hit]) {
+      std::string off, idx, w;
+      for (std::size_t d = 0; d < R; ++d) {
+        off += (d ? ", " : "") + std::to_string(hit[StencilFault::offset + d]);
+        idx += (d ? ", " : "") + std::to_string(hit[StencilFault::index + d]);
+        w += (d ? ", " : "") + std::to_string(g.width[d]);
+      }
+      throw std::out_of_range("shardlib: stencil_for: nb(" + off + ") at global index (" + idx +
+                              ") reads beyond the ghost widths (" + w + ") of the input (" + in.describe() +
+                              "); read at most the width away, or make the ghosted view wider");
     }
-    throw std::out_of_range("shardlib: stencil_for: nb(" + off + ") at global index (" + idx +
-                            ") reads beyond the ghost widths (" + w + ") of the input (" + in.describe() +
-                            "); read at most the width away, or make the ghosted view wider");
   }
+}
+
+}  // namespace detail
+
+/// Sets every element of `out` to `f(const Index<R>& i, const auto& nb)`, where `nb(o_0, ...,
+/// o_{R-1})` is the input at global index i + o (|o_d| <= the ghost width of dim d). `out` has
+/// the mesh, spec and shape of `in`'s tensor and is another tensor (a stencil reads the old
+/// values while writing the new). The ghosts are refreshed as `refresh` says (collective unless
+/// GhostRefresh::none). Throws std::invalid_argument for another shape or an output that is the
+/// input; std::out_of_range for a read beyond the widths (Check::on).
+///
+/// In GPU memory the kernels run on the GPU, one point per thread, queued on the device's stream
+/// (no host wait but Check::on's, which reads the fault back); `f` is then a struct with a
+/// KOKKOS_INLINE_FUNCTION templated operator() (see docs/07).
+template <Check C = Check::off, class U, class T, class MeshT, class SpecT, class OutSpec, class Mem, class F>
+void stencil_for(DistributedTensor<U, MeshT, OutSpec, Mem>& out, Ghosted<T, MeshT, SpecT, Mem>& in, F f,
+                 GhostRefresh refresh = GhostRefresh::overlap) {
+  constexpr std::size_t R = SpecT::rank;
+  SHARDLIB_STATIC_REQUIRE((std::is_same_v<OutSpec, SpecT>),
+                          "shardlib: stencil_for: the output needs the input's spec (the same block on each device)",
+                          error::stencil_for_needs_output_and_input_of_one_mesh_and_spec<OutSpec, SpecT>);
+  constexpr bool Checked = C == Check::on;
+  static_assert(std::is_invocable_v<const F&, const Index<R>&, const detail::Neighbors<T, R, Checked>&> &&
+                    std::is_invocable_v<const F&, const Index<R>&, const detail::EdgeNeighbors<T, R, Checked>&>,
+                "shardlib: stencil_for: the functor must be callable as f(const sl::Index<R>& i, const auto& nb), with "
+                "nb(offsets...) reading a neighbour (a generic lambda, or in GPU memory a struct with a templated "
+                "KOKKOS_INLINE_FUNCTION operator())");
+  if constexpr (detail::host_memory_v<Mem>)
+    detail::run_stencil<C, false>(out, in, f, refresh);
+  else
+    detail::run_stencil<C, true>(out, in, detail::DeviceStencil<F>{f}, refresh);
 }
 
 }  // namespace shardlib
