@@ -125,7 +125,7 @@ void check_cross_entropy_device_form(sl::Context& ctx) {
     sl::Sharding rows;
     rows.rank = 1;
     rows.dims[0] = T2<Vocab, H>::sharding.dims[0];
-    const sl::detail::Block<std::int32_t> tb = sl::detail::block_as<true>(t, rows);
+    const sl::detail::Block<std::int32_t> tb = sl::detail::block_as(t, rows);
     const sl::detail::Block<float> zb{nullptr, z.local().data(), z.block()};
     float host_out = -1, device_out = -1;
     ad::CrossEntropySaved<float> hs;

@@ -285,7 +285,7 @@ auto cross_entropy(const L& logits0, const Targets& targets) {
       Sharding rows;
       rows.rank = 1;
       rows.dims[0] = layout.dims[0];
-      const Block<I> t = block_as<true>(targets, rows);
+      const Block<I> t = block_as(targets, rows);
       const Block<T> zb{nullptr, z.local().data(), z.block()};
       Out out(z.mesh(), {});
       // Host memory: the host kernels (Eigen's packets); device memory: kernels on the stream.

@@ -253,7 +253,7 @@ auto norm_var(const A0& a0, double eps) {
                   using T = typename Y::value_type;
                   give(p, 0, *na,
                        norm_backward<T, typename Y::memory_space>(g.context(), g.mesh().shape(), Y::sharding, y.shape(), Dim,
-                                                                  eps, Layer, ref<true>(x), ref<true>(y), ref<true>(g)));
+                                                                  eps, Layer, ref(x), ref(y), ref(g)));
                 },
                 a.node());
 }

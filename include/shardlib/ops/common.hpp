@@ -46,12 +46,6 @@ struct op_has_no_sharding_rule_for_these_specs;
 /// The operands of an op live on meshes of different types.
 template <OpName Op, class... Meshes>
 struct op_operands_are_on_different_meshes;
-/// This op's kernels are host kernels: a tensor in device memory cannot be its operand yet
-/// (docs/12_gpus.md): the stencils (ghosted, stencil_for). Everything else works on it: its
-/// loops, creation, transfers, reshards, the ops, and gradients (Var, Param, backward, the
-/// losses, the optimizers).
-template <class MemorySpace>
-struct ops_on_tensors_in_device_memory_are_not_built_yet;
 /// The operands of an op live in different memory spaces (host and device memory, say): move one
 /// (`to_host`/`from_host`, or a tensor created in the other space) first.
 template <OpName Op, class... MemorySpaces>
@@ -89,21 +83,6 @@ struct OperandRef {
   const T* data = nullptr;
   const ShardBox* box = nullptr;
 };
-/// Stops the build when an op gets a tensor in device memory (see the error's comment).
-template <class Mem>
-constexpr bool require_host_operand() {
-  SHARDLIB_STATIC_REQUIRE(host_memory_v<Mem>,
-                          "shardlib: this op takes tensors in host memory only, for now (the stencils: ghosted, "
-                          "stencil_for); a tensor in device memory has creation, loops (parallel_for, map, "
-                          "parallel_reduce), to_host/from_host, reshards, the elementwise ops (+ - * /, unary "
-                          "math, cast, zip, where), einsum/matmul, sum/mean/max/min/argmax, "
-                          "softmax/log_softmax, layer_norm/rms_norm, the layout ops (permute, reshape, slice, "
-                          "concat, take, index_add, roll, shift, pad), and gradients of all of these (Var, "
-                          "Param, backward, mse_loss, cross_entropy, SGD, AdamW)",
-                          error::ops_on_tensors_in_device_memory_are_not_built_yet<Mem>);
-  return true;
-}
-
 /// Stops the build when the operands of op `Name` live in different memory spaces.
 template <OpName Name, class Mem, class... Mems>
 constexpr bool require_one_memory_space() {
@@ -112,12 +91,9 @@ constexpr bool require_one_memory_space() {
   return true;
 }
 
-/// Tensor `t` as an OperandRef. `AnyMemory`: the op's kernels run in every memory space (the
-/// elementwise ops); the others take host memory only and stop the build on a tensor in device
-/// memory.
-template <bool AnyMemory = false, class T, class MeshT, class SpecT, class Mem>
+/// Tensor `t` as an OperandRef.
+template <class T, class MeshT, class SpecT, class Mem>
 OperandRef<T> ref(const DistributedTensor<T, MeshT, SpecT, Mem>& t) noexcept {
-  if constexpr (!AnyMemory) static_assert(require_host_operand<Mem>());
   return {&t.context(), &t.mesh().shape(), &DistributedTensor<T, MeshT, SpecT, Mem>::sharding, t.shape(),
           t.local().data(), &t.block()};
 }
@@ -148,12 +124,10 @@ Block<T> block_as(const OperandRef<T>& t, const Sharding& target) {
   return block_as<T, Mem>(*t.ctx, *t.mesh, *t.sharding, t.shape, t.data, *t.box, target);
 }
 
-/// The block of `t` laid out as `target` (see above), in `t`'s memory space. `AnyMemory`: the
-/// op's kernels run in every memory space; the others take host memory only. `target` has the
+/// The block of `t` laid out as `target` (see above), in `t`'s memory space. `target` has the
 /// tensor's rank.
-template <bool AnyMemory = false, class T, class MeshT, class SpecT, class Mem>
+template <class T, class MeshT, class SpecT, class Mem>
 Block<T> block_as(const DistributedTensor<T, MeshT, SpecT, Mem>& t, const Sharding& target) {
-  if constexpr (!AnyMemory) static_assert(require_host_operand<Mem>());
   return block_as<T, Mem>(t.context(), t.mesh().shape(), DistributedTensor<T, MeshT, SpecT, Mem>::sharding, t.shape(),
                           t.local().data(), t.block(), target);
 }
@@ -185,13 +159,6 @@ std::string operand_text(const Tensor& t) {
 template <class A, class B>
 void check_same_mesh(const char* op, const A& a, const B& b) {
   if (!(a.mesh() == b.mesh()) || &a.context() != &b.context()) throw_different_meshes(op, info(a), info(b));
-}
-
-/// Kernel launch guard of the tensor's device (see runtime.hpp).
-template <class Tensor>
-auto guard(const Tensor& t, bool reduction = false) {
-  static_assert(require_host_operand<typename Tensor::memory_space>());
-  return kernel_guard(t.context(), reduction);
 }
 
 }  // namespace detail

@@ -175,7 +175,7 @@ auto elementwise_op(F f, const Tensor0& t0, const Tensors&... ts) {
     else return f;
   }();
   elementwise_run<R, Mem>(out.context(), g, out.local().data(), out.block(), shape, rule.in.data(),
-                          std::index_sequence_for<Tensor0, Tensors...>{}, ref<true>(t0), ref<true>(ts)...);
+                          std::index_sequence_for<Tensor0, Tensors...>{}, ref(t0), ref(ts)...);
   return out;
 }
 

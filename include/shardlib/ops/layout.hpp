@@ -198,14 +198,14 @@ auto reshape_op(const A& a, const std::array<std::int64_t, ROut>* given) {
   static_assert(ROut == 0 || ROut == Out::rank, "shardlib: reshape: the output shape has another rank than the pattern");
   typename Out::Shape shape{};
   reshape_shape(Pattern.text, p, info(a), given ? given->data() : nullptr, shape.data());
-  const Block<T> in = block_as<true>(a, rule.in[0]);
+  const Block<T> in = block_as(a, rule.in[0]);
   if (reshape_blocks_align(p, rule.in[0], rule.out, a.mesh().shape(), a.shape(), shape)) {
     // Row-major blocks of the same elements in the same order: reinterpret, no copy.
     std::shared_ptr<void> owner = in.keep ? in.keep : a.block_owner();
     return Out(a.mesh(), shape, std::move(owner), const_cast<T*>(in.data));
   }
   Out out(a.mesh(), shape);
-  reshape_gather<T, Mem>(rule, ref<true>(a), out.local().data(), out.block(), shape);
+  reshape_gather<T, Mem>(rule, ref(a), out.local().data(), out.block(), shape);
   return out;
 }
 }  // namespace detail
@@ -239,7 +239,7 @@ auto slice(const A& a, std::int64_t begin, std::int64_t end) {
                                 typename A::memory_space>;
   const std::int64_t extent = a.shape()[static_cast<std::size_t>(Dim)];
   if (begin < 0 || end > extent || begin > end) detail::throw_slice_out_of_range(begin, end, Dim, detail::info(a));
-  const auto in = detail::block_as<true>(a, rule.in[0]);
+  const auto in = detail::block_as(a, rule.in[0]);
   typename Out::Shape shape = a.shape();
   shape[static_cast<std::size_t>(Dim)] = end - begin;
   Out out(a.mesh(), shape);
@@ -269,8 +269,8 @@ auto concat(const A& a, const B& b) {
       detail::throw_concat_mismatch(Dim, static_cast<int>(d), detail::info(a), detail::info(b));
   const auto u = static_cast<std::size_t>(Dim);
   shape[u] = a.shape()[u] + b.shape()[u];
-  const auto ba = detail::block_as<true>(a, rule.in[0]);
-  const auto bb = detail::block_as<true>(b, rule.in[1]);
+  const auto ba = detail::block_as(a, rule.in[0]);
+  const auto bb = detail::block_as(b, rule.in[1]);
   Out out(a.mesh(), shape);
   using Mem = typename A::memory_space;
   detail::shift_blocks<typename A::value_type, Mem>(out.context(), a.mesh().shape(), rule.comm, Dim, ba.data, ba.box, a.shape()[u], 0,
@@ -302,8 +302,8 @@ auto take(const Table& table, const Indices& indices) {
   constexpr std::size_t rt = Table::rank, ri = Indices::rank;
   constexpr auto u = static_cast<std::size_t>(Dim);
   const typename Out::Shape shape = detail::take_shape<Out::rank>(table.shape(), indices.shape(), u);
-  const auto bt = detail::block_as<true>(table, rule.in[0]);
-  const auto bi = detail::block_as<true>(indices, rule.in[1]);
+  const auto bt = detail::block_as(table, rule.in[0]);
+  const auto bi = detail::block_as(indices, rule.in[1]);
   Out out(table.mesh(), shape);
   std::int64_t outer = 1, inner = 1;
   for (std::size_t d = 0; d != u; ++d) outer *= bt.box.extent[d];  // (not d < u: nvcc warns when u is 0)
@@ -355,9 +355,9 @@ auto index_add(const Base& base, const Indices& indices, const Values& values) {
     throw std::invalid_argument("shardlib: index_add<" + std::to_string(Dim) + ">: values " + detail::operand_text(values) +
                                 " do not have the shape of take(base, indices) for base " + detail::operand_text(base) +
                                 " and indices " + detail::operand_text(indices));
-  const auto bb = detail::block_as<true>(base, rule.in[0]);
-  const auto bi = detail::block_as<true>(indices, rule.in[1]);
-  const auto bv = detail::block_as<true>(values, rule.in[2]);
+  const auto bb = detail::block_as(base, rule.in[0]);
+  const auto bi = detail::block_as(indices, rule.in[1]);
+  const auto bv = detail::block_as(values, rule.in[2]);
   using Mem = typename Base::memory_space;
   Out out(base.mesh(), base.shape());
   Context& ctx = out.context();

@@ -311,7 +311,7 @@ auto einsum_op(const A& a, const B& b) {
     typename Out::Shape shape{};
     einsum_shape(Name.text, Sub.text, s, info(a), info(b), shape.data());
     Out out(a.mesh(), shape);
-    einsum_run<T, Mem>(Name.text, s, L, rule, ref<true>(a), ref<true>(b), out.local().data(), out.block());
+    einsum_run<T, Mem>(Name.text, s, L, rule, ref(a), ref(b), out.local().data(), out.block());
     return out;
   }
 }
@@ -350,7 +350,7 @@ auto einsum_add_op(const A& a, const B& b, C&& c) {
                       c.block_owner().use_count() == 1 && static_cast<const void*>(&c) != static_cast<const void*>(&a) &&
                       static_cast<const void*>(&c) != static_cast<const void*>(&b);
     Prod out = take ? Prod(std::move(c)) : c.clone();
-    einsum_run<T, typename A::memory_space>(Name.text, s, L, rule, ref<true>(a), ref<true>(b), out.local().data(),
+    einsum_run<T, typename A::memory_space>(Name.text, s, L, rule, ref(a), ref(b), out.local().data(),
                                             out.block(), true);
     return out;
   }

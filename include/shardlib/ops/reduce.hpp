@@ -141,7 +141,7 @@ auto reduce_op(const A& a) {
     using Mem = typename A::memory_space;
     using Out = DistributedTensor<U, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, Mem>;
     Out out(a.mesh(), reduced_shape<Out::rank>(a.shape(), Dim, KeepDim));
-    reduce_run<Kind, T, U, Mem>(rule, Dim, ref<true>(a), out.local().data(), out.block());
+    reduce_run<Kind, T, U, Mem>(rule, Dim, ref(a), out.local().data(), out.block());
     return out;
   }
 }
@@ -273,7 +273,7 @@ auto normalize_op(const A& a, double eps, double scale = 1) {
     using Mem = typename A::memory_space;
     using Out = DistributedTensor<T, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, Mem>;
     Out out(a.mesh(), a.shape());
-    normalize_run<Kind, T, Mem>(rule, Dim, eps, scale, ref<true>(a), out.local().data());
+    normalize_run<Kind, T, Mem>(rule, Dim, eps, scale, ref(a), out.local().data());
     return out;
   }
 }
