@@ -138,18 +138,14 @@ void for_each_in_block(const char* label, const Context& ctx, const ShardBox& bo
 }
 
 /// Runs `f(k)` for k in [0, n) as a Kokkos kernel on the device's execution space instance for
-/// `Mem`: on the host, under the kernel guard and fenced; in device memory, queued on the device's
-/// stream (`f` a functor whose operator() is KOKKOS_INLINE_FUNCTION).
+/// `Mem` (kernels::detail::portable::run there): on the host, under the kernel guard and fenced;
+/// in device memory, queued on the device's stream (`f` a functor whose operator() is
+/// KOKKOS_INLINE_FUNCTION).
 template <class Mem, class F>
 void for_range(const char* label, const Context& ctx, std::int64_t n, const F& f) {
   if (n == 0) return;
-  if constexpr (host_memory_v<Mem>) {
-    auto guard = kernel_guard(ctx, false);
-    Kokkos::parallel_for(label, Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, n), f);
-    kernels::fence(ctx.exec());
-  } else {
-    Kokkos::parallel_for(label, Kokkos::RangePolicy<exec_space_t<Mem>>(ctx.exec_for<Mem>(), 0, n), f);
-  }
+  [[maybe_unused]] const auto guard = host_memory_v<Mem> ? kernel_guard(ctx, false) : std::unique_lock<std::mutex>();
+  kernels::detail::portable::run(ctx.exec_for<Mem>(), label, n, f);
 }
 
 /// Row-major linear index of `g` in a tensor of `shape`.
