@@ -169,5 +169,23 @@ TEST_CASE("16-bit Vars: gradients through products, softmax, norms and elementwi
   }, DEVICE_COUNTS);
 }
 
+TEST_CASE("16-bit Vars: a broadcast operand's gradient is summed in float32 and rounded once") {
+  // 300 rows of ones summed into a bias: 300 in float32, and in bf16 (300 = 2^8 + 44 is a bf16).
+  // Rounded after each row the sum would stop at 256 (256 + 1 rounds to 256). Both of
+  // sum_to_shape's kernels: the summed dim leading (a row bias) and trailing (a column bias).
+  sl::test::for_each_run([](sl::Context& ctx) {
+    const sl::Mesh<"x", "y"> mesh(ctx, {ctx.num_devices(), 1});
+    using R2 = Spec<none, none>;  // replicated: every device sums all 300 rows itself
+    using X = sl::DistributedTensor<sl::bf16, sl::Mesh<"x", "y">, R2>;
+    const auto x = X::full(mesh, {300, 8}, sl::bf16(1.0f)), xt = X::full(mesh, {8, 300}, sl::bf16(1.0f));
+    sl::Param row(X::zeros(mesh, {1, 8})), col(X::zeros(mesh, {8, 1}));
+    sl::backward(sl::sum_all(sl::cast<float>(x * row + x)) + sl::sum_all(sl::cast<float>(xt * col)));
+    for (const auto& p : {row.grad().to_host(), col.grad().to_host()}) {
+      REQUIRE(p.size() == 8);
+      for (sl::bf16 v : p) CHECK(float(v) == 300.0f);
+    }
+  }, {1, 2});
+}
+
 }
 }  // namespace

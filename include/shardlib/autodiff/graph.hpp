@@ -298,20 +298,22 @@ constexpr AxisList axis_union(const AxisList& a, const AxisList& b) noexcept {
   return u;
 }
 
-/// out[k] for k in [item * chunk, +chunk) = the sum over rows j < m of g[j * n + k] (the
-/// summed dims lead), each addition in compute_t<T> and rounded to T.
-template <class T>
+/// out[k] for k in [item * Chunk, +Chunk) = the sum over rows j < m of g[j * n + k] (the
+/// summed dims lead), in compute_t<T> (a 16-bit gradient's sum in float, rounded once, as
+/// SumToShapeKernel's), each row's run read in order.
+template <class T, std::int64_t Chunk>
 struct SumRowsKernel {
   T* out;
   const T* g;
-  std::int64_t n, m, chunk;
+  std::int64_t n, m;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t item) const {
-    const std::int64_t k0 = item * chunk, k1 = k0 + chunk < n ? k0 + chunk : n;
-    for (std::int64_t k = k0; k < k1; ++k) out[k] = T{};
+    const std::int64_t k0 = item * Chunk, len = k0 + Chunk < n ? Chunk : n - k0;
+    compute_t<T> acc[Chunk] = {};  // Chunk 1 (a GPU thread's one output): a register
     for (std::int64_t j = 0; j < m; ++j) {
-      const T* row = g + j * n;
-      for (std::int64_t k = k0; k < k1; ++k) out[k] = static_cast<T>(static_cast<compute_t<T>>(out[k]) + static_cast<compute_t<T>>(row[k]));
+      const T* row = g + j * n + k0;
+      for (std::int64_t k = 0; k < len; ++k) acc[k] += static_cast<compute_t<T>>(row[k]);
     }
+    for (std::int64_t k = 0; k < len; ++k) out[k0 + k] = static_cast<T>(acc[k]);
   }
 };
 /// out[k] = the sum of g over the summed dims (extents `sum_ext`, strides `sum_stride` in g's
@@ -411,8 +413,8 @@ SHARDLIB_NOINLINE Contribution sum_to_shape(Context& ctx, const MeshShape& mesh,
   if (leading) {
     // On the host a chunk of 64 outputs per item (each row's run read in order); on a GPU one
     // output per thread (neighbouring threads read neighbouring elements of each row).
-    const std::int64_t chunk = host_memory_v<Mem> ? 64 : 1;
-    for_range<Mem>("shardlib::autodiff::sum_rows", ctx, (n + chunk - 1) / chunk, SumRowsKernel<T>{out, g, n, m, chunk});
+    constexpr std::int64_t chunk = host_memory_v<Mem> ? 64 : 1;
+    for_range<Mem>("shardlib::autodiff::sum_rows", ctx, (n + chunk - 1) / chunk, SumRowsKernel<T, chunk>{out, g, n, m});
     return c;
   }
   for_range<Mem>("shardlib::autodiff::sum_to_shape", ctx, n,
