@@ -196,7 +196,8 @@ class GhostExchange {
   const T* ghost_data() const noexcept { return ghosts_.data(); }
   const std::int64_t* region_offsets() const noexcept { return region_offset_.data(); }
   /// Scratch in `Mem` for stencil_for's padded copies, of `n` elements at least; kept between
-  /// calls (it grows; kernels queued earlier on the device's stream keep the old one alive).
+  /// calls. It grows by a new allocation: stencil_for asks once per call, before its kernels,
+  /// for the same size each time (the view's shape is fixed).
   T* scratch(std::size_t n) {
     if (scratch_.size() < n) scratch_ = Kokkos::View<T*, Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "shardlib::stencil_for::scratch"), n);
     return scratch_.data();

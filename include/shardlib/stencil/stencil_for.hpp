@@ -442,30 +442,43 @@ void run_stencil(DistributedTensor<U, MeshT, OutSpec, Mem>& out, Ghosted<T, Mesh
     if (refresh == GhostRefresh::blocking) in.exchange();
     stencil_rows<Checked, PerPoint, Mem>(ctx, g, RowPart::all, o, f);
   }
+  // The slabs of the shell (dim d < R-1, low and high side), each gathered with its
+  // neighbourhood into a padded copy, then run on pointers and strides as the rows are. One
+  // scratch serves them all, sized for the largest first: on a GPU the slabs' copies and kernels
+  // queue in order on the device's stream, and the scratch must not be reallocated under them.
+  struct Slab {
+    std::int64_t a[R], e[R], ts[R], padded = 0;  // padded 0: the slab is empty
+  };
+  auto slab = [&](std::size_t d, int side) {
+    Slab sl;
+    for (std::size_t k = 0; k < R; ++k) {
+      sl.a[k] = k < d ? g.width[k] : 0;
+      sl.e[k] = k < d ? std::max<std::int64_t>(g.extent[k] - 2 * g.width[k], 0) : g.extent[k];
+    }
+    const std::int64_t low_end = std::min(g.width[d], g.extent[d]);
+    sl.a[d] = side == 0 ? 0 : std::max(g.extent[d] - g.width[d], low_end);
+    sl.e[d] = side == 0 ? low_end : g.extent[d] - sl.a[d];
+    std::int64_t cells = 1, padded = 1;
+    for (std::size_t k = R; k-- > 0;) {
+      cells *= sl.e[k];
+      sl.ts[k] = padded;
+      padded *= sl.e[k] + 2 * g.width[k];
+    }
+    if (cells > 0) sl.padded = padded;
+    return sl;
+  };
+  std::int64_t most = 0;
+  for (std::size_t d = 0; d + 1 < R; ++d)
+    for (int side = 0; side < 2; ++side) most = std::max(most, slab(d, side).padded);
+  T* tmp = most > 0 ? in.scratch(static_cast<std::size_t>(most)) : nullptr;
   for (std::size_t d = 0; d + 1 < R; ++d) {
     for (int side = 0; side < 2; ++side) {
-      std::int64_t a[R], e[R];
-      for (std::size_t k = 0; k < R; ++k) {
-        a[k] = k < d ? g.width[k] : 0;
-        e[k] = k < d ? std::max<std::int64_t>(g.extent[k] - 2 * g.width[k], 0) : g.extent[k];
-      }
-      const std::int64_t low_end = std::min(g.width[d], g.extent[d]);
-      a[d] = side == 0 ? 0 : std::max(g.extent[d] - g.width[d], low_end);
-      e[d] = side == 0 ? low_end : g.extent[d] - a[d];
-      std::int64_t cells = 1;
-      for (std::size_t k = 0; k < R; ++k) cells *= e[k];
-      if (cells == 0) continue;
-      std::int64_t ts[R], padded = 1;
-      for (std::size_t k = R; k-- > 0;) {
-        ts[k] = padded;
-        padded *= e[k] + 2 * g.width[k];
-      }
-      // One scratch for every slab: on a GPU the slabs' copies and kernels queue in order.
-      T* tmp = in.scratch(static_cast<std::size_t>(padded));
-      gather_padded<Mem>(ctx, g, a, e, tmp, ts);
+      const Slab sl = slab(d, side);
+      if (sl.padded == 0) continue;
+      gather_padded<Mem>(ctx, g, sl.a, sl.e, tmp, sl.ts);
       std::int64_t first = 0;
-      for (std::size_t k = 0; k < R; ++k) first += g.width[k] * ts[k];
-      stencil_box<Checked, PerPoint, Mem>(ctx, g, a, e, tmp + first, ts, o, f);
+      for (std::size_t k = 0; k < R; ++k) first += g.width[k] * sl.ts[k];
+      stencil_box<Checked, PerPoint, Mem>(ctx, g, sl.a, sl.e, tmp + first, sl.ts, o, f);
     }
   }
   if constexpr (Checked) {
