@@ -7,6 +7,7 @@
 //   bench_gpu --part overhead --devices 1      per-op host overhead against the bare kernel launch
 //   bench_gpu --part mlp --devices 1..8        the MLP block's TFLOP/s against the GPU's peak
 //   bench_gpu --part reshard --devices 2..8    reshards between virtual devices on one GPU
+//   bench_gpu --part stencil --devices 1..8    stencil_for sweeps against a device-to-device copy
 // Tensors live in the memory of Kokkos's default execution space (Kokkos::CudaSpace); the devices
 // are the threads backend's in-process devices, each on its own CUDA stream. Built against a
 // Kokkos without CUDA (as CI builds it, to keep it compiling) it refuses to run unless given
@@ -36,7 +37,13 @@
 // reshard: a float tensor (--reshard-mib, 64 MiB) through S0->R, R->S0, S0->S1, S1->S0 between the
 //   virtual devices, next to the bare copies: each device's cudaMemcpyAsync of its whole output
 //   block (the bytes every device must write; a reshard made of copies cannot do less).
+// stencil: stencil_for of a 2-D 5-point Jacobi sweep over float blocks of --stencil-side (8192)
+//   squared per device (mesh as square as the device count allows, one ghost layer), the sweep
+//   alone (ghosts current) and a step with the ghost exchange overlapped; bytes = the block read
+//   and written, next to cudaMemcpyAsync D2D of the block (as many bytes read and written):
+//   fraction_of_copy (recorded; the host goal is >= 0.60 of the copy limit).
 #include <shardlib/shardlib.hpp>
+#include <shardlib/stencil.hpp>
 
 #include "common.hpp"
 
@@ -456,6 +463,49 @@ void reshard(sl::Context& ctx, std::int64_t mib) {
   reshard_case<sl::Spec<"x", none>>(ctx, "S1->S0", s1);
 }
 
+// ---- stencil ---------------------------------------------------------------------------------
+
+using M2 = sl::Mesh<"x", "y">;
+
+/// The 5-point Jacobi sweep: a struct (nvcc has no generic __host__ __device__ lambdas).
+struct Jacobi5 {
+  template <class Nb>
+  KOKKOS_INLINE_FUNCTION float operator()(const sl::Index<2>&, const Nb& nb) const {
+    return 0.25f * (nb(-1, 0) + nb(1, 0) + nb(0, -1) + nb(0, 1));
+  }
+};
+
+void stencil(sl::Context& ctx, std::int64_t side) {
+  const int n = ctx.num_devices();
+  int px = 1;  // the mesh as square as n allows
+  for (int d = 1; d * d <= n; ++d)
+    if (n % d == 0) px = d;
+  const M2 mesh(ctx, {px, n / px});
+  using Grid = Tensor<float, sl::Spec<"x", "y">, M2>;
+  const std::int64_t shape[2] = {side * px, side * (n / px)};
+  auto u = Grid::random(mesh, shape, 5, 0.0f, 1.0f), v = Grid::zeros(mesh, shape);
+  auto g = sl::ghosted(u, {1, 1});
+  const std::size_t block_bytes = static_cast<std::size_t>(u.local().size()) * sizeof(float);
+  Kokkos::View<char*, Mem> src(uninitialised("bench_gpu src"), block_bytes), dst(uninitialised("bench_gpu dst"), block_bytes);
+  auto base = [&] { bare_copy(ctx, dst.data(), src.data(), block_bytes); };
+  const std::string shape_text = "[" + std::to_string(side) + ", " + std::to_string(side) + "]";
+  for (const auto refresh : {sl::GhostRefresh::none, sl::GhostRefresh::overlap}) {
+    const bool step = refresh == sl::GhostRefresh::overlap;
+    const char* name = step ? "jacobi5 step (exchange overlapped)" : "jacobi5 sweep";
+    if (!step) g.exchange();
+    auto ours = [&] { sl::stencil_for(v, g, Jacobi5{}, refresh); };
+    const auto [secs, base_secs] = time_pair(ctx, ours, base);
+    const double bytes = 2.0 * static_cast<double>(block_bytes), gbs = bytes / secs * 1e-9, base_gbs = bytes / base_secs * 1e-9;
+    record(ctx, std::string("\"part\": \"stencil\", \"name\": \"") + name + "\", \"dtype\": \"float32\", \"block_shape\": \"" +
+                    shape_text + "\", \"mesh\": \"" + mesh.to_string() + "\", \"bytes\": " + num(bytes) + ", \"seconds\": " +
+                    num(secs) + ", \"gbytes_per_second\": " + num(gbs) + ", \"baseline\": \"" + copy_name() +
+                    " of the block\", \"baseline_seconds\": " + num(base_secs) + ", \"copy_gbytes_per_second\": " + num(base_gbs) +
+                    ", \"fraction_of_copy\": " + num(gbs / base_gbs));
+    say(ctx, std::string(name) + ", block " + shape_text + ": " + num(gbs) + " GB/s, copy " + num(base_gbs) + " GB/s (" +
+                 num(gbs / base_gbs) + ")");
+  }
+}
+
 std::string part_of(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i)
     if (std::strcmp(argv[i], "--part") == 0) return argv[i + 1];
@@ -481,12 +531,13 @@ int main(int argc, char** argv) {
   }
   auto rt = sl::Runtime::from_args(argc, argv, 1);
   const std::string part = part_of(argc, argv);
-  if (part != "elementwise" && part != "matmul" && part != "overhead" && part != "mlp" && part != "reshard")
-    throw std::invalid_argument("bench_gpu: --part is elementwise, matmul, overhead, mlp or reshard, not " + part);
+  if (part != "elementwise" && part != "matmul" && part != "overhead" && part != "mlp" && part != "reshard" && part != "stencil")
+    throw std::invalid_argument("bench_gpu: --part is elementwise, matmul, overhead, mlp, reshard or stencil, not " + part);
   const bool quick = has_flag(argc, argv, "--quick");
   const auto mib = bench::arg(argc, argv, "--mib", quick ? 4 : 256);
   const auto reshard_mib = bench::arg(argc, argv, "--reshard-mib", quick ? 4 : 64);
   const auto size = bench::arg(argc, argv, "--size", 32);
+  const auto stencil_side = bench::arg(argc, argv, "--stencil-side", quick ? 256 : 8192);
   const int model = static_cast<int>(bench::arg(argc, argv, "--model", 1));
   const double peak = static_cast<double>(bench::arg(argc, argv, "--peak-tflops", 0));
   rt.spmd([&](sl::Context& ctx) {
@@ -496,7 +547,8 @@ int main(int argc, char** argv) {
     else if (part == "matmul") matmul(ctx, quick);
     else if (part == "overhead") overhead(ctx, size);
     else if (part == "mlp") mlp(ctx, model, peak, quick);
-    else reshard(ctx, reshard_mib);
+    else if (part == "reshard") reshard(ctx, reshard_mib);
+    else stencil(ctx, stencil_side);
   });
   return 0;
 }

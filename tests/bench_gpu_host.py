@@ -24,8 +24,10 @@ FIELDS = {"elementwise": ("dtype", "bytes", "gbytes_per_second", "copy_gbytes_pe
           "matmul": ("dtype", "local_shape", "tflops", "baseline_tflops", "fraction_of_baseline"),
           "overhead": ("shape", "overhead_us"),
           "mlp": ("mesh", "dtype", "tflops", "peak_tflops", "fraction_of_peak", "cublas_tflops", "fraction_of_cublas"),
-          "reshard": ("bytes", "output_block_bytes", "ratio_to_baseline")}
-RUNS = [("elementwise", 1, 6), ("matmul", 2, 5), ("overhead", 1, 8), ("mlp", 4, 1), ("reshard", 4, 4)]
+          "reshard": ("bytes", "output_block_bytes", "ratio_to_baseline"),
+          "stencil": ("dtype", "block_shape", "mesh", "bytes", "gbytes_per_second", "copy_gbytes_per_second",
+                      "fraction_of_copy")}
+RUNS = [("elementwise", 1, 6), ("matmul", 2, 5), ("overhead", 1, 8), ("mlp", 4, 1), ("reshard", 4, 4), ("stencil", 4, 2)]
 
 
 def main():

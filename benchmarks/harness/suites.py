@@ -543,6 +543,8 @@ def gpu_cases(args, exes, peers):
     c += [Case(f"gpu: matmul against cuBLAS, {n} device(s)", "gpu", base + [str(n), "--part", "matmul"]) for n in (1, 2)]
     c += [Case(f"gpu: MLP block, {n} device(s)", "gpu", base + [str(n), "--part", "mlp"]) for n in args.devs]
     c += [Case(f"gpu: reshards, {n} devices", "gpu", base + [str(n), "--part", "reshard"]) for n in args.devs if n > 1]
+    c += [Case(f"gpu: stencil_for against cudaMemcpy, {n} device(s)", "gpu", base + [str(n), "--part", "stencil"])
+          for n in args.devs]
     return c
 
 
@@ -566,6 +568,9 @@ def gpu_table(records):
         elif p == "reshard":
             print(f"{p:<12}{name:<26}{dev:>4}{r['seconds'] * 1e6:>10.1f} us  bare copies {r['baseline_seconds'] * 1e6:.1f} us"
                   f"  {r['ratio_to_baseline']:.2f}x")
+        elif p == "stencil":
+            print(f"{p:<12}{name:<26}{dev:>4}{r['gbytes_per_second']:>10.1f} GB/s  copy "
+                  f"{r['copy_gbytes_per_second']:>8.1f} GB/s  fraction {r['fraction_of_copy']:.3f} (block {r['block_shape']})")
 
 
 # ---- compile -----------------------------------------------------------------------------------
