@@ -233,7 +233,7 @@ bool has_non_finite(const Context& ctx, const T* p, std::int64_t n) {
     int bad = 0;
     const auto& exec = ctx.exec_for<Mem>();
     {
-      auto guard = host_memory_v<Mem> ? kernel_guard(ctx, true) : std::unique_lock<std::mutex>();
+      auto guard = kernel_guard_for<Mem>(ctx, true);
       Kokkos::parallel_reduce("shardlib::autodiff::non_finite", Kokkos::RangePolicy<exec_space_t<Mem>>(exec, 0, n),
                               NonFiniteKernel<T>{p}, Kokkos::Sum<int>(bad));
     }

@@ -222,7 +222,7 @@ SHARDLIB_NOINLINE void cross_entropy_run_in(Context& ctx, const MeshShape& mesh,
     return;
   }
   {
-    auto guard = kernel_guard(ctx, true);
+    auto guard = kernel_guard_for<Mem>(ctx, true);
     Kokkos::parallel_reduce("shardlib::cross_entropy_loss", Kokkos::RangePolicy<exec_space_t<Mem>>(exec, 0, rows),
                             CrossEntropyLossKernel<T, I>{z.data, m, s, t.data, static_cast<T*>(saved.lse.get()),
                                                          static_cast<std::int64_t*>(saved.target.get()), cols, col0,

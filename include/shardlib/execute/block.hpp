@@ -144,7 +144,7 @@ void for_each_in_block(const char* label, const Context& ctx, const ShardBox& bo
 template <class Mem, class F>
 void for_range(const char* label, const Context& ctx, std::int64_t n, const F& f) {
   if (n == 0) return;
-  [[maybe_unused]] const auto guard = host_memory_v<Mem> ? kernel_guard(ctx, false) : std::unique_lock<std::mutex>();
+  [[maybe_unused]] const auto guard = kernel_guard_for<Mem>(ctx, false);
   kernels::detail::portable::run(ctx.exec_for<Mem>(), label, n, f);
 }
 

@@ -226,7 +226,7 @@ class TypedSlot final : public Slot<Rule> {
   double local_sum_of_squares() const override {
     const Shard& g = *grad_;
     if (!is_primary_replica(State::sharding, g.mesh().shape(), context().device())) return 0;
-    auto guard = host_kernel_guard(true);
+    auto guard = shardlib::detail::kernel_guard_for<Mem>(context(), true);
     return kernels::sum_of_squares(context().template exec_for<Mem>(), g.block().num_elements(), g.local().data());
   }
   void update(const typename Rule::Step& step) override {
@@ -262,16 +262,11 @@ class TypedSlot final : public Slot<Rule> {
   std::int64_t num_elements() const noexcept override { return param_.value().size(); }
 
  private:
-  /// The host kernels' guard (see runtime.hpp); nothing for kernels on a device's stream.
-  std::unique_lock<std::mutex> host_kernel_guard(bool reduction) const {
-    if constexpr (shardlib::detail::host_memory_v<Mem>) return shardlib::detail::kernel_guard(context(), reduction);
-    else return {};
-  }
   template <class P>
   void run(P& p, const typename Rule::Step& step) {
     M* s[Rule::max_states] = {};
     for (std::size_t i = 0; i < state_.size(); ++i) s[i] = state_[i].local().data();
-    auto guard = host_kernel_guard(false);
+    auto guard = shardlib::detail::kernel_guard_for<Mem>(context(), false);
     Rule::update(context().template exec_for<Mem>(), p.block().num_elements(), p.local().data(), grad_->local().data(), s, step);
   }
   /// The master weights rounded into `out`'s block (laid out as the state's; local).

@@ -292,6 +292,14 @@ inline std::unique_lock<std::mutex> kernel_guard([[maybe_unused]] const Context&
   return {};
 }
 
+/// kernel_guard for kernels on blocks in `Mem`: host memory's kernels run on the host instance
+/// and take it; device memory's are queued on the device's stream and need none.
+template <class Mem>
+std::unique_lock<std::mutex> kernel_guard_for(const Context& ctx, bool reduction) {
+  if constexpr (host_memory_v<Mem>) return kernel_guard(ctx, reduction);
+  else return {};
+}
+
 #if defined(SHARDLIB_HAVE_MPI)
 /// This process's host as MPI sees it: the ranks of `comm` on it (MPI_COMM_TYPE_SHARED), this
 /// rank among them, and the cores they may run on together (the union of their CPU affinity

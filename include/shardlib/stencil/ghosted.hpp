@@ -116,7 +116,7 @@ class GhostExchange {
     }
     // Constant ghost cells never change: filled once.
     for (const auto& f : plan_.fills) {
-      auto guard = host_guard();
+      auto guard = kernel_guard_for<Mem>(*ctx_, false);
       kernels::fill_strided(exec(), "shardlib::ghosts::fill", static_cast<T>(f.value), ghosts_.data(), region_view(f.region, f.lo, f.extent));
     }
   }
@@ -226,13 +226,8 @@ class GhostExchange {
     if constexpr (host_memory_v<Mem>) return ctx_->world();
     else return *ctx_->device_world();
   }
-  /// Host kernels run under the kernel guard (Kokkos 3 with threads devices); device ones are queued.
-  std::unique_lock<std::mutex> host_guard() const {
-    if constexpr (host_memory_v<Mem>) return kernel_guard(*ctx_, false);
-    else return {};
-  }
   void copy(const char* label, const T* in, const kernels::detail::StridedView& a, T* out, const kernels::detail::StridedView& b) const {
-    auto guard = host_guard();
+    auto guard = kernel_guard_for<Mem>(*ctx_, false);
     kernels::copy_strided(exec(), label, in, a, out, b);
   }
   /// Whether every peer has one piece at most, walked in order (steps +1).

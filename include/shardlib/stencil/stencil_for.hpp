@@ -373,12 +373,8 @@ void gather_padded(const Context& ctx, const StencilGeometry<T, R>& g, const std
     }
     if (empty) continue;
     const T* from = centre ? g.block : g.ghosts + g.region_offset[r];
-    if constexpr (host_memory_v<Mem>) {
-      auto guard = kernel_guard(ctx, false);
-      kernels::copy_strided(ctx.exec(), "shardlib::stencil_for::gather", from, src, tmp, dst);
-    } else {
-      kernels::copy_strided(ctx.exec_for<Mem>(), "shardlib::stencil_for::gather", from, src, tmp, dst);
-    }
+    auto guard = kernel_guard_for<Mem>(ctx, false);
+    kernels::copy_strided(ctx.exec_for<Mem>(), "shardlib::stencil_for::gather", from, src, tmp, dst);
   }
 }
 
