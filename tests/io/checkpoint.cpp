@@ -11,6 +11,8 @@
 
 #include <hdf5.h>
 
+#include <array>
+#include <chrono>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
@@ -21,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -396,7 +399,7 @@ TEST_CASE("an interrupted or failed save leaves the previous checkpoint intact a
   run(2, 1, {});
   for (const char* point : {"metadata_written", "data_written"}) {
     CAPTURE(point);
-    sl::io::detail::fault_hook() = [point](const char* where) {
+    sl::io::detail::fault_hook() = [point](const char* where, int) {
       if (std::string(where) == point) throw std::runtime_error(std::string("injected failure at ") + where);
     };
     CHECK_THROWS_WITH_AS(run(2, 2, {}), doctest::Contains("injected failure"), sl::io::Error);
@@ -424,7 +427,7 @@ TEST_CASE("an interrupted or failed save leaves the previous checkpoint intact a
   const pid_t child = ::fork();
   REQUIRE(child >= 0);
   if (child == 0) {
-    sl::io::detail::fault_hook() = [](const char* where) {
+    sl::io::detail::fault_hook() = [](const char* where, int) {
       if (std::string(where) == "data_written") std::_Exit(3);
     };
     run(2, 4, {});
@@ -439,5 +442,245 @@ TEST_CASE("an interrupted or failed save leaves the previous checkpoint intact a
   run(2, 5, {});
   CHECK(sl::io::read<float>(file, "w").data == values<float>(64 * 64, 5));
   fs::remove_all(dir);
+}
+}  // TEST_SUITE("io") part 1
+
+namespace {
+// All devices' smallest and largest hash of a message: equal when every device has the same one.
+bool same_on_every_device(sl::Context& ctx, const std::string& s) {
+  const auto h = static_cast<std::int64_t>(std::hash<std::string>{}(s) >> 1);
+  std::int64_t mine[2] = {h, -h}, most[2] = {0, 0};
+  ctx.world().all_reduce(mine, most, 2, sl::coll::DType::i64, sl::coll::Op::max);
+  return most[0] == -most[1];
+}
+// The message of the io::Error that `f` throws ("" when it throws none).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const sl::io::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+// Process-wide test switches (the fault hook, reserve_space) are set by one device per process.
+bool first_in_process(sl::Context& ctx) { return !ctx.shares_process() || ctx.device() == 0; }
+}  // namespace
+
+TEST_SUITE("io") {
+TEST_CASE("a full disk or a failed write on any device fails the save on every device: old checkpoint intact, no hang") {
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        const int last = ctx.num_devices() - 1;
+        // A 1 MiB tmpfs (root only: elsewhere the full-disk part is skipped, the injected failures run).
+        std::vector<unsigned char> buf(256, 0);
+        std::int32_t mounted = 0;
+        if (ctx.device() == 0) {
+          std::string tmpl = (fs::temp_directory_path() / "shardlib_io_full_XXXXXX").string();
+          REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+          std::copy(tmpl.begin(), tmpl.end(), buf.begin());
+          mounted = ::mount("tmpfs", tmpl.c_str(), "tmpfs", 0, "size=1m") == 0;
+        }
+        ctx.world().broadcast(buf.data(), buf.size(), sl::coll::DType::u8, 0);
+        ctx.world().broadcast(&mounted, 1, sl::coll::DType::i32, 0);
+        const std::string dir = reinterpret_cast<const char*>(buf.data());
+        const std::string file = dir + "/ck.h5";
+        M1 line(ctx, {ctx.num_devices()});
+        const auto old_values = values<float>(64 * 64, 1);
+        sl::io::save(file, {{"w", make<D0, float>(line, {64, 64}, 1)}});
+        auto intact = [&] {
+          CHECK(sl::io::read<float>(file, "w").data == old_values);
+          int entries = 0;
+          for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++entries;
+          CHECK(entries == 1);  // no temporary file left
+        };
+        auto set_reserve = [&](bool on) {
+          ctx.world().barrier();
+          if (first_in_process(ctx)) sl::io::detail::reserve_space() = on;
+          ctx.world().barrier();
+        };
+        if (mounted) {
+          auto big = make<D0, float>(line, {1024, 512}, 2);  // 2 MiB on a 1 MiB disk
+          // The whole file reserved first: refused before any device writes.
+          std::string e = error_of([&] { sl::io::save(file, {{"w", big}}); });
+          CHECK(e.find("does not fit on its disk") != std::string::npos);
+          CHECK(e.find("No space left on device") != std::string::npos);
+          CHECK(same_on_every_device(ctx, e));
+          intact();
+          // Without the reservation, the devices' writes meet the full disk themselves.
+          set_reserve(false);
+          e = error_of([&] { sl::io::save(file, {{"w", big}}); });
+          CAPTURE(e);
+          CHECK(e.find("No space left on device") != std::string::npos);
+          CHECK(e.find(".tmp-") != std::string::npos);  // the file written, the bytes and where
+          CHECK(e.find(" bytes at byte ") != std::string::npos);
+          CHECK(same_on_every_device(ctx, e));
+          set_reserve(true);
+          intact();
+        } else if (ctx.device() == 0) {
+          MESSAGE("not root: the full-disk part is skipped (a tmpfs cannot be mounted)");
+        }
+        // A write that fails on the last device only: every device throws its message.
+        ctx.world().barrier();
+        if (first_in_process(ctx))
+          sl::io::detail::fault_hook() = [last](const char* where, int device) {
+            if (std::string(where) == "write" && device == last)
+              throw std::runtime_error("injected write failure on device " + std::to_string(device));
+          };
+        ctx.world().barrier();
+        std::string e = error_of([&] { sl::io::save(file, {{"w", make<D0, float>(line, {64, 64}, 3)}}); });
+        CHECK(e.find("injected write failure on device " + std::to_string(last)) != std::string::npos);
+        CHECK(same_on_every_device(ctx, e));
+        ctx.world().barrier();
+        if (first_in_process(ctx)) sl::io::detail::fault_hook() = nullptr;
+        ctx.world().barrier();
+        intact();
+        // Under mpi: a real write error (the file size limit) in the last process alone.
+        if (sl::test::mpi_runtime() && last > 0) {
+          rlimit old{};
+          REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+          auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+          if (ctx.device() == last) {
+            rlimit small = old;
+            small.rlim_cur = 4096;
+            ::setrlimit(RLIMIT_FSIZE, &small);
+          }
+          e = error_of([&] { sl::io::save(file, {{"w", make<D0, float>(line, {64, 64}, 4)}}); });
+          ::setrlimit(RLIMIT_FSIZE, &old);
+          std::signal(SIGXFSZ, old_handler);
+          CAPTURE(e);
+          CHECK(e.find("device " + std::to_string(last)) != std::string::npos);
+          CHECK(e.find("File too large") != std::string::npos);
+          CHECK(same_on_every_device(ctx, e));
+          intact();
+        }
+        // The next save succeeds.
+        sl::io::save(file, {{"w", make<D0, float>(line, {64, 64}, 5)}});
+        CHECK(sl::io::read<float>(file, "w").data == values<float>(64 * 64, 5));
+        ctx.world().barrier();
+        if (ctx.device() == 0) {
+          if (mounted) CHECK(::umount(dir.c_str()) == 0);
+          fs::remove_all(dir);
+        }
+      },
+      {1, 2, 4});
+}
+
+TEST_CASE("a load while another process saves the same path gets the old or the new checkpoint, never 'corrupt'") {
+  if (sl::test::mpi_runtime()) return;  // forks a writer
+  const fs::path dir = fs::temp_directory_path() / ("shardlib_io_race_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string file = (dir / "ck.h5").string();
+  const std::array<std::int64_t, 2> shape{256, 256};
+  const auto a = values<float>(shape[0] * shape[1], 1), b = values<float>(shape[0] * shape[1], 2);
+  auto save = [&](int salt) {
+    sl::Runtime::threads(2).spmd([&](sl::Context& ctx) {
+      M1 line(ctx, {2});
+      sl::io::save(file, {{"w", make<D0, float>(line, shape, salt)}}, {.durable = false});
+    });
+  };
+  save(1);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // saves b, a, b, ... over the same path until killed
+    try {
+      sl::Runtime::threads(2).spmd([&](sl::Context& ctx) {
+        M1 line(ctx, {2});
+        auto ta = make<D0, float>(line, shape, 1), tb = make<D0, float>(line, shape, 2);
+        for (int i = 0;; ++i) sl::io::save(file, {{"w", i % 2 ? ta : tb}}, {.durable = false});
+      });
+    } catch (...) {
+    }
+    std::_Exit(1);
+  }
+  int loads = 0, reads = 0, seen_a = 0, seen_b = 0;
+  std::string failure;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+  try {
+    sl::Runtime::threads(3).spmd([&](sl::Context& ctx) {
+      M1 line(ctx, {3});
+      auto t = Tensor<D1, float, M1>::zeros(line, shape);
+      for (std::int32_t go = 1; go;) {
+        sl::io::load(file, {{"w", t}});
+        const auto h = t.to_host();
+        if (ctx.device() == 0) {
+          ++loads;
+          seen_a += h == a;
+          seen_b += h == b;
+          CHECK((h == a || h == b));
+          const auto r = sl::io::read<float>(file, "w").data;  // the runtime-free reader too
+          ++reads;
+          CHECK((r == a || r == b));
+        }
+        go = std::chrono::steady_clock::now() < until;
+        ctx.world().broadcast(&go, 1, sl::coll::DType::i32, 0);
+      }
+    });
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  MESSAGE(loads << " loads and " << reads << " reads during saves (" << seen_a << " old, " << seen_b << " new)");
+  CHECK(failure == "");
+  CHECK(loads > 10);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a corrupt checkpoint's errors name the file and do not contradict themselves") {
+  if (sl::test::mpi_runtime()) return;  // rewrites files from one process
+  const std::string file = (fs::temp_directory_path() / ("shardlib_io_hdr_" + std::to_string(::getpid()) + ".h5")).string();
+  const std::string bad = file + ".bad";
+  sl::Runtime::threads(2).spmd([&](sl::Context& ctx) {
+    M1 line(ctx, {2});
+    auto step = Tensor<D0, std::int64_t, M1>::full(line, {2, 1}, 7);
+    sl::io::save(file, {{"step", step}, {"w", make<D0, float>(line, {8, 4}, 1)}});
+  });
+  std::vector<char> bytes;
+  {
+    std::ifstream in(file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  // Every byte of the metadata in front of the data, each flipped alone.
+  haddr_t data_at = bytes.size();
+  {
+    const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    for (const char* name : {"step", "w"}) {
+      const hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
+      data_at = std::min<haddr_t>(data_at, H5Dget_offset(d));
+      H5Dclose(d);
+    }
+    H5Fclose(f);
+  }
+  int refused = 0;
+  for (std::size_t at = 0; at < data_at; ++at) {
+    auto b = bytes;
+    b[at] = static_cast<char>(b[at] ^ 0x5a);
+    std::ofstream(bad, std::ios::binary).write(b.data(), static_cast<std::streamsize>(b.size()));
+    for (int call = 0; call < 2; ++call) {
+      std::string e;
+      try {
+        if (call == 0) (void)sl::io::read<float>(bad, "w");
+        else (void)sl::io::list(bad);
+      } catch (const sl::io::Error& x) {
+        e = x.what();
+      }
+      if (e.empty()) continue;
+      ++refused;
+      CAPTURE(at);
+      CAPTURE(e);
+      CHECK(e.find("'" + bad + "'") != std::string::npos);
+      const auto has = e.find("(it has: ");
+      if (has != std::string::npos) {  // a missing tensor is not in the list given with it
+        const std::string list = e.substr(has + 9, e.find(')', has) - has - 9) + ",";
+        CHECK(list.find("w,") == std::string::npos);
+      }
+    }
+  }
+  MESSAGE(data_at << " metadata bytes flipped one at a time: " << refused << " refusals, each naming the file");
+  CHECK(refused > 0);
+  fs::remove(file);
+  fs::remove(bad);
 }
 }

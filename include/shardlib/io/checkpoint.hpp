@@ -127,14 +127,21 @@ class Entry {
 
 namespace detail {
 
-/// A hook the fault tests use to stop a save at a named point ("metadata_written",
-/// "data_written": before the rename). Empty in programs.
-inline std::function<void(const char*)>& fault_hook() {
-  static std::function<void(const char*)> hook;
+/// A hook the fault tests use to fail or stop a save at a named point on a chosen device
+/// ("metadata_written" on device 0; "write" on every device, before it writes its blocks;
+/// "data_written" on device 0, before the rename). Empty in programs.
+inline std::function<void(const char* where, int device)>& fault_hook() {
+  static std::function<void(const char*, int)> hook;
   return hook;
 }
-inline void fault_point(const char* where) {
-  if (fault_hook()) fault_hook()(where);
+inline void fault_point(const char* where, int device) {
+  if (fault_hook()) fault_hook()(where, device);
+}
+/// Whether a save reserves its file's bytes before the devices write (fallocate; see save()).
+/// The fault tests turn it off to meet a full disk in the devices' writes themselves.
+inline bool& reserve_space() {
+  static bool on = true;
+  return on;
 }
 
 /// Runs `f` on every device; then every device learns whether any failed and, if one did,
@@ -260,145 +267,205 @@ inline h5::Handle file_access() {
   return fapl;
 }
 
-/// Opens a checkpoint for reading with clear errors for a missing, unreadable or foreign file.
-inline h5::Handle open_checkpoint(const std::string& path) {
-  h5::quiet();
-  { PosixFile probe(path, O_RDONLY); }  // "cannot open 'x': No such file or directory"
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) throw Error("'" + path + "' is a directory, not a checkpoint");
-#if H5_VERSION_GE(1, 12, 0)
-  const htri_t hdf5 = H5Fis_accessible(path.c_str(), H5P_DEFAULT);
-#else
-  const htri_t hdf5 = H5Fis_hdf5(path.c_str());
-#endif
-  H5Eclear2(H5E_DEFAULT);
-  if (hdf5 <= 0)
-    throw Error("'" + path + "' is not an HDF5 file (not a shardlib checkpoint)");
-  h5::Handle fapl = file_access();
-  h5::Handle file = h5::check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose, "cannot open checkpoint '" + path + "'");
-  if (!h5::has_attr(file.get(), "shardlib_format"))
-    throw Error("'" + path + "' is an HDF5 file but not a shardlib checkpoint (no shardlib_format attribute)");
-  const auto fmt = h5::read_int_attr<std::int64_t>(file.get(), "shardlib_format");
-  if (fmt.size() != 1 || fmt[0] < 1 || fmt[0] > format_version)
-    throw Error("'" + path + "' has checkpoint format " + (fmt.empty() ? std::string("?") : std::to_string(fmt[0])) +
-                "; this shardlib reads format 1.." + std::to_string(format_version));
-  return file;
+/// An open checkpoint: its HDF5 file (the metadata) and a POSIX descriptor of the very same
+/// file, whose FileId says which file it is. Holding it keeps that file readable (and its
+/// FileId unique) after `path` has been renamed over by a newer save.
+struct OpenCheckpoint {
+  std::unique_ptr<PosixFile> posix;
+  FileId id;
+  h5::Handle file;
+
+  OpenCheckpoint() = default;
+  OpenCheckpoint(OpenCheckpoint&&) noexcept = default;
+  OpenCheckpoint& operator=(OpenCheckpoint&&) noexcept = default;
+  ~OpenCheckpoint() {  // HDF5 is not thread-safe: its file is closed under the lock
+    if (file) {
+      auto lock = h5::hdf5_lock();
+      (void)file.close();
+    }
+  }
+};
+
+/// Runs `f`, prefixing the message of an Error it throws with `where` unless it names `path`
+/// already: every error of a checkpoint's metadata says which file.
+template <class F>
+auto naming_file(const std::string& path, const std::string& where, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    if (what.find("'" + path + "'") != std::string::npos) throw;
+    throw Error(where + ": " + what);
+  }
 }
 
-/// Whether the object at `name` in `loc` is a dataset.
-inline bool is_dataset(hid_t loc, const char* name) {
-  const hid_t obj = H5Oopen(loc, name, H5P_DEFAULT);
-  if (obj < 0) {
+/// Opens a checkpoint for reading with clear errors for a missing, unreadable or foreign file.
+/// HDF5 opens the file by its path, as does the POSIX descriptor: when the two are different
+/// files (a save renamed a new checkpoint over `path` in between), it opens both again.
+inline OpenCheckpoint open_checkpoint(const std::string& path) {
+  h5::quiet();
+  for (int attempt = 0;; ++attempt) {
+    OpenCheckpoint c;
+    c.posix = std::make_unique<PosixFile>(path, O_RDONLY);  // "cannot open 'x': No such file or directory"
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) throw Error("'" + path + "' is a directory, not a checkpoint");
+    c.id = c.posix->id();
+#if H5_VERSION_GE(1, 12, 0)
+    const htri_t hdf5 = H5Fis_accessible(path.c_str(), H5P_DEFAULT);
+#else
+    const htri_t hdf5 = H5Fis_hdf5(path.c_str());
+#endif
     H5Eclear2(H5E_DEFAULT);
-    return false;
+    if (hdf5 <= 0) {
+      if (c.posix->id() != file_id(path) && attempt < 8) continue;  // replaced while we looked
+      throw Error("'" + path + "' is not an HDF5 file (not a shardlib checkpoint)");
+    }
+    h5::Handle fapl = file_access();
+    c.file = h5::check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose, "cannot open checkpoint '" + path + "'");
+    void* handle = nullptr;
+    if (H5Fget_vfd_handle(c.file.get(), fapl.get(), &handle) >= 0 && handle) {
+      struct stat h5st {};
+      if (::fstat(*static_cast<int*>(handle), &h5st) == 0 && FileId::of(h5st) != c.id) {
+        if (attempt < 8) continue;
+        throw Error("checkpoint '" + path + "' was replaced by another file 9 times while it was being opened");
+      }
+    }
+    H5Eclear2(H5E_DEFAULT);
+    naming_file(path, "checkpoint '" + path + "'", [&] {
+      if (!h5::has_attr(c.file.get(), "shardlib_format"))
+        throw Error("'" + path + "' is an HDF5 file but not a shardlib checkpoint (no shardlib_format attribute)");
+      const auto fmt = h5::read_int_attr<std::int64_t>(c.file.get(), "shardlib_format");
+      if (fmt.size() != 1 || fmt[0] < 1 || fmt[0] > format_version)
+        throw Error("'" + path + "' has checkpoint format " + (fmt.empty() ? std::string("?") : std::to_string(fmt[0])) +
+                    "; this shardlib reads format 1.." + std::to_string(format_version));
+    });
+    return c;
   }
+}
+
+/// What is at a path inside a checkpoint: nothing, a dataset, something else (a group), or an
+/// object HDF5 cannot read (its header is corrupt; `error` says why).
+struct ObjectAt {
+  enum Kind { absent, dataset, other, unreadable } kind = absent;
+  std::string error;
+};
+inline ObjectAt object_at(hid_t loc, const char* name) {
+  const hid_t obj = H5Oopen(loc, name, H5P_DEFAULT);
+  if (obj < 0) return {ObjectAt::unreadable, h5::last_error()};
   const bool yes = H5Iget_type(obj) == H5I_DATASET;
   H5Oclose(obj);
-  return yes;
+  return {yes ? ObjectAt::dataset : ObjectAt::other, {}};
 }
 
 /// The names of the tensors in an open checkpoint (datasets with a shardlib_spec attribute).
-inline std::vector<std::string> dataset_names(hid_t file) {
+/// Throws Error naming the file when its list of objects cannot be read.
+inline std::vector<std::string> dataset_names(hid_t file, const std::string& path) {
   std::vector<std::string> names;
   h5::check(H5Lvisit(
                 file, H5_INDEX_NAME, H5_ITER_INC,
                 [](hid_t group, const char* name, const H5L_info_t*, void* data) -> herr_t {
-                  if (is_dataset(group, name) && H5Aexists_by_name(group, name, "shardlib_spec", H5P_DEFAULT) > 0)
+                  if (object_at(group, name).kind == ObjectAt::dataset &&
+                      H5Aexists_by_name(group, name, "shardlib_spec", H5P_DEFAULT) > 0)
                     static_cast<std::vector<std::string>*>(data)->push_back(name);
+                  H5Eclear2(H5E_DEFAULT);
                   return 0;
                 },
                 &names),
-            "listing the datasets");
+            "checkpoint '" + path + "' is corrupt: its list of tensors cannot be read");
   return names;
 }
 
-/// Whether `name` ("a/b/c") is a dataset of `file` (each group on the way checked first, as
-/// H5Lexists asks).
-inline bool dataset_exists(hid_t file, const std::string& name) {
-  if (name.empty() || name.front() == '/' || name.back() == '/') return false;
-  for (std::size_t at = name.find('/'); ; at = name.find('/', at + 1)) {
+/// What `name` ("a/b/c") is in `file` (each group on the way checked first, as H5Lexists asks).
+inline ObjectAt dataset_at(hid_t file, const std::string& name) {
+  if (name.empty() || name.front() == '/' || name.back() == '/') return {};
+  for (std::size_t at = name.find('/');; at = name.find('/', at + 1)) {
     const std::string prefix = name.substr(0, at);
-    if (H5Lexists(file, prefix.c_str(), H5P_DEFAULT) <= 0) return false;
+    const htri_t e = H5Lexists(file, prefix.c_str(), H5P_DEFAULT);
+    if (e < 0) return {ObjectAt::unreadable, h5::last_error()};
+    if (e == 0) return {};
     if (at == std::string::npos) break;
   }
-  return is_dataset(file, name.c_str());
+  return object_at(file, name.c_str());
 }
 
 /// Reads the description of dataset `name` of an open checkpoint, checking that it is
-/// consistent (its blocks tile its shape, one checksum each, its data inside the file).
+/// consistent (its blocks tile its shape, one checksum each, its data inside the file). Every
+/// error names the file and the tensor.
 inline Stored read_stored(hid_t file, const std::string& path, const std::string& name, std::uint64_t file_size) {
   const std::string where = "checkpoint '" + path + "', tensor '" + name + "'";
-  if (!dataset_exists(file, name)) {
+  const ObjectAt at = dataset_at(file, name);
+  if (at.kind == ObjectAt::unreadable)
+    throw Error("checkpoint '" + path + "' is corrupt: tensor '" + name + "' cannot be read (" + at.error + ")");
+  if (at.kind != ObjectAt::dataset) {
     std::string have;
-    for (const auto& n : dataset_names(file)) have += (have.empty() ? "" : ", ") + n;
+    try {
+      for (const auto& n : dataset_names(file, path)) have += (have.empty() ? "" : ", ") + n;
+    } catch (const Error&) {
+      throw Error("checkpoint '" + path + "' has no tensor '" + name + "' (and its list of tensors cannot be read: the file is corrupt)");
+    }
     throw Error("checkpoint '" + path + "' has no tensor '" + name + "' (it has: " + (have.empty() ? "none" : have) + ")");
   }
-  h5::Handle ds = h5::check(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose, where);
-  Stored s;
-  s.info.name = name;
-  if (!h5::has_attr(ds.get(), "shardlib_spec")) throw Error(where + ": not written by shardlib (no shardlib_spec attribute)");
-  s.info.spec = h5::read_string_attr(ds.get(), "shardlib_spec");
-  s.info.mesh = h5::read_string_attr(ds.get(), "shardlib_mesh");
-  const std::string dtype = h5::read_string_attr(ds.get(), "shardlib_dtype");
-  bool known = false;
-  for (int t = 0; t <= static_cast<int>(coll::DType::f64); ++t)
-    if (coll::name(static_cast<coll::DType>(t)) == dtype) {
-      s.info.dtype = static_cast<coll::DType>(t);
-      known = true;
+  return naming_file(path, where, [&] {
+    h5::Handle ds = h5::check(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose, where);
+    Stored s;
+    s.info.name = name;
+    if (!h5::has_attr(ds.get(), "shardlib_spec")) throw Error(where + ": not written by shardlib (no shardlib_spec attribute)");
+    s.info.spec = h5::read_string_attr(ds.get(), "shardlib_spec");
+    s.info.mesh = h5::read_string_attr(ds.get(), "shardlib_mesh");
+    const std::string dtype = h5::read_string_attr(ds.get(), "shardlib_dtype");
+    bool known = false;
+    for (int t = 0; t <= static_cast<int>(coll::DType::f64); ++t)
+      if (coll::name(static_cast<coll::DType>(t)) == dtype) {
+        s.info.dtype = static_cast<coll::DType>(t);
+        known = true;
+      }
+    if (!known) throw Error(where + ": unknown element type '" + dtype + "'");
+    h5::Handle type = h5::check(H5Dget_type(ds.get()), H5Tclose, where);
+    if (H5Tequal(type.get(), h5::file_type(s.info.dtype)) <= 0)
+      throw Error(where + ": the stored type does not match its shardlib_dtype attribute (" + dtype + ")");
+    h5::Handle space = h5::check(H5Dget_space(ds.get()), H5Sclose, where);
+    const int rank = H5Sget_simple_extent_ndims(space.get());
+    if (rank < 0 || rank > static_cast<int>(max_tensor_rank)) throw Error(where + ": a dataset of rank " + std::to_string(rank));
+    hsize_t dims[max_tensor_rank] = {};
+    H5Sget_simple_extent_dims(space.get(), dims, nullptr);
+    for (int d = 0; d < rank; ++d) s.info.shape.push_back(static_cast<std::int64_t>(dims[d]));
+    h5::Handle dcpl = h5::check(H5Dget_create_plist(ds.get()), H5Pclose, where);
+    if (H5Pget_layout(dcpl.get()) != H5D_CONTIGUOUS)
+      throw Error(where + ": the dataset is not contiguous (shardlib reads the datasets sl::io::save writes; use io::read for others)");
+    const std::int64_t n = s.num_elements();
+    const auto bytes = static_cast<std::uint64_t>(n) * coll::size_of(s.info.dtype);
+    if (n > 0) {
+      const haddr_t off = H5Dget_offset(ds.get());
+      if (off == HADDR_UNDEF) throw Error(where + ": the dataset has no data in the file");
+      s.offset = off;
+      if (s.offset + bytes > file_size)
+        throw Error(where + ": its data ends at byte " + std::to_string(s.offset + bytes) + " but the file has " +
+                    std::to_string(file_size) + " bytes (the file is truncated)");
     }
-  if (!known) throw Error(where + ": unknown element type '" + dtype + "'");
-  h5::Handle type = h5::check(H5Dget_type(ds.get()), H5Tclose, where);
-  if (H5Tequal(type.get(), h5::file_type(s.info.dtype)) <= 0)
-    throw Error(where + ": the stored type does not match its shardlib_dtype attribute (" + dtype + ")");
-  h5::Handle space = h5::check(H5Dget_space(ds.get()), H5Sclose, where);
-  const int rank = H5Sget_simple_extent_ndims(space.get());
-  if (rank < 0 || rank > static_cast<int>(max_tensor_rank)) throw Error(where + ": a dataset of rank " + std::to_string(rank));
-  hsize_t dims[max_tensor_rank] = {};
-  H5Sget_simple_extent_dims(space.get(), dims, nullptr);
-  for (int d = 0; d < rank; ++d) s.info.shape.push_back(static_cast<std::int64_t>(dims[d]));
-  h5::Handle dcpl = h5::check(H5Dget_create_plist(ds.get()), H5Pclose, where);
-  if (H5Pget_layout(dcpl.get()) != H5D_CONTIGUOUS)
-    throw Error(where + ": the dataset is not contiguous (shardlib reads the datasets sl::io::save writes; use io::read for others)");
-  const std::int64_t n = s.num_elements();
-  const auto bytes = static_cast<std::uint64_t>(n) * coll::size_of(s.info.dtype);
-  if (n > 0) {
-    const haddr_t at = H5Dget_offset(ds.get());
-    if (at == HADDR_UNDEF) throw Error(where + ": the dataset has no data in the file");
-    s.offset = at;
-    if (s.offset + bytes > file_size)
-      throw Error(where + ": its data ends at byte " + std::to_string(s.offset + bytes) + " but the file has " +
-                  std::to_string(file_size) + " bytes (the file is truncated)");
-  }
-  const auto table = h5::read_int_attr<std::int64_t>(ds.get(), "shardlib_blocks");
-  s.checksums = h5::read_int_attr<std::uint64_t>(ds.get(), "shardlib_checksums");
-  const std::size_t per = 2 * static_cast<std::size_t>(rank);
-  if ((per ? table.size() % per != 0 || table.size() / per != s.checksums.size() : s.checksums.size() > 1))
-    throw Error(where + ": the block table does not match the checksums (" + std::to_string(table.size()) + " entries, " +
-                std::to_string(s.checksums.size()) + " checksums)");
-  std::int64_t covered = 0;
-  for (std::size_t b = 0; b < s.checksums.size(); ++b) {
-    ShardBox box;
-    box.rank = rank;
-    for (int d = 0; d < rank; ++d) {
-      const auto u = static_cast<std::size_t>(d);
-      box.offset[u] = table[b * per + u];
-      box.extent[u] = table[b * per + static_cast<std::size_t>(rank) + u];
-      if (box.offset[u] < 0 || box.extent[u] < 1 || box.offset[u] + box.extent[u] > s.info.shape[u])
-        throw Error(where + ": saved block " + std::to_string(b) + " lies outside the shape " + shape_text(s.info.shape));
+    const auto table = h5::read_int_attr<std::int64_t>(ds.get(), "shardlib_blocks");
+    s.checksums = h5::read_int_attr<std::uint64_t>(ds.get(), "shardlib_checksums");
+    const std::size_t per = 2 * static_cast<std::size_t>(rank);
+    if ((per ? table.size() % per != 0 || table.size() / per != s.checksums.size() : s.checksums.size() > 1))
+      throw Error(where + ": the block table does not match the checksums (" + std::to_string(table.size()) + " entries, " +
+                  std::to_string(s.checksums.size()) + " checksums)");
+    std::int64_t covered = 0;
+    for (std::size_t b = 0; b < s.checksums.size(); ++b) {
+      ShardBox box;
+      box.rank = rank;
+      for (int d = 0; d < rank; ++d) {
+        const auto u = static_cast<std::size_t>(d);
+        box.offset[u] = table[b * per + u];
+        box.extent[u] = table[b * per + static_cast<std::size_t>(rank) + u];
+        if (box.offset[u] < 0 || box.extent[u] < 1 || box.offset[u] + box.extent[u] > s.info.shape[u])
+          throw Error(where + ": saved block " + std::to_string(b) + " lies outside the shape " + shape_text(s.info.shape));
+      }
+      covered += box.num_elements();
+      s.blocks.push_back(box);
     }
-    covered += box.num_elements();
-    s.blocks.push_back(box);
-  }
-  if (covered != n)
-    throw Error(where + ": the saved blocks cover " + std::to_string(covered) + " of " + std::to_string(n) + " elements");
-  return s;
-}
-
-/// The byte size of a file (throws Error naming it).
-inline std::uint64_t file_size(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) throw Error(errno_text("cannot stat", path, errno));
-  return static_cast<std::uint64_t>(st.st_size);
+    if (covered != n)
+      throw Error(where + ": the saved blocks cover " + std::to_string(covered) + " of " + std::to_string(n) + " elements");
+    return s;
+  });
 }
 
 /// Broadcasts a byte vector from `root` (its size first).
@@ -458,7 +525,7 @@ class Target {
         throw std::invalid_argument("shardlib::io::load: tensor '" + name + "' has shape " + detail::shape_text(shape) +
                                     " in the checkpoint but the tensor to load it into has shape " +
                                     shardlib::detail::shape_text(t.shape()));
-      fresh->emplace(Tensor::uninitialized(t.mesh(), t.shape()));
+      fresh->emplace(Tensor::uninitialized(t.mesh(), t.shape(), shardlib::detail::same_shape));
       return detail::Slot::Block{(*fresh)->local().data(), (*fresh)->block()};
     };
     commit_ = [fresh, &t]() noexcept { t = std::move(**fresh); };
@@ -497,7 +564,7 @@ Tensor load(const typename Tensor::mesh_type& mesh, const std::string& path, con
     typename Tensor::Shape s{};
     if constexpr (Tensor::rank > 0)  // a scalar's Shape is std::array<int64_t, 0>: nothing to copy (g++'s -Wnonnull)
       std::copy(shape.begin(), shape.end(), s.begin());
-    fresh.emplace(Tensor::uninitialized(mesh, s));
+    fresh.emplace(Tensor::uninitialized(mesh, s, shardlib::detail::same_shape));
     return detail::Slot::Block{fresh->local().data(), fresh->block()};
   };
   detail::load_slots(path, std::span<detail::Slot>(&slot, 1), opts);

@@ -274,7 +274,9 @@ inline void save(const std::string& path, std::initializer_list<Entry> tensors, 
     return shardlib::detail::ArrayRef<std::int64_t>(es[i]->shape_.data(), es[i]->shape_.size());
   };
 
-  // 1. Device 0 writes the metadata to a temporary file (checksums as zeros until step 3).
+  // 1. Device 0 writes the metadata to a temporary file (checksums as zeros until step 3) and
+  //    reserves the whole file on the disk: a disk that cannot hold it fails here, before any
+  //    device has written a byte.
   std::string tmp;
   bool created = false;
   auto cleanup = [&] {
@@ -292,6 +294,7 @@ inline void save(const std::string& path, std::initializer_list<Entry> tensors, 
     std::vector<std::vector<std::int64_t>> shapes(n);
     std::vector<coll::DType> dtypes(n);
     std::vector<std::string> specs(n), meshes(n);
+    std::uint64_t end = 0;  // the file's size: every dataset's last byte
     for (std::size_t i = 0; i < n; ++i) {
       const Entry& e = *es[i];
       shapes[i] = e.shape_;
@@ -310,7 +313,22 @@ inline void save(const std::string& path, std::initializer_list<Entry> tensors, 
     tmp = detail::temp_name(path);
     created = true;
     const auto offsets = detail::write_metadata(path, tmp, blocks, sums, names, shapes, dtypes, specs, meshes);
-    detail::fault_point("metadata_written");
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint64_t bytes = coll::size_of(dtypes[i]);
+      for (auto x : shapes[i]) bytes *= static_cast<std::uint64_t>(x);
+      if (!blocks[i].empty()) end = std::max(end, offsets[i] + bytes);
+    }
+    if (detail::reserve_space()) {
+      detail::PosixFile f(tmp, O_WRONLY);
+      end = std::max(end, f.id().size);
+      try {
+        f.reserve(end);
+      } catch (const Error& e) {
+        throw Error(std::string("shardlib::io::save: checkpoint '") + path + "' does not fit on its disk: " + e.what());
+      }
+      f.close();
+    }
+    detail::fault_point("metadata_written", dev);
     detail::Writer w;
     w.str(tmp);
     for (auto o : offsets) w.u64(o);
@@ -324,47 +342,31 @@ inline void save(const std::string& path, std::initializer_list<Entry> tensors, 
     for (auto& o : offsets) o = r.u64();
   }
 
-  // 2. Every device writes the blocks it holds first-hand into the datasets, and their checksums.
+  // 2. Every device writes the blocks it holds first-hand into the datasets, and their checksums,
+  //    with POSIX writes whose every result is checked (on every backend: MPI-IO's OMPIO reports
+  //    success for writes its aggregators failed). Under mpi each process also makes its own
+  //    writes durable (fsync of its descriptor: on a shared file system, a client flushes its own
+  //    pages); in-process devices share the page cache, which step 3's fsync flushes. A failure on
+  //    any device fails the save on every device, with that device's message (agree).
   std::uint64_t written = 0;
   std::vector<std::uint64_t> mine(n, 0), all(n * static_cast<std::size_t>(ndev), 0);
   detail::agree(world, [&] {
-#if defined(SHARDLIB_HAVE_MPI)
-    if (MPI_Comm comm = detail::mpi_comm_of(world); comm != MPI_COMM_NULL) {
-      detail::MpiFile f(comm, tmp, MPI_MODE_WRONLY);
-      for (std::size_t i = 0; i < n; ++i) {
-        const Entry& e = *es[i];
-        ShardBox none = e.box_;
-        if (!writes[i]) none.extent.fill(0);
-        std::future<std::uint64_t> sum;  // summed on a helper thread while MPI-IO writes the block
-        if (writes[i])
-          sum = std::async(std::launch::async, [&e, &shape_of, i] {
-            return box_checksum(e.data_, coll::size_of(e.dtype_), e.box_, e.box_, shape_of(i));
-          });
-        try {
-          detail::mpi_box(f, true, offsets[i], shape_of(i), coll::size_of(e.dtype_), const_cast<void*>(e.data_),
-                          writes[i] ? e.box_ : none);
-        } catch (...) {
-          if (sum.valid()) sum.wait();
-          throw;
-        }
-        if (!writes[i]) continue;
-        written += static_cast<std::uint64_t>(e.box_.num_elements()) * coll::size_of(e.dtype_);
-        mine[i] = sum.get();
-      }
-      if (opts.durable) f.sync();
-      f.close();
-      return;
-    }
-#endif
+    detail::fault_point("write", dev);
     if (std::find(writes.begin(), writes.end(), 1) == writes.end()) return;
     detail::PosixFile f(tmp, O_WRONLY);
     for (std::size_t i = 0; i < n; ++i) {
       if (!writes[i]) continue;
       const Entry& e = *es[i];
-      mine[i] = detail::write_and_checksum(f, offsets[i], shape_of(i), coll::size_of(e.dtype_), e.data_, e.box_,
-                                           opts.durable, detail::checksum_lanes(ctx));
+      try {
+        mine[i] = detail::write_and_checksum(f, offsets[i], shape_of(i), coll::size_of(e.dtype_), e.data_, e.box_,
+                                             opts.durable, detail::checksum_lanes(ctx));
+      } catch (const Error& x) {
+        throw Error("shardlib::io::save: device " + std::to_string(dev) + ", tensor '" + e.name_ + "' of checkpoint '" +
+                    path + "': " + x.what());
+      }
       written += static_cast<std::uint64_t>(e.box_.num_elements()) * coll::size_of(e.dtype_);
     }
+    if (opts.durable && ctx.backend() != "threads") f.sync();
     f.close();
   }, cleanup);
   world.all_gather(mine.data(), all.data(), n, coll::DType::u64);
@@ -376,7 +378,7 @@ inline void save(const std::string& path, std::initializer_list<Entry> tensors, 
     for (std::size_t i = 0; i < n; ++i)
       for (int d : block_device[i]) sums[i].push_back(all[static_cast<std::size_t>(d) * n + i]);
     detail::write_checksums(tmp, names, sums);
-    detail::fault_point("data_written");
+    detail::fault_point("data_written", dev);
     if (opts.durable) {
       detail::PosixFile f(tmp, O_RDONLY);
       f.sync();
@@ -394,35 +396,38 @@ inline void save(const std::string& path, std::initializer_list<Entry> tensors, 
 
 namespace detail {
 
-inline void load_slots(const std::string& path, std::span<Slot> slots, const LoadOptions& opts) {
-  if (slots.empty()) throw std::invalid_argument("shardlib::io::load: no tensors to load from '" + path + "'");
-  std::vector<std::string> names;
-  for (const Slot& s : slots) names.push_back(s.name);
-  check_names_unique(names, "load");
+/// One attempt at load_slots (below): false when a device found that `path` is no longer the
+/// file device 0 described (a save renamed a new checkpoint over it meanwhile), on every device.
+inline bool try_load_slots(const std::string& path, std::span<Slot> slots, const LoadOptions& opts) {
   Context& ctx = *slots[0].ctx;
-  for (const Slot& s : slots)
-    if (s.ctx != &ctx)
-      throw std::invalid_argument("shardlib::io::load: tensor '" + s.name + "' belongs to another run than '" +
-                                  slots[0].name + "'");
   coll::Communicator& world = ctx.world();
   const int dev = ctx.device();
   const std::size_t n = slots.size();
 
-  // 1. Device 0 reads the descriptions; every device gets them.
+  // 1. Device 0 opens the file and reads the descriptions; every device gets them, with the
+  //    file's identity. Device 0 holds the file open to the end, so that identity stays its own.
+  OpenCheckpoint described;
   std::vector<unsigned char> blob;
   agree(world, [&] {
     if (dev != 0) return;
     auto lock = h5::hdf5_lock();
-    h5::Handle file = open_checkpoint(path);
-    const std::uint64_t size = file_size(path);
+    described = open_checkpoint(path);
     Writer w;
-    for (const Slot& s : slots) read_stored(file.get(), path, s.name, size).write(w);
+    for (std::uint64_t v : {described.id.dev, described.id.ino, described.id.size, described.id.mtime_ns})
+      w.u64(v);
+    w.u64(static_cast<std::uint64_t>(described.posix->fd()));
+    for (const Slot& s : slots) read_stored(described.file.get(), path, s.name, described.id.size).write(w);
+    if (!described.file.close()) H5Eclear2(H5E_DEFAULT);  // read-only: nothing to lose
     blob = std::move(w.bytes);
   });
   broadcast_bytes(world, blob, 0);
+  FileId id;
+  int fd0 = -1;  // device 0's descriptor of the file (the in-process devices read through it)
   std::vector<Stored> stored;
   {
     Reader r{blob};
+    id = {r.u64(), r.u64(), r.u64(), r.u64()};
+    fd0 = static_cast<int>(r.u64());
     for (std::size_t i = 0; i < n; ++i) stored.push_back(Stored::read(r));
   }
 
@@ -446,13 +451,41 @@ inline void load_slots(const std::string& path, std::span<Slot> slots, const Loa
   });
   if (bad_input) std::rethrow_exception(bad_input);
 
-  // 3. The devices that hold a block first-hand read it; partial sums of the saved checksums.
+  // 3. The devices that hold a block first-hand read it, with partial sums of the saved checksums,
+  //    from the file device 0 described: in-process devices through device 0's own descriptor;
+  //    MPI processes open the path, and all agree that each opened that file (else every device
+  //    starts again: a save renamed a new checkpoint over the path in between).
   std::vector<char> reads(n, 0);
   std::vector<std::size_t> first_sum(n + 1, 0);
+  bool any_read = false;
   for (std::size_t i = 0; i < n; ++i) {
     reads[i] = is_primary(slots[i].sharding, slots[i].mesh, dev);
+    any_read = any_read || (reads[i] && blocks[i].box.num_elements() > 0);
     first_sum[i + 1] = first_sum[i] + stored[i].blocks.size();
   }
+  std::optional<PosixFile> posix;
+#if defined(SHARDLIB_HAVE_MPI)
+  const MPI_Comm comm = mpi_comm_of(world);
+  std::optional<MpiFile> mpi;
+#endif
+  std::int32_t other = 0;
+  agree(world, [&] {
+#if defined(SHARDLIB_HAVE_MPI)
+    if (comm != MPI_COMM_NULL) {  // collective open; a path whose file is still the described one
+      mpi.emplace(comm, path);   // after this open was opened as that file (device 0 holds it open)
+      other = file_id(path) != id;
+      return;
+    }
+#endif
+    if (!any_read) return;
+    if (ctx.backend() == "threads") posix.emplace(PosixFile::Borrowed{fd0}, path);  // device 0 holds it open
+    else posix.emplace(path, O_RDONLY);
+    other = posix->id() != id;
+  });
+  std::int32_t replaced = 0;
+  world.all_reduce(&other, &replaced, 1, coll::DType::i32, coll::Op::max);
+  if (replaced) return false;
+
   std::vector<std::uint64_t> parts(first_sum[n], 0);
   std::uint64_t read_bytes = 0;
   auto shape_of = [&](std::size_t i) {
@@ -460,9 +493,9 @@ inline void load_slots(const std::string& path, std::span<Slot> slots, const Loa
   };
   agree(world, [&] {
 #if defined(SHARDLIB_HAVE_MPI)
-    if (MPI_Comm comm = mpi_comm_of(world); comm != MPI_COMM_NULL) {
-      MpiFile f(comm, path, MPI_MODE_RDONLY);
-      for (std::size_t i = 0; i < n; ++i) {  // every rank, in order: the branch below is collective
+    if (mpi) {
+      MpiFile& f = *mpi;  // every rank makes every collective call below; errors are latched
+      for (std::size_t i = 0; i < n; ++i) {
         if (stored[i].blocks.empty()) continue;  // an empty tensor: no data, on every device
         const std::size_t elem = coll::size_of(slots[i].dtype);
         ShardBox none = blocks[i].box;
@@ -472,31 +505,31 @@ inline void load_slots(const std::string& path, std::span<Slot> slots, const Loa
         std::uint64_t* sums = opts.verify_checksums ? parts.data() + first_sum[i] : nullptr;
         if (mpi_all_one_run(f, mine, shape_of(i), elem)) {  // independent reads, slab by slab
           if (r)
-            read_and_checksum(
-                [&](const ShardBox& slab) {
-                  for_each_run(mine, slab, shape_of(i), elem, [&](std::uint64_t fo, std::uint64_t bo, std::uint64_t bytes) {
-                    f.read_at(stored[i].offset + fo, static_cast<unsigned char*>(blocks[i].data) + bo, bytes);
-                  });
-                },
-                shape_of(i), elem, blocks[i].data, mine, stored[i].blocks, sums, checksum_lanes(ctx));
+            f.attempt([&] {
+              read_and_checksum(
+                  [&](const ShardBox& slab) {
+                    for_each_run(mine, slab, shape_of(i), elem, [&](std::uint64_t fo, std::uint64_t bo, std::uint64_t bytes) {
+                      f.read_at(stored[i].offset + fo, static_cast<unsigned char*>(blocks[i].data) + bo, bytes);
+                    });
+                  },
+                  shape_of(i), elem, blocks[i].data, mine, stored[i].blocks, sums, checksum_lanes(ctx));
+            });
         } else {
-          mpi_strided_box(f, false, stored[i].offset, shape_of(i), elem, blocks[i].data, mine);
-          if (r && sums)
+          mpi_read_strided_box(f, stored[i].offset, shape_of(i), elem, blocks[i].data, mine);
+          if (r && sums && !f.failed())
             for (std::size_t b = 0; b < stored[i].blocks.size(); ++b)
               sums[b] = box_checksum(blocks[i].data, elem, mine, shardlib::intersect(stored[i].blocks[b], mine), shape_of(i));
         }
       }
-      f.close();
+      f.close_and_rethrow();
     } else
 #endif
     {
-      std::optional<PosixFile> f;
       for (std::size_t i = 0; i < n; ++i) {
         if (!reads[i] || blocks[i].box.num_elements() == 0) continue;
-        if (!f) f.emplace(path, O_RDONLY);
         const std::size_t elem = coll::size_of(slots[i].dtype);
         read_and_checksum(
-            [&](const ShardBox& slab) { read_box(*f, stored[i].offset, shape_of(i), elem, blocks[i].data, blocks[i].box, slab); },
+            [&](const ShardBox& slab) { read_box(*posix, stored[i].offset, shape_of(i), elem, blocks[i].data, blocks[i].box, slab); },
             shape_of(i), elem, blocks[i].data, blocks[i].box, stored[i].blocks,
             opts.verify_checksums ? parts.data() + first_sum[i] : nullptr, checksum_lanes(ctx));
       }
@@ -534,6 +567,27 @@ inline void load_slots(const std::string& path, std::span<Slot> slots, const Loa
   Stats& s = stats(ctx);
   s.bytes_read += read_bytes;
   ++s.loads;
+  return true;
+}
+
+/// Loads `slots` from `path` (see load()). A save that renames a new checkpoint over `path`
+/// while the devices open it makes them start again: the load reads the old checkpoint or the
+/// new one, whole, never a mix of the two.
+inline void load_slots(const std::string& path, std::span<Slot> slots, const LoadOptions& opts) {
+  if (slots.empty()) throw std::invalid_argument("shardlib::io::load: no tensors to load from '" + path + "'");
+  std::vector<std::string> names;
+  for (const Slot& s : slots) names.push_back(s.name);
+  check_names_unique(names, "load");
+  Context& ctx = *slots[0].ctx;
+  for (const Slot& s : slots)
+    if (s.ctx != &ctx)
+      throw std::invalid_argument("shardlib::io::load: tensor '" + s.name + "' belongs to another run than '" +
+                                  slots[0].name + "'");
+  constexpr int attempts = 16;
+  for (int a = 0; a < attempts; ++a)
+    if (try_load_slots(path, slots, opts)) return;
+  throw Error("shardlib::io::load: checkpoint '" + path + "' was replaced by a new file " + std::to_string(attempts) +
+              " times while the devices opened it (is another program saving it in a loop?)");
 }
 
 }  // namespace detail
@@ -548,10 +602,10 @@ inline void load(const std::string& path, std::initializer_list<Target> targets,
 inline std::vector<TensorInfo> list(const std::string& path) {
   h5::quiet();
   auto lock = h5::hdf5_lock();
-  h5::Handle file = detail::open_checkpoint(path);
-  const std::uint64_t size = detail::file_size(path);
+  detail::OpenCheckpoint c = detail::open_checkpoint(path);
   std::vector<TensorInfo> out;
-  for (const auto& name : detail::dataset_names(file.get())) out.push_back(detail::read_stored(file.get(), path, name, size).info);
+  for (const auto& name : detail::dataset_names(c.file.get(), path))
+    out.push_back(detail::read_stored(c.file.get(), path, name, c.id.size).info);
   return out;
 }
 
@@ -560,10 +614,12 @@ HostArray<T> read(const std::string& path, const std::string& name, const LoadOp
   detail::check_name(name, "read");
   detail::Stored s;
   h5::quiet();
+  detail::OpenCheckpoint c;  // its descriptor reads the data: the very file the description came from
   {
     auto lock = h5::hdf5_lock();
-    h5::Handle file = detail::open_checkpoint(path);
-    s = detail::read_stored(file.get(), path, name, detail::file_size(path));
+    c = detail::open_checkpoint(path);
+    s = detail::read_stored(c.file.get(), path, name, c.id.size);
+    if (!c.file.close()) H5Eclear2(H5E_DEFAULT);
   }
   if (s.info.dtype != coll::dtype_of<T>())
     throw std::invalid_argument("shardlib::io::read: tensor '" + name + "' is " + std::string(coll::name(s.info.dtype)) +
@@ -572,8 +628,7 @@ HostArray<T> read(const std::string& path, const std::string& name, const LoadOp
   out.shape = s.info.shape;
   out.data.resize(static_cast<std::size_t>(s.num_elements()));
   if (out.data.empty()) return out;
-  detail::PosixFile f(path, O_RDONLY);
-  f.pread_all(out.data.data(), out.data.size() * sizeof(T), s.offset);
+  c.posix->pread_all(out.data.data(), out.data.size() * sizeof(T), s.offset);
   if (opts.verify_checksums) {
     ShardBox whole;
     whole.rank = static_cast<int>(s.info.shape.size());

@@ -2,8 +2,11 @@
 /// @file
 /// Moving one block of a tensor between memory and its dataset in a file: the dataset is the
 /// global tensor, row-major and contiguous at byte `base` of the file, and the block is a box
-/// of it. POSIX `pwrite`/`pread` of the block's contiguous runs (threads backend: one writer per
-/// device, in parallel), or one MPI-IO collective call with a subarray file view (mpi backend).
+/// of it. Writes: POSIX `pwrite` of the block's contiguous runs, one writer per device on every
+/// backend (each write's result checked: MPI-IO's OMPIO drops its aggregators' write errors and
+/// reports success). Reads: `pread` (threads backend), or MPI-IO collective calls with a
+/// subarray file view (mpi backend), whose errors are latched in the MpiFile and raised only
+/// after the last collective call, so that no rank leaves the others waiting.
 ///
 /// Knows files and boxes only: no tensors, no communicator beyond the MPI file handle.
 #pragma once
@@ -18,6 +21,7 @@
 #include <utility>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #if defined(SHARDLIB_HAVE_MPI)
@@ -69,6 +73,23 @@ inline std::string errno_text(const std::string& what, const std::string& path, 
   return what + " '" + path + "': " + std::strerror(err);
 }
 
+/// Which file an open descriptor or a path is: device, inode, size and modification time (not the
+/// change time: renaming the file, or a rename over it that unlinks it, changes that). Two opens
+/// of one path that give different FileIds opened different files (the path was renamed over in
+/// between); an inode held open cannot be reused by another file.
+struct FileId {
+  std::uint64_t dev = 0, ino = 0, size = 0, mtime_ns = 0;
+  static FileId of(const struct stat& st) noexcept {
+    const auto ns = static_cast<std::uint64_t>(st.st_mtim.tv_sec) * 1000000000u + static_cast<std::uint64_t>(st.st_mtim.tv_nsec);
+    return {static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino),
+            static_cast<std::uint64_t>(st.st_size), ns};
+  }
+  friend bool operator==(const FileId&, const FileId&) = default;
+};
+
+/// The FileId of the file at `path` now (throws Error naming it).
+inline FileId file_id(const std::string& path);
+
 /// An open POSIX file, closed on destruction.
 class PosixFile {
  public:
@@ -77,12 +98,20 @@ class PosixFile {
     while (fd_ < 0 && errno == EINTR);
     if (fd_ < 0) throw Error(errno_text((flags & (O_WRONLY | O_RDWR)) ? "cannot open for writing" : "cannot open", path_, errno));
   }
+  /// Another PosixFile's descriptor, borrowed (not closed here): the in-process devices of a load
+  /// read the very file device 0 opened.
+  struct Borrowed {
+    int fd;
+  };
+  PosixFile(Borrowed b, std::string path) : path_(std::move(path)), fd_(b.fd), owned_(false) {}
   PosixFile(const PosixFile&) = delete;
   PosixFile& operator=(const PosixFile&) = delete;
   ~PosixFile() {
-    if (fd_ >= 0) ::close(fd_);
+    if (fd_ >= 0 && owned_) ::close(fd_);
   }
   const std::string& path() const noexcept { return path_; }
+  /// The descriptor, to lend (see Borrowed).
+  int fd() const noexcept { return fd_; }
 
   void pwrite_all(const void* buf, std::uint64_t bytes, std::uint64_t offset) {
     auto* p = static_cast<const unsigned char*>(buf);
@@ -115,6 +144,25 @@ class PosixFile {
     (void)::sync_file_range(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes), SYNC_FILE_RANGE_WRITE);
 #endif
   }
+  /// Reserves the file's first `bytes` on the disk (Linux fallocate: no data written), so that a
+  /// disk that cannot hold them fails here, before anything is written. A file system without
+  /// fallocate (EOPNOTSUPP) reserves nothing: the writes' own checks then catch a full disk.
+  void reserve([[maybe_unused]] std::uint64_t bytes) {
+#if defined(__linux__)
+    if (bytes == 0) return;
+    int r = 0;
+    do r = ::fallocate(fd_, 0, 0, static_cast<off_t>(bytes));
+    while (r != 0 && errno == EINTR);
+    if (r != 0 && errno != EOPNOTSUPP && errno != ENOSYS)
+      throw Error(errno_text("reserving " + std::to_string(bytes) + " bytes for", path_, errno));
+#endif
+  }
+  /// Which file this descriptor has open.
+  FileId id() const {
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) throw Error(errno_text("cannot stat", path_, errno));
+    return FileId::of(st);
+  }
   /// Writes the file's data to the disk (fsync).
   void sync() {
     if (::fsync(fd_) != 0) throw Error(errno_text("fsync of", path_, errno));
@@ -122,13 +170,20 @@ class PosixFile {
   /// Closes now, reporting a failed close (a delayed write error).
   void close() {
     const int fd = std::exchange(fd_, -1);
-    if (fd >= 0 && ::close(fd) != 0 && errno != EINTR) throw Error(errno_text("closing", path_, errno));
+    if (fd >= 0 && owned_ && ::close(fd) != 0 && errno != EINTR) throw Error(errno_text("closing", path_, errno));
   }
 
  private:
   std::string path_;
   int fd_ = -1;
+  bool owned_ = true;
 };
+
+inline FileId file_id(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw Error(errno_text("cannot stat", path, errno));
+  return FileId::of(st);
+}
 
 /// Writes box `part` of a buffer holding box `layout` to the dataset at byte `base`.
 inline void write_box(PosixFile& f, std::uint64_t base, shardlib::detail::ArrayRef<std::int64_t> shape, std::size_t elem,
@@ -170,12 +225,16 @@ inline std::string mpi_error_text(int code) {
   return std::string(s, static_cast<std::size_t>(n));
 }
 
-/// An MPI file open on a communicator, closed on destruction. Errors are returned by MPI-IO
-/// (MPI_ERRORS_RETURN is the default for files) and thrown as Error.
+/// An MPI file open on a communicator for reading, closed on destruction. MPI-IO returns its
+/// errors (MPI_ERRORS_RETURN is the default for files); a failed call is *latched*, not thrown:
+/// the collective calls that follow are still made (with nothing to move), so every rank makes
+/// the same sequence of collective calls whatever failed where, and `close_and_rethrow()` throws
+/// the first error after the last of them. Open is collective and fails alike on every rank.
 class MpiFile {
  public:
-  MpiFile(MPI_Comm comm, std::string path, int amode) : path_(std::move(path)), comm_(comm) {
-    check(MPI_File_open(comm, path_.c_str(), amode, MPI_INFO_NULL, &fh_), "MPI_File_open of");
+  MpiFile(MPI_Comm comm, std::string path) : path_(std::move(path)), comm_(comm) {
+    const int rc = MPI_File_open(comm, path_.c_str(), MPI_MODE_RDONLY, MPI_INFO_NULL, &fh_);
+    if (rc != MPI_SUCCESS) throw Error("MPI_File_open of '" + path_ + "': " + mpi_error_text(rc));
   }
   MpiFile(const MpiFile&) = delete;
   MpiFile& operator=(const MpiFile&) = delete;
@@ -185,36 +244,56 @@ class MpiFile {
   MPI_File get() const noexcept { return fh_; }
   MPI_Comm comm() const noexcept { return comm_; }
   const std::string& path() const noexcept { return path_; }
-  void check(int code, const std::string& what) const {
-    if (code != MPI_SUCCESS) throw Error(what + " '" + path_ + "': " + mpi_error_text(code));
+  /// Whether a call has failed on this rank.
+  bool failed() const noexcept { return !error_.empty(); }
+  /// Latches "what 'path': MPI's message" when `code` is an error; returns whether it was not.
+  bool check(int code, const std::string& what) {
+    if (code == MPI_SUCCESS) return true;
+    fail(what + " '" + path_ + "': " + mpi_error_text(code));
+    return false;
+  }
+  /// Latches `message` (the first one is kept).
+  void fail(std::string message) {
+    if (error_.empty()) error_ = std::move(message);
+  }
+  /// Runs `f` unless a call failed already; latches what it throws.
+  template <class F>
+  void attempt(F&& f) {
+    if (failed()) return;
+    try {
+      f();
+    } catch (const std::exception& e) {
+      fail(e.what());
+    }
   }
   /// Reads `bytes` at byte `offset` of the file (independent; the file's view must be bytes).
   void read_at(std::uint64_t offset, void* buf, std::uint64_t bytes) {
     auto* p = static_cast<unsigned char*>(buf);
-    while (bytes > 0) {  // counts are ints: 1 GiB at a time
+    while (bytes > 0 && !failed()) {  // counts are ints: 1 GiB at a time
       const int n = static_cast<int>(std::min<std::uint64_t>(bytes, std::uint64_t{1} << 30));
       MPI_Status st;
-      check(MPI_File_read_at(fh_, static_cast<MPI_Offset>(offset), p, n, MPI_BYTE, &st), "MPI_File_read_at from");
+      if (!check(MPI_File_read_at(fh_, static_cast<MPI_Offset>(offset), p, n, MPI_BYTE, &st), "MPI_File_read_at from")) return;
       int got = 0;
       MPI_Get_count(&st, MPI_BYTE, &got);
       if (got != n)
-        throw Error("'" + path_ + "' ends before byte " + std::to_string(offset + static_cast<std::uint64_t>(n)) +
+        return fail("'" + path_ + "' ends before byte " + std::to_string(offset + static_cast<std::uint64_t>(n)) +
                     " (the file is truncated)");
       p += n;
       offset += static_cast<std::uint64_t>(n);
       bytes -= static_cast<std::uint64_t>(n);
     }
   }
-  /// Collective: every rank of the file's communicator calls it, in the same order.
-  void sync() { check(MPI_File_sync(fh_), "MPI_File_sync of"); }
-  void close() {
+  /// Closes the file (collective), then throws this rank's first latched error, if any.
+  void close_and_rethrow() {
     if (fh_ != MPI_FILE_NULL) check(MPI_File_close(&fh_), "MPI_File_close of");
+    if (failed()) throw Error(error_);
   }
 
  private:
   std::string path_;
   MPI_Comm comm_;
   MPI_File fh_ = MPI_FILE_NULL;
+  std::string error_;
 };
 
 /// An owned MPI datatype.
@@ -242,13 +321,7 @@ inline bool mpi_all_one_run(MpiFile& f, const ShardBox& box, shardlib::detail::A
   return one != 0;
 }
 
-/// A committed MPI type of `elem` contiguous bytes.
-inline void mpi_elem_type(MpiFile& f, std::size_t elem, MpiType& t) {
-  f.check(MPI_Type_contiguous(static_cast<int>(elem), MPI_BYTE, &t.t), "MPI_Type_contiguous for");
-  f.check(MPI_Type_commit(&t.t), "MPI_Type_commit for");
-}
-
-/// The element count of a box for one MPI-IO call (throws Error past MPI's int counts).
+/// Throws Error past MPI's int counts: the element count of a box for one MPI-IO call.
 inline int mpi_count(const MpiFile& f, const ShardBox& box) {
   const std::int64_t n = box.num_elements();
   if (n > INT32_MAX)
@@ -256,27 +329,23 @@ inline int mpi_count(const MpiFile& f, const ShardBox& box) {
   return static_cast<int>(n);
 }
 
-/// Throws Error when a read returned fewer than `count` elements (a truncated file).
-inline void mpi_check_read(const MpiFile& f, MPI_Status& st, MPI_Datatype etype, int count) {
-  int got = 0;
-  MPI_Get_count(&st, etype, &got);
-  if (got != count)
-    throw Error("'" + f.path() + "' ends before the block's last element (read " + std::to_string(got) + " of " +
-                std::to_string(count) + " elements; the file is truncated)");
-}
-
 /// Collective over the file's communicator, for boxes that are not one run on some rank: every
-/// rank moves its `box` (row-major at `buf`; an empty box moves nothing) between memory and the
-/// dataset at byte `base` through a subarray view: a collective write (two-phase aggregation),
-/// an independent read (measured here with 8 ranks on 2 cores: a column-split 256 MiB load took
-/// 0.99 s collectively, 0.44 s independently).
-inline void mpi_strided_box(MpiFile& f, bool write, std::uint64_t base, shardlib::detail::ArrayRef<std::int64_t> shape,
-                            std::size_t elem, void* buf, const ShardBox& box) {
-  const int count = mpi_count(f, box);
+/// rank reads its `box` (row-major at `buf`; an empty box reads nothing) of the dataset at byte
+/// `base` through a subarray view, with an independent read (measured here with 8 ranks on 2
+/// cores: a column-split 256 MiB load took 0.99 s collectively, 0.44 s independently). A rank
+/// whose earlier call failed (or whose view cannot be made) still sets a view, reading nothing.
+inline void mpi_read_strided_box(MpiFile& f, std::uint64_t base, shardlib::detail::ArrayRef<std::int64_t> shape,
+                                 std::size_t elem, void* buf, const ShardBox& box) {
+  int count = 0;
   MpiType etype, ftype;
-  mpi_elem_type(f, elem, etype);
-  MPI_Datatype view = etype.t;
-  if (count > 0 && box.rank > 0) {
+  MPI_Datatype e = MPI_BYTE, view = MPI_BYTE;
+  f.attempt([&] {
+    count = mpi_count(f, box);
+    if (!f.check(MPI_Type_contiguous(static_cast<int>(elem), MPI_BYTE, &etype.t), "MPI_Type_contiguous for") ||
+        !f.check(MPI_Type_commit(&etype.t), "MPI_Type_commit for"))
+      return;
+    e = view = etype.t;
+    if (count == 0 || box.rank == 0) return;
     int sizes[max_tensor_rank], sub[max_tensor_rank], start[max_tensor_rank];
     for (int d = 0; d < box.rank; ++d) {
       const auto u = static_cast<std::size_t>(d);
@@ -287,42 +356,25 @@ inline void mpi_strided_box(MpiFile& f, bool write, std::uint64_t base, shardlib
       sub[d] = static_cast<int>(box.extent[u]);
       start[d] = static_cast<int>(box.offset[u]);
     }
-    f.check(MPI_Type_create_subarray(box.rank, sizes, sub, start, MPI_ORDER_C, etype.t, &ftype.t), "MPI_Type_create_subarray for");
-    f.check(MPI_Type_commit(&ftype.t), "MPI_Type_commit for");
-    view = ftype.t;
+    if (f.check(MPI_Type_create_subarray(box.rank, sizes, sub, start, MPI_ORDER_C, etype.t, &ftype.t),
+                "MPI_Type_create_subarray for") &&
+        f.check(MPI_Type_commit(&ftype.t), "MPI_Type_commit for"))
+      view = ftype.t;
+  });
+  if (f.failed()) {  // this rank reads nothing, but the view is set collectively
+    count = 0;
+    e = view = MPI_BYTE;
   }
   char native[] = "native";
-  f.check(MPI_File_set_view(f.get(), static_cast<MPI_Offset>(base), etype.t, view, native, MPI_INFO_NULL), "MPI_File_set_view of");
+  f.check(MPI_File_set_view(f.get(), static_cast<MPI_Offset>(base), e, view, native, MPI_INFO_NULL), "MPI_File_set_view of");
+  if (f.failed() || count == 0) return;  // MPI_File_read is independent: nothing to match
   MPI_Status st;
-  if (write) {
-    f.check(MPI_File_write_all(f.get(), buf, count, etype.t, &st), "MPI_File_write_all to");
-  } else {
-    f.check(MPI_File_read(f.get(), buf, count, etype.t, &st), "MPI_File_read from");
-    mpi_check_read(f, st, etype.t, count);
-  }
-}
-
-/// Collective over the file's communicator: every rank moves its `box` (row-major at `buf`; an
-/// empty box moves nothing) between memory and the dataset at byte `base`. Where every rank's
-/// box is one run of the file (a split of dim 0), one collective call at an explicit offset:
-/// Open MPI's OMPIO wrote 256 MiB through a subarray view at a third of the speed of ROMIO, and
-/// at the speed of a plain write this way. Otherwise mpi_strided_box.
-inline void mpi_box(MpiFile& f, bool write, std::uint64_t base, shardlib::detail::ArrayRef<std::int64_t> shape,
-                    std::size_t elem, void* buf, const ShardBox& box) {
-  if (!mpi_all_one_run(f, box, shape, elem)) return mpi_strided_box(f, write, base, shape, elem, buf, box);
-  const int count = mpi_count(f, box);
-  MpiType etype;
-  mpi_elem_type(f, elem, etype);
-  std::uint64_t run_at = 0;
-  for_each_run(box, box, shape, elem, [&](std::uint64_t fo, std::uint64_t, std::uint64_t) { run_at = fo; });
-  const auto at = static_cast<MPI_Offset>(base + run_at);
-  MPI_Status st;
-  if (write) {
-    f.check(MPI_File_write_at_all(f.get(), at, buf, count, etype.t, &st), "MPI_File_write_at_all to");
-  } else {
-    f.check(MPI_File_read_at_all(f.get(), at, buf, count, etype.t, &st), "MPI_File_read_at_all from");
-    mpi_check_read(f, st, etype.t, count);
-  }
+  if (!f.check(MPI_File_read(f.get(), buf, count, e, &st), "MPI_File_read from")) return;
+  int got = 0;
+  MPI_Get_count(&st, e, &got);
+  if (got != count)
+    f.fail("'" + f.path() + "' ends before the block's last element (read " + std::to_string(got) + " of " +
+           std::to_string(count) + " elements; the file is truncated)");
 }
 #endif
 
