@@ -107,6 +107,14 @@ inline std::string shape_text(detail::ArrayRef<std::int64_t> shape) {
   return s + "]";
 }
 
+/// Passed to a factory (`zeros`, `full`, `uninitialized`) by the library's own code when the
+/// shape comes from an existing tensor: the devices agree on it already, so the factory does not
+/// check (see DistributedTensor's factories).
+struct same_shape_t {
+  explicit same_shape_t() = default;
+};
+inline constexpr same_shape_t same_shape{};
+
 }  // namespace detail
 
 /// A global tensor of `T` on `MeshT`, sharded by `SpecT` (see the file comment).
@@ -143,9 +151,19 @@ class DistributedTensor {
   using local_view_type = Kokkos::View<typename detail::view_data<T, rank>::type, Kokkos::LayoutRight, MemorySpace,
                                        Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
+  /// Factories: a tensor's shape is global, the same on every device (SPMD). Each factory that
+  /// takes a shape from the caller checks that the devices agree on it: one all_reduce of the
+  /// shape (not counted in the collectives' counters), and on a mismatch every device throws
+  /// std::invalid_argument naming the factory, the tensor's type and two devices' shapes.
+
   /// A tensor of `shape` filled with `value` (a partial-sum tensor holds it on coordinate 0 of its
-  /// partial axes, zeros elsewhere: the sum is `value`). No communication.
+  /// partial axes, zeros elsewhere: the sum is `value`).
   static DistributedTensor full(const MeshT& mesh, const Shape& shape, T value) {
+    agree_on_shape(mesh, shape, "full");
+    return full(mesh, shape, value, detail::same_shape);
+  }
+  /// full() for the library's own calls, whose shape comes from a tensor (no check).
+  static DistributedTensor full(const MeshT& mesh, const Shape& shape, T value, detail::same_shape_t) {
     DistributedTensor t(mesh, shape);
     t.generate(detail::FullValue<T>{value});
     return t;
@@ -155,15 +173,25 @@ class DistributedTensor {
     return full(mesh, checked_shape(shape), value);
   }
   static DistributedTensor zeros(const MeshT& mesh, const Shape& shape) { return full(mesh, shape, T{}); }
+  static DistributedTensor zeros(const MeshT& mesh, const Shape& shape, detail::same_shape_t s) {
+    return full(mesh, shape, T{}, s);
+  }
   template <std::size_t N>
   static DistributedTensor zeros(const MeshT& mesh, const std::int64_t (&shape)[N]) {
     return full(mesh, checked_shape(shape), T{});
   }
   /// A tensor of `shape` whose blocks are allocated but not initialised: for code that writes
   /// every element of its block before anything reads it (a checkpoint load, a kernel's output).
-  static DistributedTensor uninitialized(const MeshT& mesh, const Shape& shape) { return DistributedTensor(mesh, shape); }
+  static DistributedTensor uninitialized(const MeshT& mesh, const Shape& shape) {
+    agree_on_shape(mesh, shape, "uninitialized");
+    return DistributedTensor(mesh, shape);
+  }
+  static DistributedTensor uninitialized(const MeshT& mesh, const Shape& shape, detail::same_shape_t) {
+    return DistributedTensor(mesh, shape);
+  }
   /// Element k (row-major global linear index) = T(k).
   static DistributedTensor iota(const MeshT& mesh, const Shape& shape) {
+    agree_on_shape(mesh, shape, "iota");
     DistributedTensor t(mesh, shape);
     t.generate(detail::IotaValue<T>{});
     return t;
@@ -180,6 +208,7 @@ class DistributedTensor {
     if (!(lo < hi))
       throw std::invalid_argument("shardlib: random: the range [" + std::to_string(lo) + ", " + std::to_string(hi) +
                                   ") is empty");
+    agree_on_shape(mesh, shape, "random");
     DistributedTensor t(mesh, shape);
     t.generate(detail::RandomValue<T>{seed, lo, hi});
     return t;
@@ -194,6 +223,7 @@ class DistributedTensor {
   /// communication). Throws std::invalid_argument when its size is not the shape's element count,
   /// or when it is GPU memory (with CUDA: a cudaMalloc'd pointer, a CudaSpace view's data).
   static DistributedTensor from_host(const MeshT& mesh, const Shape& shape, std::span<const T> global) {
+    agree_on_shape(mesh, shape, "from_host");
     DistributedTensor t(mesh, shape);
     t.check_host_array(global, "from_host");
     const ShardBox all = t.global_box();
@@ -210,11 +240,18 @@ class DistributedTensor {
   /// when the size is wrong or the array is GPU memory, std::out_of_range when root is not a
   /// device of the mesh.
   static DistributedTensor scatter_from(const MeshT& mesh, const Shape& shape, std::span<const T> global, int root) {
-    DistributedTensor t(mesh, shape);
-    Context& ctx = t.context();
+    Context& ctx = mesh.context();
     if (root < 0 || root >= ctx.num_devices())
       throw std::out_of_range("shardlib: scatter_from: root " + std::to_string(root) + " is not a device of mesh " +
                               mesh.to_string());
+    // Root's array is checked with the shape, in the same all_reduce: a bad one fails every device.
+    std::int64_t bad = 0;  // root: its array's size + 1 when it does not fit; -(GPU + 1) when in GPU memory
+    if (ctx.device() == root) {
+      if (static_cast<std::int64_t>(global.size()) != shape_size(shape)) bad = static_cast<std::int64_t>(global.size()) + 1;
+      else if (const int gpu = detail::gpu_only_memory_device(global.data()); gpu >= 0) bad = -(gpu + 1);
+    }
+    agree_on_shape(mesh, shape, "scatter_from", bad);
+    DistributedTensor t(mesh, shape);
     if (ctx.device() == root) t.check_host_array(global, "scatter_from");
     coll::Communicator& world = ctx.world();
     std::vector<coll::Region> send(static_cast<std::size_t>(world.size())), recv(send.size());
@@ -402,6 +439,42 @@ class DistributedTensor {
   template <class, class, class, class>
   friend class DistributedTensor;
 
+  /// Throws std::invalid_argument on every device when the devices passed different shapes to
+  /// factory `what` (collective; see the factories' comment).
+  /// `extra` (scatter_from): a word that is 0 on every device unless root's array is bad (its size
+  /// + 1 when it does not fit, -(GPU + 1) when it is in a GPU's memory).
+  static void agree_on_shape(const MeshT& mesh, const Shape& shape, const char* what, std::int64_t extra = 0) {
+    constexpr std::size_t n = rank + 1;
+    std::array<std::int64_t, n> words{};
+    std::copy(shape.begin(), shape.end(), words.begin());
+    words[rank] = extra;
+    const std::vector<std::int64_t> all = mesh.context().world().mismatch(std::span<const std::int64_t>(words));
+    if (all.empty()) return;
+    const auto devices = all.size() / n;
+    for (std::size_t d = 0; d < devices; ++d)
+      if (const std::int64_t e = all[d * n + rank]; e != 0)
+        throw std::invalid_argument(std::string("shardlib: ") + what + " from device " + std::to_string(d) + ": " +
+                                    (e > 0 ? "a host array of " + std::to_string(e - 1) + " elements"
+                                           : "an array in the memory of GPU " + std::to_string(-e - 1) +
+                                                 " (the host cannot read it; pass a host array)") +
+                                    " for a tensor of shape " + detail::shape_text(shape) + " with " + spec_string() +
+                                    " (" + std::to_string(shape_size(shape)) + " elements)");
+    const auto shape_of = [&](std::size_t d) { return detail::ArrayRef<std::int64_t>(all.data() + d * n, rank); };
+    std::size_t other = 1;
+    while (other + 1 < devices && std::equal(all.begin() + static_cast<std::ptrdiff_t>(other * n),
+                                             all.begin() + static_cast<std::ptrdiff_t>(other * n + rank), all.begin()))
+      ++other;
+    throw std::invalid_argument(std::string("shardlib: ") + what + ": the devices passed different shapes for a " +
+                                element_name<T>() + " tensor " + spec_string() + " on mesh " + mesh.to_string() +
+                                ": device 0 " + detail::shape_text(shape_of(0)) + ", device " + std::to_string(other) +
+                                " " + detail::shape_text(shape_of(other)) +
+                                " (a tensor's shape is global, the same on every device; its spec splits it)");
+  }
+  static std::int64_t shape_size(const Shape& shape) noexcept {
+    std::int64_t n = 1;
+    for (auto e : shape) n *= e;
+    return n;
+  }
   template <std::size_t N>
   static Shape checked_shape(const std::int64_t (&shape)[N]) {
     SHARDLIB_STATIC_REQUIRE((N == rank), "shardlib: the shape has a different number of extents than the spec has dims",

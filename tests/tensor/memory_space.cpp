@@ -89,9 +89,10 @@ void check_creation_and_transfers(sl::Context& ctx) {
                          std::invalid_argument);
     CHECK_THROWS_WITH_AS((T2<Rows, Kokkos::HostSpace>::from_host(mesh, shape, g)),
                          doctest::Contains("with Spec<\"x\", none> is in the memory of GPU"), std::invalid_argument);
-    if (ctx.num_devices() == 1)  // on root only: the others would wait in the scatter
-      CHECK_THROWS_WITH_AS(T2<Both>::scatter_from(mesh, shape, g, 0), doctest::Contains("scatter_from: the array"),
-                           std::invalid_argument);
+    // Checked on root, with the shape: every device throws root's error (none waits in the scatter).
+    CHECK_THROWS_WITH_AS(T2<Both>::scatter_from(mesh, shape, ctx.device() == 0 ? g : std::span<const float>(), 0),
+                         doctest::Contains("scatter_from from device 0: an array in the memory of GPU"),
+                         std::invalid_argument);
   }
 
   // A partial-sum tensor made from a global value holds it on coordinate 0 of "y": the sum is it.

@@ -117,6 +117,43 @@ TEST_CASE("from_host, scatter_from, to_host and gather_to round-trip") {
   });
 }
 
+TEST_CASE("a shape that differs between devices is refused on every device, naming both; root's bad array too") {
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        const M2 mesh = mesh_of(ctx);
+        const int last = ctx.num_devices() - 1;
+        // One device is given a 33-row batch where the others have 32 (a data loader's bug).
+        const std::int64_t rows = ctx.device() == last ? 33 : 32;
+        const std::string both = "device 0 [32, 4], device " + std::to_string(last) + " [33, 4]";
+        const std::vector<float> data(static_cast<std::size_t>(rows * 4), 1.0f);
+        CHECK_THROWS_WITH_AS(Tensor<Rows>::from_host(mesh, {rows, 4}, data),
+                             doctest::Contains(("shardlib: from_host: the devices passed different shapes for a f32 "
+                                                "tensor Spec<\"x\", none> on mesh " + mesh.to_string() + ": " + both)
+                                                   .c_str()),
+                             std::invalid_argument);
+        CHECK_THROWS_WITH_AS(Tensor<Grid>::uninitialized(mesh, {rows, 4}), doctest::Contains(both.c_str()),
+                             std::invalid_argument);
+        CHECK_THROWS_WITH_AS(Tensor<Rep>::zeros(mesh, {rows, 4}), doctest::Contains(both.c_str()), std::invalid_argument);
+        CHECK_THROWS_WITH_AS(Tensor<Both>::random(mesh, {rows, 4}, 1), doctest::Contains(both.c_str()),
+                             std::invalid_argument);
+        CHECK_THROWS_WITH_AS((Tensor<Cols, std::int64_t>::iota(mesh, {rows, 4})), doctest::Contains(both.c_str()),
+                             std::invalid_argument);
+        CHECK_THROWS_WITH_AS(Tensor<Both>::scatter_from(mesh, {rows, 4}, ctx.device() == 0 ? data : std::vector<float>(), 0),
+                             doctest::Contains(both.c_str()), std::invalid_argument);
+        // Root's array of the wrong size: every device throws, none is left in the scatter.
+        const std::vector<float> short_array(5, 1.0f);
+        CHECK_THROWS_WITH_AS(
+            Tensor<Both>::scatter_from(mesh, {6, 4}, ctx.device() == last ? short_array : std::vector<float>(), last),
+            doctest::Contains(("scatter_from from device " + std::to_string(last) +
+                               ": a host array of 5 elements for a tensor of shape [6, 4]")
+                                  .c_str()),
+            std::invalid_argument);
+        // The same shape everywhere: made, and the run goes on.
+        CHECK(Tensor<Rows>::full(mesh, {32, 4}, 2.0f).to_host() == std::vector<float>(128, 2.0f));
+      },
+      {2, 3, 4});
+}
+
 TEST_CASE("parallel_for hands out global indices; parallel_reduce counts each element once") {
   sl::test::for_each_run([](sl::Context& ctx) {
     const M2 mesh = mesh_of(ctx);

@@ -141,7 +141,8 @@ auto take(const Table& table, const Indices& indices) {
   return autodiff::detail::record("take", shardlib::take<Dim>(table.value(), indices),
                                   [nt = table.node(), indices](const auto& g, autodiff::BackwardPass& p) {
                                     using Z = grad_tensor_t<Tn>;
-                                    give(p, 0, *nt, shardlib::index_add<Dim>(Z::zeros(nt->mesh(), nt->shape()), indices, g));
+                                    auto zeros = Z::zeros(nt->mesh(), nt->shape(), shardlib::detail::same_shape);
+                                    give(p, 0, *nt, shardlib::index_add<Dim>(std::move(zeros), indices, g));
                                   },
                                   table.node());
 }

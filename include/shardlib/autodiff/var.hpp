@@ -339,7 +339,7 @@ class Param : public Var<Tensor> {
       throw std::logic_error("shardlib: grad() of a parameter " + leaf().describe() +
                              " whose gradient is pending (backward with sync = false): call sync_grads first");
     if (leaf().grad()) return *leaf().grad();
-    return Tensor::zeros(this->value_.mesh(), this->value_.shape());
+    return Tensor::zeros(this->value_.mesh(), this->value_.shape(), shardlib::detail::same_shape);
   }
   /// Forgets the accumulated gradient (and pending contributions).
   void zero_grad() noexcept { leaf().zero_grad(); }

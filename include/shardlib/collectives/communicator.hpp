@@ -274,6 +274,27 @@ class Communicator {
     do_permute(send, dest == -1 ? 0 : send_count, dest, recv, source == -1 ? 0 : recv_count, source, t);
   }
 
+  /// Collective check that every rank passes the same `words` (host memory). A check, not data
+  /// movement: not counted, and nothing is compared in a dry run. Returns an empty vector when
+  /// they agree; otherwise every rank's words (size() × words.size(), in rank order), the same
+  /// on every rank, for the caller's message. One all_reduce when they agree.
+  std::vector<std::int64_t> mismatch(std::span<const std::int64_t> words) {
+    const std::size_t n = words.size();
+    if (size_ == 1 || n == 0 || DryRun::active()) return {};
+    std::vector<std::int64_t> both(2 * n);  // max of w and of ~w: the largest and the smallest w
+    for (std::size_t i = 0; i < n; ++i) {
+      both[i] = words[i];
+      both[n + i] = ~words[i];
+    }
+    do_all_reduce(both.data(), both.data(), 2 * n, DType::i64, Op::max);
+    bool same = true;
+    for (std::size_t i = 0; i < n; ++i) same = same && both[i] == ~both[n + i];
+    if (same) return {};
+    std::vector<std::int64_t> all(n * static_cast<std::size_t>(size_));
+    do_all_gather(words.data(), all.data(), Blocks(n, size_), DType::i64);
+    return all;
+  }
+
   /// Returns once every rank of the group has called it.
   void barrier() {
     CommRecorder::record(Kind::barrier, 0, 0, name_, size_);

@@ -166,7 +166,8 @@ class TypedSlot final : public Slot<Rule> {
 
   TypedSlot(const Param<Tensor>& p, int num_states) : param_(p) {
     MemoryRoleScope role(MemoryRole::optimizer_state);
-    for (int i = 0; i < num_states; ++i) state_.push_back(State::zeros(p.value().mesh(), p.value().shape()));
+    for (int i = 0; i < num_states; ++i)
+      state_.push_back(State::zeros(p.value().mesh(), p.value().shape(), shardlib::detail::same_shape));
     if constexpr (mixed) master_.emplace(shardlib::cast<M>(p.value()));  // at the state's shard: local
     // ZeRO-2: a backward that leaves the gradient pending reduce-scatters it into the state's
     // layout as soon as it is done with the parameter (the full-size addend freed then).
@@ -206,7 +207,7 @@ class TypedSlot final : public Slot<Rule> {
     if (held_) {  // a step again without a new backward: the same gradient
       if (leaf.grad()) {  // but a synchronised backward since: its gradient adds to the held one
         const Shard c(*leaf.grad());
-        Shard g = Shard::uninitialized(held_->mesh(), held_->shape());
+        Shard g = Shard::uninitialized(held_->mesh(), held_->shape(), shardlib::detail::same_shape);
         autodiff::detail::add_blocks<T, Mem>(context(), g.local().data(), held_->local().data(), c.local().data(),
                                      g.block().num_elements());
         leaf.zero_grad();
@@ -233,7 +234,9 @@ class TypedSlot final : public Slot<Rule> {
     if constexpr (mixed) {
       run(*master_, step);  // float32 master weights; the parameter gets them rounded
       if constexpr (same_spec) round_into(param_.value());
-      else round_into(values_.emplace(Shard::uninitialized(param_.value().mesh(), param_.value().shape())));
+      else
+        round_into(values_.emplace(
+            Shard::uninitialized(param_.value().mesh(), param_.value().shape(), shardlib::detail::same_shape)));
     } else if constexpr (same_spec) {
       run(param_.value(), step);
     } else {
