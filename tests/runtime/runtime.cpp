@@ -2,9 +2,17 @@
 #include <doctest/doctest.h>
 #include <shardlib/runtime/runtime.hpp>
 
+#include <chrono>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 namespace sl = shardlib;
 
@@ -64,6 +72,70 @@ TEST_SUITE("runtime") {
     CHECK_THROWS_WITH_AS(sl::Runtime::from_args(d.argc, d.ptrs.data()), "shardlib: --devices needs a value",
                          std::invalid_argument);
     CHECK_THROWS_AS(sl::Runtime::threads(0), std::invalid_argument);
+  }
+
+  TEST_CASE("a device count past what the threads backend can hold is refused up front, naming the limit") {
+    CHECK_THROWS_WITH_AS(sl::Runtime::threads(65536), doctest::Contains("the threads backend runs at most 4096"),
+                         std::invalid_argument);
+    Args a({"prog", "--devices", "5000"});
+    CHECK_THROWS_WITH_AS(sl::Runtime::from_args(a.argc, a.ptrs.data()), doctest::Contains("use fewer, or the mpi backend"),
+                         std::invalid_argument);
+    // Under an address-space limit (ulimit -v 8 GiB): the stacks it holds bound the count (a child
+    // process, which only asks).
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      rlimit as{std::uint64_t{8} << 30, std::uint64_t{8} << 30}, stack{std::uint64_t{8} << 20, RLIM_INFINITY};
+      ::setrlimit(RLIMIT_STACK, &stack);
+      if (::setrlimit(RLIMIT_AS, &as) != 0) std::_Exit(2);
+      const auto lim = sl::Runtime::max_threads_devices();
+      bool refused = false;
+      try {
+        (void)sl::Runtime::threads(1024);
+      } catch (const std::invalid_argument& e) {
+        refused = std::string(e.what()).find("ulimit -v") != std::string::npos;
+      }
+      std::_Exit(lim.devices > 100 && lim.devices < 1024 && refused ? 0 : 1);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+
+  TEST_CASE("a device that stalls past the collective timeout ends the process at the timeout, saying which") {
+    int pipe_fds[2];
+    REQUIRE(::pipe(pipe_fds) == 0);
+    const auto start = std::chrono::steady_clock::now();
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      ::dup2(pipe_fds[1], 2);
+      ::close(pipe_fds[0]);
+      try {
+        sl::Runtime::threads(3, std::chrono::milliseconds(300)).spmd([](sl::Context& ctx) {
+          if (ctx.device() == 1) std::this_thread::sleep_for(std::chrono::seconds(20));  // stalls outside collectives
+          ctx.world().barrier();
+        });
+      } catch (...) {
+        std::_Exit(10);  // spmd returned: it should not while device 1 sleeps
+      }
+      std::_Exit(11);
+    }
+    ::close(pipe_fds[1]);
+    std::string err;
+    char buf[512];
+    for (ssize_t n; (n = ::read(pipe_fds[0], buf, sizeof buf)) > 0;) err.append(buf, static_cast<std::size_t>(n));
+    ::close(pipe_fds[0]);
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    CAPTURE(err);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == sl::Runtime::stalled_device_exit_status);
+    CHECK(err.find("shardlib: device 1 did not return within 300 ms after the run was aborted") != std::string::npos);
+    CHECK(err.find("a stalled thread cannot be stopped") != std::string::npos);
+    CHECK(seconds < 10.0);  // the timeout and its grace (0.6 s), not the 20 s stall
   }
 
   TEST_CASE("spmd runs the body once per device, each with its own device id") {

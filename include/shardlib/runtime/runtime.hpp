@@ -45,6 +45,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -53,10 +55,15 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#if defined(__unix__)
+#include <sys/resource.h>
+#endif
 
 namespace shardlib {
 
@@ -343,8 +350,47 @@ class Runtime {
     return std::chrono::milliseconds(120000);
   }
 
+  /// The most in-process devices the threads backend starts here, and what bounds it: 4096 (its
+  /// collectives visit every member), the address space (`ulimit -v`: each device is a thread
+  /// whose stack reserves `ulimit -s`, 8 MiB by default; at most half the space goes to stacks)
+  /// and the processes a user may run (`ulimit -u`).
+  struct ThreadsLimit {
+    int devices;
+    std::string why;
+  };
+  static ThreadsLimit max_threads_devices() {
+    ThreadsLimit lim{4096, "the threads backend's own limit"};
+#if defined(__unix__)
+    rlimit stack{}, as{}, nproc{};
+    const std::uint64_t stack_bytes = ::getrlimit(RLIMIT_STACK, &stack) == 0 && stack.rlim_cur != RLIM_INFINITY
+                                          ? std::max<std::uint64_t>(stack.rlim_cur, 1u << 16)
+                                          : std::uint64_t{2} << 20;  // glibc's default when unlimited
+    if (::getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
+      const std::uint64_t n = as.rlim_cur / 2 / (stack_bytes + (std::uint64_t{1} << 20));
+      if (n < static_cast<std::uint64_t>(lim.devices))
+        lim = {static_cast<int>(std::max<std::uint64_t>(n, 1)),
+               "the address-space limit (ulimit -v) of " + std::to_string(as.rlim_cur >> 20) + " MiB holds the stacks (" +
+                   std::to_string(stack_bytes >> 20) + " MiB each, ulimit -s) of about that many device threads"};
+    }
+    if (::getrlimit(RLIMIT_NPROC, &nproc) == 0 && nproc.rlim_cur != RLIM_INFINITY &&
+        nproc.rlim_cur < static_cast<rlim_t>(lim.devices) + 64)
+      lim = {static_cast<int>(std::max<rlim_t>(nproc.rlim_cur, 65) - 64),
+             "the process limit (ulimit -u) of " + std::to_string(nproc.rlim_cur) + " threads"};
+#endif
+    return lim;
+  }
+
+  /// How a run of the threads backend ends when a device does not return after the run was
+  /// aborted (another device threw, or a collective timed out waiting for it): a device that has
+  /// not returned within the collective timeout of the abort makes the process exit with this
+  /// status, printing which device and why (a thread cannot be stopped from outside, and
+  /// returning from spmd() would leave it running over the caller's objects), as NCCL's
+  /// watchdog ends a process whose GPU collective hangs.
+  static constexpr int stalled_device_exit_status = 124;
+
   /// `devices` in-process virtual devices. Each gets `max(1, cores available / devices)` host
-  /// threads, or SHARDLIB_THREADS_PER_DEVICE's (see the file comment).
+  /// threads, or SHARDLIB_THREADS_PER_DEVICE's (see the file comment). Throws
+  /// std::invalid_argument past max_threads_devices().
   static Runtime threads(int devices, std::chrono::milliseconds timeout = default_timeout()) {
     return threads(devices, timeout, nullptr, nullptr, {});
   }
@@ -365,6 +411,10 @@ class Runtime {
                          std::optional<std::string> threads_arg) {
     if (devices < 1)
       throw std::invalid_argument("shardlib: the threads backend needs at least 1 device, got " + std::to_string(devices));
+    if (const ThreadsLimit lim = max_threads_devices(); devices > lim.devices)
+      throw std::invalid_argument("shardlib: " + std::to_string(devices) + " devices: the threads backend runs at most " +
+                                  std::to_string(lim.devices) + " in one process here (" + lim.why +
+                                  "); use fewer, or the mpi backend (one device per process)");
     const ThreadsOverride o = threads_override(std::move(threads_arg));
     Runtime rt(Backend::threads);
     rt.devices_ = devices;
@@ -603,7 +653,12 @@ class Runtime {
 #endif
     std::exception_ptr first;
     bool first_is_root_cause = false;
+    std::string first_what;
     std::mutex m;
+    std::condition_variable returned;
+    std::vector<char> done(static_cast<std::size_t>(devices_), 0);
+    int finished = 0;
+    std::optional<std::chrono::steady_clock::time_point> aborted_at;
     auto run_device = [&](int d) {
       try {
         std::unique_ptr<coll::Communicator> device_comm;
@@ -631,21 +686,70 @@ class Runtime {
           if (!first || (root_cause && !first_is_root_cause)) {
             first = e;
             first_is_root_cause = root_cause;
+            first_what = what;
           }
+          if (!aborted_at) aborted_at = std::chrono::steady_clock::now();
         }
         world->world().abort(d, what);
       }
       world->world().set_finished(d);
+      {
+        std::lock_guard<std::mutex> lock(m);
+        done[static_cast<std::size_t>(d)] = 1;
+        ++finished;
+      }
+      returned.notify_all();
     };
     if (devices_ == 1) {
       run_device(0);
     } else {
       std::vector<std::thread> threads;
       threads.reserve(static_cast<std::size_t>(devices_));
-      for (int d = 0; d < devices_; ++d) threads.emplace_back(run_device, d);
+      for (int d = 0; d < devices_; ++d) {
+        try {
+          threads.emplace_back(run_device, d);
+        } catch (const std::system_error& e) {  // the others end at their first collective
+          const std::string what = "shardlib: the threads backend could not start device " + std::to_string(d) + " of " +
+                                   std::to_string(devices_) + " (" + e.what() +
+                                   "): use fewer devices, or the mpi backend (one device per process)";
+          world->world().abort(d, what);
+          for (int r = d; r < devices_; ++r) world->world().set_finished(r);
+          for (auto& t : threads) t.join();
+          throw std::runtime_error(what);
+        }
+      }
+      wait_for_devices(m, returned, finished, aborted_at, done, first_what);
       for (auto& t : threads) t.join();
     }
     if (first) std::rethrow_exception(first);
+  }
+
+  // Waits until every device has returned. After an abort, a device that has not returned within
+  // the collective timeout once all the others have ends the process (stalled_device_exit_status).
+  void wait_for_devices(std::mutex& m, std::condition_variable& returned, const int& finished,
+                        const std::optional<std::chrono::steady_clock::time_point>& aborted_at,
+                        const std::vector<char>& done, const std::string& first_what) const {
+    std::unique_lock<std::mutex> lock(m);
+    while (finished < devices_) {
+      if (!aborted_at) {
+        returned.wait(lock);
+        continue;
+      }
+      const auto deadline = *aborted_at + timeout_;
+      if (returned.wait_until(lock, deadline) != std::cv_status::timeout || finished == devices_) continue;
+      if (std::chrono::steady_clock::now() < deadline) continue;
+      std::string stalled;
+      for (int d = 0; d < devices_; ++d)
+        if (!done[static_cast<std::size_t>(d)]) stalled += (stalled.empty() ? "" : ", ") + std::to_string(d);
+      std::fprintf(stderr,
+                   "shardlib: device %s did not return within %lld ms after the run was aborted (%s); a stalled "
+                   "thread cannot be stopped, so the process exits with status %d\n",
+                   stalled.c_str(), static_cast<long long>(timeout_.count()), first_what.c_str(),
+                   stalled_device_exit_status);
+      std::fflush(stderr);
+      std::fflush(stdout);
+      std::_Exit(stalled_device_exit_status);
+    }
   }
 
   static std::optional<std::string> take_arg(int& argc, char** argv, const char* name) {
