@@ -3,29 +3,48 @@
 // prints, per step, the loss, the collectives of the forward, backward and optimizer step (from
 // the counters) and the per-device memory of parameters, gradients and optimizer state.
 //
-//   gpt [--recipe dp|zero1|zero2|zero3|tp|dp_tp|replicated] [--devices N] [--steps N]
-//       [--layers N] [--dim N] [--batch N] [--seq N] [--vocab N] [--heads N] [--ff N]
-//       [--precision f32|bf16|f16]  parameters and gradients in 16 bits with float32 master
-//                     weights and state (mixed precision; f16 with dynamic loss scaling)
-//       [--check 1]   also train on everything replicated (one device's computation) and exit
-//                     non-zero when a step's loss differs by more than 1e-4 relative (1e-2 in
-//                     16 bits: gradients are rounded before their reduction)
-//       [--describe 1] before training, print the collectives of a step in order, with group and
-//                     bytes, from a dry run (coll::dry_run) of one step on a model made for it (every
-//                     step emits the same: they follow from types, shapes and mesh)
-//
-// Under mpirun each rank is a device: mpirun -np 4 gpt --recipe zero2
+// The flags: `usage` below (`gpt --help` prints it). Under mpirun each rank is a device:
+// mpirun -np 4 gpt --recipe zero2
 #include "common.hpp"
 #include "gpt/gpt.hpp"
 
 #include <cmath>
 #include <cstdio>
-#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 namespace {
+
+constexpr const char* usage = R"(usage: gpt [--recipe dp|zero1|zero2|zero3|tp|dp_tp|replicated] [--devices N]
+           [--steps N] [--layers N] [--dim N] [--batch N] [--seq N] [--vocab N] [--heads N] [--ff N]
+           [--precision f32|bf16|f16] [--check 0|1] [--describe 0|1]
+  --recipe R     the recipe of docs/08_training.md (dp)
+  --devices N    in-process devices (4); under mpirun each rank is a device: mpirun -np 4 gpt
+  --steps N      training steps, 1 or more (20)
+  --layers N     blocks, 1 or more (2)
+  --dim N        the model width D (32), a multiple of --heads
+  --heads N      attention heads (4)
+  --ff N         the MLP's hidden size (128)
+  --vocab N      tokens in the vocabulary, 2 or more (64)
+  --seq N        tokens per sequence (16)
+  --batch N      sequences per global batch (8); any size on any mesh: blocks may be uneven or empty
+  --precision P  f32 (the default); bf16 or f16: parameters and gradients in 16 bits with float32
+                 master weights and state (mixed precision; f16 with dynamic loss scaling)
+  --check 1      also train on everything replicated (one device's computation) and exit 1 when
+                 a step's loss differs by more than 1e-4 relative (1e-2 in 16 bits: gradients
+                 are rounded before their reduction)
+  --describe 1   before training, print the collectives of a step in order, with group and bytes,
+                 from a dry run (coll::dry_run) of one step on a model made for it (every step
+                 emits the same: they follow from types, shapes and mesh)
+Also the runtime's --backend threads|mpi|nccl and --threads-per-device N, and Kokkos's
+--kokkos-NAME=VALUE. An unknown flag, a flag given twice or without its value, or a value out of
+its range: a one-line message and exit status 2.
+)";
+
+/// The largest sizes taken: a tensor of the model ([B, H, S, S] the largest) stays far from 2^63
+/// elements, where its size would overflow.
+constexpr long long max_size = 65536, max_tokens = 8192, max_steps = 1000000000;
 
 void print_stats(const char* phase, const shardlib::coll::CommStats& s) {
   std::string t = s.to_string();
@@ -86,26 +105,27 @@ int main_for(shardlib::Runtime& rt, const gpt::Config& cfg, int steps, bool chec
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    auto rt = shardlib::Runtime::from_args(argc, argv, 4);
+  return example::main(argc, argv, "gpt", usage, [](example::Args& args) {
     gpt::Config cfg;
-    cfg.layers = example::arg(argc, argv, "--layers", cfg.layers);
-    cfg.dim = example::arg(argc, argv, "--dim", cfg.dim);
-    cfg.heads = example::arg(argc, argv, "--heads", cfg.heads);
-    cfg.ff = example::arg(argc, argv, "--ff", cfg.ff);
-    cfg.vocab = example::arg(argc, argv, "--vocab", cfg.vocab);
-    cfg.seq = example::arg(argc, argv, "--seq", cfg.seq);
-    cfg.batch = example::arg(argc, argv, "--batch", cfg.batch);
-    const int steps = static_cast<int>(example::arg(argc, argv, "--steps", 20));
-    const bool check = example::arg(argc, argv, "--check", 0) != 0;
-    const bool describe = example::arg(argc, argv, "--describe", 0) != 0;
-    const std::string recipe = example::arg_text(argc, argv, "--recipe", "dp");
+    const std::string recipe =
+        args.choice("--recipe", "dp", {"dp", "zero1", "zero2", "zero3", "tp", "dp_tp", "replicated"});
+    const std::string precision = args.choice("--precision", "f32", {"f32", "bf16", "f16"});
+    const int steps = static_cast<int>(args.integer("--steps", 20, 1, max_steps));
+    cfg.layers = args.integer("--layers", cfg.layers, 1, max_size);
+    cfg.dim = args.integer("--dim", cfg.dim, 1, max_size);
+    cfg.heads = args.integer("--heads", cfg.heads, 1, max_size);
+    cfg.ff = args.integer("--ff", cfg.ff, 1, max_size);
+    cfg.vocab = args.integer("--vocab", cfg.vocab, 2, max_size);  // one token: nothing to predict, a loss of 0
+    cfg.seq = args.integer("--seq", cfg.seq, 1, max_tokens);
+    cfg.batch = args.integer("--batch", cfg.batch, 1, max_tokens);
+    const bool check = args.boolean("--check");
+    const bool describe = args.boolean("--describe");
+    args.finish();
+    // The heads split D (head_dim = D / H). Nothing else must divide: every recipe takes uneven
+    // or empty blocks (a batch smaller than "data", fewer heads than "model").
     if (cfg.dim % cfg.heads != 0)
-      throw std::invalid_argument("--dim " + std::to_string(cfg.dim) + " is not a multiple of --heads " +
-                                  std::to_string(cfg.heads));
-    const std::string precision = example::arg_text(argc, argv, "--precision", "f32");
-    if (precision != "f32" && precision != "bf16" && precision != "f16")
-      throw std::invalid_argument("unknown --precision '" + precision + "' (f32, bf16, f16)");
+      args.fail("--dim " + std::to_string(cfg.dim) + " is not a multiple of --heads " + std::to_string(cfg.heads));
+    auto rt = args.runtime(/*default_devices=*/4);
     auto with = [&]<class R>(std::type_identity<R>) {
       if (precision == "bf16") return main_for<R, shardlib::bf16>(rt, cfg, steps, check, describe);
       if (precision == "f16") return main_for<R, shardlib::f16>(rt, cfg, steps, check, describe);
@@ -117,10 +137,6 @@ int main(int argc, char** argv) {
     if (recipe == "zero3") return with(std::type_identity<gpt::Zero3>{});
     if (recipe == "tp") return with(std::type_identity<gpt::TP>{});
     if (recipe == "dp_tp") return with(std::type_identity<gpt::DPxTP>{});
-    if (recipe == "replicated") return with(std::type_identity<gpt::Replicated>{});
-    throw std::invalid_argument("unknown --recipe '" + recipe + "' (dp, zero1, zero2, zero3, tp, dp_tp, replicated)");
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpt: %s\n", e.what());
-    return 1;
-  }
+    return with(std::type_identity<gpt::Replicated>{});
+  });
 }
