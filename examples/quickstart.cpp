@@ -10,15 +10,15 @@
 // is wanted split along the sequence (sequence parallelism). The program prints the specs, the
 // collectives each step emitted (from the counters) and the difference from a one-device result.
 //
-//   build/examples/quickstart [--devices N] [--model M]      (N devices as an (N/M) x M mesh)
+//   build/examples/quickstart [--devices N] [--model M]      (N devices as an (N/M) x M mesh; --help)
 //   mpirun -np 8 build/examples/quickstart
 #include <shardlib/shardlib.hpp>
+
+#include "common.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -33,11 +33,12 @@ using W1Spec = sl::Spec<sl::none, "model">;         // [d_model, d_ff]: column-p
 using W2Spec = sl::Spec<"model", sl::none>;         // [d_ff, d_model]: row-parallel
 
 namespace {
-int arg(int argc, char** argv, const char* name, int fallback) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return std::atoi(argv[i + 1]);
-  return fallback;
-}
+constexpr const char* usage = R"(usage: quickstart [--devices N] [--model M]
+  --devices N  in-process devices (8); under mpirun each rank is a device: mpirun -np 8 quickstart
+  --model M    devices on the "model" axis (2), a divisor of the device count: an (N/M) x M mesh
+Also the runtime's --backend threads|mpi|nccl and --threads-per-device N, and Kokkos's
+--kokkos-NAME=VALUE. Bad input: a one-line message and exit status 2.
+)";
 
 // What the collectives of one step cost on this device, in one line.
 std::string emitted(const sl::coll::CommRecorder& r) {
@@ -75,15 +76,18 @@ double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    auto rt = sl::Runtime::from_args(argc, argv, /*default_devices=*/8);
-    const int model = arg(argc, argv, "--model", 2);
+  return example::main(argc, argv, "quickstart", usage, [](example::Args& args) {
+    const int model = static_cast<int>(args.integer("--model", 2, 1, 65536));
+    auto rt = args.runtime(/*default_devices=*/8);
+    if (rt.num_devices() % model != 0)
+      args.fail("--model " + std::to_string(model) + " does not divide the " + std::to_string(rt.num_devices()) +
+                " devices (an (N/M) x M mesh)");
     if (rt.first_local_device() == 0)
       std::printf("shardlib %s; Kokkos execution space: %s\n%s\n", SHARDLIB_VERSION_STRING,
                   sl::KokkosScope::execution_space_name().c_str(), rt.describe().c_str());
     rt.spmd([&](sl::Context& ctx) {
       const int n = ctx.num_devices();
-      const Mesh2D mesh(ctx, {model > 0 ? n / model : 0, model});  // checks that the sizes multiply to n
+      const Mesh2D mesh(ctx, {n / model, model});
       const bool printer = ctx.device() == 0;
       const std::int64_t batch = 8, seq = 16, d_model = 64, d_ff = 256;
 
@@ -132,15 +136,12 @@ int main(int argc, char** argv) {
         std::printf("max |out - one-device result| = %.3g, sequence-split: %.3g\n", max_diff(got, want),
                     max_diff(got_seq, want));
         if (max_diff(got, want) > 1e-4 || max_diff(got_seq, want) > 1e-4)
-          throw std::runtime_error("quickstart: the result differs from the one-device result");
+          throw std::runtime_error("the result differs from the one-device result");
         if (model > 1 && block_calls != 1)
-          throw std::runtime_error("quickstart: the block emitted " + std::to_string(block_calls) +
+          throw std::runtime_error("the block emitted " + std::to_string(block_calls) +
                                    " collectives; the column/row-parallel pair needs exactly one");
       }
     });
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 1;
-  }
-  return 0;
+    return 0;
+  });
 }
