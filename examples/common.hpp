@@ -22,8 +22,6 @@
 #include <charconv>
 #include <cstddef>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <initializer_list>
 #include <optional>
@@ -279,20 +277,6 @@ int main(int& argc, char** argv, const char* program, const char* usage, Body&& 
     std::fprintf(stderr, "%s: %s\n", program, e.what());
     return 1;
   }
-}
-
-/// The number after `name` on the command line, or `fallback`.
-inline long long arg(int argc, char** argv, const char* name, long long fallback) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return std::atoll(argv[i + 1]);
-  return fallback;
-}
-
-/// The text after `name` on the command line, or `fallback`.
-inline std::string arg_text(int argc, char** argv, const char* name, const char* fallback) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
-  return fallback;
 }
 
 /// Two mesh sizes whose product is `devices`, as square as they come (8 -> {4, 2}, 6 -> {3, 2}).
