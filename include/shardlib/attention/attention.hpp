@@ -1,0 +1,422 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// Scaled dot-product attention over sharded tensors, forward and backward:
+///
+/// ```
+/// auto o = sl::attention(q, k, v, {.causal = true});           // q, k, v: [B, S, H, K]
+/// auto o = sl::attention(q, k, v, mask, {.scale = 0.125});      // mask: [Sq, Sk], added to the scores
+/// ```
+///
+/// `o[b, i, h, :] = sum_j softmax_j(scale q[b, i, h, :] . k[b, j, h, :] + mask[i, j]) v[b, j, h, :]`,
+/// with `scale` = 1 / sqrt(K) by default, and under `causal` query i attending keys j <= i only.
+/// q, k, v are [batch, sequence, heads, head dim] (JAX's layout, what `einsum<"bsd,dhk->bshk">`
+/// gives the projections); k and v have one length, q and k one head dim (v's may differ: the
+/// output's). Its sharding rule (sharding/attention.hpp): batch and heads stay split, the sequence
+/// and head dims are gathered, partial operands reduced; no communication of its own.
+///
+/// Kernels: on a GPU, for bf16 and f16, cuDNN's fused flash attention (forward and backward, no
+/// [S, S] scores in memory; kernels/cudnn_attention.hpp), when the program is built with
+/// SHARDLIB_HAVE_CUDNN and cuDNN 9 loads at run time. Otherwise — on the host, in float32, or when
+/// cuDNN is missing or refuses a shape (then with a one-time warning naming why) — the same
+/// function from the ops: `softmax<3>(einsum(q, k) * scale + mask) ` then an einsum with v, whose
+/// gradients are those ops' rules. `AttentionOptions::kernel` picks one (tests, benchmarks).
+/// `attention_stats(ctx)` counts which ran.
+///
+/// Operands are tensors or Vars (then the result is a Var whose backward gives q, k and v their
+/// gradients); the mask is a tensor (a constant).
+#pragma once
+
+#include <shardlib/autodiff.hpp>
+#include <shardlib/kernels/cudnn_attention.hpp>
+#include <shardlib/sharding/attention.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace shardlib {
+
+/// Which kernel attention() runs.
+enum class AttentionKernel : std::uint8_t {
+  automatic,  ///< fused where it can run (GPU, 16-bit, cuDNN), else the ops
+  fused,      ///< cuDNN's fused kernel; throws std::runtime_error where it cannot run, saying why
+  unfused,    ///< the ops: scores, softmax, a product with v
+};
+
+/// Options of attention().
+struct AttentionOptions {
+  bool causal = false;  ///< query i attends keys j <= i only (the diagonal from the top left)
+  double scale = 0;     ///< multiplies q k^T; 0: 1 / sqrt(head dim)
+  AttentionKernel kernel = AttentionKernel::automatic;
+};
+
+/// What this device's attention calls ran, since the Context began.
+struct AttentionStats {
+  std::uint64_t fused_forward = 0, fused_backward = 0, unfused_forward = 0, unfused_backward = 0;
+  /// Why the last call that could have been fused was not ("" when none fell back).
+  std::string fallback;
+};
+/// This device's AttentionStats.
+inline AttentionStats& attention_stats(Context& ctx) { return ctx.state<AttentionStats>(); }
+
+namespace error {
+template <int Operand, class Spec>
+struct attention_operand_is_not_rank_4_batch_seq_heads_head_dim;
+template <class Q, class Other>
+struct attention_operands_have_different_element_types;
+template <class Q, class Other>
+struct attention_operands_are_on_different_meshes_or_memory_spaces;
+template <class MaskSpec>
+struct attention_mask_is_a_rank_2_tensor_of_qs_element_type_mesh_and_memory;
+}  // namespace error
+
+namespace detail {
+
+/// Whether attention on T in Mem can take cuDNN's fused kernel in this build.
+template <class T, class Mem>
+inline constexpr bool attention_fusable_v =
+#if defined(SHARDLIB_HAVE_CUDNN) && defined(KOKKOS_ENABLE_CUDA)
+    is_half_v<T> && !host_memory_v<Mem>;
+#else
+    false;
+#endif
+
+/// Prints `why` once per process (the unfused ops run instead of cuDNN's kernel).
+inline void warn_attention_fallback_once(const std::string& why) {
+  static std::mutex m;
+  static std::set<std::string> said;
+  std::lock_guard<std::mutex> lock(m);
+  if (said.insert(why).second)
+    std::fprintf(stderr, "shardlib: attention: the unfused ops run instead of cuDNN's fused kernel: %s\n", why.c_str());
+}
+
+/// The compile-time checks of attention's operands (tensor types).
+template <class Q, class K, class V>
+constexpr void attention_static_checks() {
+  SHARDLIB_STATIC_REQUIRE((Q::rank == 4), "shardlib: attention: q is not [batch, seq, heads, head dim]",
+                          error::attention_operand_is_not_rank_4_batch_seq_heads_head_dim<0, typename Q::spec_type>);
+  SHARDLIB_STATIC_REQUIRE((K::rank == 4), "shardlib: attention: k is not [batch, seq, heads, head dim]",
+                          error::attention_operand_is_not_rank_4_batch_seq_heads_head_dim<1, typename K::spec_type>);
+  SHARDLIB_STATIC_REQUIRE((V::rank == 4), "shardlib: attention: v is not [batch, seq, heads, head dim]",
+                          error::attention_operand_is_not_rank_4_batch_seq_heads_head_dim<2, typename V::spec_type>);
+  SHARDLIB_STATIC_REQUIRE((std::is_same_v<typename Q::value_type, typename K::value_type> &&
+                           std::is_same_v<typename Q::value_type, typename V::value_type>),
+                          "shardlib: attention: q, k and v have different element types",
+                          error::attention_operands_have_different_element_types<typename Q::value_type,
+                                                                                 typename K::value_type>);
+  SHARDLIB_STATIC_REQUIRE((std::is_same_v<typename Q::mesh_type, typename K::mesh_type> &&
+                           std::is_same_v<typename Q::mesh_type, typename V::mesh_type> &&
+                           std::is_same_v<typename Q::memory_space, typename K::memory_space> &&
+                           std::is_same_v<typename Q::memory_space, typename V::memory_space>),
+                          "shardlib: attention: q, k and v are on different mesh types or memory spaces",
+                          error::attention_operands_are_on_different_meshes_or_memory_spaces<typename Q::memory_space,
+                                                                                              typename K::memory_space>);
+}
+
+/// Whether attention_static_checks passes (the operands' types fit): attention() instantiates
+/// nothing more otherwise, so that its own error is the one the compiler prints.
+template <class Q, class K, class V>
+inline constexpr bool attention_operands_fit_v =
+    Q::rank == 4 && K::rank == 4 && V::rank == 4 && std::is_same_v<typename Q::value_type, typename K::value_type> &&
+    std::is_same_v<typename Q::value_type, typename V::value_type> &&
+    std::is_same_v<typename Q::mesh_type, typename K::mesh_type> && std::is_same_v<typename Q::mesh_type, typename V::mesh_type> &&
+    std::is_same_v<typename Q::memory_space, typename K::memory_space> &&
+    std::is_same_v<typename Q::memory_space, typename V::memory_space>;
+
+/// Checks the shapes (throws std::invalid_argument naming the tensors and their shapes) and
+/// returns the scale.
+template <std::size_t R>
+double attention_check(const std::array<std::int64_t, R>& q, const std::array<std::int64_t, R>& k,
+                       const std::array<std::int64_t, R>& v, const AttentionOptions& o) {
+  const auto text = [](const std::array<std::int64_t, R>& s) { return shape_text(ArrayRef<std::int64_t>(s)); };
+  const std::string all = " (q " + text(q) + ", k " + text(k) + ", v " + text(v) +
+                          "; each is [batch, seq, heads, head dim])";
+  const char* names[4] = {"batch (dim 0)", "sequence length (dim 1)", "heads (dim 2)", "head dim (dim 3)"};
+  for (int d : {0, 2})
+    if (q[static_cast<std::size_t>(d)] != k[static_cast<std::size_t>(d)] || q[static_cast<std::size_t>(d)] != v[static_cast<std::size_t>(d)])
+      throw std::invalid_argument(std::string("shardlib: attention: q, k and v differ in their ") + names[d] + all);
+  if (q[3] != k[3]) throw std::invalid_argument(std::string("shardlib: attention: q and k differ in their ") + names[3] + all);
+  if (k[1] != v[1]) throw std::invalid_argument(std::string("shardlib: attention: k and v differ in their ") + names[1] + all);
+  if (k[1] == 0 && q[1] > 0)
+    throw std::invalid_argument("shardlib: attention: k and v have sequence length 0: a query has no key to attend to" + all);
+  if (q[3] == 0) throw std::invalid_argument("shardlib: attention: the head dim is 0" + all);
+  if (!std::isfinite(o.scale)) throw std::invalid_argument("shardlib: attention: the scale is not finite" + all);
+  return o.scale != 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(q[3]));
+}
+
+/// Fills a [Sq, Sk] bias: -infinity above the diagonal (key j > query i), 0 elsewhere.
+template <class T>
+struct CausalBias {
+  T masked;
+  KOKKOS_INLINE_FUNCTION void operator()(const Index<2>& i, T& v) const { v = i[1] > i[0] ? masked : T(0.0f); }
+};
+
+/// The additive [Sq, Sk] bias of the unfused form (replicated): the mask, plus -infinity above the
+/// diagonal under `causal`; nullopt when there is neither.
+template <class T, class MeshT, class Mem, class Mask>
+auto attention_bias(const MeshT& mesh, std::int64_t sq, std::int64_t sk, bool causal, const Mask* mask) {
+  using B = DistributedTensor<T, MeshT, Spec<none, none>, Mem>;
+  std::optional<B> bias;
+  if (causal) {
+    B c = B::uninitialized(mesh, {sq, sk}, same_shape);
+    shardlib::parallel_for(c, CausalBias<T>{static_cast<T>(-std::numeric_limits<float>::infinity())});
+    bias.emplace(mask ? B(c + *mask) : std::move(c));
+  } else if (mask) {
+    bias.emplace(*mask);
+  }
+  return bias;
+}
+
+/// The unfused form: softmax<3>(scale q k^T + bias) v, with the ops (on tensors or Vars).
+template <class Q, class K, class V, class Bias>
+auto attention_composed(const Q& q, const K& k, const V& v, double scale, const Bias& bias) {
+  using T = typename autodiff::detail::tensor_of_t<Q>::value_type;
+  auto s = shardlib::einsum<"bqhk,bshk->bhqs">(q, k);
+  if (bias) return shardlib::einsum<"bhqs,bshk->bqhk">(shardlib::softmax<3>(s * static_cast<T>(scale) + *bias), v);
+  return shardlib::einsum<"bhqs,bshk->bqhk">(shardlib::softmax<3>(s, scale), v);
+}
+
+#if defined(SHARDLIB_HAVE_CUDNN) && defined(KOKKOS_ENABLE_CUDA)
+/// The cuDNN problem of attention's local blocks ([b, S, h, K] row-major, contiguous).
+template <class T>
+kernels::cudnn::SdpaShape attention_shape(const ShardBox& q, const ShardBox& k, const ShardBox& v, bool causal,
+                                          bool bias, bool stats, double scale) {
+  kernels::cudnn::SdpaShape s;
+  s.b = q.extent[0], s.h = q.extent[2], s.sq = q.extent[1], s.sk = k.extent[1], s.dqk = q.extent[3], s.dv = v.extent[3];
+  auto strides = [&](std::int64_t seq, std::int64_t d) {
+    return std::array<std::int64_t, 4>{seq * s.h * d, d, s.h * d, 1};  // (b, h, s, d) of a [b, S, h, d] block
+  };
+  s.q = strides(s.sq, s.dqk), s.k = strides(s.sk, s.dqk), s.v = strides(s.sk, s.dv), s.o = strides(s.sq, s.dv);
+  s.elem = std::is_same_v<T, bf16> ? kernels::cudnn::Elem::bf16 : kernels::cudnn::Elem::f16;
+  s.causal = causal, s.bias = bias, s.stats = stats, s.scale = static_cast<float>(scale);
+  return s;
+}
+/// A workspace allocator over this device's block cache in `Mem`.
+template <class Mem>
+kernels::cudnn::WorkspaceAllocator attention_workspace(Context& ctx) {
+  return [&ctx](std::size_t bytes) { return block_cache<Mem>(ctx).allocate(bytes); };
+}
+#endif
+
+/// The fused forward on the local blocks: o (and, when `stats`, the softmax statistics, a
+/// float [b, h, Sq] block it returns). "" in `why` when it ran, else the reason (nothing queued).
+template <class QT, class KT, class VT, class OT>
+std::shared_ptr<void> attention_fused_forward(const QT& q, const KT& k, const VT& v, const void* bias, bool causal,
+                                              double scale, bool stats, OT& o, std::string& why) {
+#if defined(SHARDLIB_HAVE_CUDNN) && defined(KOKKOS_ENABLE_CUDA)
+  using T = typename QT::value_type;
+  using Mem = typename QT::memory_space;
+  Context& ctx = q.context();
+  const auto s = attention_shape<T>(q.block(), k.block(), v.block(), causal, bias != nullptr, stats, scale);
+  std::shared_ptr<void> st;
+  if (stats) st = block_cache<Mem>(ctx).allocate(static_cast<std::size_t>(std::max<std::int64_t>(s.b * s.h * s.sq, 1)) * sizeof(float));
+  if (s.b == 0 || s.h == 0 || s.sq == 0) return st;  // nothing on this device
+  why = ctx.state<kernels::cudnn::Sdpa>().forward(ctx.exec_for<Mem>().cuda_stream(), s, q.local().data(), k.local().data(),
+                                                  v.local().data(), bias, o.local().data(),
+                                                  static_cast<float*>(st.get()), attention_workspace<Mem>(ctx));
+  return st;
+#else
+  (void)q, (void)k, (void)v, (void)bias, (void)causal, (void)scale, (void)stats, (void)o;
+  why = "this build has no cuDNN (SHARDLIB_HAVE_CUDNN) or no CUDA-enabled Kokkos";
+  return {};
+#endif
+}
+
+/// The fused backward on the local blocks: dq, dk, dv from the output's gradient `g` (laid out
+/// as o). Returns "" when it ran, else the reason (nothing queued).
+template <class QT, class KT, class VT, class OT>
+std::string attention_fused_backward(const QT& q, const KT& k, const VT& v, const void* bias, bool causal, double scale,
+                                     const OT& o, const OT& g, const void* stats, QT& dq, KT& dk, VT& dv) {
+#if defined(SHARDLIB_HAVE_CUDNN) && defined(KOKKOS_ENABLE_CUDA)
+  using T = typename QT::value_type;
+  using Mem = typename QT::memory_space;
+  Context& ctx = q.context();
+  const auto s = attention_shape<T>(q.block(), k.block(), v.block(), causal, bias != nullptr, true, scale);
+  if (s.b == 0 || s.h == 0) return {};  // nothing on this device (no query at all takes the ops)
+  return ctx.state<kernels::cudnn::Sdpa>().backward(ctx.exec_for<Mem>().cuda_stream(), s, q.local().data(), k.local().data(),
+                                                    v.local().data(), bias, o.local().data(), g.local().data(),
+                                                    static_cast<const float*>(stats), dq.local().data(), dk.local().data(),
+                                                    dv.local().data(), attention_workspace<Mem>(ctx));
+#else
+  (void)q, (void)k, (void)v, (void)bias, (void)causal, (void)scale, (void)o, (void)g, (void)stats, (void)dq, (void)dk, (void)dv;
+  return "this build has no cuDNN (SHARDLIB_HAVE_CUDNN) or no CUDA-enabled Kokkos";
+#endif
+}
+
+/// The gradients of the unfused form, from the ops (when the fused backward cannot run): with
+/// p = softmax(scale q k^T + bias), dv = p^T g, ds = p (g v^T - rowsum(p g v^T)), dq = scale ds k,
+/// dk = scale ds^T q.
+template <class QT, class KT, class VT, class OT, class Bias>
+void attention_unfused_backward(const QT& q, const KT& k, const VT& v, const Bias& bias, double scale, const OT& g,
+                                QT& dq, KT& dk, VT& dv) {
+  using T = typename QT::value_type;
+  auto s = shardlib::einsum<"bqhk,bshk->bhqs">(q, k);
+  auto p = bias ? shardlib::softmax<3>(s * static_cast<T>(scale) + *bias) : shardlib::softmax<3>(s, scale);
+  dv = VT(shardlib::einsum<"bhqs,bqhk->bshk">(p, g));
+  auto dp = shardlib::einsum<"bqhk,bshk->bhqs">(g, v);
+  auto ds = (p * (dp - shardlib::sum<3, true>(dp * p))) * static_cast<T>(scale);
+  dq = QT(shardlib::einsum<"bhqs,bshk->bqhk">(ds, k));
+  dk = KT(shardlib::einsum<"bhqs,bqhk->bshk">(ds, q));
+}
+
+/// attention() (see the file comment) on operands that are tensors or Vars; `mask` null or a
+/// replicated [Sq, Sk] tensor of q's element type, mesh and memory.
+template <class Q, class K, class V, class Mask>
+auto attention_impl(const Q& q0, const K& k0, const V& v0, const Mask* mask, const AttentionOptions& opts) {
+  using autodiff::detail::tensor_of_t;
+  using QT0 = tensor_of_t<Q>;
+  using T = typename QT0::value_type;
+  using MeshT = typename QT0::mesh_type;
+  using Mem = typename QT0::memory_space;
+  static constexpr OpRule rule = attention_rule(QT0::sharding, tensor_of_t<K>::sharding, tensor_of_t<V>::sharding);
+  using InSpec = spec_from_t<MeshT, decltype([] { return rule.in[0]; })>;
+  using QT = DistributedTensor<T, MeshT, InSpec, Mem>;
+  using Out = QT;  // [B, Sq, H, Kv]: q's layout (v's head dim)
+  const double scale = attention_check(autodiff::detail::value(q0).shape(), autodiff::detail::value(k0).shape(),
+                                       autodiff::detail::value(v0).shape(), opts);
+  if (mask) {
+    const auto& ms = mask->shape();
+    const std::int64_t sq = autodiff::detail::value(q0).shape()[1], sk = autodiff::detail::value(k0).shape()[1];
+    if (ms[0] != sq || ms[1] != sk)
+      throw std::invalid_argument("shardlib: attention: the mask has shape " + shape_text(ArrayRef<std::int64_t>(ms)) +
+                                  "; it is added to the scores of q's " + std::to_string(sq) + " queries and k's " +
+                                  std::to_string(sk) + " keys, so it must be [" + std::to_string(sq) + ", " +
+                                  std::to_string(sk) + "]");
+  }
+  // The operands in the layout the kernel runs on (a recorded reshard for a Var that differs).
+  const auto q = shardlib::reshard<InSpec>(q0);
+  const auto k = shardlib::reshard<InSpec>(k0);
+  const auto v = shardlib::reshard<InSpec>(v0);
+  constexpr bool any_var = VarType<Q> || VarType<K> || VarType<V>;
+  const bool wants_grad = [&] {
+    if constexpr (any_var) return (autodiff::detail::node(q) || autodiff::detail::node(k) || autodiff::detail::node(v));
+    else return false;
+  }();
+  Context& ctx = autodiff::detail::value(q).context();
+  AttentionStats& stats = attention_stats(ctx);
+  using B = DistributedTensor<T, MeshT, Spec<none, none>, Mem>;
+  std::optional<B> replicated_mask;
+  if (mask) replicated_mask.emplace(*mask);
+  const B* m = replicated_mask ? &*replicated_mask : nullptr;
+
+  if constexpr (attention_fusable_v<T, Mem>) {
+    if (opts.kernel != AttentionKernel::unfused && autodiff::detail::value(q).shape()[1] > 0) {
+      const QT& qv = autodiff::detail::value(q);
+      const QT& kv = autodiff::detail::value(k);
+      const QT& vv = autodiff::detail::value(v);
+      auto vshape = qv.shape();
+      vshape[3] = vv.shape()[3];
+      Out o(qv.mesh(), vshape);
+      std::string why;
+      const void* bias = m ? static_cast<const void*>(m->local().data()) : nullptr;
+      std::shared_ptr<void> st = attention_fused_forward(qv, kv, vv, bias, opts.causal, scale, wants_grad, o, why);
+      if (why.empty()) {
+        ++stats.fused_forward;
+        if constexpr (any_var) {
+          return autodiff::detail::record(
+              "attention", o,
+              [nq = autodiff::detail::node(q), nk = autodiff::detail::node(k), nv = autodiff::detail::node(v), qv, kv, vv,
+               o, st, mask_copy = replicated_mask, causal = opts.causal, scale,
+               strict = opts.kernel == AttentionKernel::fused](const auto& g0, autodiff::BackwardPass& p) {
+                const Out g(g0);  // the output's gradient, resolved to its layout
+                QT dq(qv.mesh(), qv.shape()), dk(kv.mesh(), kv.shape()), dv(vv.mesh(), vv.shape());
+                const void* b = mask_copy ? static_cast<const void*>(mask_copy->local().data()) : nullptr;
+                AttentionStats& s = attention_stats(qv.context());
+                if (std::string w = attention_fused_backward(qv, kv, vv, b, causal, scale, o, g, st.get(), dq, dk, dv);
+                    w.empty()) {
+                  ++s.fused_backward;
+                } else {
+                  if (strict) throw std::runtime_error("shardlib: attention: cuDNN's fused backward cannot run: " + w);
+                  warn_attention_fallback_once(w);
+                  s.fallback = w;
+                  ++s.unfused_backward;
+                  const auto bias_t = attention_bias<T, MeshT, Mem>(qv.mesh(), qv.shape()[1], kv.shape()[1], causal,
+                                                                    mask_copy ? &*mask_copy : nullptr);
+                  attention_unfused_backward(qv, kv, vv, bias_t, scale, g, dq, dk, dv);
+                }
+                if (nq) autodiff::detail::give(p, 0, *nq, dq);
+                if (nk) autodiff::detail::give(p, 1, *nk, dk);
+                if (nv) autodiff::detail::give(p, 2, *nv, dv);
+              },
+              autodiff::detail::node(q), autodiff::detail::node(k), autodiff::detail::node(v));
+        } else {
+          return o;
+        }
+      }
+      if (opts.kernel == AttentionKernel::fused)
+        throw std::runtime_error("shardlib: attention: cuDNN's fused kernel cannot run: " + why);
+      warn_attention_fallback_once(why);
+      stats.fallback = why;
+    }
+  } else {
+    if (opts.kernel == AttentionKernel::fused)
+      throw std::runtime_error(std::string("shardlib: attention: cuDNN's fused kernel takes bf16 or f16 tensors in GPU "
+                                           "memory, in a build with SHARDLIB_HAVE_CUDNN; these are ") +
+                               element_name<T>() + (host_memory_v<Mem> ? " in host memory" : " in GPU memory"));
+  }
+  ++stats.unfused_forward;
+  if (wants_grad) ++stats.unfused_backward;  // the ops' own backward rules
+  const auto bias = attention_bias<T, MeshT, Mem>(autodiff::detail::value(q).mesh(), autodiff::detail::value(q).shape()[1],
+                                                  autodiff::detail::value(k).shape()[1], opts.causal, m);
+  auto out = attention_composed(q, k, v, scale, bias);
+  if constexpr (any_var) return shardlib::reshard<typename Out::spec_type>(out);
+  else return Out(out);
+}
+
+}  // namespace detail
+
+/// Scaled dot-product attention of q, k, v ([B, S, H, K] tensors or Vars; see the file comment).
+/// Throws std::invalid_argument naming the tensors and their shapes when they do not fit.
+template <class Q, class K, class V>
+  requires((TensorType<Q> || VarType<Q>) && (TensorType<K> || VarType<K>) && (TensorType<V> || VarType<V>))
+auto attention(const Q& q, const K& k, const V& v, const AttentionOptions& opts = {}) {
+  using T = typename autodiff::detail::tensor_of_t<Q>::value_type;
+  using QT = autodiff::detail::tensor_of_t<Q>;
+  using KT = autodiff::detail::tensor_of_t<K>;
+  using VT = autodiff::detail::tensor_of_t<V>;
+  detail::attention_static_checks<QT, KT, VT>();
+  if constexpr (detail::attention_operands_fit_v<QT, KT, VT>) {
+    using B = DistributedTensor<T, typename QT::mesh_type, Spec<none, none>, typename QT::memory_space>;
+    return detail::attention_impl(q, k, v, static_cast<const B*>(nullptr), opts);
+  }
+}
+
+/// attention() with an additive mask: a [Sq, Sk] tensor of q's element type, mesh and memory
+/// (any spec: it is replicated), added to every head's scores before the softmax (-infinity
+/// hides a key; a row with every key hidden gives NaN, as in PyTorch).
+template <class Q, class K, class V, TensorType M>
+  requires((TensorType<Q> || VarType<Q>) && (TensorType<K> || VarType<K>) && (TensorType<V> || VarType<V>))
+auto attention(const Q& q, const K& k, const V& v, const M& mask, const AttentionOptions& opts = {}) {
+  using QT = autodiff::detail::tensor_of_t<Q>;
+  using KT = autodiff::detail::tensor_of_t<K>;
+  using VT = autodiff::detail::tensor_of_t<V>;
+  detail::attention_static_checks<QT, KT, VT>();
+  SHARDLIB_STATIC_REQUIRE((M::rank == 2 && std::is_same_v<typename M::value_type, typename QT::value_type> &&
+                           std::is_same_v<typename M::mesh_type, typename QT::mesh_type> &&
+                           std::is_same_v<typename M::memory_space, typename QT::memory_space>),
+                          "shardlib: attention: the mask is a [Sq, Sk] tensor of q's element type, mesh and memory",
+                          error::attention_mask_is_a_rank_2_tensor_of_qs_element_type_mesh_and_memory<typename M::spec_type>);
+  using B = DistributedTensor<typename QT::value_type, typename QT::mesh_type, Spec<none, none>, typename QT::memory_space>;
+  if constexpr (!detail::attention_operands_fit_v<QT, KT, VT> || M::rank != 2 ||
+                !std::is_same_v<typename M::value_type, typename QT::value_type> ||
+                !std::is_same_v<typename M::mesh_type, typename QT::mesh_type> ||
+                !std::is_same_v<typename M::memory_space, typename QT::memory_space>) {
+    return;  // the static checks above said why
+  } else if constexpr (std::is_same_v<M, B>) {
+    return detail::attention_impl(q, k, v, &mask, opts);
+  } else {
+    const B replicated(mask);
+    return detail::attention_impl(q, k, v, &replicated, opts);
+  }
+}
+
+}  // namespace shardlib

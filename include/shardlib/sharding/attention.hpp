@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: Apache-2.0
+/// @file
+/// The sharding rule of scaled dot-product attention, `attention(q, k, v)` on [B, S, H, K]
+/// tensors (batch, sequence, heads, head dim: the layout JAX's dot_product_attention takes, and
+/// the one `einsum<"bsd,dhk->bshk">` gives the projections):
+///
+///  1. Three operands of rank 4 (else `rank_mismatch`, `operand` naming the first that is not).
+///  2. The batch dim and the heads dim are independent problems: each may stay split, and the
+///     kernel runs on the local batches and heads with no communication (Megatron's attention:
+///     heads over "model"; data parallelism: batch over "data").
+///  3. The sequence dim and the head dim are contracted or softmaxed over inside the op: they
+///     are gathered (a split sequence is context parallelism's ring or all-to-all, which this
+///     rule does not do).
+///  4. Partial operands are reduced first (attention is not linear in q, k or v together).
+///  5. k and v take q's layout of the batch and heads dims; the output has it too (its head dim
+///     is v's). An axis that splits q's batch or heads dim may not split another dim of k or v:
+///     those dims are gathered, so nothing is lost.
+///
+/// Pure rule: constexpr, no Kokkos, no communicator; never throws for bad input.
+#pragma once
+
+#include <shardlib/mesh.hpp>
+#include <shardlib/sharding/rule.hpp>
+#include <shardlib/spec.hpp>
+
+namespace shardlib {
+
+/// The dims of attention's operands, [B, S, H, K].
+namespace attention_dims {
+inline constexpr int batch = 0, seq = 1, heads = 2, head_dim = 3;
+}  // namespace attention_dims
+
+/// The sharding rule of attention(q, k, v) (see the file comment): `in` = {q, k, v} as the
+/// kernel needs them, `out` = the output's sharding, `comm` empty.
+constexpr OpRule attention_rule(const Sharding& q, const Sharding& k, const Sharding& v) {
+  OpRule r;
+  r.count = 3;
+  const Sharding* ops[3] = {&q, &k, &v};
+  for (int i = 0; i < 3; ++i)
+    if (ops[i]->rank != 4) {
+      r.status = OpRule::rank_mismatch;
+      r.operand = i;
+      return r;
+    }
+  Sharding s;
+  s.rank = 4;
+  s.dims[attention_dims::batch] = q.dims[attention_dims::batch];
+  s.dims[attention_dims::heads] = q.dims[attention_dims::heads];
+  r.in = {s, s, s};
+  r.out = s;
+  return r;
+}
+
+}  // namespace shardlib

@@ -1,0 +1,222 @@
+// SPDX-License-Identifier: Apache-2.0
+// sl::attention: the output against a one-device loop in float64 (causal, a mask, both, other
+// lengths of queries and keys, a scale), on 1 to 4 devices with the batch and heads split, the
+// sequence split (gathered by the op), partial operands; gradients against central differences
+// and against one device; bad input; what ran (attention_stats). On host memory the unfused form
+// runs (the fused kernel is cuDNN's: tests/autodiff/memory_space.cpp compares the two on a GPU).
+#include <doctest/doctest.h>
+#include <shardlib/attention.hpp>
+
+#include "../autodiff/gradcheck.hpp"
+#include "../collectives/harness.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace sl = shardlib;
+using sl::none;
+
+namespace {
+using M2 = sl::Mesh<"x", "y">;
+template <class S, class T = double>
+using Ten = sl::DistributedTensor<T, M2, S>;
+using Rep4 = sl::Spec<none, none, none, none>;
+using Batch = sl::Spec<"x", none, none, none>;
+using Heads = sl::Spec<none, none, "y", none>;
+using Both = sl::Spec<"x", none, "y", none>;
+using SeqSplit = sl::Spec<"x", "y", none, none>;  // the sequence split: gathered by the op
+using Mask = sl::Spec<none, none>;
+
+M2 mesh_of(sl::Context& ctx) {
+  const int n = ctx.num_devices();
+  return n % 2 == 0 ? M2(ctx, {n / 2, 2}) : M2(ctx, {n, 1});
+}
+
+// The one-device reference: o[b, i, h, :] for q [B, Sq, H, K], k [B, Sk, H, K], v [B, Sk, H, Kv].
+std::vector<double> reference(const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
+                              const std::vector<double>* mask, std::int64_t B, std::int64_t Sq, std::int64_t Sk,
+                              std::int64_t H, std::int64_t K, std::int64_t Kv, double scale, bool causal) {
+  std::vector<double> o(static_cast<std::size_t>(B * Sq * H * Kv), 0.0);
+  std::vector<double> s(static_cast<std::size_t>(Sk));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t i = 0; i < Sq; ++i) {
+        double mx = -std::numeric_limits<double>::infinity();
+        for (std::int64_t j = 0; j < Sk; ++j) {
+          double d = 0;
+          for (std::int64_t c = 0; c < K; ++c)
+            d += q[static_cast<std::size_t>(((b * Sq + i) * H + h) * K + c)] * k[static_cast<std::size_t>(((b * Sk + j) * H + h) * K + c)];
+          d *= scale;
+          if (mask) d += (*mask)[static_cast<std::size_t>(i * Sk + j)];
+          if (causal && j > i) d = -std::numeric_limits<double>::infinity();
+          s[static_cast<std::size_t>(j)] = d;
+          mx = std::max(mx, d);
+        }
+        double sum = 0;
+        for (auto& x : s) sum += (x = std::exp(x - mx));
+        for (std::int64_t j = 0; j < Sk; ++j)
+          for (std::int64_t c = 0; c < Kv; ++c)
+            o[static_cast<std::size_t>(((b * Sq + i) * H + h) * Kv + c)] +=
+                s[static_cast<std::size_t>(j)] / sum * v[static_cast<std::size_t>(((b * Sk + j) * H + h) * Kv + c)];
+      }
+  return o;
+}
+
+double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double m = a.size() == b.size() ? 0.0 : std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+template <class S>
+void check_forward(sl::Context& ctx, std::int64_t B, std::int64_t Sq, std::int64_t Sk, std::int64_t H, std::int64_t K,
+                   std::int64_t Kv, bool causal, bool masked, double scale) {
+  const M2 mesh = mesh_of(ctx);
+  const auto q = Ten<S>::random(mesh, {B, Sq, H, K}, 11, -1.0, 1.0);
+  const auto k = Ten<S>::random(mesh, {B, Sk, H, K}, 12, -1.0, 1.0);
+  const auto v = Ten<S>::random(mesh, {B, Sk, H, Kv}, 13, -1.0, 1.0);
+  const auto m = Ten<Mask>::random(mesh, {Sq, Sk}, 14, -2.0, 2.0);
+  const sl::AttentionOptions o{.causal = causal, .scale = scale};
+  const auto out = masked ? sl::attention(q, k, v, m, o) : sl::attention(q, k, v, o);
+  const auto mh = m.to_host();
+  const auto want = reference(q.to_host(), k.to_host(), v.to_host(), masked ? &mh : nullptr, B, Sq, Sk, H, K, Kv,
+                              scale != 0 ? scale : 1.0 / std::sqrt(double(K)), causal);
+  CAPTURE(S::value.to_string());
+  CAPTURE(causal);
+  CAPTURE(masked);
+  CAPTURE(Sq);
+  CAPTURE(Sk);
+  CHECK(out.shape() == std::array<std::int64_t, 4>{B, Sq, H, Kv});
+  CHECK(max_abs_diff(out.to_host(), want) < 1e-12);
+}
+}  // namespace
+
+TEST_SUITE("attention") {
+TEST_CASE("attention equals the one-device formula: causal, masked, other lengths, any split of batch and heads") {
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        for (bool causal : {false, true})
+          for (bool masked : {false, true}) {
+            check_forward<Rep4>(ctx, 2, 5, 5, 3, 4, 4, causal, masked, 0);
+            check_forward<Batch>(ctx, 5, 6, 6, 2, 3, 5, causal, masked, 0.7);
+            check_forward<Heads>(ctx, 2, 4, 7, 5, 4, 2, causal, masked, 0);
+            check_forward<Both>(ctx, 3, 7, 3, 4, 2, 3, causal, masked, 0);
+            check_forward<SeqSplit>(ctx, 3, 6, 6, 2, 4, 4, causal, masked, 0);
+          }
+        // One query, one key; no query at all.
+        check_forward<Both>(ctx, 2, 1, 1, 2, 4, 4, true, false, 0);
+        check_forward<Batch>(ctx, 2, 1, 5, 2, 4, 4, false, true, 0);
+        check_forward<Heads>(ctx, 2, 0, 5, 2, 4, 4, false, false, 0);
+      },
+      {1, 2, 3, 4});
+}
+
+TEST_CASE("the output keeps q's batch and heads split; the sequence and a partial operand are resolved first") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    const M2 mesh = mesh_of(ctx);
+    const auto q = Ten<SeqSplit>::random(mesh, {4, 6, 2, 4}, 1);
+    const auto k = Ten<Heads>::random(mesh, {4, 6, 2, 4}, 2);
+    const auto v = Ten<Rep4>::random(mesh, {4, 6, 2, 4}, 3);
+    const auto o = sl::attention(q, k, v);
+    static_assert(std::is_same_v<std::remove_cvref_t<decltype(o)>, Ten<Batch>>, "batch over x, sequence gathered");
+    const auto o2 = sl::attention(Ten<Both>(q), Ten<Both>(k), Ten<Both>(v));
+    static_assert(std::is_same_v<std::remove_cvref_t<decltype(o2)>, Ten<Both>>);
+    CHECK(max_abs_diff(o.to_host(), o2.to_host()) < 1e-12);
+    // A partial q (an einsum over a split dim leaves addends): reduced before the kernel.
+    using Part = sl::Spec<"x", none, none, none, sl::partial_sum<"y">>;
+    const Ten<Part> qp{Ten<Batch>(q)};
+    CHECK(max_abs_diff(sl::attention(qp, k, v).to_host(), o.to_host()) < 1e-12);
+  });
+}
+
+TEST_CASE("gradients of q, k and v against central differences and against one device") {
+  namespace gc = sl::test::grad;
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        auto rng = sl::test::oracle::rng_for(ctx, 5);
+        const M2 mesh = mesh_of(ctx);
+        const auto w = Ten<Both>::random(mesh, {3, 5, 2, 3}, 9, -1.0, 1.0);
+        const auto m = Ten<Mask>::random(mesh, {5, 4}, 10, -1.0, 1.0);
+        auto q = Ten<Both>::random(mesh, {3, 5, 2, 4}, 1, -1.0, 1.0);
+        auto k = Ten<Both>::random(mesh, {3, 4, 2, 4}, 2, -1.0, 1.0);
+        auto v = Ten<Both>::random(mesh, {3, 4, 2, 3}, 3, -1.0, 1.0);
+        for (bool causal : {false, true}) {
+          CAPTURE(causal);
+          CHECK(gc::check([&](const auto& a, const auto& b, const auto& c) { return sl::sum_all(sl::attention(a, b, c, {.causal = causal}) * w); },
+                          rng, "attention", 1e-6, 6, q, k, v));
+          CHECK(gc::check([&](const auto& a, const auto& b, const auto& c) { return sl::sum_all(sl::attention(a, b, c, m, {.causal = causal}) * w); },
+                          rng, "attention with a mask", 1e-6, 6, q, k, v));
+        }
+        // The same gradients as on one device (everything replicated).
+        sl::Param<Ten<Both>> pq(q), pk(k), pv(v);
+        sl::backward(sl::sum_all(sl::attention(pq, pk, pv, m, {.causal = true}) * w));
+        sl::Param<Ten<Rep4>> rq(q), rk(k), rv(v);
+        sl::backward(sl::sum_all(sl::attention(rq, rk, rv, m, {.causal = true}) * Ten<Rep4>(w)));
+        CHECK(max_abs_diff(pq.grad().to_host(), rq.grad().to_host()) < 1e-12);
+        CHECK(max_abs_diff(pk.grad().to_host(), rk.grad().to_host()) < 1e-12);
+        CHECK(max_abs_diff(pv.grad().to_host(), rv.grad().to_host()) < 1e-12);
+        // Only q trains: k and v are constants.
+        sl::Param<Ten<Both>> only(q);
+        sl::backward(sl::sum_all(sl::attention(only, k, v) * w));
+        CHECK(only.grad().shape() == q.shape());
+      },
+      {1, 2, 4});
+}
+
+TEST_CASE("bad input: shapes named, the mask's shape, an empty key sequence, the fused kernel where it cannot run") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    const M2 mesh = mesh_of(ctx);
+    const auto q = Ten<Batch>::zeros(mesh, {2, 4, 3, 8});
+    const auto k = Ten<Batch>::zeros(mesh, {2, 5, 3, 8});
+    const auto v = Ten<Batch>::zeros(mesh, {2, 5, 3, 6});
+    CHECK_THROWS_WITH_AS(sl::attention(q, Ten<Batch>::zeros(mesh, {2, 5, 3, 16}), v),
+                         "shardlib: attention: q and k differ in their head dim (dim 3) (q [2, 4, 3, 8], k [2, 5, 3, "
+                         "16], v [2, 5, 3, 6]; each is [batch, seq, heads, head dim])",
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(sl::attention(q, k, Ten<Batch>::zeros(mesh, {2, 4, 3, 6})),
+                         doctest::Contains("k and v differ in their sequence length (dim 1)"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(sl::attention(q, k, Ten<Batch>::zeros(mesh, {2, 5, 4, 6})),
+                         doctest::Contains("q, k and v differ in their heads (dim 2)"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(sl::attention(Ten<Batch>::zeros(mesh, {3, 4, 3, 8}), k, v),
+                         doctest::Contains("q, k and v differ in their batch (dim 0)"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(sl::attention(q, k, v, Ten<Mask>::zeros(mesh, {5, 4})),
+                         "shardlib: attention: the mask has shape [5, 4]; it is added to the scores of q's 4 queries "
+                         "and k's 5 keys, so it must be [4, 5]",
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(sl::attention(q, Ten<Batch>::zeros(mesh, {2, 0, 3, 8}), Ten<Batch>::zeros(mesh, {2, 0, 3, 6})),
+                         doctest::Contains("k and v have sequence length 0: a query has no key to attend to"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(sl::attention(q, k, v, {.scale = std::numeric_limits<double>::infinity()}),
+                         doctest::Contains("the scale is not finite"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(sl::attention(q, k, v, {.kernel = sl::AttentionKernel::fused}),
+                         doctest::Contains("cuDNN's fused kernel takes bf16 or f16 tensors in GPU memory"), std::runtime_error);
+    // What ran: the ops, on host memory.
+    const auto before = sl::attention_stats(ctx);
+    (void)sl::attention(q, k, v, {.causal = true});
+    CHECK(sl::attention_stats(ctx).unfused_forward == before.unfused_forward + 1);
+    CHECK(sl::attention_stats(ctx).fused_forward == 0);
+  });
+}
+
+TEST_CASE("16-bit attention on the host: the ops in float32, rounded once per op") {
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        const M2 mesh = mesh_of(ctx);
+        const auto q = Ten<Both, float>::random(mesh, {2, 8, 2, 8}, 1, -1.f, 1.f);
+        const auto k = Ten<Both, float>::random(mesh, {2, 8, 2, 8}, 2, -1.f, 1.f);
+        const auto v = Ten<Both, float>::random(mesh, {2, 8, 2, 8}, 3, -1.f, 1.f);
+        const auto want = sl::attention(q, k, v, {.causal = true}).to_host();
+        using B = Ten<Both, sl::bf16>;
+        const auto got = sl::attention(sl::cast<sl::bf16>(q), sl::cast<sl::bf16>(k), sl::cast<sl::bf16>(v), {.causal = true});
+        static_assert(std::is_same_v<std::remove_cvref_t<decltype(got)>, B>);
+        const auto g = sl::cast<float>(got).to_host();
+        double worst = 0;
+        for (std::size_t i = 0; i < g.size(); ++i) worst = std::max(worst, double(std::abs(g[i] - want[i])));
+        CHECK(worst < 3e-2);
+      },
+      {1, 2});
+}
+}
