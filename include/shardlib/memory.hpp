@@ -15,6 +15,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cmath>
@@ -23,12 +24,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iterator>
+#include <limits>
 #include <list>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <string>
+#include <vector>
 
 namespace shardlib {
 
@@ -51,6 +54,15 @@ constexpr const char* to_string(MemoryRole r) noexcept {
   }
   return "?";
 }
+
+/// What a device's block cache asked of its memory space (memory.hpp's block_cache_stats): blocks
+/// handed out again from the cache, blocks allocated from the space (cudaMalloc in GPU memory),
+/// blocks given back to it (cudaFree, which waits for the whole GPU).
+struct BlockCacheStats {
+  std::uint64_t hits = 0;
+  std::uint64_t space_allocations = 0;
+  std::uint64_t space_frees = 0;
+};
 
 /// Live bytes of one device by role (requested sizes, not the cache's rounded blocks).
 struct MemoryUsage {
@@ -125,17 +137,24 @@ struct MemoryLedger {
 /// multiples of 512 bytes), as PyTorch's caching allocator: a block
 /// freed by one tensor is handed to the next of a similar size instead of going back to the OS
 /// (glibc returns blocks above 32 MiB to the OS at once, and touching fresh pages again cost 4x
-/// the reshard itself at 64 MiB). Holds at most SHARDLIB_BLOCK_CACHE_MB (default 1024) MiB of
-/// free blocks: a released block that does not fit under that cap evicts the blocks released
-/// longest ago, so that the sizes a loop uses now stay cached and stale ones go (keeping the
-/// stale ones instead sent a block used in every step back to cudaFree, which waits for the whole
-/// GPU, on every step). When the space's allocator fails, the free blocks go back to it and the
-/// allocation is tried once more (PyTorch's allocator does the same). Thread-safe: a tensor may
-/// be destroyed on another thread than its device's. Keeps the device's MemoryLedger: each live
-/// block is counted under its role.
+/// the reshard itself at 64 MiB). In host memory it holds at most SHARDLIB_BLOCK_CACHE_MB
+/// (default 1024) MiB of free blocks: a released block that does not fit under that cap evicts
+/// the blocks released longest ago, so that the sizes a loop uses now stay cached and stale ones
+/// go. In GPU memory it keeps every free block by default, as PyTorch's caching allocator does (a
+/// cap of 1 GiB sent a transformer layer's activations through cudaFree, which waits for the whole
+/// GPU, and cudaMalloc on every training step: 14.6 ms a step against 10.2 uncapped on an H100);
+/// SHARDLIB_BLOCK_CACHE_MB caps it too. When the space's allocator fails, this cache's free blocks
+/// go back to it and the allocation is tried again, then every other device's cache of the space
+/// in this process too (PyTorch's allocator does the same). Thread-safe: a tensor may be destroyed
+/// on another thread than its device's. Keeps the device's MemoryLedger (each live block under its
+/// role) and counts what it asks of the space (BlockCacheStats): a training step in steady state
+/// asks for nothing.
 template <class MemorySpace>
 class BlockCache : public std::enable_shared_from_this<BlockCache<MemorySpace>> {
  public:
+  /// The default cap on free bytes held: 1 GiB in host memory, none in GPU memory (see above).
+  static constexpr std::size_t default_cap =
+      detail::host_memory_v<MemorySpace> ? std::size_t{1024} << 20 : std::numeric_limits<std::size_t>::max();
   /// In host memory, blocks smaller than this bypass the cache (malloc is cheap there).
   static constexpr std::size_t min_bytes = std::size_t{64} << 10;
   /// Whether a block of `bytes` goes through the cache: in GPU memory every block does, since
@@ -158,15 +177,23 @@ class BlockCache : public std::enable_shared_from_this<BlockCache<MemorySpace>> 
     }
   };
 
-  /// A cache holding at most SHARDLIB_BLOCK_CACHE_MB (default 1024) MiB of free blocks.
+  /// A cache holding at most SHARDLIB_BLOCK_CACHE_MB MiB of free blocks (default_cap without it).
   BlockCache() {
     if (const char* e = std::getenv("SHARDLIB_BLOCK_CACHE_MB")) cap_ = std::strtoull(e, nullptr, 10) << 20;
+    enroll();
   }
   /// A cache holding at most `cap_bytes` of free blocks.
-  explicit BlockCache(std::size_t cap_bytes) : cap_(cap_bytes) {}
+  explicit BlockCache(std::size_t cap_bytes) : cap_(cap_bytes) { enroll(); }
   BlockCache(const BlockCache&) = delete;
   BlockCache& operator=(const BlockCache&) = delete;
-  ~BlockCache() { trim(); }
+  ~BlockCache() {
+    {
+      std::lock_guard<std::mutex> lock(registry().m);
+      auto& all = registry().caches;
+      all.erase(std::remove(all.begin(), all.end(), this), all.end());
+    }
+    trim();
+  }
   /// A block of at least `bytes` (uninitialised), returned to the cache when the last owner goes;
   /// counted under the thread's current role until then.
   std::shared_ptr<void> allocate(std::size_t bytes) {
@@ -183,19 +210,34 @@ class BlockCache : public std::enable_shared_from_this<BlockCache<MemorySpace>> 
         cached_ -= bytes;
         lru_.erase(it->second);
         by_size_.erase(it);
+        ++stats_.hits;
       }
     }
     if (!p) {
       try {
         p = MemorySpace().allocate(bytes);  // the space's own allocator: no allocation record
-      } catch (const std::bad_alloc&) {  // the free blocks back to the space, then once more
-        if (trim() == 0) throw;
-        p = MemorySpace().allocate(bytes);
+      } catch (const std::bad_alloc&) {  // this cache's free blocks back to the space, then every cache's
+        if (trim() > 0) {
+          try {
+            p = MemorySpace().allocate(bytes);
+          } catch (const std::bad_alloc&) {
+          }
+        }
+        if (!p) {
+          if (trim_others() == 0) throw;
+          p = MemorySpace().allocate(bytes);
+        }
       }
+      if (cached(bytes)) stats_.space_allocations.fetch_add(1, std::memory_order_relaxed);
     }
     const MemoryRole role = current_memory_role();
     ledger_.add(role, static_cast<std::int64_t>(requested));
     return std::shared_ptr<void>(p, Release{this->shared_from_this(), bytes, requested, role});
+  }
+  /// What this cache has asked of its memory space since it began.
+  BlockCacheStats stats() const noexcept {
+    return {stats_.hits.load(std::memory_order_relaxed), stats_.space_allocations.load(std::memory_order_relaxed),
+            stats_.space_frees.load(std::memory_order_relaxed)};
   }
   /// Bytes of free blocks held.
   std::size_t cached_bytes() const {
@@ -216,6 +258,7 @@ class BlockCache : public std::enable_shared_from_this<BlockCache<MemorySpace>> 
       MemorySpace().deallocate(f.p, f.bytes);
       n += f.bytes;
     }
+    stats_.space_frees.fetch_add(all.size(), std::memory_order_relaxed);
     return n;
   }
   /// Live bytes by role.
@@ -264,13 +307,39 @@ class BlockCache : public std::enable_shared_from_this<BlockCache<MemorySpace>> 
     }
     for (const Free& f : evicted) MemorySpace().deallocate(f.p, f.bytes);
     if (p) MemorySpace().deallocate(p, bytes);
+    stats_.space_frees.fetch_add(evicted.size() + (p && cached(bytes) ? 1 : 0), std::memory_order_relaxed);
   }
+  /// The caches of this memory space in this process (to trim them all when the space runs out).
+  struct Registry {
+    std::mutex m;
+    std::vector<BlockCache*> caches;
+  };
+  static Registry& registry() {
+    static Registry r;
+    return r;
+  }
+  void enroll() {
+    std::lock_guard<std::mutex> lock(registry().m);
+    registry().caches.push_back(this);
+  }
+  /// Returns the free blocks of every other cache of the space to it; the bytes returned.
+  std::size_t trim_others() noexcept {
+    std::lock_guard<std::mutex> lock(registry().m);
+    std::size_t n = 0;
+    for (BlockCache* c : registry().caches)
+      if (c != this) n += c->trim();
+    return n;
+  }
+  struct Counters {
+    std::atomic<std::uint64_t> hits{0}, space_allocations{0}, space_frees{0};
+  };
   mutable std::mutex m_;
   std::list<Free> lru_;
   std::multimap<std::size_t, typename std::list<Free>::iterator> by_size_;
   std::size_t cached_ = 0;
-  std::size_t cap_ = std::size_t{1024} << 20;
+  std::size_t cap_ = default_cap;
   MemoryLedger ledger_;
+  Counters stats_;
 };
 
 /// The block cache of this device (held by the Context; blocks keep it alive).
@@ -303,6 +372,15 @@ class MemoryRoleScope {
 template <class MemorySpace = Kokkos::HostSpace>
 MemoryUsage memory_usage(Context& ctx) {
   return detail::block_cache<MemorySpace>(ctx).usage();
+}
+
+/// What this device's block cache in `MemorySpace` (host memory by default) has asked of the
+/// space: a training step in steady state asks for nothing (`space_allocations` and
+/// `space_frees` do not move; on the host, blocks under 64 KiB bypass the cache and are not
+/// counted).
+template <class MemorySpace = Kokkos::HostSpace>
+BlockCacheStats block_cache_stats(Context& ctx) {
+  return detail::block_cache<MemorySpace>(ctx).stats();
 }
 
 /// Starts this device's peak (`MemoryUsage::peak`) over from the bytes live now, in

@@ -10,8 +10,12 @@
 // AdamW with DP and ZeRO-1 layouts and clipping, SGD with momentum over bf16 parameters (float32
 // master weights); cross_entropy (vocabulary-parallel) and layer_norm's backward; check_finite;
 // and that a training step waits for no GPU stream. Also cross_entropy's device form against its
-// host form, run on host memory (so that CI runs the device kernels' code).
+// host form, run on host memory (so that CI runs the device kernels' code); attention (cuDNN's
+// fused kernel on a GPU in 16 bits) against the ops' form in float32 on host memory, forward and
+// backward; and that a transformer layer's training step in steady state allocates nothing from
+// the memory space and waits for no GPU stream.
 #include <doctest/doctest.h>
+#include <shardlib/attention.hpp>
 #include <shardlib/autodiff.hpp>
 #include <shardlib/optim.hpp>
 
@@ -271,6 +275,132 @@ void check_syncs(sl::Context& ctx) {
   CHECK(w1.value().to_host().size() == 48);
 }
 
+// ---- attention and a transformer layer ------------------------------------------------------------
+
+template <class T, class Space>
+using T4 = sl::DistributedTensor<T, M2, sl::Spec<"x", none, "y", none>, Space>;  // [B, S, H, K]
+
+/// The largest |got - want| over the largest |want| (both to host, as float).
+double relative_max(const std::vector<float>& got, const std::vector<float>& want) {
+  double d = got.size() == want.size() ? 0.0 : 1e30, m = 0;
+  for (std::size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    d = std::max(d, std::abs(double(got[i]) - double(want[i])));
+    m = std::max(m, std::abs(double(want[i])));
+  }
+  return d / std::max(m, 1e-30);
+}
+
+/// attention in `Mem` on bf16 operands (cuDNN's fused kernel where the build and the machine have
+/// it) against the ops' form in float32 on host memory: the output and q's, k's and v's gradients.
+void check_attention(sl::Context& ctx) {
+  const M2 mesh = mesh_of(ctx);
+  const std::int64_t B = 2, S = 64, H = 4, K = 64;
+  for (const bool causal : {false, true}) {
+    for (const bool masked : {false, true}) {
+      const std::string what = std::to_string(ctx.num_devices()) + " devices, causal " + std::to_string(causal) +
+                               ", mask " + std::to_string(masked);
+      auto run = [&]<class T, class Space>(std::type_identity<T>, std::type_identity<Space>, sl::AttentionKernel kernel) {
+        using F4 = T4<float, Space>;
+        sl::Param q(T4<T, Space>(sl::cast<T>(F4::random(mesh, {B, S, H, K}, 1, -1.f, 1.f))));
+        sl::Param k(T4<T, Space>(sl::cast<T>(F4::random(mesh, {B, S, H, K}, 2, -1.f, 1.f))));
+        sl::Param v(T4<T, Space>(sl::cast<T>(F4::random(mesh, {B, S, H, K}, 3, -1.f, 1.f))));
+        const auto w = F4::random(mesh, {B, S, H, K}, 4, -1.f, 1.f);
+        const auto mask = sl::cast<T>(sl::DistributedTensor<float, M2, Rep, Space>::random(mesh, {S, S}, 5, -1.f, 1.f));
+        const sl::AttentionOptions o{.causal = causal, .kernel = kernel};
+        auto out = masked ? sl::attention(q, k, v, mask, o) : sl::attention(q, k, v, o);
+        sl::backward(sl::sum_all(sl::cast<float>(out) * w));
+        auto host = [](const auto& t) { return sl::cast<float>(t).to_host(); };
+        return std::vector<std::vector<float>>{host(out.value()), host(q.grad()), host(k.grad()), host(v.grad())};
+      };
+      const auto before = sl::attention_stats(ctx);
+      const auto got = run(std::type_identity<sl::bf16>{}, std::type_identity<Mem>{}, sl::AttentionKernel::automatic);
+      const auto after = sl::attention_stats(ctx);
+      const auto want = run(std::type_identity<float>{}, std::type_identity<Kokkos::HostSpace>{}, sl::AttentionKernel::unfused);
+      const char* names[] = {"output", "q's gradient", "k's gradient", "v's gradient"};
+      for (int i = 0; i < 4; ++i) {
+        const double r = relative_max(got[static_cast<std::size_t>(i)], want[static_cast<std::size_t>(i)]);
+        CHECK_MESSAGE(r < 3e-2, what << ", " << names[i] << ": bf16 in device memory against float32 on the host, "
+                                     << r << " of the largest value");
+      }
+#if defined(SHARDLIB_HAVE_CUDNN) && defined(KOKKOS_ENABLE_CUDA)
+      const std::string why = sl::kernels::cudnn::available();
+      CHECK_MESSAGE((after.fused_forward > before.fused_forward || !why.empty()),
+                    what << ": cuDNN loaded but the fused kernel did not run: " << after.fallback);
+      if (!why.empty() && ctx.device() == 0) MESSAGE("cuDNN is not available here: " << why);
+      if (why.empty()) CHECK_MESSAGE(after.fused_backward > before.fused_backward, what << ": " << after.fallback);
+#else
+      CHECK(after.unfused_forward > before.unfused_forward);
+#endif
+    }
+  }
+}
+
+/// A pre-LN transformer layer (causal attention, a GELU MLP) with tensor-parallel weights over "y"
+/// and the batch over "x", in element type E: its loss, mean(layer(x)^2).
+template <class E>
+struct Layer {
+  template <class S>
+  using P = sl::Param<sl::DistributedTensor<E, M2, S, Mem>>;
+  using Act = sl::Spec<"x", none, none>;
+  using Vec = sl::Spec<none>;
+  P<Vec> g1, b1, g2, b2;
+  P<sl::Spec<none, "y", none>> wq, wk, wv;
+  P<sl::Spec<"y", none, none>> wo;
+  P<ColSplit> w1;
+  P<RowSplit> w2;
+  static constexpr std::int64_t D = 64, H = 4, K = 16, F = 256;
+  template <class S, std::size_t N>
+  static P<S> init(const M2& mesh, const std::int64_t (&shape)[N], std::uint64_t seed) {
+    return P<S>(sl::cast<E>(sl::DistributedTensor<float, M2, S, Mem>::random(mesh, shape, seed, -0.1f, 0.1f)));
+  }
+  explicit Layer(const M2& m)
+      : g1(init<Vec>(m, {D}, 1)), b1(init<Vec>(m, {D}, 2)), g2(init<Vec>(m, {D}, 3)), b2(init<Vec>(m, {D}, 4)),
+        wq(init<sl::Spec<none, "y", none>>(m, {D, H, K}, 5)), wk(init<sl::Spec<none, "y", none>>(m, {D, H, K}, 6)),
+        wv(init<sl::Spec<none, "y", none>>(m, {D, H, K}, 7)), wo(init<sl::Spec<"y", none, none>>(m, {H, K, D}, 8)),
+        w1(init<ColSplit>(m, {D, F}, 9)), w2(init<RowSplit>(m, {F, D}, 10)) {}
+  template <class X>
+  auto loss(const X& x) const {
+    auto a = sl::layer_norm<2>(x) * g1 + b1;
+    auto q = sl::einsum<"bsd,dhk->bshk">(a, wq);
+    auto k = sl::einsum<"bsd,dhk->bshk">(a, wk);
+    auto v = sl::einsum<"bsd,dhk->bshk">(a, wv);
+    auto x1 = x + sl::reshard<Act>(sl::einsum<"bqhk,hkd->bqd">(sl::attention(q, k, v, {.causal = true}), wo));
+    auto h = sl::layer_norm<2>(x1) * g2 + b2;
+    auto y = x1 + sl::reshard<Act>(sl::einsum<"bsf,fd->bsd">(sl::gelu(sl::einsum<"bsd,df->bsf">(h, w1)), w2));
+    return sl::mean_all(sl::square(sl::cast<float>(y)));
+  }
+};
+
+/// A transformer layer's training step (forward, backward, AdamW) in steady state asks the block
+/// cache's memory space for nothing and waits for no GPU stream, in float32 and in bf16.
+template <class E>
+void check_layer_step(sl::Context& ctx) {
+  const M2 mesh = mesh_of(ctx);
+  Layer<E> layer(mesh);
+  sl::optim::AdamW opt(sl::optim::AdamWOptions{});
+  opt.add(layer.g1, layer.b1, layer.g2, layer.b2, layer.wq, layer.wk, layer.wv, layer.wo, layer.w1, layer.w2);
+  const auto x = sl::cast<E>(sl::DistributedTensor<float, M2, typename Layer<E>::Act, Mem>::random(mesh, {4, 64, 64}, 11, -1.f, 1.f));
+  auto step = [&] {
+    opt.zero_grad();
+    sl::backward(layer.loss(x));
+    opt.step();
+  };
+  for (int s = 0; s < 3; ++s) step();  // the state, the cache's blocks, cuDNN's graphs
+  const sl::BlockCacheStats before = sl::block_cache_stats<Mem>(ctx);
+  const sl::kernels::SyncCount syncs = sl::kernels::sync_count();
+  for (int s = 0; s < 2; ++s) step();
+  const sl::BlockCacheStats after = sl::block_cache_stats<Mem>(ctx);
+  const std::string what = std::string(sl::element_name<E>()) + ", " + std::to_string(ctx.num_devices()) + " devices";
+  CHECK_MESSAGE(after.space_allocations == before.space_allocations,
+                what << ": two steps allocated " << after.space_allocations - before.space_allocations << " blocks");
+  CHECK_MESSAGE(after.space_frees == before.space_frees,
+                what << ": two steps freed " << after.space_frees - before.space_frees << " blocks");
+  CHECK(after.hits > before.hits);  // the step's blocks came from the cache
+  if constexpr (!sl::detail::host_memory_v<Mem>)
+    CHECK_MESSAGE(sl::kernels::sync_count().device == syncs.device,
+                  what << ": two steps waited " << sl::kernels::sync_count().device - syncs.device << " times");
+}
+
 void on_devices(const std::function<void(sl::Context&)>& body) { sl::test::for_each_run_in<Mem>(body); }
 }  // namespace
 
@@ -293,5 +423,12 @@ TEST_SUITE("autodiff_memory_space") {
   TEST_CASE("check_finite on gradients in the default execution space's memory") { on_devices(check_finite); }
   TEST_CASE("a training step on tensors in the default execution space's memory waits for no GPU stream") {
     on_devices(check_syncs);
+  }
+  TEST_CASE("attention in the default execution space's memory (cuDNN's fused kernel on a GPU) against the ops") {
+    on_devices(check_attention);
+  }
+  TEST_CASE("a transformer layer's training step in steady state allocates nothing and waits for no GPU stream") {
+    on_devices(check_layer_step<float>);
+    on_devices(check_layer_step<sl::bf16>);
   }
 }
