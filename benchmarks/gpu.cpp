@@ -8,6 +8,7 @@
 //   bench_gpu --part mlp --devices 1..8        the MLP block's TFLOP/s against the GPU's peak
 //   bench_gpu --part reshard --devices 2..8    reshards between virtual devices on one GPU
 //   bench_gpu --part stencil --devices 1..8    stencil_for sweeps against a device-to-device copy
+//   bench_gpu --part mlp --profile-step        one MLP block alone, for a profiler (below)
 // Tensors live in the memory of Kokkos's default execution space (Kokkos::CudaSpace); the devices
 // are the threads backend's in-process devices, each on its own CUDA stream. Built against a
 // Kokkos without CUDA (as CI builds it, to keep it compiling) it refuses to run unless given
@@ -42,6 +43,10 @@
 //   alone (ghosts current) and a step with the ghost exchange overlapped; bytes = the block read
 //   and written, next to cudaMemcpyAsync D2D of the block (as many bytes read and written):
 //   fraction_of_copy (recorded; the host goal is >= 0.60 of the copy limit).
+// --profile-step (mlp): no benchmark; the block of the first size alone, for a profiler
+//   (scripts/gpu-check.sh --profile): warmed up, its wall time per call (the median of 21 calls,
+//   each fenced) as a record {"part": "profile"}, then one more call between cudaProfilerStart and
+//   cudaProfilerStop, which is all that `ncu --profile-from-start off` profiles.
 #include <shardlib/shardlib.hpp>
 #include <shardlib/stencil.hpp>
 
@@ -49,6 +54,7 @@
 
 #if defined(KOKKOS_ENABLE_CUDA)
 #include <cublas_v2.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 #endif
 
@@ -152,6 +158,32 @@ double host_seconds(sl::Context& ctx, F& f, int calls) {
     fence(ctx);
   }
   return bench::median(v);
+}
+
+/// --profile-step: `step` (a training-like step) alone, for a profiler. Warmed up; its wall time
+/// per call, each call fenced (the median of 21), as a {"part": "profile"} record; then one more
+/// call between cudaProfilerStart and cudaProfilerStop (what `ncu --profile-from-start off` sees).
+template <class F>
+void profile_step(sl::Context& ctx, const std::string& name, F&& step) {
+  for (int i = 0; i < 3; ++i) step();
+  std::vector<double> walls;
+  for (int i = 0; i < 21; ++i) walls.push_back(batch_seconds(ctx, step, 1));
+  const double wall = bench::median(walls);
+  record(ctx, "\"part\": \"profile\", \"name\": \"" + name + "\", \"seconds\": " + num(wall) +
+                  ", \"baseline\": null, \"baseline_seconds\": null");
+  say(ctx, name + ": " + num(wall * 1e6) + " us per step (fenced), then one step for the profiler");
+  fence(ctx);
+  ctx.world().barrier();
+#if defined(KOKKOS_ENABLE_CUDA)
+  if (ctx.device() == 0) cudaProfilerStart();
+#endif
+  ctx.world().barrier();
+  step();
+  fence(ctx);
+  ctx.world().barrier();
+#if defined(KOKKOS_ENABLE_CUDA)
+  if (ctx.device() == 0) cudaProfilerStop();
+#endif
 }
 
 // ---- the baselines: the bare copy, the bare GEMM, the bare kernel ---------------------------------
@@ -365,10 +397,29 @@ double datasheet_bf16_peak(const std::string& name) {
   return 0.0;
 }
 
-void mlp(sl::Context& ctx, int model, double peak_arg, bool quick) {
+void mlp(sl::Context& ctx, int model, double peak_arg, bool quick, bool profile) {
   const int devices = ctx.num_devices();
   if (devices % model) model = 1;
   MD mesh(ctx, {devices / model, model});
+  struct Size {
+    std::int64_t t, d, f;
+  };
+  const std::vector<Size> sizes = quick ? std::vector<Size>{{256, 64, 256}}
+                                         : std::vector<Size>{{4096, 1024, 4096}, {8192, 4096, 16384}, {8192, 8192, 32768}};
+  using X = Tensor<H, sl::Spec<"data", none>, MD>;
+  using W1 = Tensor<H, sl::Spec<none, "model">, MD>;
+  using W2 = Tensor<H, sl::Spec<"model", none>, MD>;
+  if (profile) {
+    const Size sz = sizes.front();
+    const auto x = X::random(mesh, {sz.t, sz.d}, 1, H(-1.0f), H(1.0f));
+    const auto w1 = W1::random(mesh, {sz.d, sz.f}, 2, H(-0.05f), H(0.05f));
+    const auto w2 = W2::random(mesh, {sz.f, sz.d}, 3, H(-0.05f), H(0.05f));
+    profile_step(ctx, "mlp T" + std::to_string(sz.t) + " D" + std::to_string(sz.d) + " F" + std::to_string(sz.f) + " step", [&] {
+      auto y = sl::matmul(sl::gelu(sl::matmul(x, w1)), w2);
+      auto out = sl::reshard<sl::Spec<"data", none>>(y);
+    });
+    return;
+  }
   // The measured bound: one bf16 GEMM of 8192^3 called directly.
   BareGemm gemm(ctx);
   double cublas_tflops = 0;
@@ -387,16 +438,10 @@ void mlp(sl::Context& ctx, int model, double peak_arg, bool quick) {
   const double peak = peak_arg > 0 ? peak_arg : datasheet_bf16_peak(gpu_name());
   const std::string peak_text = peak > 0 ? num(peak) : "null";
   const char* peak_source = peak_arg > 0 ? "--peak-tflops" : peak > 0 ? "NVIDIA datasheet, dense bf16" : "unknown GPU";
-  struct Size {
-    std::int64_t t, d, f;
-  };
-  const std::vector<Size> sizes = quick ? std::vector<Size>{{256, 64, 256}}
-                                         : std::vector<Size>{{4096, 1024, 4096}, {8192, 4096, 16384}, {8192, 8192, 32768}};
   for (const Size sz : sizes) {
-    using X = Tensor<H, sl::Spec<"data", none>, MD>;
     const auto x = X::random(mesh, {sz.t, sz.d}, 1, H(-1.0f), H(1.0f));
-    const auto w1 = Tensor<H, sl::Spec<none, "model">, MD>::random(mesh, {sz.d, sz.f}, 2, H(-0.05f), H(0.05f));
-    const auto w2 = Tensor<H, sl::Spec<"model", none>, MD>::random(mesh, {sz.f, sz.d}, 3, H(-0.05f), H(0.05f));
+    const auto w1 = W1::random(mesh, {sz.d, sz.f}, 2, H(-0.05f), H(0.05f));
+    const auto w2 = W2::random(mesh, {sz.f, sz.d}, 3, H(-0.05f), H(0.05f));
     auto block = [&] {
       auto h = sl::matmul(x, w1);
       auto y = sl::matmul(sl::gelu(h), w2);
@@ -540,13 +585,15 @@ int main(int argc, char** argv) {
   const auto stencil_side = bench::arg(argc, argv, "--stencil-side", quick ? 256 : 8192);
   const int model = static_cast<int>(bench::arg(argc, argv, "--model", 1));
   const double peak = static_cast<double>(bench::arg(argc, argv, "--peak-tflops", 0));
+  const bool profile = has_flag(argc, argv, "--profile-step");
+  if (profile && part != "mlp") throw std::invalid_argument("bench_gpu: --profile-step is for --part mlp, not " + part);
   rt.spmd([&](sl::Context& ctx) {
     bench::warm_up(ctx.world());
     say(ctx, "bench_gpu " + part + " on " + gpu_name() + ", " + std::to_string(ctx.num_devices()) + " device(s)");
     if (part == "elementwise") elementwise(ctx, mib);
     else if (part == "matmul") matmul(ctx, quick);
     else if (part == "overhead") overhead(ctx, size);
-    else if (part == "mlp") mlp(ctx, model, peak, quick);
+    else if (part == "mlp") mlp(ctx, model, peak, quick, profile);
     else if (part == "reshard") reshard(ctx, reshard_mib);
     else stencil(ctx, stencil_side);
   });

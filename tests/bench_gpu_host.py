@@ -3,7 +3,7 @@
 every part prints its records with the fields every benchmark record has and the ones
 benchmarks/run's gpu table and goals read; the table prints them; the goals leave them out (no GPU
 figure), and on GPU figures count matmul's overhead from its cuBLAS call; without --host it
-refuses with exit status 77 and says why.
+refuses with exit status 77 and says why; --profile-step gives one record of the step's wall time.
 
 usage: bench_gpu_host.py BENCH_GPU
 """
@@ -63,6 +63,16 @@ def main():
            for r in records if r["part"] == "overhead"]
     row = [row for row in goals.evaluate({"gpu": gpu}) if row[0] == "gpu" and "overhead" in row[1]][0]
     assert row[4] == "pass" and "1.50 us (matmul (over the GEMM))" in row[3] and "of 7" in row[3], row
+    # --profile-step (scripts/gpu-check.sh --profile): the MLP block's step alone, one record of its
+    # wall time; other parts refuse it.
+    argv = [exe, "--host", "--quick", "--part", "mlp", "--profile-step", "--backend", "threads", "--devices", "2"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"{' '.join(argv)}: exit status {r.returncode}\n{r.stderr[-2000:]}"
+    got = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert len(got) == 1 and got[0]["part"] == "profile" and got[0]["seconds"] > 0, r.stdout
+    assert got[0]["name"] == "mlp T256 D64 F256 step", got[0]
+    r = subprocess.run([exe, "--host", "--quick", "--part", "matmul", "--profile-step"], capture_output=True, text=True)
+    assert r.returncode != 0 and "--profile-step is for --part mlp" in r.stderr, (r.returncode, r.stderr)
     print(out.getvalue())
     return 0
 
