@@ -6,7 +6,9 @@ spread). Peers' goals ("faster than JAX") compare records with the same name and
 """
 import statistics
 
-PEER = {"jax": "jax-cpu", "dtensor": "dtensor-gloo"}
+# The peers' backends: their records are never counted as ours (torch-cuda: PyTorch eager on the
+# GPU, benchmarks/peers/torch_gpu.py, beside bench_gpu in scripts/gpu-check.sh).
+PEER = {"jax": "jax-cpu", "dtensor": "dtensor-gloo", "torch": "torch-cuda"}
 
 
 def _ours(recs):
