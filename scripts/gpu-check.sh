@@ -1,0 +1,372 @@
+#!/usr/bin/env bash
+# shardlib on a GPU, in one command (docs/12_gpus.md, "Checking a GPU machine").
+#
+#   scripts/gpu-check.sh build --kokkos DIR [--out OUT] [-j N] [--arch 90] [--no-host-forms]
+#       Compiles, with DIR/bin/nvcc_wrapper (DIR: a Kokkos install built with CUDA), the GPU test
+#       programs (tests/tensor/memory_space.cpp and tests/autodiff/memory_space.cpp, each with
+#       tests/main.cpp), the host forms of the same code (kernels_reduce, kernels_elementwise and
+#       the collectives suite, on Kokkos's Serial host space) and the GPU benchmark
+#       (benchmarks/gpu.cpp), N at a time, into OUT (build-gpu/), stripped, with OUT/manifest.txt
+#       saying what was built, from which commit, with what. Needs no GPU: a GPU translation unit
+#       takes about 5 minutes and 3 GB to compile on one core.
+#   scripts/gpu-check.sh run [--out OUT] [--profile] [--profile-args 'ARGS'] [--devices LIST]
+#       On a machine with an NVIDIA GPU (no Kokkos, MPI or network needed: only the driver and
+#       libcublas), runs what `build` made: each suite on 1 to 8 virtual devices (in-process
+#       devices, a CUDA stream each; --devices 1,8 picks counts), bench_gpu's parts in short
+#       configurations and the same figures in PyTorch when it is installed (its peer,
+#       benchmarks/peers/torch_gpu.py); then prints one summary: cases and checks passed per suite,
+#       each GPU goal of benchmarks/harness/goals.py met or short, ours beside PyTorch, the wall
+#       time. --profile adds Nsight Compute's per-kernel time of one training-like step (ncu
+#       --metrics gpu__time_duration.sum --print-summary per-kernel) and the step's time outside
+#       kernels. Records and logs go to OUT/results/. About a minute on an H100.
+#   scripts/gpu-check.sh --kokkos DIR [--profile] ...
+#       Both: build, then run (on a machine that has the GPU and the Kokkos).
+#
+# Exit status: 0 every suite passed and every benchmark part ran (a goal that is short is
+# reported, not a failure); 1 a build, suite or part failed; 2 a bad flag; 77 cannot run here,
+# with a one-line reason (no GPU, no nvcc_wrapper in DIR, a host-only Kokkos, no nvcc).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ME="scripts/gpu-check.sh"
+
+# What `--profile` runs under Nsight Compute: bench_gpu's arguments. --profile-step delimits one
+# step with cudaProfilerStart/Stop (ncu --profile-from-start off) and records its wall time.
+# A part that models a training step better can take its place: --profile-args '--part block ...'.
+PROFILE_ARGS="${GPU_CHECK_PROFILE_ARGS:---part mlp --devices 1 --profile-step}"
+
+# The compiler's flags (docs/12): C++20, extended lambdas, Hopper; Kokkos linked statically, so a
+# GPU machine needs only the driver (-lcuda) and libcublas.so.13.
+NVFLAGS=(-std=c++20 -extended-lambda -O2)
+BENCH_FLAGS=(-O3 -DNDEBUG)  # as benchmarks/run gpu builds bench_gpu (figures comparable with its)
+LIBS=(-lkokkoscore -lcublas -lcuda -ldl)
+
+# The programs: name, sources (tests/main.cpp is linked into every suite), the doctest suites
+# each runs. The host forms are the same code on Kokkos's host space, compiled by nvcc_wrapper.
+GPU_SUITES=(tensor_memory_space autodiff_memory_space)
+declare -A SOURCES=(
+  [tensor_memory_space]="tests/tensor/memory_space.cpp"
+  [autodiff_memory_space]="tests/autodiff/memory_space.cpp"
+  [host_forms]="tests/kernels/reduce.cpp tests/kernels/elementwise.cpp tests/collectives/collectives.cpp tests/collectives/region_copy.cpp"
+)
+declare -A TEST_SUITES=(
+  [tensor_memory_space]="tensor_memory_space"
+  [autodiff_memory_space]="autodiff_memory_space"
+  [host_forms]="kernels_reduce,kernels_elementwise,collectives"
+)
+# bench_gpu's parts in `run`: "part devices [extra args]" (full sizes: each part takes seconds).
+BENCH_CASES=(
+  "elementwise 1" "overhead 1" "matmul 1" "matmul 2" "mlp 1" "mlp 8"
+  "reshard 2" "reshard 8" "stencil 1" "stencil 8 --stencil-side 4096"
+)
+
+usage() {
+  sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+}
+die() { echo "$ME: $*" >&2; exit 1; }
+bad_flag() { echo "$ME: $*; see $ME --help" >&2; exit 2; }
+cannot() { echo "$ME: skipped: $*" >&2; exit 77; }
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+# ---- flags -----------------------------------------------------------------------------------
+mode=all
+case "${1:-}" in
+  build | run) mode="$1"; shift ;;
+esac
+kokkos="${SHARDLIB_KOKKOS_CUDA:-}"
+out="$ROOT/build-gpu"
+njobs=2
+arch=90
+profile=0
+host_forms=1
+devices=""
+need_value() { if [ "$#" -lt 2 ] || [ -z "$2" ]; then bad_flag "$1 needs a value"; fi; }
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    -h | --help) usage; exit 0 ;;
+    --kokkos) need_value "$@"; kokkos="$2"; shift 2 ;;
+    --kokkos=*) kokkos="${1#*=}"; shift ;;
+    --out) need_value "$@"; out="$2"; shift 2 ;;
+    --out=*) out="${1#*=}"; shift ;;
+    -j | --jobs) need_value "$@"; njobs="$2"; shift 2 ;;
+    -j*) njobs="${1#-j}"; shift ;;
+    --jobs=*) njobs="${1#*=}"; shift ;;
+    --arch) need_value "$@"; arch="$2"; shift 2 ;;
+    --arch=*) arch="${1#*=}"; shift ;;
+    --no-host-forms) host_forms=0; shift ;;
+    --profile) profile=1; shift ;;
+    --profile-args) need_value "$@"; PROFILE_ARGS="$2"; shift 2 ;;
+    --profile-args=*) PROFILE_ARGS="${1#*=}"; shift ;;
+    --devices) need_value "$@"; devices="$2"; shift 2 ;;
+    --devices=*) devices="${1#*=}"; shift ;;
+    build | run) bad_flag "'$1' must come first" ;;
+    *) bad_flag "unknown flag '$1'" ;;
+  esac
+done
+[[ "$njobs" =~ ^[1-9][0-9]*$ ]] || bad_flag "-j takes a positive number, not '$njobs'"
+[[ "$arch" =~ ^[0-9]+[a-z]?$ ]] || bad_flag "--arch takes a compute capability such as 90, not '$arch'"
+[[ -z "$devices" || "$devices" =~ ^[1-8](,[1-8])*$ ]] || bad_flag "--devices takes counts 1 to 8 such as 1,8, not '$devices'"
+if [ "$mode" = build ] && [ "$profile" = 1 ]; then bad_flag "--profile is for run"; fi
+if [ "$mode" != build ] && [ -z "$kokkos" ] && [ "$mode" = all ]; then
+  bad_flag "--kokkos DIR is needed to build (a Kokkos install configured with -DKokkos_ENABLE_CUDA=ON)"
+fi
+if [ "$mode" = build ] && [ -z "$kokkos" ]; then
+  bad_flag "build needs --kokkos DIR (a Kokkos install configured with -DKokkos_ENABLE_CUDA=ON)"
+fi
+out="$(realpath -m "$out")"
+
+# ---- checks: what this machine can do (one line and exit 77 when it cannot) -------------------
+check_gpu() {
+  command -v nvidia-smi >/dev/null || cannot "no GPU: nvidia-smi is not on the PATH (no NVIDIA driver here)"
+  local list
+  if ! list="$(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader 2>&1)" || [ -z "$list" ]; then
+    cannot "no GPU: nvidia-smi lists none ($(echo "$list" | head -n1))"
+  fi
+  gpu_line="$(echo "$list" | head -n1)"
+}
+
+check_kokkos() {
+  [ -x "$kokkos/bin/nvcc_wrapper" ] || cannot "no nvcc_wrapper: $kokkos/bin/nvcc_wrapper does not exist (--kokkos takes a Kokkos install built with CUDA)"
+  local config="$kokkos/include/KokkosCore_config.h"
+  [ -f "$config" ] || cannot "not a Kokkos install: $config does not exist"
+  grep -q '^#define KOKKOS_ENABLE_CUDA\b' "$config" ||
+    cannot "host-only Kokkos: $config has no KOKKOS_ENABLE_CUDA (configure Kokkos with -DKokkos_ENABLE_CUDA=ON)"
+  libdir=""
+  for d in "$kokkos/lib" "$kokkos/lib64"; do
+    if [ -f "$d/libkokkoscore.a" ]; then libdir="$d"; break; fi
+  done
+  [ -n "$libdir" ] || cannot "no static Kokkos: $kokkos/lib*/libkokkoscore.a does not exist (build Kokkos with -DBUILD_SHARED_LIBS=OFF)"
+  if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
+  command -v nvcc >/dev/null || cannot "no nvcc: nvcc_wrapper needs the CUDA toolkit's nvcc on the PATH"
+}
+
+# ---- build -----------------------------------------------------------------------------------
+# Jobs: PROGRAM_I (the I-th source of a program, compiled), main (tests/main.cpp, compiled),
+# bench_gpu (compiled and linked), link_PROGRAM. Each writes logs/NAME.log and logs/NAME.status
+# ("ok SECONDS" or "failed SECONDS"); `njobs` run at a time.
+job_command() {  # the command of job $1, into the array `cmd`
+  local name="$1" p i srcs
+  case "$name" in
+    main) cmd=("$nv" "${flags[@]}" -c "$ROOT/tests/main.cpp" -o "$obj/main.o") ;;
+    bench_gpu) cmd=("$nv" "${NVFLAGS[@]}" "${BENCH_FLAGS[@]}" -arch="sm_$arch" "${includes[@]}"
+      "$ROOT/benchmarks/gpu.cpp" -o "$out/bench_gpu" -L"$libdir" "${LIBS[@]}") ;;
+    link_*)
+      p="${name#link_}"
+      read -r -a srcs <<<"${SOURCES[$p]}"
+      cmd=("$nv" "${flags[@]}" "$obj/main.o")
+      for i in "${!srcs[@]}"; do cmd+=("$obj/${p}_$i.o"); done
+      cmd+=(-o "$out/${p}_tests" -L"$libdir" "${LIBS[@]}") ;;
+    *)
+      p="${name%_*}" i="${name##*_}"
+      read -r -a srcs <<<"${SOURCES[$p]}"
+      cmd=("$nv" "${flags[@]}" -c "$ROOT/${srcs[$i]}" -o "$obj/$name.o") ;;
+  esac
+}
+
+run_job() {
+  local name="$1" t0 status=ok cmd=()
+  job_command "$name"
+  t0="$(now)"
+  "${cmd[@]}" >"$out/logs/$name.log" 2>&1 || status=failed
+  echo "$status $(since "$t0")" >"$out/logs/$name.status"
+  echo "  $name: $status in $(since "$t0") s"
+}
+
+run_jobs() {  # run_jobs NAME...
+  local name
+  for name in "$@"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$njobs" ]; do wait -n || true; done
+    echo "  $name: started"
+    run_job "$name" &
+  done
+  wait
+}
+
+job_ok() { [ -f "$out/logs/$1.status" ] && [ "$(cut -d' ' -f1 "$out/logs/$1.status")" = ok ]; }
+job_seconds() { cut -d' ' -f2 "$out/logs/$1.status"; }
+
+do_build() {
+  check_kokkos
+  nv="$kokkos/bin/nvcc_wrapper"
+  obj="$out/obj"
+  includes=(-I"$ROOT/include" -I"$kokkos/include" -isystem /usr/include/eigen3)
+  flags=("${NVFLAGS[@]}" -arch="sm_$arch" "${includes[@]}")
+  local t_all p i n srcs programs=("${GPU_SUITES[@]}") order=() late=()
+  t_all="$(now)"
+  rm -rf "$obj" "$out/logs" "$out/manifest.txt"
+  mkdir -p "$obj" "$out/logs" || die "cannot create $obj"
+  [ "$host_forms" = 0 ] || programs+=(host_forms)
+  echo "$ME build: ${programs[*]} and bench_gpu with $nv (sm_$arch), $njobs at a time, into $out"
+
+  # The heaviest first (the GPU suites, then bench_gpu), so that no long one starts last.
+  for p in "${programs[@]}"; do
+    read -r -a srcs <<<"${SOURCES[$p]}"
+    for i in "${!srcs[@]}"; do
+      if [ "$p" = host_forms ]; then late+=("${p}_$i"); else order+=("${p}_$i"); fi
+    done
+  done
+  order+=(bench_gpu "${late[@]}" main)
+  run_jobs "${order[@]}"
+
+  # Links (seconds each), then the manifest: one line per program (kind, name, file, doctest
+  # suites, compile seconds, bytes once stripped).
+  local failed=() built=() ok seconds
+  for n in "${order[@]}"; do job_ok "$n" || failed+=("$n"); done
+  for p in "${programs[@]}"; do
+    read -r -a srcs <<<"${SOURCES[$p]}"
+    ok=1
+    job_ok main || ok=0
+    for i in "${!srcs[@]}"; do job_ok "${p}_$i" || ok=0; done
+    [ "$ok" = 1 ] || continue
+    run_job "link_$p"
+    if job_ok "link_$p"; then built+=("$p"); else failed+=("link_$p"); fi
+  done
+  local commit dirty=""
+  commit="$(git -C "$ROOT" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
+  [ -z "$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null)" ] || dirty=" (with uncommitted changes)"
+  {
+    echo "# scripts/gpu-check.sh build, $(date -Iseconds) on $(hostname): shardlib $commit$dirty"
+    echo "# compiler: $nv ($(nvcc --version | grep -o 'release [0-9.]*' | head -n1)), sm_$arch; Kokkos: $kokkos"
+    echo "# kind name file suites compile-seconds bytes"
+    for p in "${built[@]}"; do
+      read -r -a srcs <<<"${SOURCES[$p]}"
+      seconds=0
+      for i in "${!srcs[@]}"; do seconds="$(awk -v a="$seconds" -v b="$(job_seconds "${p}_$i")" 'BEGIN { print a + b }')"; done
+      strip "$out/${p}_tests"
+      echo "suite $p ${p}_tests ${TEST_SUITES[$p]} $seconds $(stat -c %s "$out/${p}_tests")"
+    done
+    if job_ok bench_gpu; then
+      strip "$out/bench_gpu"
+      echo "bench bench_gpu bench_gpu - $(job_seconds bench_gpu) $(stat -c %s "$out/bench_gpu")"
+    fi
+  } >"$out/manifest.txt"
+  rm -rf "$obj"  # hundreds of MB; the stripped programs are what a GPU machine needs
+
+  echo "$ME build: $(since "$t_all") s (main.cpp $(job_seconds main) s of it); in $out:"
+  awk '!/^#/ { printf "  %-28s %5.0f s to compile, %5.1f MB\n", $3, $5, $6 / 1e6 }' "$out/manifest.txt"
+  if [ "${#failed[@]}" -gt 0 ]; then
+    for n in "${failed[@]}"; do
+      echo "$ME build: $n failed; from $out/logs/$n.log:" >&2
+      grep -m 20 'error' "$out/logs/$n.log" >&2 || tail -n 20 "$out/logs/$n.log" >&2
+    done
+    exit 1
+  fi
+}
+
+# ---- run -------------------------------------------------------------------------------------
+do_run() {
+  check_gpu
+  local manifest="$out/manifest.txt"
+  [ -f "$manifest" ] || die "nothing built in $out (no manifest.txt): run $ME build --kokkos DIR --out $out first"
+  local built_arch cap
+  built_arch="$(grep -o 'sm_[0-9]*[a-z]\?' "$manifest" | head -n1)"
+  cap="$(echo "$gpu_line" | awk -F', *' '{ print $NF }' | tr -d .)"
+  if [ -n "$built_arch" ] && [ "sm_$cap" != "$built_arch" ]; then
+    cannot "the programs in $out were built for $built_arch; this GPU ($gpu_line) is sm_$cap: build with --arch $cap"
+  fi
+  # libcublas: the CUDA toolkit's lib64 when the loader does not know it.
+  if [ -d /usr/local/cuda/lib64 ]; then export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
+  local kind name file suites rest missing
+  while read -r kind name file suites rest; do
+    case "$kind" in suite | bench) ;; *) continue ;; esac
+    [ -x "$out/$file" ] || die "$out/$file is listed in the manifest but missing"
+    missing="$(ldd "$out/$file" 2>/dev/null | awk '/not found/ { print $1 }' | tr '\n' ' ')"
+    [ -z "$missing" ] || cannot "$file needs ${missing% } (not found; is the CUDA toolkit's lib64 on LD_LIBRARY_PATH?)"
+  done <"$manifest"
+
+  local res="$out/results" t_all failures=0
+  t_all="$(now)"
+  rm -rf "$res"
+  mkdir -p "$res"
+  echo "$ME run: on $gpu_line; $(head -n1 "$manifest" | sed 's/^# scripts\/gpu-check.sh //')"
+
+  # The suites (each loops over 1 to 8 virtual devices itself; SHARDLIB_TEST_DEVICES picks).
+  local t0 rc
+  while read -r kind name file suites rest; do
+    [ "$kind" = suite ] || continue
+    t0="$(now)"
+    echo "[suite] $name (${devices:-every device count}) ..."
+    rc=0
+    env ${devices:+SHARDLIB_TEST_DEVICES="$devices"} timeout 150 "$out/$file" --test-suite="$suites" --no-version \
+      --no-colors >"$res/$name.log" 2>&1 || rc=$?
+    echo "$name $rc $(since "$t0")" >>"$res/suites.txt"
+    [ "$rc" = 0 ] || failures=$((failures + 1))
+    echo "        $(grep -E '^\[doctest\] (test cases|assertions)' "$res/$name.log" | tr -s ' ' | paste -sd ';' -), exit $rc, $(since "$t0") s"
+  done <"$manifest"
+
+  # bench_gpu's parts, one process each; JSON records to records.jsonl.
+  local bench
+  bench="$(awk '$1 == "bench" { print $3 }' "$manifest")"
+  if [ -n "$bench" ]; then
+    local i=0 c part dev extra
+    for c in "${BENCH_CASES[@]}"; do
+      i=$((i + 1))
+      read -r part dev extra <<<"$c"
+      t0="$(now)"
+      rc=0
+      # shellcheck disable=SC2086  # extra: the case's own flags
+      timeout 120 "$out/$bench" --backend threads --devices "$dev" --part "$part" $extra \
+        >"$res/bench_${part}_$dev.out" 2>"$res/bench_${part}_$dev.log" || rc=$?
+      grep '^{' "$res/bench_${part}_$dev.out" >>"$res/records.jsonl" || true
+      echo "bench $part $dev $rc $(since "$t0")" >>"$res/bench.txt"
+      [ "$rc" = 0 ] || failures=$((failures + 1))
+      echo "[bench ${i}/${#BENCH_CASES[@]}] $part on $dev device(s): $(grep -c '^{' "$res/bench_${part}_$dev.out") records, exit $rc, $(since "$t0") s"
+    done
+    # The PyTorch peer: the same figures in PyTorch eager on the same GPU.
+    t0="$(now)"
+    if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
+      echo "[peer] PyTorch: elementwise, matmul, MLP block ..."
+      rc=0
+      timeout 120 python3 "$ROOT/benchmarks/peers/torch_gpu.py" >"$res/torch.out" 2>"$res/torch.log" || rc=$?
+      grep '^{' "$res/torch.out" >>"$res/records.jsonl" || true
+      echo "        $(grep -c '^{' "$res/torch.out") records, exit $rc, $(since "$t0") s"
+      [ "$rc" = 0 ] || echo "peer torch failed (exit $rc): see $res/torch.log" >>"$res/notes.txt"
+    else
+      echo "peer torch: not run (python3 cannot import torch with CUDA here)" >>"$res/notes.txt"
+    fi
+  fi
+
+  # --profile: one step under Nsight Compute (kernel times), and its wall time without it.
+  if [ "$profile" = 1 ]; then
+    if [ -z "$bench" ]; then
+      echo "profile: not run (no bench_gpu in $out)" >>"$res/notes.txt"
+    elif ! command -v ncu >/dev/null; then
+      echo "profile: not run (ncu, Nsight Compute's command line, is not on the PATH)" >>"$res/notes.txt"
+    else
+      t0="$(now)"
+      echo "[profile] $bench $PROFILE_ARGS: its wall time, then under ncu ..."
+      local pargs
+      read -r -a pargs <<<"$PROFILE_ARGS"
+      rc=0
+      timeout 120 "$out/$bench" --backend threads "${pargs[@]}" >"$res/profile_wall.out" 2>"$res/profile_wall.log" || rc=$?
+      if [ "$rc" = 0 ]; then
+        timeout 300 ncu --metrics gpu__time_duration.sum --kernel-name-base demangled --profile-from-start off \
+          -f -o "$res/profile" "$out/$bench" --backend threads "${pargs[@]}" >"$res/profile_ncu.log" 2>&1 || rc=$?
+      fi
+      if [ "$rc" = 0 ]; then
+        ncu --import "$res/profile.ncu-rep" --print-summary per-kernel --kernel-name-base demangled \
+          --metrics gpu__time_duration.sum >"$res/profile_summary.txt" 2>&1 || rc=$?
+        ncu --import "$res/profile.ncu-rep" --csv --page raw --kernel-name-base demangled \
+          --metrics gpu__time_duration.sum >"$res/profile_kernels.csv" 2>&1 || rc=$?
+      fi
+      echo "        exit $rc, $(since "$t0") s"
+      [ "$rc" = 0 ] || echo "profile: failed (exit $rc): see $res/profile_*.log" >>"$res/notes.txt"
+    fi
+  fi
+
+  since "$t_all" >"$res/seconds.txt"
+  python3 "$ROOT/scripts/gpu_check_summary.py" "$out" || failures=$((failures + 1))
+  [ "$failures" = 0 ] || exit 1
+}
+
+case "$mode" in
+  build) do_build ;;
+  run) do_run ;;
+  all)
+    check_kokkos
+    check_gpu
+    do_build
+    do_run
+    ;;
+esac
