@@ -12,13 +12,14 @@
 #   scripts/gpu-check.sh run [--out OUT] [--profile] [--profile-args 'ARGS'] [--devices LIST]
 #       On a machine with an NVIDIA GPU (no Kokkos, MPI or network needed: only the driver and
 #       libcublas), runs what `build` made: each suite on 1 to 8 virtual devices (in-process
-#       devices, a CUDA stream each; --devices 1,8 picks counts), bench_gpu's parts in short
-#       configurations and the same figures in PyTorch when it is installed (its peer,
-#       benchmarks/peers/torch_gpu.py); then prints one summary: cases and checks passed per suite,
-#       each GPU goal of benchmarks/harness/goals.py met or short, ours beside PyTorch, the wall
-#       time. --profile adds Nsight Compute's per-kernel time of one training-like step (ncu
-#       --metrics gpu__time_duration.sum --print-summary per-kernel) and the step's time outside
-#       kernels. Records and logs go to OUT/results/. About a minute on an H100.
+#       devices, a CUDA stream each; --devices 1,8 picks the suites' counts), bench_gpu's parts
+#       (1, 2 or 8 devices each), the same figures in PyTorch eager when python3 has torch (its
+#       peer, benchmarks/peers/torch_gpu.py); then prints one summary: cases and checks passed per
+#       suite, each GPU goal of benchmarks/harness/goals.py met or short, ours beside PyTorch, the
+#       wall time. --profile adds Nsight Compute's per-kernel time of one training-like step
+#       (ncu --metrics gpu__time_duration.sum, its --print-summary per-kernel kept beside) and the
+#       step's time outside kernels; --profile-args gives bench_gpu's arguments for that step
+#       (PROFILE_ARGS below). Records and logs go to OUT/results/. About 40 s on an H100.
 #   scripts/gpu-check.sh --kokkos DIR [--profile] ...
 #       Both: build, then run (on a machine that has the GPU and the Kokkos).
 #
@@ -37,7 +38,8 @@ PROFILE_ARGS="${GPU_CHECK_PROFILE_ARGS:---part mlp --devices 1 --profile-step}"
 
 # The compiler's flags (docs/12): C++20, extended lambdas, Hopper; Kokkos linked statically, so a
 # GPU machine needs only the driver (-lcuda) and libcublas.so.13.
-NVFLAGS=(-std=c++20 -extended-lambda -O2)
+NVFLAGS=(-std=c++20 -extended-lambda)
+TEST_FLAGS=(-O2)
 BENCH_FLAGS=(-O3 -DNDEBUG)  # as benchmarks/run gpu builds bench_gpu (figures comparable with its)
 LIBS=(-lkokkoscore -lcublas -lcuda -ldl)
 
@@ -191,7 +193,7 @@ do_build() {
   nv="$kokkos/bin/nvcc_wrapper"
   obj="$out/obj"
   includes=(-I"$ROOT/include" -I"$kokkos/include" -isystem /usr/include/eigen3)
-  flags=("${NVFLAGS[@]}" -arch="sm_$arch" "${includes[@]}")
+  flags=("${NVFLAGS[@]}" "${TEST_FLAGS[@]}" -arch="sm_$arch" "${includes[@]}")
   local t_all p i n srcs programs=("${GPU_SUITES[@]}") order=() late=()
   t_all="$(now)"
   rm -rf "$obj" "$out/logs" "$out/manifest.txt"
@@ -275,6 +277,8 @@ do_run() {
     [ -z "$missing" ] || cannot "$file needs ${missing% } (not found; is the CUDA toolkit's lib64 on LD_LIBRARY_PATH?)"
   done <"$manifest"
 
+  # bench_gpu's host GEMM warning (no OpenBLAS in an nvcc build) says nothing about the GPU.
+  export SHARDLIB_NO_BLAS_WARNING=1
   local res="$out/results" t_all failures=0
   t_all="$(now)"
   rm -rf "$res"
@@ -288,11 +292,13 @@ do_run() {
     t0="$(now)"
     echo "[suite] $name (${devices:-every device count}) ..."
     rc=0
-    env ${devices:+SHARDLIB_TEST_DEVICES="$devices"} timeout 150 "$out/$file" --test-suite="$suites" --no-version \
-      --no-colors >"$res/$name.log" 2>&1 || rc=$?
+    env ${devices:+SHARDLIB_TEST_DEVICES="$devices"} timeout 120 "$out/$file" --test-suite="$suites" --no-version \
+      --no-colors </dev/null >"$res/$name.log" 2>&1 || rc=$?
     echo "$name $rc $(since "$t0")" >>"$res/suites.txt"
     [ "$rc" = 0 ] || failures=$((failures + 1))
-    echo "        $(grep -E '^\[doctest\] (test cases|assertions)' "$res/$name.log" | tr -s ' ' | paste -sd ';' -), exit $rc, $(since "$t0") s"
+    echo "        $(awk '/^\[doctest\] test cases:/ { c = $6 " of " $4 " cases passed" }
+      /^\[doctest\] assertions:/ { a = $5 " of " $3 " checks" } END { print (c ? c ", " a : "no doctest totals") }' \
+      "$res/$name.log"), exit $rc, $(since "$t0") s"
   done <"$manifest"
 
   # bench_gpu's parts, one process each; JSON records to records.jsonl.
@@ -306,8 +312,8 @@ do_run() {
       t0="$(now)"
       rc=0
       # shellcheck disable=SC2086  # extra: the case's own flags
-      timeout 120 "$out/$bench" --backend threads --devices "$dev" --part "$part" $extra \
-        >"$res/bench_${part}_$dev.out" 2>"$res/bench_${part}_$dev.log" || rc=$?
+      timeout 60 "$out/$bench" --backend threads --devices "$dev" --part "$part" $extra \
+        </dev/null >"$res/bench_${part}_$dev.out" 2>"$res/bench_${part}_$dev.log" || rc=$?
       grep '^{' "$res/bench_${part}_$dev.out" >>"$res/records.jsonl" || true
       echo "bench $part $dev $rc $(since "$t0")" >>"$res/bench.txt"
       [ "$rc" = 0 ] || failures=$((failures + 1))
@@ -318,7 +324,7 @@ do_run() {
     if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
       echo "[peer] PyTorch: elementwise, matmul, MLP block ..."
       rc=0
-      timeout 120 python3 "$ROOT/benchmarks/peers/torch_gpu.py" >"$res/torch.out" 2>"$res/torch.log" || rc=$?
+      timeout 90 python3 "$ROOT/benchmarks/peers/torch_gpu.py" >"$res/torch.out" 2>"$res/torch.log" || rc=$?
       grep '^{' "$res/torch.out" >>"$res/records.jsonl" || true
       echo "        $(grep -c '^{' "$res/torch.out") records, exit $rc, $(since "$t0") s"
       [ "$rc" = 0 ] || echo "peer torch failed (exit $rc): see $res/torch.log" >>"$res/notes.txt"
@@ -329,9 +335,13 @@ do_run() {
 
   # --profile: one step under Nsight Compute (kernel times), and its wall time without it.
   if [ "$profile" = 1 ]; then
+    local ncu="" c
+    for c in "$(command -v ncu || true)" /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do
+      if [ -n "$c" ] && [ -x "$c" ]; then ncu="$c"; break; fi
+    done
     if [ -z "$bench" ]; then
       echo "profile: not run (no bench_gpu in $out)" >>"$res/notes.txt"
-    elif ! command -v ncu >/dev/null; then
+    elif [ -z "$ncu" ]; then
       echo "profile: not run (ncu, Nsight Compute's command line, is not on the PATH)" >>"$res/notes.txt"
     else
       t0="$(now)"
@@ -339,16 +349,14 @@ do_run() {
       local pargs
       read -r -a pargs <<<"$PROFILE_ARGS"
       rc=0
-      timeout 120 "$out/$bench" --backend threads "${pargs[@]}" >"$res/profile_wall.out" 2>"$res/profile_wall.log" || rc=$?
+      timeout 60 "$out/$bench" --backend threads "${pargs[@]}" >"$res/profile_wall.out" 2>"$res/profile_wall.log" || rc=$?
       if [ "$rc" = 0 ]; then
-        timeout 300 ncu --metrics gpu__time_duration.sum --kernel-name-base demangled --profile-from-start off \
+        timeout 120 "$ncu" --metrics gpu__time_duration.sum --kernel-name-base demangled --profile-from-start off \
           -f -o "$res/profile" "$out/$bench" --backend threads "${pargs[@]}" >"$res/profile_ncu.log" 2>&1 || rc=$?
       fi
-      if [ "$rc" = 0 ]; then
-        ncu --import "$res/profile.ncu-rep" --print-summary per-kernel --kernel-name-base demangled \
-          --metrics gpu__time_duration.sum >"$res/profile_summary.txt" 2>&1 || rc=$?
-        ncu --import "$res/profile.ncu-rep" --csv --page raw --kernel-name-base demangled \
-          --metrics gpu__time_duration.sum >"$res/profile_kernels.csv" 2>&1 || rc=$?
+      if [ "$rc" = 0 ]; then  # ncu's own per-kernel summary, and each launch as CSV for the summary
+        "$ncu" --import "$res/profile.ncu-rep" --print-summary per-kernel >"$res/profile_summary.txt" 2>&1 || rc=$?
+        "$ncu" --import "$res/profile.ncu-rep" --csv >"$res/profile_kernels.csv" 2>&1 || rc=$?
       fi
       echo "        exit $rc, $(since "$t0") s"
       [ "$rc" = 0 ] || echo "profile: failed (exit $rc): see $res/profile_*.log" >>"$res/notes.txt"

@@ -83,29 +83,42 @@ def short_kernel(name):
 
 
 def ncu_kernels(text):
-    """[(kernel name, seconds)] per launch from `ncu --import R --csv --page raw --metrics
-    gpu__time_duration.sum`: a header row, a units row, a row per launch."""
+    """[(kernel name, seconds)] per launch from an `ncu --csv` export of gpu__time_duration.sum:
+    its details page (a row per launch and metric: "Kernel Name", "Metric Name", "Metric Unit",
+    "Metric Value") or its raw page (a header row, a units row, a row per launch)."""
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
     if start is None:
         return []
     rows = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
     header = rows[0]
-    try:
-        name_col = header.index("Kernel Name")
-        time_col = header.index("gpu__time_duration.sum")
-    except ValueError:
+    if "Kernel Name" not in header:
         return []
-    body = rows[1:]
-    scale = 1e-9
-    if body and not re.match(r"^[\d.,]+$", body[0][time_col] or "x"):  # the units row
-        scale = UNITS.get(body[0][time_col].strip(), 1e-9)
-        body = body[1:]
+    name_col = header.index("Kernel Name")
+
+    def seconds(value, unit):
+        return float(value.replace(",", "")) * UNITS.get(unit.strip(), 1e-9)
+
     out = []
+    if "Metric Name" in header and "Metric Value" in header:  # the details page
+        m, u, v = header.index("Metric Name"), header.index("Metric Unit"), header.index("Metric Value")
+        for r in rows[1:]:
+            if len(r) > max(m, u, v, name_col) and r[m] == "gpu__time_duration.sum":
+                try:
+                    out.append((r[name_col], seconds(r[v], r[u])))
+                except ValueError:
+                    pass
+        return out
+    if "gpu__time_duration.sum" not in header:
+        return []
+    col = header.index("gpu__time_duration.sum")
+    body, unit = rows[1:], "nsecond"
+    if body and len(body[0]) > col and not re.match(r"^[\d.,]+$", body[0][col] or "x"):  # the units row
+        unit, body = body[0][col], body[1:]
     for r in body:
-        if len(r) > max(name_col, time_col):
+        if len(r) > max(name_col, col):
             try:
-                out.append((r[name_col], float(r[time_col].replace(",", "")) * scale))
+                out.append((r[name_col], seconds(r[col], unit)))
             except ValueError:
                 pass
     return out

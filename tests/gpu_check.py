@@ -128,6 +128,14 @@ def check_summary(tmp):
                  "[met] bf16 MLP block at large sizes", "ours/torch 0.50", "portable::FlatKernel (Kokkos ParallelFor)",
                  "kernels 150.0 us (2 launches); outside kernels 50.0 us (25% of the step)", "run: 61 s; FAILED"):
         assert want in text, f"{want!r} missing from the summary:\n{text}"
+    # ncu's details page (what `run --profile` exports): a row per launch and metric, units per row.
+    details = os.path.join(tmp, "details.csv")
+    with open(details, "w") as f:
+        f.write('==PROF== Connected to process\n"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"\n'
+                '"0","void k<int>(int)","Command line profiler metrics","gpu__time_duration.sum","usecond","1,234.5"\n'
+                '"1","void k<int>(int)","Command line profiler metrics","gpu__time_duration.sum","nsecond","500"\n')
+    r = subprocess.run([sys.executable, SUMMARY, "--ncu-csv", details], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "total 1235.0 us in 2 launches" in r.stdout, r.stdout + r.stderr
     # The torch record is a peer's: it does not count for our goals.
     assert "[met] bf16 MLP block at large sizes (1 device), of the GPU's bf16 peak: goal >= 0.50; measured 0.556" in text, text
     print("ok: the summary")
