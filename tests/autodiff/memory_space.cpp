@@ -275,6 +275,90 @@ void check_syncs(sl::Context& ctx) {
   CHECK(w1.value().to_host().size() == 48);
 }
 
+/// The one-launch backward of layer_norm and rms_norm over whole rows (NormBackwardRows, a team
+/// per row: the device form) on a host instance, against the two-kernel form (NormBackwardSums
+/// and NormBackwardApply, a row per work item), on the same blocks.
+void check_norm_backward_rows(sl::Context& ctx) {
+  namespace ad = sl::autodiff::detail;
+  if (ctx.device() != 0) return;  // local kernels only
+  const std::int64_t rows = 37, n = 50;
+  auto data = [&](std::uint64_t seed) {
+    std::vector<double> v(static_cast<std::size_t>(rows * n));
+    std::uint64_t x = seed;
+    for (auto& e : v) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      e = static_cast<double>(x >> 11) / 9007199254740992.0 * 2 - 1;
+    }
+    return v;
+  };
+  const auto x = data(1), g = data(2);
+  for (const bool layer : {true, false}) {
+    std::vector<double> y(x.size()), one(x.size()), two(x.size()), st(static_cast<std::size_t>(rows * 4));
+    for (std::int64_t r = 0; r < rows; ++r) {  // the forward, row by row
+      double m = 0, q = 0;
+      for (std::int64_t j = 0; j < n; ++j) m += x[static_cast<std::size_t>(r * n + j)], q += x[static_cast<std::size_t>(r * n + j)] * x[static_cast<std::size_t>(r * n + j)];
+      const double mu = layer ? m / n : 0, inv = 1 / std::sqrt((layer ? q / n - mu * mu : q / n) + 1e-5);
+      for (std::int64_t j = 0; j < n; ++j) y[static_cast<std::size_t>(r * n + j)] = (x[static_cast<std::size_t>(r * n + j)] - mu) * inv;
+    }
+    ad::norm_backward_rows(ctx.exec(), x.data(), y.data(), g.data(), one.data(), rows, n, double(n), 1e-5, layer);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      ad::NormBackwardSums<double>{x.data(), y.data(), g.data(), st.data(), n, 1, layer}(r);
+      ad::NormBackwardApply<double>{y.data(), g.data(), st.data(), two.data(), n, 1, double(n), 1e-5, layer}(r);
+    }
+    double worst = 0;
+    for (std::size_t i = 0; i < one.size(); ++i) worst = std::max(worst, std::abs(one[i] - two[i]));
+    CHECK_MESSAGE(worst < 1e-12, (layer ? "layer_norm" : "rms_norm") << ": " << worst);
+  }
+}
+
+/// softmax's one-launch backward over whole rows (SoftmaxBackwardRows, the device form) on a host
+/// instance, against scale y (g - sum(g y)) in double.
+void check_softmax_backward_rows(sl::Context& ctx) {
+  namespace ad = sl::autodiff::detail;
+  if (ctx.device() != 0) return;  // local kernels only
+  const std::int64_t rows = 23, n = 41;
+  std::vector<double> y(static_cast<std::size_t>(rows * n)), g(y.size()), got(y.size());
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    y[i] = 0.01 * static_cast<double>((i * 37) % 97);
+    g[i] = 0.1 * static_cast<double>((i * 53) % 31) - 1.5;
+  }
+  for (const double scale : {1.0, 0.125}) {
+    ad::softmax_backward_rows(ctx.exec(), y.data(), g.data(), got.data(), rows, n, scale);
+    double worst = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      double s = 0;
+      for (std::int64_t j = 0; j < n; ++j) s += g[static_cast<std::size_t>(r * n + j)] * y[static_cast<std::size_t>(r * n + j)];
+      for (std::int64_t j = 0; j < n; ++j) {
+        const auto k = static_cast<std::size_t>(r * n + j);
+        worst = std::max(worst, std::abs(got[k] - scale * y[k] * (g[k] - s)));
+      }
+    }
+    CHECK_MESSAGE(worst < 1e-12, "scale " << scale << ": " << worst);
+  }
+}
+
+/// The GPU's column sums of a gradient over its leading dims (SumRowsPartKernel, then
+/// SumPartsKernel: partial sums over row ranges) on a host instance, against SumRowsKernel's.
+void check_sum_rows_parts(sl::Context& ctx) {
+  namespace ad = sl::autodiff::detail;
+  if (ctx.device() != 0) return;  // local kernels only
+  for (const std::int64_t m : {1, 7, 300}) {
+    const std::int64_t n = 37;
+    std::vector<float> g(static_cast<std::size_t>(m * n));
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>((i * 7919) % 17) - 8.f;
+    for (const std::int64_t parts : {std::int64_t{1}, std::int64_t{3}, m}) {
+      const std::int64_t each = (m + parts - 1) / parts;
+      std::vector<float> partial(static_cast<std::size_t>(parts * n)), got(static_cast<std::size_t>(n)), want(got.size());
+      for (std::int64_t i = 0; i < parts * n; ++i) ad::SumRowsPartKernel<float>{partial.data(), g.data(), n, m, each}(i);
+      for (std::int64_t k = 0; k < n; ++k) ad::SumPartsKernel<float>{got.data(), partial.data(), n, parts}(k);
+      for (std::int64_t k = 0; k < n; ++k) ad::SumRowsKernel<float, 1>{want.data(), g.data(), n, m}(k);
+      CAPTURE(m);
+      CAPTURE(parts);
+      CHECK(got == want);  // integers: the sums are exact in any order
+    }
+  }
+}
+
 // ---- attention and a transformer layer ------------------------------------------------------------
 
 template <class T, class Space>
@@ -290,32 +374,36 @@ double relative_max(const std::vector<float>& got, const std::vector<float>& wan
   return d / std::max(m, 1e-30);
 }
 
+/// attention of bf16 (or float) operands in `Space` with `kernel`: the output and q's, k's and v's
+/// gradients of sum(float(o) w), as float on the host.
+template <class T, class Space>
+std::vector<std::vector<float>> attention_run(const M2& mesh, bool causal, bool masked, sl::AttentionKernel kernel) {
+  const std::int64_t B = 2, S = 64, H = 4, K = 64;
+  using F4 = T4<float, Space>;
+  sl::Param q(T4<T, Space>(sl::cast<T>(F4::random(mesh, {B, S, H, K}, 1, -1.f, 1.f))));
+  sl::Param k(T4<T, Space>(sl::cast<T>(F4::random(mesh, {B, S, H, K}, 2, -1.f, 1.f))));
+  sl::Param v(T4<T, Space>(sl::cast<T>(F4::random(mesh, {B, S, H, K}, 3, -1.f, 1.f))));
+  const auto w = F4::random(mesh, {B, S, H, K}, 4, -1.f, 1.f);
+  const auto mask = sl::cast<T>(sl::DistributedTensor<float, M2, Rep, Space>::random(mesh, {S, S}, 5, -1.f, 1.f));
+  const sl::AttentionOptions o{.causal = causal, .kernel = kernel};
+  auto out = masked ? sl::attention(q, k, v, mask, o) : sl::attention(q, k, v, o);
+  sl::backward(sl::sum_all(sl::cast<float>(out) * w));
+  return {sl::cast<float>(out.value()).to_host(), sl::cast<float>(q.grad()).to_host(), sl::cast<float>(k.grad()).to_host(),
+          sl::cast<float>(v.grad()).to_host()};
+}
+
 /// attention in `Mem` on bf16 operands (cuDNN's fused kernel where the build and the machine have
 /// it) against the ops' form in float32 on host memory: the output and q's, k's and v's gradients.
 void check_attention(sl::Context& ctx) {
   const M2 mesh = mesh_of(ctx);
-  const std::int64_t B = 2, S = 64, H = 4, K = 64;
   for (const bool causal : {false, true}) {
     for (const bool masked : {false, true}) {
       const std::string what = std::to_string(ctx.num_devices()) + " devices, causal " + std::to_string(causal) +
                                ", mask " + std::to_string(masked);
-      auto run = [&]<class T, class Space>(std::type_identity<T>, std::type_identity<Space>, sl::AttentionKernel kernel) {
-        using F4 = T4<float, Space>;
-        sl::Param q(T4<T, Space>(sl::cast<T>(F4::random(mesh, {B, S, H, K}, 1, -1.f, 1.f))));
-        sl::Param k(T4<T, Space>(sl::cast<T>(F4::random(mesh, {B, S, H, K}, 2, -1.f, 1.f))));
-        sl::Param v(T4<T, Space>(sl::cast<T>(F4::random(mesh, {B, S, H, K}, 3, -1.f, 1.f))));
-        const auto w = F4::random(mesh, {B, S, H, K}, 4, -1.f, 1.f);
-        const auto mask = sl::cast<T>(sl::DistributedTensor<float, M2, Rep, Space>::random(mesh, {S, S}, 5, -1.f, 1.f));
-        const sl::AttentionOptions o{.causal = causal, .kernel = kernel};
-        auto out = masked ? sl::attention(q, k, v, mask, o) : sl::attention(q, k, v, o);
-        sl::backward(sl::sum_all(sl::cast<float>(out) * w));
-        auto host = [](const auto& t) { return sl::cast<float>(t).to_host(); };
-        return std::vector<std::vector<float>>{host(out.value()), host(q.grad()), host(k.grad()), host(v.grad())};
-      };
       const auto before = sl::attention_stats(ctx);
-      const auto got = run(std::type_identity<sl::bf16>{}, std::type_identity<Mem>{}, sl::AttentionKernel::automatic);
+      const auto got = attention_run<sl::bf16, Mem>(mesh, causal, masked, sl::AttentionKernel::automatic);
       const auto after = sl::attention_stats(ctx);
-      const auto want = run(std::type_identity<float>{}, std::type_identity<Kokkos::HostSpace>{}, sl::AttentionKernel::unfused);
+      const auto want = attention_run<float, Kokkos::HostSpace>(mesh, causal, masked, sl::AttentionKernel::unfused);
       const char* names[] = {"output", "q's gradient", "k's gradient", "v's gradient"};
       for (int i = 0; i < 4; ++i) {
         const double r = relative_max(got[static_cast<std::size_t>(i)], want[static_cast<std::size_t>(i)]);
@@ -421,6 +509,15 @@ TEST_SUITE("autodiff_memory_space") {
     on_devices(check_cross_entropy_device_form);
   }
   TEST_CASE("check_finite on gradients in the default execution space's memory") { on_devices(check_finite); }
+  TEST_CASE("layer_norm's and rms_norm's one-launch backward (a team per row) against the two-kernel form, on the host") {
+    sl::test::for_each_run(check_norm_backward_rows, {1});
+  }
+  TEST_CASE("a bias's gradient summed over rows in two launches (the GPU's form) against one, on the host") {
+    sl::test::for_each_run(check_sum_rows_parts, {1});
+  }
+  TEST_CASE("softmax's one-launch backward (a team per row, the GPU's form) against the formula, on the host") {
+    sl::test::for_each_run(check_softmax_backward_rows, {1});
+  }
   TEST_CASE("a training step on tensors in the default execution space's memory waits for no GPU stream") {
     on_devices(check_syncs);
   }

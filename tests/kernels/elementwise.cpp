@@ -2,14 +2,18 @@
 // The GPU's dense elementwise path (kernels::detail::elementwise_vectors: 16 bytes per load and
 // store), run here on a host instance against the scalar functor: every length's tail, every
 // misalignment (which it refuses, leaving the output alone), 16-bit, 32- and 64-bit elements and
-// mixed input types.
+// mixed input types; and the GPU's strided form (a team per row, elementwise_strided_teams) against
+// the host's row form, on broadcasting and transposed inputs.
 #include <doctest/doctest.h>
 #include <shardlib/kernels/elementwise.hpp>
 #include <shardlib/half.hpp>
 #include <shardlib/ops/elementwise.hpp>
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace k = shardlib::kernels;
@@ -94,6 +98,26 @@ TEST_SUITE("kernels_elementwise") {
     for (std::size_t e = 0; e < x.size(); ++e) {
       REQUIRE(float(y[e]) == float(bf16(fn::gelu{}(float(x[e])))));
       REQUIRE(z[e] == float(x[e]));
+    }
+  }
+
+  TEST_CASE("the GPU's strided form (a team per row) gives the row form's values: broadcasts and transposes") {
+    std::mt19937_64 g(11);
+    const std::array<I64, 3> ext{5, 7, 40};
+    const auto x = values<float>(g, 5 * 7 * 40);
+    const auto row = values<float>(g, 40);   // [40] broadcast over the leading dims (a bias)
+    const auto col = values<float>(g, 5 * 7);  // [5, 7, 1] broadcast along the row
+    const auto t = values<float>(g, 40 * 7 * 5);  // [40, 7, 5] read transposed
+    const k::Strided<float, 3> sx{x.data(), {280, 40, 1}}, srow{row.data(), {0, 0, 1}}, scol{col.data(), {7, 1, 0}},
+        st{t.data(), {1, 5, 35}};
+    auto three = [](float a, float b, float c) { return a * b + c; };
+    std::vector<float> want(x.size()), got(x.size(), -1.f);
+    for (auto [a, b] : {std::pair{sx, srow}, std::pair{scol, st}, std::pair{st, srow}}) {
+      k::elementwise(exec, want.data(), ext, three, a, b, sx);  // the host's row form
+      kd::elementwise_strided_teams(exec, got.data(), ext, 35, three, std::index_sequence_for<float, float, float>{}, a,
+                                    b, sx);
+      CHECK(got == want);
+      std::fill(got.begin(), got.end(), -1.f);
     }
   }
 }

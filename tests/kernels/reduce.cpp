@@ -450,6 +450,24 @@ TEST_SUITE("kernels_reduce") {
     }
   }
 
+  TEST_CASE("row sums with a team per row (the GPU's form for contiguous rows) give ReduceDimKernel's") {
+    namespace p = k::detail::portable;
+    std::mt19937_64 g(67);
+    for (const std::int64_t n : {1, 31, 32, 100, 777})
+      for (const std::int64_t rows : {1, 5, 64}) {
+        // integers: exact whatever the order of the sums
+        std::vector<double> x(static_cast<std::size_t>(rows * n));
+        for (auto& v : x) v = static_cast<double>(static_cast<int>(g() % 21) - 10);
+        std::vector<double> got(static_cast<std::size_t>(rows), -1), want(got.size(), -2);
+        p::row_sums_teams(exec, x.data(), got.data(), rows, n);
+        for (std::int64_t r = 0; r < rows; ++r)
+          p::ReduceDimKernel<double, double, k::ReduceKind::sum>{x.data(), want.data(), n, 1, 0.0}(r);
+        CAPTURE(n);
+        CAPTURE(rows);
+        CHECK(got == want);
+      }
+  }
+
   TEST_CASE("rows_fused (a team per row, one launch) gives what the stats and apply kernels give") {
     // The GPU's kernel for whole contiguous rows, run here on a host instance (a thread per team),
     // against detail::portable's stats and apply kernels on the same rows: softmax and

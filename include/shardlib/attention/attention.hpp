@@ -18,7 +18,7 @@
 /// [S, S] scores in memory; kernels/cudnn_attention.hpp), when the program is built with
 /// SHARDLIB_HAVE_CUDNN and cuDNN 9 loads at run time. Otherwise — on the host, in float32, or when
 /// cuDNN is missing or refuses a shape (then with a one-time warning naming why) — the same
-/// function from the ops: `softmax<3>(einsum(q, k) * scale + mask) ` then an einsum with v, whose
+/// function from the ops: `softmax<3>(einsum(q, k) + mask / scale, scale)` then an einsum with v, whose
 /// gradients are those ops' rules. `AttentionOptions::kernel` picks one (tests, benchmarks).
 /// `attention_stats(ctx)` counts which ran.
 ///
@@ -176,12 +176,14 @@ auto attention_bias(const MeshT& mesh, std::int64_t sq, std::int64_t sk, bool ca
   return bias;
 }
 
-/// The unfused form: softmax<3>(scale q k^T + bias) v, with the ops (on tensors or Vars).
+/// The unfused form: softmax<3>(scale q k^T + bias) v, with the ops (on tensors or Vars), as
+/// softmax<3>(q k^T + bias / scale, scale): the scale is the softmax's own (one pass over the
+/// [B, H, Sq, Sk] scores fewer each way, forward and backward), the bias divided once.
 template <class Q, class K, class V, class Bias>
 auto attention_composed(const Q& q, const K& k, const V& v, double scale, const Bias& bias) {
   using T = typename autodiff::detail::tensor_of_t<Q>::value_type;
   auto s = shardlib::einsum<"bqhk,bshk->bhqs">(q, k);
-  if (bias) return shardlib::einsum<"bhqs,bshk->bqhk">(shardlib::softmax<3>(s * static_cast<T>(scale) + *bias), v);
+  if (bias) return shardlib::einsum<"bhqs,bshk->bqhk">(shardlib::softmax<3>(s + *bias * static_cast<T>(1.0 / scale), scale), v);
   return shardlib::einsum<"bhqs,bshk->bqhk">(shardlib::softmax<3>(s, scale), v);
 }
 
@@ -260,7 +262,7 @@ void attention_unfused_backward(const QT& q, const KT& k, const VT& v, const Bia
                                 QT& dq, KT& dk, VT& dv) {
   using T = typename QT::value_type;
   auto s = shardlib::einsum<"bqhk,bshk->bhqs">(q, k);
-  auto p = bias ? shardlib::softmax<3>(s * static_cast<T>(scale) + *bias) : shardlib::softmax<3>(s, scale);
+  auto p = bias ? shardlib::softmax<3>(s + *bias * static_cast<T>(1.0 / scale), scale) : shardlib::softmax<3>(s, scale);
   dv = VT(shardlib::einsum<"bhqs,bqhk->bshk">(p, g));
   auto dp = shardlib::einsum<"bqhk,bshk->bhqs">(g, v);
   auto ds = (p * (dp - shardlib::sum<3, true>(dp * p))) * static_cast<T>(scale);

@@ -27,6 +27,8 @@
 #if !defined(CUDNN_FRONTEND_SKIP_JSON_LIB)
 #define CUDNN_FRONTEND_SKIP_JSON_LIB
 #endif
+#include <cstring>  // before the frontend, whose shim uses std::strlen without including it
+
 #if defined(__GNUC__)
 #pragma GCC diagnostic push  // the frontend's own unused helpers and casts
 #pragma GCC diagnostic ignored "-Wunused-function"
