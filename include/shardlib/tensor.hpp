@@ -250,7 +250,7 @@ class DistributedTensor {
       if (static_cast<std::int64_t>(global.size()) != shape_size(shape)) bad = static_cast<std::int64_t>(global.size()) + 1;
       else if (const int gpu = detail::gpu_only_memory_device(global.data()); gpu >= 0) bad = -(gpu + 1);
     }
-    agree_on_shape(mesh, shape, "scatter_from", bad);
+    agree_on_shape(mesh, shape, "scatter_from", bad, root);
     DistributedTensor t(mesh, shape);
     if (ctx.device() == root) t.check_host_array(global, "scatter_from");
     coll::Communicator& world = ctx.world();
@@ -443,22 +443,28 @@ class DistributedTensor {
   /// factory `what` (collective; see the factories' comment).
   /// `extra` (scatter_from): a word that is 0 on every device unless root's array is bad (its size
   /// + 1 when it does not fit, -(GPU + 1) when it is in a GPU's memory).
-  static void agree_on_shape(const MeshT& mesh, const Shape& shape, const char* what, std::int64_t extra = 0) {
+  static void agree_on_shape(const MeshT& mesh, const Shape& shape, const char* what, std::int64_t extra = 0,
+                             int extra_device = 0) {
     constexpr std::size_t n = rank + 1;
     std::array<std::int64_t, n> words{};
     std::copy(shape.begin(), shape.end(), words.begin());
     words[rank] = extra;
     const std::vector<std::int64_t> all = mesh.context().world().mismatch(std::span<const std::int64_t>(words));
-    if (all.empty()) return;
+    const auto bad_extra = [&](std::int64_t e, std::size_t d) {
+      return std::invalid_argument(std::string("shardlib: ") + what + " from device " + std::to_string(d) + ": " +
+                                   (e > 0 ? "a host array of " + std::to_string(e - 1) + " elements"
+                                          : "an array in the memory of GPU " + std::to_string(-e - 1) +
+                                                " (the host cannot read it; pass a host array)") +
+                                   " for a tensor of shape " + detail::shape_text(shape) + " with " + spec_string() + " (" +
+                                   std::to_string(shape_size(shape)) + " elements)");
+    };
+    if (all.empty()) {  // every device passed these words (a lone device too): its own extra is everyone's
+      if (extra != 0) throw bad_extra(extra, static_cast<std::size_t>(extra_device));
+      return;
+    }
     const auto devices = all.size() / n;
     for (std::size_t d = 0; d < devices; ++d)
-      if (const std::int64_t e = all[d * n + rank]; e != 0)
-        throw std::invalid_argument(std::string("shardlib: ") + what + " from device " + std::to_string(d) + ": " +
-                                    (e > 0 ? "a host array of " + std::to_string(e - 1) + " elements"
-                                           : "an array in the memory of GPU " + std::to_string(-e - 1) +
-                                                 " (the host cannot read it; pass a host array)") +
-                                    " for a tensor of shape " + detail::shape_text(shape) + " with " + spec_string() +
-                                    " (" + std::to_string(shape_size(shape)) + " elements)");
+      if (const std::int64_t e = all[d * n + rank]; e != 0) throw bad_extra(e, d);
     const auto shape_of = [&](std::size_t d) { return detail::ArrayRef<std::int64_t>(all.data() + d * n, rank); };
     std::size_t other = 1;
     while (other + 1 < devices && std::equal(all.begin() + static_cast<std::ptrdiff_t>(other * n),

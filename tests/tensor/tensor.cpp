@@ -152,6 +152,12 @@ TEST_CASE("a shape that differs between devices is refused on every device, nami
         CHECK(Tensor<Rows>::full(mesh, {32, 4}, 2.0f).to_host() == std::vector<float>(128, 2.0f));
       },
       {2, 3, 4});
+  // A lone device's bad array (nothing to compare with: its own word says it).
+  sl::Runtime::threads(1).spmd([](sl::Context& ctx) {
+    const M2 mesh = mesh_of(ctx);
+    CHECK_THROWS_WITH_AS(Tensor<Both>::scatter_from(mesh, {6, 4}, std::vector<float>(5, 1.0f), 0),
+                         doctest::Contains("scatter_from from device 0: a host array of 5 elements"), std::invalid_argument);
+  });
 }
 
 TEST_CASE("parallel_for hands out global indices; parallel_reduce counts each element once") {
