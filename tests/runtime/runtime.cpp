@@ -72,6 +72,12 @@ TEST_SUITE("runtime") {
     CHECK_THROWS_WITH_AS(sl::Runtime::from_args(d.argc, d.ptrs.data()), "shardlib: --devices needs a value",
                          std::invalid_argument);
     CHECK_THROWS_AS(sl::Runtime::threads(0), std::invalid_argument);
+    // A bad value from the environment names the variable, not the flag.
+    setenv("SHARDLIB_DEVICES", "abc", 1);
+    Args e({"prog"});
+    CHECK_THROWS_WITH_AS(sl::Runtime::from_args(e.argc, e.ptrs.data()),
+                         "shardlib: SHARDLIB_DEVICES must be a whole number from 1 to 65536, got 'abc'", std::invalid_argument);
+    unsetenv("SHARDLIB_DEVICES");
   }
 
   TEST_CASE("a device count past what the threads backend can hold is refused up front, naming the limit") {

@@ -508,17 +508,19 @@ class Runtime {
     std::optional<std::string> threads_arg = take_arg(argc, argv, "--threads-per-device");
     if (!backend)
       if (const char* s = std::getenv("SHARDLIB_BACKEND")) backend = s;
+    const char* devices_from = "--devices";
     if (!devices)
-      if (const char* s = std::getenv("SHARDLIB_DEVICES")) devices = s;
+      if (const char* s = std::getenv("SHARDLIB_DEVICES")) devices = s, devices_from = "SHARDLIB_DEVICES";
     if (!backend) backend = has_mpi() && launched_by_mpirun() ? "mpi" : "threads";
     if (*backend == "threads")
-      return threads(devices ? parse_int(*devices, "--devices") : default_devices, default_timeout(), &argc, argv,
+      return threads(devices ? parse_int(*devices, devices_from) : default_devices, default_timeout(), &argc, argv,
                      std::move(threads_arg));
     if (*backend == "mpi") {
 #if defined(SHARDLIB_HAVE_MPI)
       Runtime rt = mpi(&argc, &argv, std::move(threads_arg));
-      if (devices && parse_int(*devices, "--devices") != rt.devices_)
-        throw std::invalid_argument("shardlib: --devices " + *devices + " but MPI started " + std::to_string(rt.devices_) +
+      if (devices && parse_int(*devices, devices_from) != rt.devices_)
+        throw std::invalid_argument(std::string("shardlib: ") + devices_from + " " + *devices + " but MPI started " +
+                                    std::to_string(rt.devices_) +
                                     " processes; under mpi the device count is the process count (mpirun -np N)");
       return rt;
 #else
@@ -529,8 +531,9 @@ class Runtime {
     if (*backend == "nccl") {
 #if defined(SHARDLIB_HAVE_NCCL)
       Runtime rt = nccl(&argc, &argv, std::move(threads_arg));
-      if (devices && parse_int(*devices, "--devices") != rt.devices_)
-        throw std::invalid_argument("shardlib: --devices " + *devices + " but MPI started " + std::to_string(rt.devices_) +
+      if (devices && parse_int(*devices, devices_from) != rt.devices_)
+        throw std::invalid_argument(std::string("shardlib: ") + devices_from + " " + *devices + " but MPI started " +
+                                    std::to_string(rt.devices_) +
                                     " processes; under nccl the device count is the process count (mpirun -np N)");
       return rt;
 #else
