@@ -2,13 +2,20 @@
 # shardlib on a GPU, in one command (docs/12_gpus.md, "Checking a GPU machine").
 #
 #   scripts/gpu-check.sh build --kokkos DIR [--out OUT] [-j N] [--arch 90] [--no-host-forms]
+#                              [--cudnn-frontend INCLUDE_DIR | --no-cudnn]
 #       Compiles, with DIR/bin/nvcc_wrapper (DIR: a Kokkos install built with CUDA), the GPU test
 #       programs (tests/tensor/memory_space.cpp and tests/autodiff/memory_space.cpp, each with
 #       tests/main.cpp), the host forms of the same code (kernels_reduce, kernels_elementwise and
-#       the collectives suite, on Kokkos's Serial host space) and the GPU benchmark
-#       (benchmarks/gpu.cpp), N at a time, into OUT (build-gpu/), stripped, with OUT/manifest.txt
-#       saying what was built, from which commit, with what. Needs no GPU: a GPU translation unit
-#       takes about 5 minutes and 3 GB to compile on one core.
+#       the collectives suite, on Kokkos's Serial host space) and the GPU benchmarks
+#       (benchmarks/gpu.cpp; benchmarks/gpu_block.cpp, a transformer layer's training step), N at
+#       a time, into OUT (build-gpu/), stripped, with OUT/manifest.txt saying what was built, from
+#       which commit, with what. The attention test and the layer's benchmark are built with
+#       cuDNN's fused attention (SHARDLIB_HAVE_CUDNN): the cuDNN frontend's headers from
+#       --cudnn-frontend, else SHARDLIB_CUDNN_FRONTEND, else OUT/cudnn-frontend/include, fetched
+#       there from PyPI (nvidia-cudnn-frontend) when pip can; without them, --no-cudnn, or no
+#       network, they are built without (the unfused ops then run; the manifest says so). cuDNN
+#       itself is loaded when they run. Needs no GPU: a GPU translation unit takes about 5
+#       minutes and 3 GB to compile on one core.
 #   scripts/gpu-check.sh run [--out OUT] [--profile] [--profile-args 'ARGS'] [--devices LIST]
 #       On a machine with an NVIDIA GPU (no Kokkos, MPI or network needed: only the driver and
 #       libcublas), runs what `build` made: each suite on 1 to 8 virtual devices (in-process
@@ -19,7 +26,11 @@
 #       wall time. --profile adds Nsight Compute's per-kernel time of one training-like step
 #       (ncu --metrics gpu__time_duration.sum, its --print-summary per-kernel kept beside) and the
 #       step's time outside kernels; --profile-args gives bench_gpu's arguments for that step
-#       (PROFILE_ARGS below). Records and logs go to OUT/results/. About 40 s on an H100.
+#       (PROFILE_ARGS below). Records and logs go to OUT/results/. cuDNN (libcudnn.so.9) is
+#       looked for on the loader's path, then in python3's nvidia-cudnn wheel (PyTorch's), and
+#       put on LD_LIBRARY_PATH. The layer's benchmark runs beside its PyTorch peer
+#       (benchmarks/peers/block_torch.py: eager with a mask, and torch.compile with SDPA, whose
+#       warm-up takes most of a minute). About 3 minutes on an H100.
 #   scripts/gpu-check.sh --kokkos DIR [--profile] ...
 #       Both: build, then run (on a machine that has the GPU and the Kokkos).
 #
@@ -34,7 +45,8 @@ ME="scripts/gpu-check.sh"
 # What `--profile` runs under Nsight Compute: bench_gpu's arguments. --profile-step delimits one
 # step with cudaProfilerStart/Stop (ncu --profile-from-start off) and records its wall time.
 # A part that models a training step better can take its place: --profile-args '--part block ...'.
-PROFILE_ARGS="${GPU_CHECK_PROFILE_ARGS:---part mlp --devices 1 --profile-step}"
+PROFILE_ARGS="${GPU_CHECK_PROFILE_ARGS:-}"  # default: the layer's step (block) when built, else mlp's
+CUDNN_FRONTEND_VERSION=1.32.0  # PyPI's nvidia-cudnn-frontend, when build fetches it
 
 # The compiler's flags (docs/12): C++20, extended lambdas, Hopper; Kokkos linked statically, so a
 # GPU machine needs only the driver (-lcuda) and libcublas.so.13.
@@ -61,6 +73,9 @@ BENCH_CASES=(
   "elementwise 1" "overhead 1" "matmul 1" "matmul 2" "mlp 1" "mlp 8"
   "reshard 2" "reshard 8" "stencil 1" "stencil 8 --stencil-side 4096"
 )
+# bench_gpu_block's cases: "config devices dtype", then its PyTorch peer on the same configs.
+BLOCK_CASES=("gpt2 1 bf16" "gpt2 2 bf16" "large 1 bf16" "gpt2 1 tf32" "large 1 tf32")
+BLOCK_PEER_ARGS=(--configs "gpt2,large" --dtypes "bf16,tf32")
 
 usage() {
   sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
@@ -82,6 +97,8 @@ njobs=2
 arch=90
 profile=0
 host_forms=1
+cudnn_frontend="${SHARDLIB_CUDNN_FRONTEND:-}"
+cudnn=1
 devices=""
 need_value() { if [ "$#" -lt 2 ] || [ -z "$2" ]; then bad_flag "$1 needs a value"; fi; }
 while [ "$#" -gt 0 ]; do
@@ -97,6 +114,9 @@ while [ "$#" -gt 0 ]; do
     --arch) need_value "$@"; arch="$2"; shift 2 ;;
     --arch=*) arch="${1#*=}"; shift ;;
     --no-host-forms) host_forms=0; shift ;;
+    --cudnn-frontend) need_value "$@"; cudnn_frontend="$2"; shift 2 ;;
+    --cudnn-frontend=*) cudnn_frontend="${1#*=}"; shift ;;
+    --no-cudnn) cudnn=0; shift ;;
     --profile) profile=1; shift ;;
     --profile-args) need_value "$@"; PROFILE_ARGS="$2"; shift 2 ;;
     --profile-args=*) PROFILE_ARGS="${1#*=}"; shift ;;
@@ -153,6 +173,8 @@ job_command() {  # the command of job $1, into the array `cmd`
     main) cmd=("$nv" "${flags[@]}" -c "$ROOT/tests/main.cpp" -o "$obj/main.o") ;;
     bench_gpu) cmd=("$nv" "${NVFLAGS[@]}" "${BENCH_FLAGS[@]}" -arch="sm_$arch" "${includes[@]}"
       "$ROOT/benchmarks/gpu.cpp" -o "$out/bench_gpu" -L"$libdir" "${LIBS[@]}") ;;
+    bench_gpu_block) cmd=("$nv" "${NVFLAGS[@]}" "${BENCH_FLAGS[@]}" -arch="sm_$arch" "${includes[@]}" "${cudnn_flags[@]}"
+      "$ROOT/benchmarks/gpu_block.cpp" -o "$out/bench_gpu_block" -L"$libdir" "${LIBS[@]}") ;;
     link_*)
       p="${name#link_}"
       read -r -a srcs <<<"${SOURCES[$p]}"
@@ -162,7 +184,8 @@ job_command() {  # the command of job $1, into the array `cmd`
     *)
       p="${name%_*}" i="${name##*_}"
       read -r -a srcs <<<"${SOURCES[$p]}"
-      cmd=("$nv" "${flags[@]}" -c "$ROOT/${srcs[$i]}" -o "$obj/$name.o") ;;
+      cmd=("$nv" "${flags[@]}" -c "$ROOT/${srcs[$i]}" -o "$obj/$name.o")
+      if [ "$p" = autodiff_memory_space ]; then cmd+=("${cudnn_flags[@]}"); fi ;;
   esac
 }
 
@@ -188,11 +211,46 @@ run_jobs() {  # run_jobs NAME...
 job_ok() { [ -f "$out/logs/$1.status" ] && [ "$(cut -d' ' -f1 "$out/logs/$1.status")" = ok ]; }
 job_seconds() { cut -d' ' -f2 "$out/logs/$1.status"; }
 
+# The cuDNN frontend's include folder into `cudnn_flags` (empty, with the reason in `cudnn_note`,
+# when there is none: then the attention test and the layer's benchmark run the unfused ops).
+find_cudnn_frontend() {
+  cudnn_flags=()
+  if [ "$cudnn" = 0 ]; then cudnn_note="off (--no-cudnn)"; return; fi
+  local dir="$cudnn_frontend" fetched="$out/cudnn-frontend"
+  if [ -z "$dir" ] && [ -f "$fetched/include/cudnn_frontend.h" ]; then dir="$fetched/include"; fi
+  if [ -z "$dir" ]; then
+    echo "  fetching the cuDNN frontend's headers (PyPI nvidia-cudnn-frontend==$CUDNN_FRONTEND_VERSION) into $fetched ..."
+    local tmp
+    tmp="$(mktemp -d)"
+    if python3 -m pip download -q --no-deps --only-binary=:all: -d "$tmp" "nvidia-cudnn-frontend==$CUDNN_FRONTEND_VERSION" \
+        >"$tmp/pip.log" 2>&1 && python3 - "$tmp" "$fetched" <<'PY'
+import glob, sys, zipfile
+tmp, dest = sys.argv[1], sys.argv[2]
+wheel = glob.glob(tmp + "/*.whl")[0]
+with zipfile.ZipFile(wheel) as z:
+    z.extractall(dest, [n for n in z.namelist() if n.startswith("include/")])
+PY
+    then
+      dir="$fetched/include"
+    else
+      cudnn_note="off: the cuDNN frontend's headers could not be fetched ($(tail -n1 "$tmp/pip.log" 2>/dev/null)); give --cudnn-frontend DIR"
+      rm -rf "$tmp"
+      echo "  $cudnn_note"
+      return
+    fi
+    rm -rf "$tmp"
+  fi
+  [ -f "$dir/cudnn_frontend.h" ] || bad_flag "--cudnn-frontend $dir has no cudnn_frontend.h"
+  cudnn_flags=(-DSHARDLIB_HAVE_CUDNN=1 -isystem "$dir")
+  cudnn_note="cuDNN fused attention built in (frontend $(grep -o 'MINOR_VERSION [0-9]*' "$dir/cudnn_frontend_version.h" 2>/dev/null | head -n1 | sed 's/MINOR_VERSION /1./'), $dir); libcudnn.so.9 loaded at run time"
+}
+
 do_build() {
   check_kokkos
   nv="$kokkos/bin/nvcc_wrapper"
   obj="$out/obj"
   includes=(-I"$ROOT/include" -I"$kokkos/include" -isystem /usr/include/eigen3)
+  find_cudnn_frontend
   flags=("${NVFLAGS[@]}" "${TEST_FLAGS[@]}" -arch="sm_$arch" "${includes[@]}")
   local t_all p i n srcs programs=("${GPU_SUITES[@]}") order=() late=()
   t_all="$(now)"
@@ -208,7 +266,7 @@ do_build() {
       if [ "$p" = host_forms ]; then late+=("${p}_$i"); else order+=("${p}_$i"); fi
     done
   done
-  order+=(bench_gpu "${late[@]}" main)
+  order+=(bench_gpu_block bench_gpu "${late[@]}" main)
   run_jobs "${order[@]}"
 
   # Links (seconds each), then the manifest: one line per program (kind, name, file, doctest
@@ -242,6 +300,11 @@ do_build() {
       strip "$out/bench_gpu"
       echo "bench bench_gpu bench_gpu - $(job_seconds bench_gpu) $(stat -c %s "$out/bench_gpu")"
     fi
+    if job_ok bench_gpu_block; then
+      strip "$out/bench_gpu_block"
+      echo "block bench_gpu_block bench_gpu_block - $(job_seconds bench_gpu_block) $(stat -c %s "$out/bench_gpu_block")"
+    fi
+    echo "# cudnn: $cudnn_note"
   } >"$out/manifest.txt"
   rm -rf "$obj"  # hundreds of MB; the stripped programs are what a GPU machine needs
 
@@ -270,19 +333,40 @@ do_run() {
   # libcublas: the CUDA toolkit's lib64 when the loader does not know it.
   if [ -d /usr/local/cuda/lib64 ]; then export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
   local kind name file suites rest missing
+  res_notes_pending="$(mktemp)"
   while read -r kind name file suites rest; do
-    case "$kind" in suite | bench) ;; *) continue ;; esac
+    case "$kind" in suite | bench | block) ;; *) continue ;; esac
     [ -x "$out/$file" ] || die "$out/$file is listed in the manifest but missing"
     missing="$(ldd "$out/$file" 2>/dev/null | awk '/not found/ { print $1 }' | tr '\n' ' ')"
     [ -z "$missing" ] || cannot "$file needs ${missing% } (not found; is the CUDA toolkit's lib64 on LD_LIBRARY_PATH?)"
   done <"$manifest"
 
+  # cuDNN for the fused attention: the loader's, else PyTorch's wheel (nvidia-cudnn-*).
+  if ! ldconfig -p 2>/dev/null | grep -q 'libcudnn\.so\.9'; then
+    local cudnn_lib
+    cudnn_lib="$(python3 - <<'PY' 2>/dev/null || true
+import glob, site, sys
+roots = site.getsitepackages() + [site.getusersitepackages()] + sys.path
+for r in roots:
+    hits = sorted(glob.glob(r + "/nvidia/**/libcudnn.so.9", recursive=True))
+    if hits:
+        print(hits[0].rsplit("/", 1)[0])
+        break
+PY
+)"
+    if [ -n "$cudnn_lib" ]; then
+      export LD_LIBRARY_PATH="$cudnn_lib:$LD_LIBRARY_PATH"
+      echo "note: libcudnn.so.9 from $cudnn_lib (python3's nvidia-cudnn wheel)" >>"$res_notes_pending"
+    fi
+  fi
   # bench_gpu's host GEMM warning (no OpenBLAS in an nvcc build) says nothing about the GPU.
   export SHARDLIB_NO_BLAS_WARNING=1
   local res="$out/results" t_all failures=0
   t_all="$(now)"
   rm -rf "$res"
   mkdir -p "$res"
+  cat "$res_notes_pending" >>"$res/notes.txt"
+  rm -f "$res_notes_pending"
   echo "$ME run: on $gpu_line; $(head -n1 "$manifest" | sed 's/^# scripts\/gpu-check.sh //')"
 
   # The suites (each loops over 1 to 8 virtual devices itself; SHARDLIB_TEST_DEVICES picks).
@@ -333,26 +417,62 @@ do_run() {
     fi
   fi
 
+  # bench_gpu_block: a transformer layer's step, then the same in PyTorch (eager and compiled).
+  local block
+  block="$(awk '$1 == "block" { print $3 }' "$manifest")"
+  if [ -n "$block" ]; then
+    local i=0 c config dev dtype
+    for c in "${BLOCK_CASES[@]}"; do
+      i=$((i + 1))
+      read -r config dev dtype <<<"$c"
+      t0="$(now)"
+      rc=0
+      timeout 120 "$out/$block" --backend threads --devices "$dev" --config "$config" --dtype "$dtype" \
+        </dev/null >"$res/block_${config}_${dev}_$dtype.out" 2>"$res/block_${config}_${dev}_$dtype.log" || rc=$?
+      grep '^{' "$res/block_${config}_${dev}_$dtype.out" >>"$res/records.jsonl" || true
+      echo "bench block-$config-$dtype $dev $rc $(since "$t0")" >>"$res/bench.txt"
+      [ "$rc" = 0 ] || failures=$((failures + 1))
+      echo "[block ${i}/${#BLOCK_CASES[@]}] $config $dtype on $dev device(s): $(grep -c '^{' "$res/block_${config}_${dev}_$dtype.out") records, exit $rc, $(since "$t0") s"
+      grep -h 'attention\|allocations' "$res/block_${config}_${dev}_$dtype.log" | head -n 2 | sed 's/^/        /' || true
+    done
+    t0="$(now)"
+    if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
+      echo "[peer] PyTorch: the layer, eager and torch.compile (its warm-up takes most of a minute) ..."
+      rc=0
+      timeout 240 python3 "$ROOT/benchmarks/peers/block_torch.py" "${BLOCK_PEER_ARGS[@]}" >"$res/block_torch.out" \
+        2>"$res/block_torch.log" || rc=$?
+      grep '^{' "$res/block_torch.out" >>"$res/records.jsonl" || true
+      echo "        $(grep -c '^{' "$res/block_torch.out") records, exit $rc, $(since "$t0") s"
+      [ "$rc" = 0 ] || echo "peer block_torch failed (exit $rc): see $res/block_torch.log" >>"$res/notes.txt"
+    fi
+  fi
+
   # --profile: one step under Nsight Compute (kernel times), and its wall time without it.
   if [ "$profile" = 1 ]; then
     local ncu="" c
     for c in "$(command -v ncu || true)" /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do
       if [ -n "$c" ] && [ -x "$c" ]; then ncu="$c"; break; fi
     done
-    if [ -z "$bench" ]; then
+    local pbin="$bench"
+    if [ -z "$PROFILE_ARGS" ] && [ -n "$block" ]; then
+      pbin="$block" PROFILE_ARGS="--config gpt2 --devices 1 --profile-step"
+    elif [ -z "$PROFILE_ARGS" ]; then
+      PROFILE_ARGS="--part mlp --devices 1 --profile-step"
+    fi
+    if [ -z "$pbin" ]; then
       echo "profile: not run (no bench_gpu in $out)" >>"$res/notes.txt"
     elif [ -z "$ncu" ]; then
       echo "profile: not run (ncu, Nsight Compute's command line, is not on the PATH)" >>"$res/notes.txt"
     else
       t0="$(now)"
-      echo "[profile] $bench $PROFILE_ARGS: its wall time, then under ncu ..."
+      echo "[profile] $pbin $PROFILE_ARGS: its wall time, then under ncu ..."
       local pargs
       read -r -a pargs <<<"$PROFILE_ARGS"
       rc=0
-      timeout 60 "$out/$bench" --backend threads "${pargs[@]}" >"$res/profile_wall.out" 2>"$res/profile_wall.log" || rc=$?
+      timeout 60 "$out/$pbin" --backend threads "${pargs[@]}" >"$res/profile_wall.out" 2>"$res/profile_wall.log" || rc=$?
       if [ "$rc" = 0 ]; then
         timeout 120 "$ncu" --metrics gpu__time_duration.sum --kernel-name-base demangled --profile-from-start off \
-          -f -o "$res/profile" "$out/$bench" --backend threads "${pargs[@]}" >"$res/profile_ncu.log" 2>&1 || rc=$?
+          -f -o "$res/profile" "$out/$pbin" --backend threads "${pargs[@]}" >"$res/profile_ncu.log" 2>&1 || rc=$?
       fi
       if [ "$rc" = 0 ]; then  # ncu's own per-kernel summary, and each launch as CSV for the summary
         "$ncu" --import "$res/profile.ncu-rep" --print-summary per-kernel >"$res/profile_summary.txt" 2>&1 || rc=$?

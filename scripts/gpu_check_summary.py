@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from harness import goals  # noqa: E402
 from harness.suites import gpu_table  # noqa: E402
 
-PEER = "torch-cuda"
+PEERS = ("torch-cuda", "torch-eager", "torch-compile")  # block_torch.py's forms, torch_gpu.py's eager
 
 
 def read(path, default=""):
@@ -146,8 +146,8 @@ def summary(out):
     manifest = [line.split() for line in read(os.path.join(out, "manifest.txt")).splitlines() if line and line[0] != "#"]
     header = [line[2:] for line in read(os.path.join(out, "manifest.txt")).splitlines() if line.startswith("# ")][:2]
     records = records_of(read(os.path.join(res, "records.jsonl")))
-    ours = [r for r in records if r.get("backend") != PEER]
-    peer = [r for r in records if r.get("backend") == PEER]
+    ours = [r for r in records if r.get("backend") not in PEERS]
+    peer = [r for r in records if r.get("backend") in PEERS]
     failed = False
     print("\n" + "=" * 30 + " scripts/gpu-check.sh: summary " + "=" * 30)
     gpu = next((r["gpu"] for r in records if r.get("gpu")), None)
@@ -198,15 +198,16 @@ def summary(out):
 
     # Ours beside PyTorch, the same case on one device.
     if peer:
-        print(f"\nbeside PyTorch {peer[0].get('torch', '')} eager (same GPU, 1 device; speed ratio > 1: ours faster):")
-        theirs = {(r["part"], r["name"], r.get("dtype")): r for r in peer}
-        for r in ours:
-            key = (r.get("part"), r.get("name"), r.get("dtype"))
-            if r.get("devices") == 1 and key in theirs:
-                t = theirs[key]
-                figure = ("TFLOP/s", "tflops") if "tflops" in r else ("GB/s", "gbytes_per_second")
-                print(f"  {r['part']:<12}{r['name'] + ' ' + str(r.get('dtype')):<34} ours {r[figure[1]]:>8.1f}  "
-                      f"torch {t[figure[1]]:>8.1f} {figure[0]:<8} ours/torch {t['seconds'] / r['seconds']:.2f}")
+        print(f"\nbeside PyTorch {peer[0].get('torch', '')} (same GPU, 1 device; speed ratio > 1: ours faster):")
+        for form in PEERS:
+            theirs = {(r["part"], r["name"], r.get("dtype")): r for r in peer if r["backend"] == form}
+            for r in ours:
+                key = (r.get("part"), r.get("name"), r.get("dtype"))
+                if r.get("devices") == 1 and key in theirs:
+                    t = theirs[key]
+                    figure = ("TFLOP/s", "tflops") if "tflops" in r else ("GB/s", "gbytes_per_second")
+                    print(f"  {r['part']:<12}{r['name'] + ' ' + str(r.get('dtype')):<34} ours {r[figure[1]]:>8.1f}  "
+                          f"{form} {t[figure[1]]:>8.1f} {figure[0]:<8} ours/torch {t['seconds'] / r['seconds']:.2f}")
 
     # The profile.
     prof_wall = [r for r in records_of(read(os.path.join(res, "profile_wall.out"))) if r.get("part") == "profile"]

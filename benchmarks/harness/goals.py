@@ -8,7 +8,8 @@ import statistics
 
 # The peers' backends: their records are never counted as ours (torch-cuda: PyTorch eager on the
 # GPU, benchmarks/peers/torch_gpu.py, beside bench_gpu in scripts/gpu-check.sh).
-PEER = {"jax": "jax-cpu", "dtensor": "dtensor-gloo", "torch": "torch-cuda"}
+PEER = {"jax": "jax-cpu", "dtensor": "dtensor-gloo", "torch": "torch-cuda", "torch_eager": "torch-eager",
+        "torch_compile": "torch-compile"}
 
 
 def _ours(recs):
@@ -163,6 +164,25 @@ def evaluate(by_bench):
     rows.append(_at_least("gpu", "bf16 MLP block at large sizes (1 device), of the GPU's bf16 peak", ">= 0.50",
                           [(r["fraction_of_peak"], f"{r['name']}, {r['gpu']}") for r in gp if r["part"] == "mlp"
                            and r["devices"] == 1 and r.get("peak_tflops") and r["tflops"] == big], 0.50))
+    # A transformer layer's training step beside PyTorch on the same GPU (issue 40; bench_gpu_block and
+    # benchmarks/peers/block_torch.py): PyTorch's time over ours, 1 device, same name and dtype.
+    blk = [r for r in gp if r["part"] == "block" and r["devices"] == 1 and r["name"].endswith("fwd+bwd")]
+    peers = {(r["backend"], r["name"], r["dtype"]): r for r in g("gpu") if r.get("part") == "block"}
+
+    def beside(peer, dtypes):
+        return [(peers[(peer, r["name"], r["dtype"])]["seconds"] / r["seconds"], f"{r['name']} {r['dtype']}")
+                for r in blk if r["dtype"] in dtypes and (peer, r["name"], r["dtype"]) in peers]
+    rows.append(_at_least("gpu", "transformer layer fwd+bwd in bf16 beside PyTorch eager (torch time / ours)", ">= 1.0",
+                          beside("torch-eager", ("bf16",)), 1.0))
+    rows.append(_at_least("gpu", "transformer layer fwd+bwd in bf16 beside torch.compile with SDPA (torch time / ours)",
+                          ">= 0.8", beside("torch-compile", ("bf16",)), 0.8))
+    rows.append(_at_least("gpu", "transformer layer fwd+bwd in float32 with TF32 beside PyTorch eager (torch time / ours)",
+                          ">= 1.0", beside("torch-eager", ("float32+tf32",)), 1.0))
+    rows.append(_at_most("gpu", "a layer's training step in steady state: blocks allocated or freed from GPU memory, "
+                                "waits for the GPU", "0",
+                         [(r["allocations_per_step"] + r["frees_per_step"] + r["waits_per_step"],
+                           f"{r['name']} {r['dtype']} {r['devices']} dev") for r in gp if r["part"] == "block"], 0.0,
+                         fmt=lambda v: f"{v:g}"))
     # compile (issue 10)
     cp = g("compile")
     rows.append(_at_most("compile", "quickstart.cpp at -O2 (CPU seconds of the compiler)", "<= 10 s",

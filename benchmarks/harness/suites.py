@@ -482,24 +482,47 @@ def cuda_kokkos(args):
     return folder, wrapper, libdir
 
 
-def gpu_build_argv(wrapper, folder, libdir, arch, out):
-    """The compile-and-link command of bench_gpu with Kokkos's nvcc_wrapper (as docs/12 says)."""
+def gpu_build_argv(wrapper, folder, libdir, arch, out, source="gpu.cpp", extra=()):
+    """The compile-and-link command of a GPU benchmark with Kokkos's nvcc_wrapper (as docs/12 says)."""
     eigen = subprocess.run(["pkg-config", "--cflags", "eigen3"], capture_output=True, text=True).stdout.split() \
         if shutil.which("pkg-config") else []
     eigen = [("-isystem" + a[2:]) if a.startswith("-I") else a for a in eigen] or ["-isystem/usr/include/eigen3"]
     return [wrapper, "-std=c++20", "-extended-lambda", f"-arch=sm_{arch}", "-O3", "-DNDEBUG",
-            "-I" + os.path.join(ROOT, "include"), "-I" + os.path.join(folder, "include")] + eigen + \
-           [os.path.join(ROOT, "benchmarks", "gpu.cpp"), "-o", out, "-L" + libdir, "-lkokkoscore", "-lcublas", "-lcuda", "-ldl"]
+            "-I" + os.path.join(ROOT, "include"), "-I" + os.path.join(folder, "include")] + eigen + list(extra) + \
+           [os.path.join(ROOT, "benchmarks", source), "-o", out, "-L" + libdir, "-lkokkoscore", "-lcublas", "-lcuda", "-ldl"]
 
 
-def build_gpu(kokkos, arch):
-    """build-bench/benchmarks/bench_gpu_cuda compiled with nvcc_wrapper for sm_ARCH; again only
-    when a header, gpu.cpp or the command changed."""
+def cudnn_frontend():
+    """The cuDNN frontend's include folder for the fused attention (bench_gpu_block): $SHARDLIB_CUDNN_FRONTEND,
+    else build-gpu/cudnn-frontend/include (scripts/gpu-check.sh build fetches it there), else fetched from PyPI
+    into build-bench/cudnn-frontend; None (the unfused ops then run) when none can be had."""
+    for d in (os.environ.get("SHARDLIB_CUDNN_FRONTEND"), os.path.join(ROOT, "build-gpu", "cudnn-frontend", "include"),
+              os.path.join(BUILD, "cudnn-frontend", "include")):
+        if d and os.path.exists(os.path.join(d, "cudnn_frontend.h")):
+            return d
+    tmp = tempfile.mkdtemp(prefix="shardlib-cudnn-")
+    atexit.register(shutil.rmtree, tmp, True)
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", tmp,
+                        "nvidia-cudnn-frontend==1.32.0"], capture_output=True, text=True)
+    wheels = [f for f in os.listdir(tmp) if f.endswith(".whl")]
+    if r.returncode != 0 or not wheels:
+        print("  the cuDNN frontend could not be fetched: bench_gpu_block runs attention unfused", file=sys.stderr)
+        return None
+    import zipfile
+    dest = os.path.join(BUILD, "cudnn-frontend")
+    with zipfile.ZipFile(os.path.join(tmp, wheels[0])) as z:
+        z.extractall(dest, [n for n in z.namelist() if n.startswith("include/")])
+    return os.path.join(dest, "include")
+
+
+def build_gpu(kokkos, arch, source="gpu.cpp", name="bench_gpu_cuda", extra=()):
+    """build-bench/benchmarks/NAME compiled from benchmarks/SOURCE with nvcc_wrapper for sm_ARCH;
+    again only when a header, the source or the command changed."""
     folder, wrapper, libdir = kokkos
-    out = os.path.join(BUILD, "benchmarks", "bench_gpu_cuda")
-    argv = gpu_build_argv(wrapper, folder, libdir, arch, out)
+    out = os.path.join(BUILD, "benchmarks", name)
+    argv = gpu_build_argv(wrapper, folder, libdir, arch, out, source, extra)
     stamp = out + ".cmd"
-    sources = [os.path.join(ROOT, "benchmarks", f) for f in ("gpu.cpp", "common.hpp")]
+    sources = [os.path.join(ROOT, "benchmarks", f) for f in (source, "common.hpp", "gpu_common.hpp")]
     for d, _, files in os.walk(os.path.join(ROOT, "include")):
         sources += [os.path.join(d, f) for f in files]
     try:
@@ -518,7 +541,7 @@ def build_gpu(kokkos, arch):
     r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     if r.returncode != 0:
         errors = [line for line in r.stdout.splitlines() if "error" in line]
-        raise CaseFailed(f"nvcc_wrapper could not build bench_gpu: $ {shlex.join(argv)}\n" +
+        raise CaseFailed(f"nvcc_wrapper could not build {name}: $ {shlex.join(argv)}\n" +
                          "\n".join((errors or r.stdout.splitlines())[-30:]))
     with open(stamp, "w") as f:
         f.write(shlex.join(argv))
@@ -545,6 +568,22 @@ def gpu_cases(args, exes, peers):
     c += [Case(f"gpu: reshards, {n} devices", "gpu", base + [str(n), "--part", "reshard"]) for n in args.devs if n > 1]
     c += [Case(f"gpu: stencil_for against cudaMemcpy, {n} device(s)", "gpu", base + [str(n), "--part", "stencil"])
           for n in args.devs]
+    # A transformer layer's training step (bench_gpu_block, cuDNN's fused attention where it loads),
+    # then the same layer in PyTorch on the same GPU (eager, torch.compile): the python that has torch.
+    front = cudnn_frontend()
+    block = build_gpu(kokkos, arch, "gpu_block.cpp", "bench_gpu_block_cuda",
+                      ["-DSHARDLIB_HAVE_CUDNN=1", "-isystem" + front] if front else [])
+    for cfg, dtype in (("gpt2", "bf16"), ("large", "bf16"), ("gpt2", "tf32")):
+        c += [Case(f"gpu: transformer layer {cfg} {dtype}, {n} device(s)", "gpu",
+                   [block, "--backend", "threads", "--devices", str(n), "--config", cfg, "--dtype", dtype])
+              for n in (1, 2)]
+    torch_py = next((p for p in (shutil.which("python3"), sys.executable) if p and subprocess.run(
+        [p, "-c", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"],
+        capture_output=True).returncode == 0), None)
+    if torch_py:
+        c.append(Case("gpu: the layer in PyTorch (eager, torch.compile)", "gpu",
+                      [torch_py, os.path.join(PEERS, "block_torch.py"), "--configs", "gpt2,large", "--dtypes", "bf16,tf32"],
+                      peer="torch", timeout=600))
     return c
 
 
@@ -568,6 +607,10 @@ def gpu_table(records):
         elif p == "reshard":
             print(f"{p:<12}{name:<26}{dev:>4}{r['seconds'] * 1e6:>10.1f} us  bare copies {r['baseline_seconds'] * 1e6:.1f} us"
                   f"  {r['ratio_to_baseline']:.2f}x")
+        elif p == "block":
+            print(f"{p:<12}{name + ' ' + r['dtype']:<26}{dev:>4}{r['seconds'] * 1e3:>10.3f} ms  {r['tflops']:.1f} TFLOP/s"
+                  f"  attention: {r['attention_kernel']}; per step {r['allocations_per_step']:g} allocations, "
+                  f"{r['frees_per_step']:g} frees, {r['waits_per_step']:g} waits")
         elif p == "stencil":
             print(f"{p:<12}{name:<26}{dev:>4}{r['gbytes_per_second']:>10.1f} GB/s  copy "
                   f"{r['copy_gbytes_per_second']:>8.1f} GB/s  fraction {r['fraction_of_copy']:.3f} (block {r['block_shape']})")

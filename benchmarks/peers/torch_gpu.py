@@ -18,9 +18,8 @@ cannot be imported or sees no GPU.
 """
 import argparse
 import json
-import statistics
+import os
 import sys
-import time
 
 
 def parse_args(argv=None):
@@ -32,37 +31,14 @@ def parse_args(argv=None):
 
 
 ARGS = parse_args()
-try:
-    import torch
-    import torch.nn.functional as F
-except ImportError as e:
-    print(f"torch_gpu.py: torch cannot be imported ({e})", file=sys.stderr)
-    sys.exit(3)
-if not torch.cuda.is_available():
-    print("torch_gpu.py: torch sees no GPU", file=sys.stderr)
-    sys.exit(3)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_cuda import cuda_torch, seconds_per_call as _seconds  # noqa: E402
 
-DEV = torch.device("cuda")
-GPU = torch.cuda.get_device_name(0)
+torch, F, DEV, GPU = cuda_torch("torch_gpu.py")
 
 
 def seconds_per_call(fn, reps=7, target=0.02):
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    one = time.perf_counter() - t0
-    iters = max(1, min(2000, int(target / max(one, 1e-7))))
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) / iters)
-    return statistics.median(times)
+    return _seconds(torch, fn, reps, target)
 
 
 def record(part, name, **fields):
