@@ -489,17 +489,8 @@ void stencil(sl::Context& ctx, std::int64_t side) {
   }
 }
 
-std::string part_of(int argc, char** argv) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], "--part") == 0) return argv[i + 1];
-  return "elementwise";
-}
-
-bool has_flag(int argc, char** argv, const char* flag) {
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], flag) == 0) return true;
-  return false;
-}
+std::string part_of(int argc, char** argv) { return gpubench::text_arg(argc, argv, "--part", "elementwise"); }
+using gpubench::has_flag;
 
 }  // namespace
 

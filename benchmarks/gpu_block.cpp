@@ -183,16 +183,8 @@ void run_block(sl::Context& ctx, const Config& cfg, bool quick, bool profile) {
   }
 }
 
-std::string text_arg(int argc, char** argv, const char* name, const char* fallback) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
-  return fallback;
-}
-bool has_flag(int argc, char** argv, const char* flag) {
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], flag) == 0) return true;
-  return false;
-}
+using gpubench::has_flag;
+using gpubench::text_arg;
 
 }  // namespace
 

@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,19 @@ void profile_step(sl::Context& ctx, const std::string& name, F&& step) {
 #if defined(KOKKOS_ENABLE_CUDA)
   if (ctx.device() == 0) cudaProfilerStop();
 #endif
+}
+
+/// The word after `name` on the command line, or `fallback`.
+inline std::string text_arg(int argc, char** argv, const char* name, const char* fallback) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
+  return fallback;
+}
+/// Whether `flag` is on the command line.
+inline bool has_flag(int argc, char** argv, const char* flag) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], flag) == 0) return true;
+  return false;
 }
 
 }  // namespace gpubench
