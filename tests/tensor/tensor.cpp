@@ -8,6 +8,7 @@
 #include "../collectives/harness.hpp"
 
 #include <cstddef>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <new>
@@ -152,6 +153,14 @@ TEST_CASE("a shape that differs between devices is refused on every device, nami
         CHECK(Tensor<Rows>::full(mesh, {32, 4}, 2.0f).to_host() == std::vector<float>(128, 2.0f));
       },
       {2, 3, 4});
+  // A scalar's shape cannot differ: its factories make no round trip (backward's seed of a loss is
+  // one per step), so one device may make one alone.
+  sl::Runtime::threads(2, std::chrono::milliseconds(2000)).spmd([](sl::Context& ctx) {
+    const M2 mesh = mesh_of(ctx);
+    using Scalar = sl::DistributedTensor<float, M2, sl::Spec<>>;
+    if (ctx.device() == 0) CHECK(Scalar::full(mesh, {}, 2.0f).local().data()[0] == 2.0f);
+    ctx.world().barrier();
+  });
   // A lone device's bad array (nothing to compare with: its own word says it).
   sl::Runtime::threads(1).spmd([](sl::Context& ctx) {
     const M2 mesh = mesh_of(ctx);
