@@ -149,11 +149,7 @@ template <class Exec, class T>
 void softmax_backward_rows(const Exec& exec, const T* y, const T* g, T* out, std::int64_t rows, std::int64_t n,
                            double scale) {
   if (rows <= 0) return;
-  int team = 1;
-  if constexpr (!kernels::is_host_exec_v<Exec>) {
-    team = 32;
-    while (team < 256 && team < n) team *= 2;
-  }
+  const int team = kernels::row_team_size<Exec>(n);
   Kokkos::parallel_for("shardlib::autodiff::softmax_backward_rows(team)",
                        Kokkos::TeamPolicy<Exec>(exec, static_cast<int>(rows), team), SoftmaxBackwardRows<T>{y, g, out, n, scale});
   if constexpr (kernels::is_host_exec_v<Exec>) kernels::fence(exec);
@@ -304,11 +300,7 @@ template <class Exec, class T>
 void norm_backward_rows(const Exec& exec, const T* x, const T* y, const T* g, T* out, std::int64_t rows, std::int64_t n,
                         double count, double eps, bool layer) {
   if (rows <= 0) return;
-  int team = 1;
-  if constexpr (!kernels::is_host_exec_v<Exec>) {
-    team = 32;
-    while (team < 256 && team < n) team *= 2;
-  }
+  const int team = kernels::row_team_size<Exec>(n);
   Kokkos::parallel_for("shardlib::autodiff::norm_backward_rows(team)",
                        Kokkos::TeamPolicy<Exec>(exec, static_cast<int>(rows), team),
                        NormBackwardRows<T>{x, y, g, out, n, count, eps, layer});

@@ -244,11 +244,7 @@ void elementwise_strided_teams(const Exec& exec, Out* out, const std::array<std:
     k.w.extent[d] = extent[d];
     ((k.w.stride[I][d] = in.stride[d]), ...);
   }
-  int team = 1;
-  if constexpr (!is_host_exec_v<Exec>) {
-    team = 32;
-    while (team < 256 && team < extent[R - 1]) team *= 2;
-  }
+  const int team = row_team_size<Exec>(extent[R - 1]);
   Kokkos::parallel_for("shardlib::elementwise_strided(team)", Kokkos::TeamPolicy<Exec>(exec, static_cast<int>(rows), team), k);
   if constexpr (is_host_exec_v<Exec>) kernels::fence(exec);
 }

@@ -46,6 +46,19 @@ void fence(const Exec& exec) {
   exec.fence();
 }
 
+/// The threads of a team that works along one row of `n` elements (the kernels with a team per
+/// row): 32 to 256 on a GPU, the smallest power of two covering the row; 1 on a host instance.
+template <class Exec>
+constexpr int row_team_size(std::int64_t n) noexcept {
+  if constexpr (is_host_exec_v<Exec>) {
+    return 1;
+  } else {
+    int team = 32;
+    while (team < 256 && team < n) team *= 2;
+    return team;
+  }
+}
+
 namespace detail::portable {
 /// Runs `kernel(k)` for k in [0, count) on `exec` (the device forms of the kernels, which any
 /// execution space runs); fences a host instance, as every host kernel does.

@@ -395,11 +395,7 @@ struct RowSumTeamKernel {
 /// RowSumTeamKernel over `rows` rows of `n`: teams of 32 to 256 GPU threads (one on a host instance).
 template <class Exec, class T, class Acc>
 void row_sums_teams(const Exec& exec, const T* in, Acc* out, std::int64_t rows, std::int64_t n) {
-  int team = 1;
-  if constexpr (!is_host_exec_v<Exec>) {
-    team = 32;
-    while (team < 256 && team < n) team *= 2;
-  }
+  const int team = row_team_size<Exec>(n);
   Kokkos::parallel_for("shardlib::kernels::reduce_dim(sum, team)", Kokkos::TeamPolicy<Exec>(exec, static_cast<int>(rows), team),
                        RowSumTeamKernel<T, Acc>{in, out, n});
   if constexpr (is_host_exec_v<Exec>) kernels::fence(exec);
@@ -539,11 +535,7 @@ struct RowsTeamKernel {
 template <class Exec, class T>
 void rows_fused(const Exec& exec, RowOp op, const T* in, T* out, std::int64_t rows, std::int64_t n, T scale, double eps) {
   if (rows <= 0) return;
-  int team = 1;
-  if constexpr (!is_host_exec_v<Exec>) {
-    team = 32;
-    while (team < 256 && team < n) team *= 2;
-  }
+  const int team = row_team_size<Exec>(n);
   const Kokkos::TeamPolicy<Exec> policy(exec, static_cast<int>(rows), team);
   switch (op) {
     case RowOp::softmax:
