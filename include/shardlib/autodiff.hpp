@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 /// @file
 /// Reverse-mode automatic differentiation over sharded tensors (docs/05_gradients.md): `Var`,
-/// `Param`, the differentiable ops, `backward`, `sync_grads`, `value_and_grad`, the losses.
+/// `Param`, the differentiable ops, `backward`, `sync_grads`, `value_and_grad`, the losses,
+/// `checkpoint` (activation recomputation).
 /// Not included by <shardlib/shardlib.hpp>: code that only runs forward does not compile it.
 #pragma once
 
 #include <shardlib/shardlib.hpp>
 
+#include <shardlib/autodiff/checkpoint.hpp>
 #include <shardlib/autodiff/elementwise.hpp>
 #include <shardlib/autodiff/graph.hpp>
 #include <shardlib/autodiff/layout.hpp>

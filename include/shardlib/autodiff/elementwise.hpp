@@ -221,7 +221,7 @@ auto cast(const A& a) {
                 "shardlib: cast<U> of a Var converts between floating-point types (float, double, f16, bf16)");
   auto out = shardlib::cast<U>(a.value());
   using Out = decltype(out);
-  if (!a.requires_grad()) return Var<Out>(std::move(out));
+  if (!a.requires_grad() || !autodiff::detail::recording(a.node())) return Var<Out>(std::move(out));
   auto n = std::make_shared<autodiff::detail::CastNode<Out, In>>(a.node(), out);
   return Var<Out>(std::move(out), std::move(n));
 }

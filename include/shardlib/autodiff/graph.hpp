@@ -163,6 +163,57 @@ class Node {
 namespace detail {
 using namespace shardlib::detail;  // NOLINT: the ops' runtime helpers
 
+/// The forward of a `checkpoint` (checkpoint.hpp): while one is open on this thread (a device's
+/// thread), ops record no node and return constants; the scope notes the nodes of the operands they
+/// read: parameters (leaves), which the checkpoint's node then lists as inputs so that the outer
+/// pass resolves their gradients after the recomputation added to them, and Vars, which must be
+/// the checkpoint's own inputs (anything else would be cut off from its gradient: an error).
+class NoRecordScope {
+ public:
+  explicit NoRecordScope(std::vector<const Node*> inputs) : inputs_(std::move(inputs)), outer_(current()) {
+    current() = this;
+  }
+  ~NoRecordScope() { current() = outer_; }
+  NoRecordScope(const NoRecordScope&) = delete;
+  NoRecordScope& operator=(const NoRecordScope&) = delete;
+
+  /// The scope open on this thread, or null.
+  static NoRecordScope*& current() noexcept {
+    thread_local NoRecordScope* scope = nullptr;
+    return scope;
+  }
+  /// Notes an operand's node (null: a constant). Throws std::logic_error for a Var that is neither
+  /// a parameter nor one of the checkpoint's inputs.
+  void see(const std::shared_ptr<Node>& n) {
+    if (!n) return;
+    if (n->as_leaf()) {
+      if (std::find(leaves_.begin(), leaves_.end(), n) == leaves_.end()) leaves_.push_back(n);
+      return;
+    }
+    if (std::find(inputs_.begin(), inputs_.end(), n.get()) != inputs_.end()) return;
+    throw std::logic_error(std::string("shardlib: checkpoint: the function reads a Var that is not one of its inputs "
+                                       "(the output of op '") + n->op() + "', " + n->describe() +
+                           "): pass it to checkpoint as an input, or its gradient would be lost");
+  }
+  /// The parameters read, in the order first read.
+  const std::vector<std::shared_ptr<Node>>& leaves() const noexcept { return leaves_; }
+
+ private:
+  std::vector<const Node*> inputs_;
+  std::vector<std::shared_ptr<Node>> leaves_;
+  NoRecordScope* outer_;
+};
+
+/// Whether an op on operands with these nodes records one (false inside a checkpoint's forward,
+/// which notes them).
+template <class... N>
+bool recording(const std::shared_ptr<N>&... nodes) {
+  NoRecordScope* scope = NoRecordScope::current();
+  if (!scope) return true;
+  (scope->see(nodes), ...);
+  return false;
+}
+
 /// The nodes reached from `root`, in the order their rules run (reverse topological); `keep`
 /// holds them alive while the pass frees the edges.
 SHARDLIB_NOINLINE inline std::vector<Node*> backward_order(Node* root, std::vector<std::shared_ptr<Node>>& keep) {

@@ -53,7 +53,7 @@ std::shared_ptr<TensorNode<tensor_of_t<X>>> node(const X& x) {
 /// A Var of `value`, with a node running `rule` when an input needs a gradient; else a constant.
 template <class Out, class Rule, class... In>
 Var<Out> record(const char* op, Out value, Rule rule, const std::shared_ptr<In>&... inputs) {
-  if ((!inputs && ...)) return Var<Out>(std::move(value));
+  if ((!inputs && ...) || !recording(inputs...)) return Var<Out>(std::move(value));
   auto n = std::make_shared<OpNode<Out, Rule>>(op, std::vector<std::shared_ptr<Node>>{inputs...}, value, std::move(rule));
   return Var<Out>(std::move(value), std::move(n));
 }
@@ -99,7 +99,7 @@ auto reshard(const V& v) {
   using In = typename std::remove_cvref_t<V>::tensor_type;
   using Out = DistributedTensor<typename In::value_type, typename In::mesh_type, NewSpec, typename In::memory_space>;
   Out out = shardlib::reshard<NewSpec>(v.value());
-  if (!v.requires_grad()) return Var<Out>(std::move(out));
+  if (!v.requires_grad() || !autodiff::detail::recording(v.node())) return Var<Out>(std::move(out));
   auto n = std::make_shared<autodiff::detail::ReshardNode<Out, In>>(v.node(), out);
   return Var<Out>(std::move(out), std::move(n));
 }
