@@ -452,7 +452,7 @@ class DistributedTensor {
     std::array<std::int64_t, n> words{};
     std::copy(shape.begin(), shape.end(), words.begin());
     words[rank] = extra;
-    const std::vector<std::int64_t> all = mesh.context().world().mismatch(std::span<const std::int64_t>(words));
+    const std::vector<std::int64_t> all = mesh.context().agreement_group().mismatch(std::span<const std::int64_t>(words));
     const auto bad_extra = [&](std::int64_t e, std::size_t d) {
       return std::invalid_argument(std::string("shardlib: ") + what + " from device " + std::to_string(d) + ": " +
                                    (e > 0 ? "a host array of " + std::to_string(e - 1) + " elements"

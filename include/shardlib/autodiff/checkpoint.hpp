@@ -116,7 +116,7 @@ auto checkpoint(F f, const Xs&... inputs) {
     std::vector<std::shared_ptr<autodiff::Node>> nodes;  // the inputs that need a gradient, then the parameters f read
     ((node(inputs) ? nodes.push_back(node(inputs)) : void()), ...);
     Out value = [&] {
-      NoRecordScope scope({node(inputs).get()...});
+      NoRecordScope scope(std::vector<const autodiff::Node*>{node(inputs).get()...});
       Out v = std::apply([&](const auto&... a) { return f(a...); }, args).value();
       for (const std::shared_ptr<autodiff::Node>& l : scope.leaves())
         if (std::find(nodes.begin(), nodes.end(), l) == nodes.end()) nodes.push_back(l);

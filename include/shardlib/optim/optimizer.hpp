@@ -139,7 +139,9 @@ class Slot {
   virtual bool take_grad() = 0;
   /// Sum of squares of the step's gradient over the elements this device counts (each global
   /// element on one device).
-  virtual double local_sum_of_squares() const = 0;
+  /// This device's part of the gradients' sum of squares: its block's, when it is the block's
+  /// primary replica; along mesh axis `stage` (a pipeline's, or empty) every device counts its own.
+  virtual double local_sum_of_squares(const AxisName& stage) const = 0;
   /// The update of this device's shard (local).
   virtual void update(const typename Rule::Step& step) = 0;
   /// Writes the updated values back into the parameter (collective where the specs differ), and
@@ -224,9 +226,13 @@ class TypedSlot final : public Slot<Rule> {
       grad_ = Shard(*leaf.grad());  // a local slice when the parameter is replicated (ZeRO-1)
     return true;
   }
-  double local_sum_of_squares() const override {
+  double local_sum_of_squares(const AxisName& stage) const override {
     const Shard& g = *grad_;
-    if (!is_primary_replica(State::sharding, g.mesh().shape(), context().device())) return 0;
+    const MeshShape& mesh = g.mesh().shape();
+    const auto c = mesh.coords(context().device());
+    const int own = stage.empty() ? -1 : mesh.find(stage);  // each stage holds its own parameters
+    for (int a : State::sharding.replicated_axes(mesh.rank()))
+      if (a != own && c[static_cast<std::size_t>(a)] != 0) return 0;  // not the block's primary replica
     auto guard = shardlib::detail::kernel_guard_for<Mem>(context(), true);
     return kernels::sum_of_squares(context().template exec_for<Mem>(), g.block().num_elements(), g.local().data());
   }
@@ -334,6 +340,14 @@ class Optimizer {
   /// (and clipped by their true norm) in the update. Returns whether the step was taken.
   bool step(LossScaler& scaler) { return step_impl(&scaler); }
 
+  /// Pipeline parallelism (docs/11_pipeline_parallel.md): along mesh axis `axis` each device holds
+  /// the parameters of its own stage, whose specs do not name the axis; the global norm then adds
+  /// every stage's gradients (otherwise a parameter replicated along an axis counts once).
+  Optimizer& stage_axis(const AxisName& axis) {
+    stage_axis_ = axis;
+    return *this;
+  }
+
   /// Forgets every parameter's gradient (and those the optimizer holds in its state's spec).
   void zero_grad() noexcept {
     for (auto& s : slots_) s->zero_grad();
@@ -376,7 +390,7 @@ class Optimizer {
     last_norm_ = std::numeric_limits<double>::quiet_NaN();
     if (options_.clip_norm > 0 || scaler) {
       double sq = 0;
-      for (auto* s : live) sq += s->local_sum_of_squares();
+      for (auto* s : live) sq += s->local_sum_of_squares(stage_axis_);
       Context& ctx = slots_.front()->context();
       if (ctx.num_devices() > 1) ctx.world().all_reduce(&sq, &sq, 1, coll::DType::f64, coll::Op::sum);
       last_norm_ = std::sqrt(sq) * unscale;
@@ -434,6 +448,7 @@ class Optimizer {
   std::vector<std::unique_ptr<detail::Slot<Rule>>> slots_;
   std::int64_t steps_ = 0;
   double last_norm_ = std::numeric_limits<double>::quiet_NaN();
+  AxisName stage_axis_{};
 };
 
 }  // namespace optim

@@ -125,6 +125,15 @@ class Context {
   std::string_view backend() const noexcept { return world_->backend(); }
   /// All devices of the run.
   coll::Communicator& world() noexcept { return *world_; }
+  /// The devices that check a factory's shape together (tensor.hpp): the world, or, while a
+  /// pipeline stage's code runs (pipeline::StageScope), the devices of this device's stage, which
+  /// alone run that code.
+  coll::Communicator& agreement_group() noexcept { return agreement_ ? *agreement_ : *world_; }
+  /// Internal (pipeline::StageScope): sets the agreement group (null: the world); returns the last.
+  coll::Communicator* exchange_agreement_group(coll::Communicator* g) noexcept {
+    std::swap(agreement_, g);
+    return g;
+  }
 
   /// This device's group along `axes` of `mesh` (the devices sharing its coordinates on the other
   /// axes), ranked by group rank (MeshShape::group_rank). Created on first use, which is
@@ -229,6 +238,7 @@ class Context {
   [[no_unique_address]] detail::DeviceInstance device_exec_;
   bool shares_process_ = false;
   coll::Communicator* device_world_ = nullptr;  // the Runtime's (nccl backend)
+  coll::Communicator* agreement_ = nullptr;     // pipeline::StageScope: the stage's devices
   std::vector<CachedGroup> groups_, device_groups_;
   std::vector<State> states_;  // after groups_: destroyed first, as it may refer to them
 };
