@@ -9,11 +9,14 @@
 #pragma once
 
 #include <shardlib/optim.hpp>
+#include <shardlib/pipeline.hpp>
 
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -120,7 +123,49 @@ struct Replicated : DP {
   using Ids = Spec<none, none>;
 };
 
+/// Pipeline parallelism over a "stage" axis (docs/11_pipeline_parallel.md): each stage holds its
+/// layers (the embedding on the first, the final norm and LM head on the last), with the specs of
+/// recipe `Inner` over the other axes ("data", "model"); micro-batches flow through the stages by
+/// a schedule (pipeline/schedule.hpp). `Data` and `Model` are the sizes of those axes as a
+/// function of the devices left per stage.
+template <class Inner, int DataShare, int ModelShare>
+struct PPOf : Inner {
+  using Mesh = sl::Mesh<"stage", "data", "model">;
+  static constexpr bool pipelined = true;
+  /// `stages` devices on "stage", the rest on "data" (DataShare) or "model" (ModelShare).
+  static Mesh mesh(sl::Context& ctx, int stages) {
+    const int n = ctx.num_devices();
+    if (stages < 1 || n % stages != 0)
+      throw std::invalid_argument("gpt: " + std::to_string(stages) + " stages do not divide the " + std::to_string(n) + " devices");
+    return Mesh(ctx, {stages, DataShare ? n / stages : 1, ModelShare ? n / stages : 1});
+  }
+};
+struct PP : PPOf<DP, 0, 0> {
+  static constexpr const char* name = "pp";
+};
+struct PPxDP : PPOf<DP, 1, 0> {
+  static constexpr const char* name = "pp_dp";
+};
+struct PPxZero1 : PPOf<DP, 1, 0> {
+  static constexpr const char* name = "pp_zero1";
+  static constexpr Zero zero = Zero::stage1;
+};
+struct PPxTP : PPOf<TP, 0, 1> {
+  static constexpr const char* name = "pp_tp";
+};
+
+template <class R>
+concept Pipelined = requires { R::pipelined; };
+
 // ---- The model ---------------------------------------------------------------------------------
+
+/// Which parts of the model a device holds: every part, or a pipeline stage's.
+struct Parts {
+  std::vector<bool> layers;  ///< layer l held (cfg.layers entries)
+  bool embedding = true;     ///< token and position embeddings (the first virtual stage)
+  bool head = true;          ///< final norm and LM head (the last virtual stage)
+  static Parts all(const Config& c) { return {std::vector<bool>(static_cast<std::size_t>(c.layers), true), true, true}; }
+};
 
 /// The model of recipe R with parameters of element type E: float, or bf16/f16 for mixed
 /// precision (16-bit parameters and gradients, float32 master weights and optimizer state, the
@@ -159,44 +204,50 @@ struct Model {
 
   Config cfg;
   Mesh mesh;
-  P<typename R::Wte> wte;
-  P<Pos> wpe;
-  std::vector<Layer> layers;
-  P<Vec> gf, bf;
-  P<typename R::Head> head;
+  std::optional<P<typename R::Wte>> wte;
+  std::optional<P<Pos>> wpe;
+  std::vector<std::optional<Layer>> layers;  // layer l, when this device holds it
+  std::optional<P<Vec>> gf, bf;
+  std::optional<P<typename R::Head>> head;
   Ten<Spec<none, none>> mask;  // causal: 0 on and below the diagonal, -1e9 above
+  /// The residual stream between blocks [B, S, D].
+  using X = sl::Var<Ten<typename R::Act>>;
 
-  /// Parameters drawn from `cfg.seed` by global index: the same values on any mesh and layout.
-  Model(const Config& c, const Mesh& m)
-      : cfg(c),
-        mesh(m),
-        wte(init<typename R::Wte>({c.vocab, c.dim}, 1, 0.5f)),
-        wpe(init<Pos>({c.seq, c.dim}, 2, 0.1f)),
-        gf(vec(1.f)),
-        bf(vec(0.f)),
-        head(init<typename R::Head>({c.dim, c.vocab}, 3, 1.f / std::sqrt(float(c.dim)))),
-        mask(Ten<Spec<none, none>>::zeros(m, {c.seq, c.seq})) {
+  /// Parameters drawn from `cfg.seed` by global index: the same values on any mesh and layout,
+  /// and for a pipeline stage (`parts`) the values of the whole model's parts it holds.
+  Model(const Config& c, const Mesh& m, const Parts& parts) : cfg(c), mesh(m), mask(Ten<Spec<none, none>>::zeros(m, {c.seq, c.seq})) {
+    if (parts.embedding) {
+      wte.emplace(init<typename R::Wte>({c.vocab, c.dim}, 1, 0.5f));
+      wpe.emplace(init<Pos>({c.seq, c.dim}, 2, 0.1f));
+    }
+    if (parts.head) {
+      gf.emplace(vec(1.f));
+      bf.emplace(vec(0.f));
+      head.emplace(init<typename R::Head>({c.dim, c.vocab}, 3, 1.f / std::sqrt(float(c.dim))));
+    }
     const float wd = 1.f / std::sqrt(float(c.dim)), wf = 1.f / std::sqrt(float(c.ff));
     const std::int64_t H = c.heads, K = c.head_dim();
     for (std::int64_t l = 0; l < c.layers; ++l) {
+      layers.emplace_back();
+      if (!parts.layers[static_cast<std::size_t>(l)]) continue;
       const std::uint64_t s = 100 * static_cast<std::uint64_t>(l + 1);
-      layers.push_back(Layer{vec(1.f), vec(0.f), init<typename R::Qkv>({c.dim, H, K}, s + 1, wd),
-                             init<typename R::Qkv>({c.dim, H, K}, s + 2, wd), init<typename R::Qkv>({c.dim, H, K}, s + 3, wd),
-                             init<typename R::Wo>({H, K, c.dim}, s + 4, wd), vec(1.f), vec(0.f),
-                             init<typename R::W1>({c.dim, c.ff}, s + 5, wd), init<typename R::W2>({c.ff, c.dim}, s + 6, wf)});
+      layers.back().emplace(Layer{vec(1.f), vec(0.f), init<typename R::Qkv>({c.dim, H, K}, s + 1, wd),
+                                  init<typename R::Qkv>({c.dim, H, K}, s + 2, wd), init<typename R::Qkv>({c.dim, H, K}, s + 3, wd),
+                                  init<typename R::Wo>({H, K, c.dim}, s + 4, wd), vec(1.f), vec(0.f),
+                                  init<typename R::W1>({c.dim, c.ff}, s + 5, wd), init<typename R::W2>({c.ff, c.dim}, s + 6, wf)});
     }
     sl::parallel_for(mask, [](const sl::Index<2>& i, float& v) { v = i[1] > i[0] ? -1e9f : 0.f; });
   }
+  Model(const Config& c, const Mesh& m) : Model(c, m, Parts::all(c)) {}
 
-  /// Calls f(param) on every parameter, in one order on every device.
+  /// Calls f(param) on every parameter this device holds, in one order on every device.
   template <class F>
   void for_each_param(F&& f) {
-    f(wte);
-    f(wpe);
-    for (Layer& l : layers) {
-      f(l.g1), f(l.b1), f(l.wq), f(l.wk), f(l.wv), f(l.wo), f(l.g2), f(l.b2), f(l.w1), f(l.w2);
+    if (wte) f(*wte), f(*wpe);
+    for (auto& l : layers) {
+      if (l) f(l->g1), f(l->b1), f(l->wq), f(l->wk), f(l->wv), f(l->wo), f(l->g2), f(l->b2), f(l->w1), f(l->w2);
     }
-    f(gf), f(bf), f(head);
+    if (head) f(*gf), f(*bf), f(*head);
   }
   std::int64_t num_params() {
     std::int64_t n = 0;
@@ -207,26 +258,38 @@ struct Model {
   /// The mean next-token cross-entropy of a batch: `ids` [B, S] predict `targets` [B, S].
   template <class Ids>
   auto loss(const Ids& ids, const Ids& targets) const {
+    X x = embed(ids);
+    for (const auto& l : layers) x = block(*l, x);
+    return head_loss(x, targets);
+  }
+  /// The residual stream of the tokens `ids` [B, S]: their embeddings plus the positions'.
+  /// Under TP the table is split over the vocabulary: each device looks up the ids it holds and
+  /// the partial rows are reduce-scattered along the sequence (SP).
+  template <class Ids>
+  X embed(const Ids& ids) const {
+    return sl::reshard<typename R::Act>(sl::take<0>(use<typename R::Wte>(*wte), ids)) + use<Pos>(*wpe);
+  }
+  /// One pre-LN block: causal multi-head attention, then the GELU MLP, each with its residual.
+  X block(const Layer& l, const X& x0) const {
     using Act = typename R::Act;
     using Full = typename R::Full;
     const float scale = 1.f / std::sqrt(float(cfg.head_dim()));
-    // Under TP the table is split over the vocabulary: each device looks up the ids it holds and
-    // the partial rows are reduce-scattered along the sequence (SP).
-    auto x = sl::reshard<Act>(sl::take<0>(use<typename R::Wte>(wte), ids)) + use<Pos>(wpe);
-    for (const Layer& l : layers) {
-      auto a = sl::reshard<Full>(sl::layer_norm<2>(x) * use<Vec>(l.g1) + use<Vec>(l.b1));
-      auto q = sl::einsum<"bsd,dhk->bshk">(a, use<typename R::Qkv>(l.wq));
-      auto k = sl::einsum<"bsd,dhk->bshk">(a, use<typename R::Qkv>(l.wk));
-      auto v = sl::einsum<"bsd,dhk->bshk">(a, use<typename R::Qkv>(l.wv));
-      auto p = sl::softmax<3>(sl::einsum<"bqhk,bshk->bhqs">(q, k) * scale + mask);
-      auto att = sl::einsum<"bhqs,bshk->bqhk">(p, v);
-      x = x + sl::reshard<Act>(sl::einsum<"bqhk,hkd->bqd">(att, use<typename R::Wo>(l.wo)));
-      auto h = sl::reshard<Full>(sl::layer_norm<2>(x) * use<Vec>(l.g2) + use<Vec>(l.b2));
-      auto f = sl::gelu(sl::einsum<"bsd,df->bsf">(h, use<typename R::W1>(l.w1)));
-      x = x + sl::reshard<Act>(sl::einsum<"bsf,fd->bsd">(f, use<typename R::W2>(l.w2)));
-    }
-    auto h = sl::reshard<Full>(sl::layer_norm<2>(x) * use<Vec>(gf) + use<Vec>(bf));
-    auto logits = sl::einsum<"bsd,dv->bsv">(h, use<typename R::Head>(head));
+    auto a = sl::reshard<Full>(sl::layer_norm<2>(x0) * use<Vec>(l.g1) + use<Vec>(l.b1));
+    auto q = sl::einsum<"bsd,dhk->bshk">(a, use<typename R::Qkv>(l.wq));
+    auto k = sl::einsum<"bsd,dhk->bshk">(a, use<typename R::Qkv>(l.wk));
+    auto v = sl::einsum<"bsd,dhk->bshk">(a, use<typename R::Qkv>(l.wv));
+    auto p = sl::softmax<3>(sl::einsum<"bqhk,bshk->bhqs">(q, k) * scale + mask);
+    auto att = sl::einsum<"bhqs,bshk->bqhk">(p, v);
+    X x = x0 + sl::reshard<Act>(sl::einsum<"bqhk,hkd->bqd">(att, use<typename R::Wo>(l.wo)));
+    auto h = sl::reshard<Full>(sl::layer_norm<2>(x) * use<Vec>(l.g2) + use<Vec>(l.b2));
+    auto f = sl::gelu(sl::einsum<"bsd,df->bsf">(h, use<typename R::W1>(l.w1)));
+    return x + sl::reshard<Act>(sl::einsum<"bsf,fd->bsd">(f, use<typename R::W2>(l.w2)));
+  }
+  /// The final norm, the LM head and the mean cross-entropy against `targets` [B, S].
+  template <class Ids>
+  auto head_loss(const X& x, const Ids& targets) const {
+    auto h = sl::reshard<typename R::Full>(sl::layer_norm<2>(x) * use<Vec>(*gf) + use<Vec>(*bf));
+    auto logits = sl::einsum<"bsd,dv->bsv">(h, use<typename R::Head>(*head));
     return sl::cross_entropy(sl::reshape<"b s v -> (b s) v">(logits), sl::reshape<"b s -> (b s)">(targets));
   }
 
@@ -314,6 +377,19 @@ struct StepReport {
   sl::coll::CommStats forward, backward, update;  // collectives of each phase
   sl::coll::CommTrace trace;  // the whole step's collectives in order (the loss's read-back included)
   sl::MemoryUsage memory;  // after the update; its peak: the step's high point
+  sl::pipeline::StepStats pipeline;  // pipelined recipes: the step's forwards and backwards (`forward` counts their collectives)
+};
+
+/// A pipelined run's shape: stages, micro-batches per global batch, schedule, chunks per stage
+/// (interleaved), recomputation.
+struct PipeConfig {
+  int stages = 2;
+  int microbatches = 4;
+  sl::pipeline::Schedule schedule = sl::pipeline::Schedule::one_f_one_b;
+  int chunks = 1;
+  bool recompute = false;
+  /// The table of this run (a backward takes 2 slots, 3 when recomputed).
+  sl::pipeline::Table table() const { return sl::pipeline::schedule(schedule, stages, microbatches, chunks, recompute ? 3 : 2); }
 };
 
 /// Trains `R`'s model with parameters of element type `E` for `steps` steps with AdamW and calls
@@ -377,6 +453,75 @@ std::vector<std::vector<float>> train(sl::Context& ctx, const Config& cfg, int s
     out.emplace_back(v.begin(), v.end());
   });
   return out;
+}
+
+/// train() for a pipelined recipe (R::pipelined): the mesh {stages, ...} of `pc`, this device's
+/// stage's parts of the model, and each step's forwards and backwards by `pc`'s schedule over
+/// micro-batches of cfg.batch / m sequences (micro-batch k of step s holds the global batch's
+/// sequences [k b, (k + 1) b): the same data as the other recipes). AdamW steps once per global
+/// batch over this stage's parameters (its global norm over every stage's: Optimizer::stage_axis).
+/// Throws std::invalid_argument when m does not divide the batch or the layers do not split.
+/// Returns nothing (the parameters live on their stages).
+template <class R, class E = float, class OnStep>
+void train_pipelined(sl::Context& ctx, const Config& cfg, const PipeConfig& pc, int steps, OnStep&& on_step) {
+  namespace pp = sl::pipeline;
+  if (pc.microbatches < 1 || cfg.batch % pc.microbatches != 0)
+    throw std::invalid_argument("gpt: " + std::to_string(pc.microbatches) + " micro-batches do not divide the batch of " +
+                                std::to_string(cfg.batch) + " sequences");
+  const pp::Table table = pc.table();
+  auto mesh = R::mesh(ctx, pc.stages);
+  pp::StageScope scope(mesh);  // from here, this device runs its stage's code
+  const int me = mesh.shape().coords(ctx.device())[0];
+  Parts parts{std::vector<bool>(static_cast<std::size_t>(cfg.layers), false), me == 0, me == pc.stages - 1};
+  for (int c = 0; c < table.chunks; ++c) {
+    const auto [first, last] = pp::layers_of(table, static_cast<int>(cfg.layers), me, c);
+    for (int l = first; l < last; ++l) parts.layers[static_cast<std::size_t>(l)] = true;
+  }
+  Model<R, E> model(cfg, mesh, parts);
+  sl::optim::AdamW opt({.lr = cfg.lr, .weight_decay = 0.01, .clip_norm = cfg.clip});
+  opt.stage_axis("stage");
+  model.for_each_param([&](auto& p) {
+    if constexpr (R::zero == Zero::none)
+      opt.add(p);
+    else
+      opt.template add_zero<"data">(p);
+  });
+  const TokenStream stream(cfg.vocab, cfg.seq, cfg.seed);
+  using Ids = sl::DistributedTensor<std::int64_t, typename R::Mesh, typename R::Ids>;
+  using XT = typename Model<R, E>::X::tensor_type;
+  const std::int64_t b = cfg.batch / pc.microbatches;
+  for (int s = 0; s < steps; ++s) {
+    StepReport r;
+    sl::coll::CommRecorder whole(sl::coll::keep_calls);
+    opt.zero_grad();
+    sl::reset_peak_memory(ctx);
+    {
+      sl::coll::CommRecorder rec;
+      r.pipeline = pp::run<XT>(
+          table, mesh, {b, cfg.seq, cfg.dim},
+          [&](int chunk, int mb, const typename Model<R, E>::X* in) {
+            typename Model<R, E>::X x = in ? *in : model.embed(stream.batch<Ids>(mesh, b, s * pc.microbatches + mb).first);
+            const auto [first, last] = pp::layers_of(table, static_cast<int>(cfg.layers), me, chunk);
+            for (int l = first; l < last; ++l) x = model.block(*model.layers[static_cast<std::size_t>(l)], x);
+            return x;
+          },
+          [&](int mb, const typename Model<R, E>::X& out) {
+            return model.head_loss(out, stream.batch<Ids>(mesh, b, s * pc.microbatches + mb).second);
+          },
+          {.recompute = pc.recompute});
+      r.forward = rec.stats();
+    }
+    {
+      sl::coll::CommRecorder rec;
+      opt.step();
+      r.update = rec.stats();
+    }
+    r.memory = sl::memory_usage(ctx);
+    r.grad_norm = opt.last_grad_norm();
+    r.loss = r.pipeline.loss;
+    r.trace = {whole.stats(), whole.calls()};
+    on_step(s, r);
+  }
 }
 
 }  // namespace gpt

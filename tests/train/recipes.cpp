@@ -116,6 +116,51 @@ void no_all_to_all(const gpt::StepReport& s) {
 
 constexpr std::int64_t P = 2 + 10 * 2 + 3;  // parameter tensors: wte, wpe, 10 per layer, gf, bf, head
 
+/// Pipelined recipe R with `pc` (its stage count capped by the devices) against one device: the
+/// loss and the global gradient norm of every step (the norm adds every stage's gradients), and
+/// one activation forward and one gradient back per micro-batch and stage boundary.
+template <class R>
+void pipelined_against_one_device(gpt::PipeConfig pc, std::int64_t layers = 4) {
+  gpt::Config cfg = config();
+  cfg.layers = layers;
+  constexpr int pp_steps = 8;
+  sl::test::for_each_run(
+      [&](sl::Context& ctx) {
+        gpt::PipeConfig c = pc;
+        if constexpr (std::is_same_v<R, gpt::PP>) c.stages = ctx.num_devices();  // every device a stage
+        std::vector<gpt::StepReport> got;
+        gpt::train_pipelined<R>(ctx, cfg, c, pp_steps, [&](int, const gpt::StepReport& r) { got.push_back(r); });
+        std::vector<gpt::StepReport> want;
+        gpt::train<gpt::Replicated>(ctx, cfg, pp_steps, [&](int, const gpt::StepReport& r) { want.push_back(r); });
+        REQUIRE(got.size() == want.size());
+        const auto mesh = R::mesh(ctx, c.stages);
+        const int me = mesh.shape().coords(ctx.device())[0];
+        const std::int64_t b = cfg.batch / c.microbatches;
+        // This device's block of the boundary [b, S, D] (split over "data" or, under TP, "model").
+        using XT = typename gpt::Model<R>::X::tensor_type;
+        const std::int64_t shape[] = {b, cfg.seq, cfg.dim};
+        const std::uint64_t block = static_cast<std::uint64_t>(
+            sl::shard_box(XT::sharding, mesh.shape(), shape, ctx.device()).num_elements() * 4);
+        const int V = c.stages * c.chunks;
+        std::uint64_t crossings = 0;
+        for (int ch = 0; ch < c.chunks; ++ch) {
+          const int vs = ch * c.stages + me;
+          crossings += static_cast<std::uint64_t>((vs < V - 1) + (vs > 0)) * static_cast<std::uint64_t>(c.microbatches);
+        }
+        for (std::size_t s = 0; s < got.size(); ++s) {
+          CAPTURE(R::name);
+          CAPTURE(s);
+          CHECK(got[s].loss == doctest::Approx(want[s].loss).epsilon(1e-4));
+          CHECK(got[s].grad_norm == doctest::Approx(want[s].grad_norm).epsilon(1e-4));
+          CHECK(got[s].forward[Kind::permute].bytes_sent == crossings * block);
+          CHECK(got[s].forward[Kind::permute].bytes_received == crossings * block);
+          CHECK(got[s].pipeline.forwards == c.microbatches * c.chunks);
+        }
+        CHECK(got.back().loss < 0.9 * got.front().loss);
+      },
+      {4, 8});
+}
+
 }  // namespace
 
 TEST_SUITE("train") {
@@ -258,5 +303,14 @@ TEST_CASE("uneven sizes: a global batch, a vocabulary and widths that do not div
   against_one_device<gpt::Zero3>(any, c);
   against_one_device<gpt::TP>(any, c);
   against_one_device<gpt::DPxTP>(any, c);
+}
+TEST_CASE("pipeline recipes: 1F1B, GPipe with recomputation and interleaved, with DP, TP and ZeRO-1, against one device") {
+  namespace pp = sl::pipeline;
+  pipelined_against_one_device<gpt::PPxDP>({.stages = 2, .microbatches = 4, .schedule = pp::Schedule::one_f_one_b});
+  pipelined_against_one_device<gpt::PPxDP>({.stages = 4, .microbatches = 2, .schedule = pp::Schedule::gpipe, .recompute = true});
+  pipelined_against_one_device<gpt::PPxTP>({.stages = 2, .microbatches = 2, .schedule = pp::Schedule::one_f_one_b});
+  pipelined_against_one_device<gpt::PPxZero1>({.stages = 2, .microbatches = 8, .schedule = pp::Schedule::one_f_one_b});
+  pipelined_against_one_device<gpt::PPxDP>({.stages = 2, .microbatches = 4, .schedule = pp::Schedule::interleaved, .chunks = 2});
+  pipelined_against_one_device<gpt::PP>({.stages = 0, .microbatches = 8, .schedule = pp::Schedule::one_f_one_b}, 8);
 }
 }
