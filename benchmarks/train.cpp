@@ -3,8 +3,13 @@
 // training the small GPT with AdamW, one JSON record per recipe on stdout, progress on stderr.
 // Driven by `benchmarks/run train` (which runs the same model and strategy in JAX beside it); run
 // alone as
-//   bench_train --devices 8 --recipe dp,zero1,zero2,zero3,tp,dp_tp [--steps 10] [--warmup 2]
-//               [--vocab 512 --seq 128 --dim 256 --heads 8 --ff 1024 --layers 2 --batch 16]
+//   bench_train --devices 8 --recipe dp,zero1,zero2,zero3,tp,dp_tp,pp_dp,pp_zero1,pp_tp [--steps 10]
+//               [--warmup 2] [--vocab 512 --seq 128 --dim 256 --heads 8 --ff 1024 --layers 2 --batch 16]
+//               [--stages 2 --microbatches 8]
+//   bench_train --bubble --devices 4: the pipeline schedules (GPipe, 1F1B, interleaved with 2 chunks)
+//               on every device a stage, m = 2p micro-batches, 4p layers: each stage's idle fraction
+//               measured (1 - its time in forwards and backwards / the step's) beside the ideal bubble
+//               (p - 1) / (v m + p - 1); part "bubble", one record per schedule.
 // A step is the whole training loop's step: the batch made on the devices, zero_grad, forward,
 // backward, optimizer step and the loss read back. `seconds` is the median step time (device 0's
 // clock; every step ends with the loss's all_reduce, so devices leave it together);
@@ -15,6 +20,7 @@
 #include "../examples/gpt/gpt.hpp"
 #include "common.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -49,6 +55,37 @@ Result measure(sl::Runtime& rt, const gpt::Config& cfg, int warmup, int steps) {
     });
     if (ctx.device() == 0) res.seconds = bench::median(times);
   });
+  return res;
+}
+
+/// A pipelined recipe's steps: as measure(), and the stages' idle fractions (each device's median
+/// over the timed steps, then their mean).
+struct PipeResult : Result {
+  double idle = 0;
+};
+template <class R>
+PipeResult measure_pipelined(sl::Runtime& rt, const gpt::Config& cfg, const gpt::PipeConfig& pc, int warmup, int steps) {
+  PipeResult res;
+  std::vector<double> idle(static_cast<std::size_t>(rt.num_devices()));
+  rt.spmd([&](sl::Context& ctx) {
+    std::vector<double> times, idles;
+    auto last = bench::Clock::now();
+    gpt::train_pipelined<R>(ctx, cfg, pc, warmup + steps, [&](int s, const gpt::StepReport& r) {
+      const auto now = bench::Clock::now();
+      if (s >= warmup) {
+        times.push_back(std::chrono::duration<double>(now - last).count());
+        idles.push_back(r.pipeline.idle_fraction());
+      }
+      last = now;
+      if (ctx.device() != 0) return;
+      if (s == 0) res.first_loss = r.loss;
+      res.last_loss = r.loss;
+      res.report = r;
+    });
+    idle[static_cast<std::size_t>(ctx.device())] = bench::median(idles);
+    if (ctx.device() == 0) res.seconds = bench::median(times);
+  });
+  for (double i : idle) res.idle += i / static_cast<double>(idle.size());
   return res;
 }
 
@@ -97,6 +134,33 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i)
     if (std::strcmp(argv[i], "--recipe") == 0) recipes = argv[i + 1];
 
+  bool bubble = false;
+  for (int i = 1; i < argc; ++i) bubble = bubble || std::strcmp(argv[i], "--bubble") == 0;
+  if (bubble) {  // the schedules' bubbles, measured, on every device a stage
+    namespace pp = sl::pipeline;
+    auto rt = sl::Runtime::threads(devices);
+    gpt::Config c = cfg;
+    c.layers = 4 * devices;
+    for (pp::Schedule k : {pp::Schedule::gpipe, pp::Schedule::one_f_one_b, pp::Schedule::interleaved}) {
+      gpt::PipeConfig pc{devices, 2 * devices, k, k == pp::Schedule::interleaved ? 2 : 1, false};
+      c.batch = std::max<std::int64_t>(cfg.batch / pc.microbatches, 1) * pc.microbatches;
+      std::fprintf(stderr, "train: bubble of %s on %d stages, %d micro-batches ...\n", std::string(pp::to_string(k)).c_str(),
+                   devices, pc.microbatches);
+      const PipeResult r = measure_pipelined<gpt::PP>(rt, c, pc, warmup, steps);
+      const pp::Table t = pc.table();
+      std::printf("{\"bench\": \"train\", \"part\": \"bubble\", \"name\": \"%s\", \"backend\": \"threads\", \"devices\": %d, "
+                  "\"seconds\": %.6g, \"baseline\": \"the ideal bubble (p - 1) / (v m + p - 1)\", \"baseline_seconds\": %.6g, "
+                  "\"bubble\": %.4g, \"bubble_ideal\": %.4g, \"bubble_table\": %.4g, \"stages\": %d, \"microbatches\": %d, "
+                  "\"chunks\": %d, \"tokens_per_second\": %.6g, \"config\": {\"layers\": %lld, \"batch\": %lld}}\n",
+                  std::string(pp::to_string(k)).c_str(), devices, r.seconds, r.seconds * (1 - t.ideal_bubble()) / (1 - r.idle),
+                  r.idle, t.ideal_bubble(), t.bubble(), pc.stages, pc.microbatches, pc.chunks,
+                  static_cast<double>(c.batch * c.seq) / r.seconds, (long long)c.layers, (long long)c.batch);
+      std::fflush(stdout);
+    }
+    return 0;
+  }
+  const int stages = static_cast<int>(bench::arg(argc, argv, "--stages", 2));
+  const int microbatches = static_cast<int>(bench::arg(argc, argv, "--microbatches", 8));
   auto one = sl::Runtime::threads(1);
   std::fprintf(stderr, "train: one device (the baseline) ...\n");
   const Result base = measure<gpt::Replicated>(one, cfg, warmup, steps);
@@ -106,14 +170,19 @@ int main(int argc, char** argv) {
   for (std::string name; std::getline(list, name, ',');) {
     std::fprintf(stderr, "train: %s on %d devices ...\n", name.c_str(), devices);
     Result r;
-    if (name == "dp") r = measure<gpt::DP>(rt, cfg, warmup, steps);
+    const gpt::PipeConfig pc{stages, microbatches, sl::pipeline::Schedule::one_f_one_b, 1, false};
+    if (name == "pp_dp") r = measure_pipelined<gpt::PPxDP>(rt, cfg, pc, warmup, steps);
+    else if (name == "pp_zero1") r = measure_pipelined<gpt::PPxZero1>(rt, cfg, pc, warmup, steps);
+    else if (name == "pp_tp") r = measure_pipelined<gpt::PPxTP>(rt, cfg, pc, warmup, steps);
+    else if (name == "dp") r = measure<gpt::DP>(rt, cfg, warmup, steps);
     else if (name == "zero1") r = measure<gpt::Zero1>(rt, cfg, warmup, steps);
     else if (name == "zero2") r = measure<gpt::Zero2>(rt, cfg, warmup, steps);
     else if (name == "zero3") r = measure<gpt::Zero3>(rt, cfg, warmup, steps);
     else if (name == "tp") r = measure<gpt::TP>(rt, cfg, warmup, steps);
     else if (name == "dp_tp") r = measure<gpt::DPxTP>(rt, cfg, warmup, steps);
     else {
-      std::fprintf(stderr, "bench_train: unknown recipe '%s' (dp, zero1, zero2, zero3, tp, dp_tp)\n", name.c_str());
+      std::fprintf(stderr, "bench_train: unknown recipe '%s' (dp, zero1, zero2, zero3, tp, dp_tp, pp_dp, pp_zero1, pp_tp)\n",
+                   name.c_str());
       return 2;
     }
     const sl::MemoryUsage& m = r.report.memory;

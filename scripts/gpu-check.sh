@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# shardlib on a GPU, in one command (docs/12_gpus.md, "Checking a GPU machine").
+# shardlib on a GPU, in one command (docs/13_gpus.md, "Checking a GPU machine").
 #
 #   scripts/gpu-check.sh build --kokkos DIR [--out OUT] [-j N] [--arch 90] [--no-host-forms]
 #                              [--cudnn-frontend INCLUDE_DIR | --no-cudnn]
@@ -48,7 +48,7 @@ ME="scripts/gpu-check.sh"
 PROFILE_ARGS="${GPU_CHECK_PROFILE_ARGS:-}"  # default: the layer's step (block) when built, else mlp's
 CUDNN_FRONTEND_VERSION=1.32.0  # PyPI's nvidia-cudnn-frontend, when build fetches it
 
-# The compiler's flags (docs/12): C++20, extended lambdas, Hopper; Kokkos linked statically, so a
+# The compiler's flags (docs/13): C++20, extended lambdas, Hopper; Kokkos linked statically, so a
 # GPU machine needs only the driver (-lcuda) and libcublas.so.13.
 NVFLAGS=(-std=c++20 -extended-lambda)
 TEST_FLAGS=(-O2)

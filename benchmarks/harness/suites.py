@@ -400,6 +400,7 @@ def stencil_table(records):
 
 TRAIN_SIZES = {"vocab": 512, "seq": 128, "dim": 256, "heads": 8, "ff": 1024, "layers": 2, "batch": 16}
 TRAIN_RECIPES = "dp,zero1,zero2,zero3,tp,dp_tp"
+TRAIN_PP_RECIPES = "pp_dp,pp_zero1,pp_tp"
 
 
 def _xla_names(r):
@@ -421,10 +422,21 @@ def train_cases(args, exes, peers):
                      [["--devices", str(n), "--recipe", recipes, "--steps", steps] + sizes for n in args.devs], "train")
     for c in peer:
         c.post = _xla_names
+    # Pipeline parallelism (ours alone: jax_train.py has no pipeline): the recipes on 2 stages of the
+    # same model, and each schedule's bubble measured with every device a stage.
+    if not args.recipe:
+        cases += [Case(f"train: {TRAIN_PP_RECIPES}, {n} device(s)", "train",
+                       [exes["bench_train"], "--devices", str(n), "--recipe", TRAIN_PP_RECIPES, "--steps", steps] + sizes)
+                  for n in args.devs if n % 2 == 0]
+        cases += [Case(f"train: pipeline bubbles, {n} stages", "train",
+                       [exes["bench_train"], "--bubble", "--devices", str(n), "--steps", steps] + sizes)
+                  for n in (4, 8) if n <= max(args.devs)]
     return cases + peer
 
 
 def train_table(records):
+    bubbles = [r for r in records if r.get("part") == "bubble"]
+    records = [r for r in records if r.get("part") != "bubble"]
     ours = {(r["name"], r["devices"]): r for r in records if r["backend"] != "jax-cpu"}
     peer = {(r["name"], r["devices"]): r for r in records if r["backend"] == "jax-cpu"}
     print(f"{'recipe':<8}{'dev':>4}{'tokens/s':>11}{'x 1 device':>11}{'loss':>17}{'jax tokens/s':>14}"
@@ -437,6 +449,11 @@ def train_table(records):
         print(f"{r['name']:<8}{r['devices']:>4}{r['tokens_per_second']:>11.0f}"
               f"{r['baseline_seconds'] / r['seconds']:>11.2f}{r['first_loss']:>8.3f} ->{r['last_loss']:>6.3f}"
               f"{jt}{ratio}  {coll}")
+    if bubbles:
+        print(f"\n{'schedule':<13}{'stages':>7}{'m':>4}{'v':>3}{'bubble':>9}{'ideal':>8}{'ms/step':>10}")
+        for r in bubbles:
+            print(f"{r['name']:<13}{r['stages']:>7}{r['microbatches']:>4}{r['chunks']:>3}{r['bubble']:>9.3f}"
+                  f"{r['bubble_ideal']:>8.3f}{r['seconds'] * 1e3:>10.1f}")
 
 
 # ---- gpu ---------------------------------------------------------------------------------------
@@ -483,7 +500,7 @@ def cuda_kokkos(args):
 
 
 def gpu_build_argv(wrapper, folder, libdir, arch, out, source="gpu.cpp", extra=()):
-    """The compile-and-link command of a GPU benchmark with Kokkos's nvcc_wrapper (as docs/12 says)."""
+    """The compile-and-link command of a GPU benchmark with Kokkos's nvcc_wrapper (as docs/13 says)."""
     eigen = subprocess.run(["pkg-config", "--cflags", "eigen3"], capture_output=True, text=True).stdout.split() \
         if shutil.which("pkg-config") else []
     eigen = [("-isystem" + a[2:]) if a.startswith("-I") else a for a in eigen] or ["-isystem/usr/include/eigen3"]
@@ -555,7 +572,7 @@ def gpu_cases(args, exes, peers):
     if kokkos is None:
         raise Skipped(("no GPU here: " + why + "; " if gpu is None else "") +
                       "no CUDA-enabled Kokkos was given: benchmarks/run gpu --kokkos DIR (or SHARDLIB_KOKKOS_CUDA=DIR), "
-                      "DIR a Kokkos install configured with -DKokkos_ENABLE_CUDA=ON (docs/12)")
+                      "DIR a Kokkos install configured with -DKokkos_ENABLE_CUDA=ON (docs/13)")
     arch = args.cuda_arch or (gpu[1].replace(".", "") if gpu else "90")
     exe = build_gpu(kokkos, arch)  # where there is no GPU, this still checks that it builds
     if gpu is None:

@@ -120,7 +120,7 @@ inline constexpr same_shape_t same_shape{};
 /// A global tensor of `T` on `MeshT`, sharded by `SpecT` (see the file comment).
 ///
 /// `MemorySpace` is where blocks live: host memory (the default), or with a CUDA-enabled Kokkos
-/// `Kokkos::CudaSpace` (docs/12_gpus.md). In device memory, creation, `clone` and the loops run
+/// `Kokkos::CudaSpace` (docs/13_gpus.md). In device memory, creation, `clone` and the loops run
 /// as kernels on the device's own stream (`Context::exec_for`); `from_host` and `to_host` copy
 /// through host memory; reshards run on the device world's communicators under the nccl backend
 /// and through host memory under threads and mpi; the ops (ops.hpp) take tensors in host memory

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Gradients and optimizer steps of tensors in the memory of Kokkos's default execution space:
-// Kokkos::CudaSpace with a CUDA-enabled Kokkos (the GPU suite, docs/12_gpus.md), host memory
+// Kokkos::CudaSpace with a CUDA-enabled Kokkos (the GPU suite, docs/13_gpus.md), host memory
 // otherwise (CI). Each program runs twice, on tensors in that memory and on tensors in host memory,
 // on 1..4 devices (1..8 on a GPU), and the gradients and parameters must agree: the host run is the
 // oracle of the device one. Covered: the backward of the elementwise ops, of matmul with tensor

@@ -4,7 +4,7 @@
 // "calling a __host__ function ... from a __host__ __device__ function" naming shardlib's kernel
 // (ForKernel<1, ...>, MapKernel<1, ...>, ReduceKernel, FlatKernel<1, ...>, DeviceStencil); with
 // -DCASE=0 the same functors on tensors in host memory must compile. Not built by meson (CI's Kokkos has no
-// CUDA): docs/12_gpus.md, "What has run where", has the commands.
+// CUDA): docs/13_gpus.md, "What has run where", has the commands.
 #include <shardlib/shardlib.hpp>
 #include <shardlib/stencil.hpp>
 

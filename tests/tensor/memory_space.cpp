@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tensors in the memory of Kokkos's default execution space: Kokkos::CudaSpace with a
-// CUDA-enabled Kokkos (the GPU suite, docs/12_gpus.md), host memory otherwise (CI). Creation,
+// CUDA-enabled Kokkos (the GPU suite, docs/13_gpus.md), host memory otherwise (CI). Creation,
 // from_host/to_host, scatter_from/gather_to, clone, reshards, the loops (KOKKOS_LAMBDA bodies),
 // the elementwise ops, the contractions (cuBLAS on a GPU), the reductions (argmax too), softmax
 // and the norms, the layout ops (permute, reshape, slice, concat, take, index_add, roll, shift,

@@ -275,7 +275,7 @@ class LeafNode final : public TensorNode<Tensor>, public LeafGrad {
 /// A tensor that may carry a gradient: the value of an op on `Var`s or `Param`s, or a constant
 /// (a `Var` made from a tensor). Copies share the value's block and the graph node. The tensor
 /// may live in device memory: the backward rules, the gradients' sums and their buckets are then
-/// kernels and collectives on the device's stream (docs/12_gpus.md).
+/// kernels and collectives on the device's stream (docs/13_gpus.md).
 template <class Tensor>
 class Var {
   static_assert(is_tensor_v<Tensor>, "shardlib: Var<Tensor>: Tensor must be a DistributedTensor<...>");

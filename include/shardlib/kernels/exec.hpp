@@ -7,7 +7,7 @@
 ///
 /// Every wait shardlib makes for an instance's work goes through `fence` below, which counts it
 /// in `sync_count()`: the hook by which a test checks that an op in steady state waits for no
-/// GPU stream (docs/12_gpus.md).
+/// GPU stream (docs/13_gpus.md).
 #pragma once
 
 #include <Kokkos_Core.hpp>
