@@ -4,8 +4,10 @@
 /// holds its stage's layers (tensors whose specs do not name the axis: the other axes shard them
 /// as in any recipe), and `pipeline::run` executes the table: the forward and backward of each
 /// (micro-batch, chunk) the table gives this stage, in its order, with the boundary activations
-/// sent to the next virtual stage and their gradients back, one collective permute over the stage
-/// axis at each slot boundary where the table has something cross it. Gradients stay pending on the
+/// sent to the next virtual stage and their gradients back. Under `threads` they go point to point
+/// (a send is buffered: each stage waits for its inputs only); under `mpi` and `nccl`, where a send
+/// may wait for its receiver, by one collective permute over the stage axis at each slot boundary
+/// where the table has something cross it (deadlock-free). Gradients stay pending on the
 /// parameters over the micro-batches (backward with sync = false): the optimizer's step resolves
 /// them, once per global batch.
 ///
@@ -243,11 +245,41 @@ StepStats run(const Table& table, const typename Act::mesh_type& mesh, const typ
     stats.busy_seconds += std::chrono::duration<double>(Clock::now() - start).count();
   };
 
-  std::size_t next = 0;
-  for (int slot = 0; slot <= table.length; ++slot) {
-    cross(slot, true);
-    cross(slot, false);
-    if (next < mine.size() && mine[next].start == slot) run_op(mine[next++]);
+  if (ctx.backend() == "threads") {
+    // In-process devices: a send is posted (buffered), a recv waits for its message only. Each
+    // stage runs its ops in the table's order and waits for nothing but its inputs: the slots'
+    // collective permutes below would make every slot boundary a meeting of all the stages.
+    auto tag = [&](int mb, int chunk, bool forward) { return (mb * table.chunks + chunk) * 2 + (forward ? 0 : 1); };
+    for (const Op& o : mine) {
+      const int vs = table.virtual_stage(me, o.chunk);
+      const std::pair<int, int> key{o.microbatch, o.chunk};
+      if (p > 1 && (o.forward ? vs > 0 : vs < VS - 1)) {  // this op's input from the neighbour
+        Act in = Act::uninitialized(mesh, shape, shardlib::detail::same_shape);
+        group.recv(in.local().data(), static_cast<std::size_t>(in.block().num_elements()), coll::dtype_of<T>(),
+                   o.forward ? (me - 1 + p) % p : (me + 1) % p, tag(o.microbatch, o.chunk, o.forward));
+        (o.forward ? activations : grads).insert_or_assign(key, std::move(in));
+      }
+      run_op(o);
+      std::optional<Act>& out = o.forward ? send_act : send_grad;
+      if (out) {  // to the next virtual stage's chunk (forward) or the previous one's (backward)
+        const int to = o.forward ? vs + 1 : vs - 1;
+        if (p == 1) {  // one stage of several chunks: its own next chunk
+          (o.forward ? activations : grads).insert_or_assign(std::pair<int, int>{o.microbatch, to}, std::move(*out));
+          out.reset();
+          continue;
+        }
+        group.send(out->local().data(), static_cast<std::size_t>(out->block().num_elements()), coll::dtype_of<T>(), to % p,
+                   tag(o.microbatch, to / p, o.forward));
+        out.reset();
+      }
+    }
+  } else {  // MPI, NCCL: a send may wait for its receiver, so messages cross at the slot boundaries
+    std::size_t next = 0;
+    for (int slot = 0; slot <= table.length; ++slot) {
+      cross(slot, true);
+      cross(slot, false);
+      if (next < mine.size() && mine[next].start == slot) run_op(mine[next++]);
+    }
   }
   // The loss, from the last virtual stage's devices to every device (one number over the stage axis).
   double l = 0;
