@@ -106,12 +106,13 @@ std::vector<double> run(shardlib::Context& ctx, const gpt::Config& cfg, const gp
 }
 
 template <class R, class E>
-int main_for(shardlib::Runtime& rt, const gpt::Config& cfg, const gpt::PipeConfig& pc, int steps, bool check, bool describe) {
+int main_for(shardlib::Runtime& rt, const std::string& recipe, const gpt::Config& cfg, const gpt::PipeConfig& pc, int steps,
+             bool check, bool describe) {
   int status = 0;
   rt.spmd([&](shardlib::Context& ctx) {
     if (ctx.device() == 0)
       std::printf("recipe %s, %s parameters, on %d devices (%s): %lld layers, D %lld, %lld heads, FF %lld, V %lld, S %lld, B %lld\n",
-                  R::name, shardlib::element_name<E>(), ctx.num_devices(), std::string(shardlib::to_string(rt.backend())).c_str(), (long long)cfg.layers, (long long)cfg.dim,
+                  recipe.c_str(), shardlib::element_name<E>(), ctx.num_devices(), std::string(shardlib::to_string(rt.backend())).c_str(), (long long)cfg.layers, (long long)cfg.dim,
                   (long long)cfg.heads, (long long)cfg.ff, (long long)cfg.vocab, (long long)cfg.seq,
                   (long long)cfg.batch);
     if constexpr (gpt::Pipelined<R>)
@@ -180,10 +181,10 @@ int main(int argc, char** argv) {
       }
     }
     auto with = [&]<class R>(std::type_identity<R>) {
-      if (precision == "bf16") return main_for<R, shardlib::bf16>(rt, cfg, pc, steps, check, describe);
+      if (precision == "bf16") return main_for<R, shardlib::bf16>(rt, recipe, cfg, pc, steps, check, describe);
       if constexpr (!gpt::Pipelined<R>)
-        if (precision == "f16") return main_for<R, shardlib::f16>(rt, cfg, pc, steps, check, describe);
-      return main_for<R, float>(rt, cfg, pc, steps, check, describe);
+        if (precision == "f16") return main_for<R, shardlib::f16>(rt, recipe, cfg, pc, steps, check, describe);
+      return main_for<R, float>(rt, recipe, cfg, pc, steps, check, describe);
     };
     if (recipe == "dp") return with(std::type_identity<gpt::DP>{});
     if (recipe == "zero1") return with(std::type_identity<gpt::Zero1>{});

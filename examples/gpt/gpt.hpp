@@ -140,12 +140,12 @@ struct PPOf : Inner {
     return Mesh(ctx, {stages, DataShare ? n / stages : 1, ModelShare ? n / stages : 1});
   }
 };
-struct PP : PPOf<DP, 0, 0> {
-  static constexpr const char* name = "pp";
-};
 struct PPxDP : PPOf<DP, 1, 0> {
   static constexpr const char* name = "pp_dp";
 };
+/// Pipeline parallelism alone: pp_dp with every device a stage ("data" of size 1; one type, so the
+/// example compiles the recipe once).
+using PP = PPxDP;
 struct PPxZero1 : PPOf<DP, 1, 0> {
   static constexpr const char* name = "pp_zero1";
   static constexpr Zero zero = Zero::stage1;
@@ -392,6 +392,18 @@ struct PipeConfig {
   sl::pipeline::Table table() const { return sl::pipeline::schedule(schedule, stages, microbatches, chunks, recompute ? 3 : 2); }
 };
 
+/// Adds every parameter `model` holds to `opt`, with its state as recipe R keeps it (ZeRO: split
+/// over "data").
+template <class R, class E>
+void add_params(sl::optim::AdamW& opt, Model<R, E>& model) {
+  model.for_each_param([&](auto& p) {
+    if constexpr (R::zero == Zero::none)
+      opt.add(p);
+    else
+      opt.template add_zero<"data">(p);
+  });
+}
+
 /// Trains `R`'s model with parameters of element type `E` for `steps` steps with AdamW and calls
 /// `on_step(step, report)` after each. f16 trains with dynamic loss scaling (a step whose
 /// gradients overflow is skipped: `StepReport::skipped`). Collective: every device runs it.
@@ -403,12 +415,7 @@ std::vector<std::vector<float>> train(sl::Context& ctx, const Config& cfg, int s
   Model<R, E> model(cfg, mesh);
   sl::optim::LossScaler scaler;  // used by f16 only
   sl::optim::AdamW opt({.lr = cfg.lr, .weight_decay = 0.01, .clip_norm = cfg.clip});
-  model.for_each_param([&](auto& p) {
-    if constexpr (R::zero == Zero::none)
-      opt.add(p);
-    else
-      opt.template add_zero<"data">(p);
-  });
+  add_params(opt, model);
   const TokenStream stream(cfg.vocab, cfg.seq, cfg.seed);
   using Ids = sl::DistributedTensor<std::int64_t, typename R::Mesh, typename R::Ids>;
   for (int s = 0; s < steps; ++s) {
@@ -480,12 +487,7 @@ void train_pipelined(sl::Context& ctx, const Config& cfg, const PipeConfig& pc, 
   Model<R, E> model(cfg, mesh, parts);
   sl::optim::AdamW opt({.lr = cfg.lr, .weight_decay = 0.01, .clip_norm = cfg.clip});
   opt.stage_axis("stage");
-  model.for_each_param([&](auto& p) {
-    if constexpr (R::zero == Zero::none)
-      opt.add(p);
-    else
-      opt.template add_zero<"data">(p);
-  });
+  add_params(opt, model);
   const TokenStream stream(cfg.vocab, cfg.seq, cfg.seed);
   using Ids = sl::DistributedTensor<std::int64_t, typename R::Mesh, typename R::Ids>;
   using XT = typename Model<R, E>::X::tensor_type;
@@ -508,7 +510,7 @@ void train_pipelined(sl::Context& ctx, const Config& cfg, const PipeConfig& pc, 
           [&](int mb, const typename Model<R, E>::X& out) {
             return model.head_loss(out, stream.batch<Ids>(mesh, b, s * pc.microbatches + mb).second);
           },
-          {.recompute = pc.recompute});
+          {.recompute = pc.recompute, .settle = R::zero != Zero::stage1});
       r.forward = rec.stats();
     }
     {

@@ -116,7 +116,7 @@ void no_all_to_all(const gpt::StepReport& s) {
 
 constexpr std::int64_t P = 2 + 10 * 2 + 3;  // parameter tensors: wte, wpe, 10 per layer, gf, bf, head
 
-/// Pipelined recipe R with `pc` (its stage count capped by the devices) against one device: the
+/// Pipelined recipe R with `pc` (0 stages: every device a stage) against one device: the
 /// loss and the global gradient norm of every step (the norm adds every stage's gradients), and
 /// one activation forward and one gradient back per micro-batch and stage boundary.
 template <class R>
@@ -127,7 +127,7 @@ void pipelined_against_one_device(gpt::PipeConfig pc, std::int64_t layers = 4) {
   sl::test::for_each_run(
       [&](sl::Context& ctx) {
         gpt::PipeConfig c = pc;
-        if constexpr (std::is_same_v<R, gpt::PP>) c.stages = ctx.num_devices();  // every device a stage
+        if (c.stages == 0) c.stages = ctx.num_devices();  // every device a stage
         if (ctx.num_devices() % c.stages != 0) return;  // (mpirun -np 2: the 4-stage cases)
         std::vector<gpt::StepReport> got;
         gpt::train_pipelined<R>(ctx, cfg, c, pp_steps, [&](int, const gpt::StepReport& r) { got.push_back(r); });
@@ -156,6 +156,15 @@ void pipelined_against_one_device(gpt::PipeConfig pc, std::int64_t layers = 4) {
           CHECK(got[s].forward[Kind::permute].bytes_sent + got[s].forward[Kind::send].bytes_sent == crossings * block);
           CHECK(got[s].forward[Kind::permute].bytes_received + got[s].forward[Kind::recv].bytes_received == crossings * block);
           CHECK(got[s].pipeline.forwards == c.microbatches * c.chunks);
+          if constexpr (R::zero == gpt::Zero::stage1) {
+            // ZeRO-1: the micro-batches' gradients add up locally; the step reduce-scatters each
+            // of this stage's parameters once into its state's shard (none during the pipeline).
+            const auto [first, last] = sl::pipeline::layers_of(c.table(), static_cast<int>(cfg.layers), me, 0);
+            const std::uint64_t params = 10u * static_cast<std::uint64_t>(last - first) + (me == 0 ? 2u : 0u) +
+                                         (me == c.stages - 1 ? 3u : 0u);
+            CHECK(got[s].forward[Kind::reduce_scatter].calls == 0);
+            if (mesh.shape().size(1) > 1) CHECK(got[s].update[Kind::reduce_scatter].calls == params);
+          }
         }
         CHECK(got.back().loss < 0.9 * got.front().loss);
       },
@@ -313,5 +322,19 @@ TEST_CASE("pipeline recipes: 1F1B, GPipe with recomputation and interleaved, wit
   pipelined_against_one_device<gpt::PPxZero1>({.stages = 2, .microbatches = 8, .schedule = pp::Schedule::one_f_one_b});
   pipelined_against_one_device<gpt::PPxDP>({.stages = 2, .microbatches = 4, .schedule = pp::Schedule::interleaved, .chunks = 2});
   pipelined_against_one_device<gpt::PP>({.stages = 0, .microbatches = 8, .schedule = pp::Schedule::one_f_one_b}, 8);
+}
+
+TEST_CASE("pipeline recipes: micro-batches that do not divide the batch, and more stages than layers, are refused by name") {
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        gpt::Config cfg = config();  // batch 8, 2 layers
+        auto none = [](int, const gpt::StepReport&) {};
+        CHECK_THROWS_WITH_AS(gpt::train_pipelined<gpt::PPxDP>(ctx, cfg, {.stages = 2, .microbatches = 3}, 1, none),
+                             "gpt: 3 micro-batches do not divide the batch of 8 sequences", std::invalid_argument);
+        if (ctx.num_devices() > 2)
+          CHECK_THROWS_WITH_AS(gpt::train_pipelined<gpt::PP>(ctx, cfg, {.stages = ctx.num_devices(), .microbatches = 4}, 1, none),
+                               doctest::Contains("2 layers cannot fill"), std::invalid_argument);
+      },
+      {4});
 }
 }

@@ -46,6 +46,11 @@ struct BackwardOptions {
   /// into it once their full-size gradients in flight reach this many bytes (DeepSpeed's
   /// reduce_bucket_size), and at the end of the pass; 0: each as soon as the pass is done with it.
   std::size_t bucket_bytes = std::size_t{25} << 20;
+  /// With `sync = false`: reduce-scatter the pending gradients of the parameters an optimizer keeps
+  /// state for in another spec during the pass (ZeRO-2, above). False keeps their full-size sums
+  /// pending until the optimizer's step, which resolves them once (ZeRO-1 over several passes:
+  /// one reduction per global batch, not one per micro-batch).
+  bool settle = true;
   /// Check every gradient block a backward rule produces for NaN or infinity and throw naming
   /// the op. Costs one small all_reduce per op (so that every device throws together).
   bool check_finite = false;

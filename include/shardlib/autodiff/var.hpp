@@ -390,7 +390,7 @@ SHARDLIB_NOINLINE inline void run_backward(Node& root, const BackwardOptions& op
         leaves.push_back(l);
         // Every consumer of the parameter has run: its pending gradient is complete. ZeRO-2's
         // reduce_scatters go by buckets of full-size bytes (the same on every device).
-        if (!options.sync && l->settles() && l->has_pending_grad()) {
+        if (!options.sync && options.settle && l->settles() && l->has_pending_grad()) {
           unsettled.push_back(l);
           unsettled_bytes += l->full_bytes();
           if (unsettled_bytes >= options.bucket_bytes) settle_all();

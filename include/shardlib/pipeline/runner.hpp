@@ -74,6 +74,10 @@ struct RunOptions {
   /// Activation recomputation: each stage's forward runs under `checkpoint` (only its boundary
   /// input is kept per micro-batch; the backward runs it again). GPipe's usual companion.
   bool recompute = false;
+  /// ZeRO-2: each micro-batch's gradients are reduce-scattered into the optimizer's state shards
+  /// during its backward (BackwardOptions::settle). False: their full-size sums wait for the step,
+  /// which reduces them once per global batch (ZeRO-1).
+  bool settle = true;
 };
 
 /// What one pipelined step did on this device.
@@ -223,7 +227,7 @@ StepStats run(const Table& table, const typename Act::mesh_type& mesh, const typ
     } else {
       auto it = held.find(key);
       Held& h = it->second;
-      const BackwardOptions bo{.sync = false};
+      const BackwardOptions bo{.sync = false, .settle = options.settle};
       if (vs == VS - 1) {
         if (h.loss->requires_grad()) backward(*h.loss * static_cast<typename LossVar::value_type>(1.0 / m), bo);
       } else {
