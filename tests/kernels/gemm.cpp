@@ -304,6 +304,22 @@ TEST_SUITE("kernels_gemm") {
     CHECK(c == std::vector<float>{19, 22, 43, 50});
   }
 
+  TEST_CASE("set_allow_tf32 exists in every build (a portable program sets it); host products stay float32") {
+    // Values whose products need float32's 24-bit mantissa (TF32 keeps 10 bits): 1 + 2^-20.
+    const float x = 1.0f + 0x1p-20f;
+    std::vector<float> a = {x, x, x, x}, b = {x, 0, 0, x}, off(4), on(4);
+    const k::MatrixBatch<const float> av{a.data(), 2, 2, 2, 1, 0}, bv{b.data(), 2, 2, 2, 1, 0};
+    CHECK_FALSE(k::tf32_allowed());
+    k::gemm<float>(1, av, bv, {off.data(), 2, 2, 2, 1, 0});
+    k::set_allow_tf32(true);
+    CHECK(k::tf32_allowed());
+    k::gemm<float>(1, av, bv, {on.data(), 2, 2, 2, 1, 0});
+    k::set_allow_tf32(false);
+    CHECK_FALSE(k::tf32_allowed());
+    CHECK(on == off);
+    CHECK(off[0] == x * x);
+  }
+
   TEST_CASE("inconsistent shapes are refused with a message naming them") {
     std::vector<float> v(64, 0.f);
     auto message = [&](auto f) {

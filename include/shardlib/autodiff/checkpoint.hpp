@@ -44,7 +44,8 @@ class CheckpointNode final : public TensorNode<Out> {
   void backward(BackwardPass& pass) override {
     if (!this->has_pending()) return;
     auto g = this->take_grad();
-    auto& [f, args] = *saved_;
+    auto& f = saved_->first;  // (not a structured binding: clang 14 cannot capture one)
+    auto& args = saved_->second;
     // Fresh leaves stand for the inputs that need a gradient: the recomputed graph ends at them,
     // and what they receive goes on to the inputs' own nodes.
     auto fresh = std::apply([](const auto&... a) { return std::tuple{leaf_for(a)...}; }, args);

@@ -41,3 +41,20 @@
 #define SHARDLIB_DEVICE_FUNCTORS_BEGIN
 #define SHARDLIB_DEVICE_FUNCTORS_END
 #endif
+
+/// Around the library's SIMD code (Eigen's packet math and the kernels that inline it): g++ 12's
+/// AVX-512 intrinsics initialise a dummy with itself (`__m512 __Y = __Y;`, GCC bug 105593, fixed
+/// in GCC 13), which -Wmaybe-uninitialized and -Wuninitialized report at every inlined use under
+/// `-march=native` — hundreds of warnings in a user's translation unit that are not about their
+/// code. The kernel headers turn those two warnings off for their own definitions and on again
+/// at their end (push and pop: the user's settings are untouched outside).
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define SHARDLIB_SIMD_WARNINGS_OFF                                   \
+  _Pragma("GCC diagnostic push")                                     \
+  _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")        \
+  _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")
+#define SHARDLIB_SIMD_WARNINGS_ON _Pragma("GCC diagnostic pop")
+#else
+#define SHARDLIB_SIMD_WARNINGS_OFF
+#define SHARDLIB_SIMD_WARNINGS_ON
+#endif

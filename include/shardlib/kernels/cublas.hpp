@@ -74,11 +74,6 @@ class CublasHandle {
 };
 
 namespace detail {
-inline std::atomic<bool>& allow_tf32_setting() noexcept {
-  static std::atomic<bool> allowed{false};
-  return allowed;
-}
-
 /// cuBLAS's names for an element type: the data type, the compute type, and the type of alpha
 /// and beta.
 template <class T>
@@ -122,12 +117,6 @@ inline GemmOperand cublas_operand(const char* name, std::int64_t rows, std::int6
   return op;
 }
 }  // namespace detail
-
-/// Whether float products may use TF32 tensor cores (10-bit mantissa products, float32 sums):
-/// off unless `set_allow_tf32(true)`, for the whole process (PyTorch's
-/// `torch.backends.cuda.matmul.allow_tf32`).
-inline bool tf32_allowed() noexcept { return detail::allow_tf32_setting().load(std::memory_order_relaxed); }
-inline void set_allow_tf32(bool allowed) noexcept { detail::allow_tf32_setting().store(allowed, std::memory_order_relaxed); }
 
 /// Whether cublas_gemm takes element type T.
 template <class T>

@@ -13,6 +13,9 @@
 #pragma once
 
 #include <shardlib/detail/attributes.hpp>
+SHARDLIB_SIMD_WARNINGS_OFF  // (g++ 12 under -march=native: detail/attributes.hpp)
+
+#include <shardlib/detail/attributes.hpp>
 #include <shardlib/detail/pack.hpp>
 #include <shardlib/kernels/vmath.hpp>
 
@@ -310,3 +313,5 @@ void elementwise(const Exec& exec, Out* out, const std::array<std::int64_t, R>& 
 }
 
 }  // namespace shardlib::kernels
+
+SHARDLIB_SIMD_WARNINGS_ON

@@ -25,6 +25,9 @@
 /// Knows nothing of tensors or collectives: raw pointers, extents, strides.
 #pragma once
 
+#include <shardlib/detail/attributes.hpp>
+SHARDLIB_SIMD_WARNINGS_OFF  // (g++ 12 under -march=native: detail/attributes.hpp)
+
 #include <Eigen/Core>
 #include <Kokkos_Core.hpp>
 
@@ -33,6 +36,7 @@
 #include <shardlib/kernels/exec.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
@@ -45,6 +49,20 @@
 #include <vector>
 
 namespace shardlib::kernels {
+
+namespace detail {
+inline std::atomic<bool>& allow_tf32_setting() noexcept {
+  static std::atomic<bool> allowed{false};
+  return allowed;
+}
+}  // namespace detail
+
+/// Whether float products on a GPU may use TF32 tensor cores (10-bit mantissa products, float32
+/// sums): off unless `set_allow_tf32(true)`, for the whole process (PyTorch's
+/// `torch.backends.cuda.matmul.allow_tf32`). Every build has the setting, so a portable program
+/// sets it unconditionally; host GEMMs ignore it (their float products stay float32).
+inline bool tf32_allowed() noexcept { return detail::allow_tf32_setting().load(std::memory_order_relaxed); }
+inline void set_allow_tf32(bool allowed) noexcept { detail::allow_tf32_setting().store(allowed, std::memory_order_relaxed); }
 
 /// A batch of matrices in memory: element (b, i, j) is at
 /// `data[b * batch_stride + i * row_stride + j * col_stride]`. Strides may be any values (0 along
@@ -399,3 +417,5 @@ void gemm(const ExecSpace& exec, std::int64_t batch, std::type_identity_t<Matrix
 }
 
 }  // namespace shardlib::kernels
+
+SHARDLIB_SIMD_WARNINGS_ON

@@ -11,6 +11,9 @@
 /// model trained here and there takes the same steps.
 #pragma once
 
+#include <shardlib/detail/attributes.hpp>
+SHARDLIB_SIMD_WARNINGS_OFF  // (g++ 12 under -march=native: detail/attributes.hpp)
+
 #include <shardlib/half.hpp>
 #include <shardlib/kernels/exec.hpp>
 
@@ -117,3 +120,5 @@ double sum_of_squares(const Exec& exec, std::int64_t n, const T* g) {
 }
 
 }  // namespace shardlib::kernels
+
+SHARDLIB_SIMD_WARNINGS_ON

@@ -24,6 +24,9 @@
 /// kernel fences a host execution space instance before returning.
 #pragma once
 
+#include <shardlib/detail/attributes.hpp>
+SHARDLIB_SIMD_WARNINGS_OFF  // (g++ 12 under -march=native: detail/attributes.hpp)
+
 #include <shardlib/half.hpp>
 #include <shardlib/kernels/vmath.hpp>
 
@@ -829,3 +832,5 @@ void scale(const Exec& exec, T* data, std::int64_t n, T factor) {
 }
 
 }  // namespace shardlib::kernels
+
+SHARDLIB_SIMD_WARNINGS_ON

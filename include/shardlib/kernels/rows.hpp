@@ -18,6 +18,9 @@
 /// -inf gives NaN (as torch). Knows nothing of tensors or collectives; fences before returning.
 #pragma once
 
+#include <shardlib/detail/attributes.hpp>
+SHARDLIB_SIMD_WARNINGS_OFF  // (g++ 12 under -march=native: detail/attributes.hpp)
+
 #include <shardlib/kernels/vmath.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -191,3 +194,5 @@ void rms_norm_rows(const Exec& exec, const T* in, T* out, std::int64_t rows, std
 }
 
 }  // namespace shardlib::kernels
+
+SHARDLIB_SIMD_WARNINGS_ON

@@ -27,6 +27,9 @@
 /// scalar `operator()`.
 #pragma once
 
+#include <shardlib/detail/attributes.hpp>
+SHARDLIB_SIMD_WARNINGS_OFF  // (g++ 12 under -march=native: detail/attributes.hpp)
+
 #include <Eigen/Core>
 #include <unsupported/Eigen/SpecialFunctions>
 
@@ -304,3 +307,5 @@ struct functor_traits<F> {
 };
 }  // namespace Eigen::internal
 #endif
+
+SHARDLIB_SIMD_WARNINGS_ON

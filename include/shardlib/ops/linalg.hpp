@@ -197,8 +197,9 @@ struct DeviceGemmState {
 /// The batched GEMM of a contraction on blocks in device memory `Mem`: cuBLAS on the device's
 /// stream (CUDA); other device backends have none yet.
 template <class T, class Mem>
-void device_gemm(Context& ctx, std::int64_t batch, const kernels::MatrixBatch<const T>& a,
-                 const kernels::MatrixBatch<const T>& b, const kernels::MatrixBatch<T>& c, bool accumulate) {
+void device_gemm([[maybe_unused]] Context& ctx, [[maybe_unused]] std::int64_t batch,
+                 [[maybe_unused]] const kernels::MatrixBatch<const T>& a, [[maybe_unused]] const kernels::MatrixBatch<const T>& b,
+                 [[maybe_unused]] const kernels::MatrixBatch<T>& c, [[maybe_unused]] bool accumulate) {
 #if defined(KOKKOS_ENABLE_CUDA)
   if constexpr (std::is_same_v<exec_space_t<Mem>, Kokkos::Cuda>) {
     auto& state = ctx.state<DeviceGemmState>();
