@@ -370,10 +370,27 @@ struct Spec {
   SHARDLIB_STATIC_REQUIRE((check_.issue != SpecCheck::axis_used_twice),
                           "shardlib: Spec uses an axis twice; an axis appears at most once per spec",
                           error::spec_uses_an_axis_twice<check_.axis, Spec>);
+  /// Its dims replicated, no partial clause: what `value` is when a check above failed, so that
+  /// the error is reported once (the ops see a valid spec of the same rank and stay silent).
+  static constexpr std::array<SpecEntry, sizeof...(E)> stripped_ = [] {
+    std::array<SpecEntry, sizeof...(E)> out{};
+    std::size_t n = 0;
+    for (const SpecEntry& e : entries)
+      if (e.kind == SpecEntry::dim) out[n++] = SpecEntry{};
+    return out;
+  }();
+  static constexpr std::size_t stripped_rank_ = [] {
+    std::size_t n = 0;
+    for (const SpecEntry& e : entries) n += e.kind == SpecEntry::dim;
+    return n;
+  }();
 
  public:
-  /// The spec as a plain value (empty when the checks above failed, to keep errors short).
-  static constexpr PartitionSpec value = check_ ? PartitionSpec(detail::ArrayRef<SpecEntry>(entries)) : PartitionSpec{};
+  /// The spec as a plain value (when a check above failed: its dims replicated, to keep errors short).
+  static constexpr PartitionSpec value =
+      check_                              ? PartitionSpec(detail::ArrayRef<SpecEntry>(entries))
+      : stripped_rank_ <= max_tensor_rank ? PartitionSpec(detail::ArrayRef<SpecEntry>(stripped_.data(), stripped_rank_))
+                                          : PartitionSpec{};
   /// Number of tensor dims.
   static constexpr std::size_t rank = static_cast<std::size_t>(value.rank());
 };
@@ -398,7 +415,11 @@ struct checked_sharding {
                           "shardlib: Spec's rank (number of entries other than partial<...>) differs from the tensor's rank",
                           error::spec_rank_does_not_match_tensor_rank<SpecT, SpecT::rank, TensorRank>);
   static constexpr Sharding value = [] {
-    if (!check) return Sharding{};
+    if (!check) {  // reported above; replicated of the tensor's rank, so that no op reports it again
+      Sharding replicated;
+      replicated.rank = static_cast<int>(TensorRank);
+      return replicated;
+    }
     std::array<int, MeshT::rank> sizes{};
     sizes.fill(1);
     return resolve(SpecT::value, MeshShape(MeshT::axis_names, sizes), static_cast<int>(TensorRank));

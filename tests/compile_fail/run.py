@@ -6,6 +6,8 @@ A snippet states its phrases in comments:
     // expect: words every compiler must print
     // expect-gcc: words only g++ prints (e.g. the axis name inside a template argument)
     // expect-clang: words only clang prints
+    // expect-errors: N            exactly N errors (each shardlib diagnostic once; -gcc/-clang: one compiler's)
+    // expect-max-bytes: B         at most B bytes of compiler output
 
 The compiler and its flags (include directories, defines) are those of a reference translation
 unit of the build, read from compile_commands.json (tests/compile_flags.py). With g++, the
@@ -36,6 +38,38 @@ def expectations(path, compiler_id):
             if m and (m.group(1) is None or m.group(1) == compiler_id):
                 words.append(m.group(2))
     return words
+
+
+# The lines a shardlib diagnostic prints besides the one that names it (detail/diagnostics.hpp's
+# SHARDLIB_STATIC_REQUIRE: an incomplete error type, then the static_assert).
+_HELPER_LINES = re.compile(r"invalid application of .sizeof. to incomplete type|non-constant condition for static assertion"
+                           r"|static_assert expression is not an integral constant expression"
+                           r"|static_assert failed due to requirement")
+
+
+def count_errors(stderr):
+    """The errors a user reads: each shardlib diagnostic once (g++: its 'static assertion failed';
+    clang: its undefined 'shardlib::error::' template), and every other error line."""
+    n = 0
+    for line in stderr.splitlines():
+        if ": error: " not in line or _HELPER_LINES.search(line):
+            continue
+        n += 1
+    return n
+
+
+def limits(path, compiler_id):
+    """The snippet's '// expect-errors[-compiler]: N' and '// expect-max-bytes: B' (None when absent)."""
+    errors = max_bytes = None
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            m = re.match(r"\s*//\s*expect-errors(?:-(\w+))?:\s*(\d+)\s*$", line)
+            if m and (m.group(1) is None or m.group(1) == compiler_id):
+                errors = int(m.group(2))
+            m = re.match(r"\s*//\s*expect-max-bytes:\s*(\d+)\s*$", line)
+            if m:
+                max_bytes = int(m.group(1))
+    return errors, max_bytes
 
 
 def compile_snippet(compiler, cwd, flags, path, should_fail):
@@ -76,7 +110,15 @@ def check(compiler, cwd, flags, compiler_id, path, known_good):
     missing = [w for w in words if w not in bad.stderr]
     if missing:
         return False, f"{name}: the error lacks {missing}; the compiler said:\n{bad.stderr[-4000:]}"
-    return True, f"{name}: fails to compile, naming {words}"
+    errors, max_bytes = limits(path, compiler_id)
+    got = count_errors(bad.stderr)
+    if errors is not None and got != errors:
+        return False, f"{name}: {got} errors where {errors} were expected (one per mistake); the compiler said:\n{bad.stderr[-6000:]}"
+    if max_bytes is not None and len(bad.stderr) > max_bytes:
+        return False, f"{name}: {len(bad.stderr)} bytes of errors, more than {max_bytes}:\n{bad.stderr[-3000:]}"
+    counted = "" if errors is None else f", {got} error(s)"
+    sized = "" if max_bytes is None else f", {len(bad.stderr)} bytes"
+    return True, f"{name}: fails to compile, naming {words}{counted}{sized}"
 
 
 def main():

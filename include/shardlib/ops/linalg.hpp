@@ -306,7 +306,15 @@ auto einsum_op(const A& a, const B& b) {
                                                                            typename B::spec_type>);
     using MeshT = typename A::mesh_type;
     using Mem = typename A::memory_space;
-    using Out = DistributedTensor<T, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, Mem>;
+    // (After an error above: replicated, of the subscripts' output rank, so that the ops that
+    // take the result report nothing more.)
+    using Out = DistributedTensor<T, MeshT, spec_from_t<MeshT, decltype([] {
+                                    if (rule.status == OpRule::ok) return rule.out;
+                                    Sharding replicated;
+                                    replicated.rank = s.out_rank;
+                                    return replicated;
+                                  })>,
+                                  Mem>;
     static constexpr EinsumLayout L = einsum_layout(s);
     check_same_mesh(Name.text, a, b);
     typename Out::Shape shape{};
