@@ -290,6 +290,13 @@ class DistributedTensor {
     });
     return out;
   }
+  /// The number a scalar (rank-0) tensor holds, on every device: a loss, a norm. Collective when
+  /// the tensor is partial (one all_reduce of the number, as `to_host`); local otherwise.
+  T item() const
+    requires(rank == 0)
+  {
+    return to_host()[0];
+  }
   /// The global tensor on device `root`; an empty vector elsewhere (collective). A partial tensor
   /// is reduced first (to the same dims, replicated over its partial axes).
   std::vector<T> gather_to(int root) const {

@@ -3,6 +3,7 @@
 // body runs on 1..8 threads devices and under mpirun; results are compared with values computed
 // here from the global index (the one-device oracle).
 #include <doctest/doctest.h>
+#include <shardlib/ops/reduce.hpp>
 #include <shardlib/tensor.hpp>
 
 #include "../collectives/harness.hpp"
@@ -115,6 +116,18 @@ TEST_CASE("from_host, scatter_from, to_host and gather_to round-trip") {
     CHECK_THROWS_WITH_AS(Tensor<Grid>::zeros(mesh, {-1, 4}), doctest::Contains("dim 0 has a negative extent"),
                          std::invalid_argument);
     CHECK_THROWS_AS(s.gather_to(ctx.num_devices()), std::out_of_range);
+  });
+}
+
+TEST_CASE("item(): the number of a scalar tensor on every device, partial (all-reduced) or not") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    const M2 mesh = mesh_of(ctx);
+    const auto t = Tensor<Grid>::from_host(mesh, {6, 5}, iota_vec(30));
+    const auto total = sl::sum<0>(sl::sum<0>(t));  // partial over the axes that split the dims
+    static_assert(decltype(total)::rank == 0);
+    CHECK(total.item() == 435.0f);
+    const auto max = sl::max<0>(sl::max<0>(t));
+    CHECK(max.item() == 29.0f);
   });
 }
 

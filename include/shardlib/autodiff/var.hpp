@@ -466,14 +466,21 @@ void sync_grads(std::size_t bucket_bytes, const Param<Tensors>&... params) {
 }
 
 /// JAX's value_and_grad: calls `f(Param<...>...)` on parameters made from `tensors` (f returns a
-/// scalar `Var`), runs its backward pass and returns the loss's value and the gradients, each in
-/// its tensor's spec: `auto [loss, grads] = value_and_grad(f, w1, w2);`.
+/// scalar `Var`), runs its backward pass and returns `std::pair{loss, grads}`:
+/// - `loss`: the loss's value, resolved: a rank-0 tensor replicated on every device (a loss that
+///   was a partial sum over the batch's axes is all-reduced, one number), so `loss.item()` is the
+///   number on every device;
+/// - `grads`: a `std::tuple` of the gradients, each in its tensor's spec (and type).
+///
+/// `auto [loss, grads] = value_and_grad(f, w1, w2); double l = loss.item(); auto& g1 = std::get<0>(grads);`
 template <class F, class... Tensors>
 auto value_and_grad(F&& f, const Tensors&... tensors) {
   std::tuple<Param<Tensors>...> params{Param<Tensors>(tensors)...};
   auto loss = std::apply(f, params);
+  using L = typename decltype(loss)::tensor_type;
+  static_assert(L::rank == 0, "shardlib: value_and_grad: f must return a scalar (rank-0) Var, the loss");
   backward(loss);
-  return std::pair{loss.value(), std::apply([](const auto&... p) { return std::tuple{p.grad()...}; }, params)};
+  return std::pair{grad_tensor_t<L>(loss.value()), std::apply([](const auto&... p) { return std::tuple{p.grad()...}; }, params)};
 }
 
 }  // namespace shardlib
