@@ -169,6 +169,39 @@ TEST_CASE("16-bit Vars: gradients through products, softmax, norms and elementwi
   }, DEVICE_COUNTS);
 }
 
+TEST_CASE("16-bit Vars: every reduction compiles and has the float32 gradient, rounded (a bf16 loss too)") {
+  // sum, mean, max and min along a dim, sum_all and mean_all, log_softmax and rms_norm of bf16
+  // Vars, the loss itself a bf16 scalar: the gradients agree with float32's to a few bf16 steps.
+  sl::test::for_each_run([](sl::Context& ctx) {
+    auto rng = oracle::rng_for(ctx, 22);
+    const auto mesh = oracle::random_mesh<M2>(ctx, rng);
+    using A16 = sl::DistributedTensor<sl::bf16, M2, Rows>;
+    const auto a = A16::random(mesh, {6, 5}, 7, -1.f, 1.f);
+    auto f = [](const auto& x) {
+      auto cols = sl::sum<0>(x) * 0.5f + sl::max<0>(x);         // [5]
+      auto rows = sl::mean<1>(sl::square(x)) - sl::min<1>(x);   // [6]
+      return sl::mean_all(sl::log_softmax<1>(x) * sl::rms_norm<1>(x)) + sl::sum_all(cols) + sl::sum_all(rows) +
+             sl::mean_all(sl::mean<0>(x));
+    };
+    sl::Param a16(a);
+    auto loss16 = f(a16);
+    static_assert(std::is_same_v<typename decltype(loss16)::tensor_type::value_type, sl::bf16>, "a bf16 loss");
+    sl::backward(loss16);
+    sl::Param a32(sl::cast<float>(a));
+    auto loss32 = f(a32);
+    sl::backward(loss32);
+    const double l16 = float(loss16.value().to_host()[0]), l32 = loss32.value().to_host()[0];
+    CHECK(l16 == doctest::Approx(l32).epsilon(0.02));
+    const auto g = a16.grad().to_host();
+    const auto r = a32.grad().to_host();
+    double scale = 0, worst = 0;
+    for (float x : r) scale = std::max(scale, std::abs(double(x)));
+    for (std::size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::abs(double(float(g[i])) - double(r[i])));
+    CHECK_MESSAGE(worst <= scale / 32, "worst difference " << worst << " of " << scale);
+    CHECK(scale > 0);
+  }, DEVICE_COUNTS);
+}
+
 TEST_CASE("16-bit Vars: a broadcast operand's gradient is summed in float32 and rounded once") {
   // 300 rows of ones summed into a bias: 300 in float32, and in bf16 (300 = 2^8 + 44 is a bf16).
   // Rounded after each row the sum would stop at 256 (256 + 1 rounds to 256). Both of

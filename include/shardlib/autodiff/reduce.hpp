@@ -26,7 +26,9 @@ auto reduce_var(const A& a) {
     if constexpr (Mean) return shardlib::mean<Dim, KeepDim>(a.value());
     else return shardlib::sum<Dim, KeepDim>(a.value());
   }();
-  const T scale = Mean ? T(1) / static_cast<T>(a.shape()[Dim]) : T(1);
+  // (computed in float, or double for double: a 16-bit T's division yields float)
+  using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  const T scale = static_cast<T>(Mean ? Acc(1) / static_cast<Acc>(a.shape()[Dim]) : Acc(1));
   return record(Mean ? "mean" : "sum", std::move(out),
                 [na = a.node(), scale](const auto& g, autodiff::BackwardPass& p) {
                   using G = std::remove_cvref_t<decltype(g)>;
@@ -119,7 +121,8 @@ auto mean_all(const A& a) {
   using T = typename autodiff::detail::tensor_of_t<A>::value_type;
   std::int64_t n = 1;
   for (auto e : a.shape()) n *= e;
-  return sum_all(a) * (T(1) / static_cast<T>(n));
+  using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;  // (1/n not rounded to 16 bits)
+  return sum_all(a) * (Acc(1) / static_cast<Acc>(n));
 }
 
 namespace autodiff::detail {
