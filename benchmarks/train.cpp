@@ -3,7 +3,7 @@
 // training the small GPT with AdamW, one JSON record per recipe on stdout, progress on stderr.
 // Driven by `benchmarks/run train` (which runs the same model and strategy in JAX beside it); run
 // alone as
-//   bench_train --devices 8 --recipe dp,zero1,zero2,zero3,tp,dp_tp,pp_dp,pp_zero1,pp_tp [--steps 10]
+//   bench_train --devices 8 --recipe dp,zero1,zero2,zero3,tp,dp_tp,pp_dp,pp_zero1,pp_zero2,pp_tp [--steps 10]
 //               [--warmup 2] [--vocab 512 --seq 128 --dim 256 --heads 8 --ff 1024 --layers 2 --batch 16]
 //               [--stages 2 --microbatches 8]
 //   bench_train --bubble --devices 4: the pipeline schedules (GPipe, 1F1B, interleaved with 2 chunks)
@@ -173,6 +173,7 @@ int main(int argc, char** argv) {
     const gpt::PipeConfig pc{stages, microbatches, sl::pipeline::Schedule::one_f_one_b, 1, false};
     if (name == "pp_dp") r = measure_pipelined<gpt::PPxDP>(rt, cfg, pc, warmup, steps);
     else if (name == "pp_zero1") r = measure_pipelined<gpt::PPxZero1>(rt, cfg, pc, warmup, steps);
+    else if (name == "pp_zero2") r = measure_pipelined<gpt::PPxZero2>(rt, cfg, pc, warmup, steps);
     else if (name == "pp_tp") r = measure_pipelined<gpt::PPxTP>(rt, cfg, pc, warmup, steps);
     else if (name == "dp") r = measure<gpt::DP>(rt, cfg, warmup, steps);
     else if (name == "zero1") r = measure<gpt::Zero1>(rt, cfg, warmup, steps);
@@ -181,7 +182,7 @@ int main(int argc, char** argv) {
     else if (name == "tp") r = measure<gpt::TP>(rt, cfg, warmup, steps);
     else if (name == "dp_tp") r = measure<gpt::DPxTP>(rt, cfg, warmup, steps);
     else {
-      std::fprintf(stderr, "bench_train: unknown recipe '%s' (dp, zero1, zero2, zero3, tp, dp_tp, pp_dp, pp_zero1, pp_tp)\n",
+      std::fprintf(stderr, "bench_train: unknown recipe '%s' (dp, zero1, zero2, zero3, tp, dp_tp, pp_dp, pp_zero1, pp_zero2, pp_tp)\n",
                    name.c_str());
       return 2;
     }

@@ -400,7 +400,7 @@ def stencil_table(records):
 
 TRAIN_SIZES = {"vocab": 512, "seq": 128, "dim": 256, "heads": 8, "ff": 1024, "layers": 2, "batch": 16}
 TRAIN_RECIPES = "dp,zero1,zero2,zero3,tp,dp_tp"
-TRAIN_PP_RECIPES = "pp_dp,pp_zero1,pp_tp"
+TRAIN_PP_RECIPES = "pp_dp,pp_zero1,pp_zero2,pp_tp"
 
 
 def _xla_names(r):

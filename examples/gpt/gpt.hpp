@@ -150,6 +150,12 @@ struct PPxZero1 : PPOf<DP, 1, 0> {
   static constexpr const char* name = "pp_zero1";
   static constexpr Zero zero = Zero::stage1;
 };
+/// ZeRO-2 in each stage: every micro-batch's gradients reduce-scattered into the state's shards
+/// during its backward (no full-size gradient kept between micro-batches).
+struct PPxZero2 : PPOf<DP, 1, 0> {
+  static constexpr const char* name = "pp_zero2";
+  static constexpr Zero zero = Zero::stage2;
+};
 struct PPxTP : PPOf<TP, 0, 1> {
   static constexpr const char* name = "pp_tp";
 };
@@ -485,6 +491,7 @@ void train_pipelined(sl::Context& ctx, const Config& cfg, const PipeConfig& pc, 
     for (int l = first; l < last; ++l) parts.layers[static_cast<std::size_t>(l)] = true;
   }
   Model<R, E> model(cfg, mesh, parts);
+  sl::optim::LossScaler scaler;  // used by f16 only
   sl::optim::AdamW opt({.lr = cfg.lr, .weight_decay = 0.01, .clip_norm = cfg.clip});
   opt.stage_axis("stage");
   add_params(opt, model);
@@ -510,12 +517,17 @@ void train_pipelined(sl::Context& ctx, const Config& cfg, const PipeConfig& pc, 
           [&](int mb, const typename Model<R, E>::X& out) {
             return model.head_loss(out, stream.batch<Ids>(mesh, b, s * pc.microbatches + mb).second);
           },
-          {.recompute = pc.recompute, .settle = R::zero != Zero::stage1});
+          {.recompute = pc.recompute,
+           .settle = R::zero != Zero::stage1,
+           .loss_scale = std::is_same_v<E, sl::f16> ? scaler.scale() : 1.0});
       r.forward = rec.stats();
     }
     {
       sl::coll::CommRecorder rec;
-      opt.step();
+      if constexpr (std::is_same_v<E, sl::f16>)
+        r.skipped = !opt.step(scaler);  // the norm adds every stage's: all skip or none
+      else
+        opt.step();
       r.update = rec.stats();
     }
     r.memory = sl::memory_usage(ctx);

@@ -13,6 +13,7 @@
 #include "../collectives/harness.hpp"
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -137,6 +138,7 @@ struct Case {
   pp::Schedule kind;
   int stages, data, model, microbatches, chunks, layers;
   bool recompute;
+  float loss_scale = 1;  ///< RunOptions::loss_scale (the reference's backward seeded alike)
 };
 
 /// Runs case `c` pipelined and whole (every layer on every device, the micro-batches one after
@@ -159,7 +161,7 @@ void check(sl::Context& ctx, const Case& c) {
     sl::Var<ActT> h(input(mesh, rows, mb));
     for (const Layer& L : all) h = block(h, L);
     auto loss = sl::mse_loss(h, target(mesh, rows, mb));
-    sl::backward(loss * (1.f / float(m)), {.sync = false});
+    sl::backward(loss * (c.loss_scale / float(m)), {.sync = false});
     want_loss += loss.value().to_host()[0] / m;
   }
   for (const Layer& L : all) sl::sync_grads(L.g, L.w1, L.w2);
@@ -182,7 +184,8 @@ void check(sl::Context& ctx, const Case& c) {
         for (int l = first; l < last; ++l) h = block(h, mine.at(l));
         return h;
       },
-      [&](int mb, const sl::Var<ActT>& out) { return sl::mse_loss(out, target(mesh, rows, mb)); }, {.recompute = c.recompute});
+      [&](int mb, const sl::Var<ActT>& out) { return sl::mse_loss(out, target(mesh, rows, mb)); },
+      {.recompute = c.recompute, .loss_scale = c.loss_scale});
   const sl::coll::CommStats traffic = rec.stats();
   CHECK(st.loss == doctest::Approx(want_loss).epsilon(1e-6));
   CHECK(st.forwards == m * c.chunks);
@@ -243,6 +246,24 @@ TEST_CASE("interleaved, and uneven stages: the same loss and gradients") {
       check(ctx, {pp::Schedule::one_f_one_b, p, d, mo, 2, 1, p + 1, false});  // the first stage holds one more
     }
   }, {2, 4, 8});
+}
+
+TEST_CASE("run: a loss scale (f16) seeds every micro-batch's backward with scale / m") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    for (const auto& [p, d, mo] : meshes(ctx.num_devices())) check(ctx, {pp::Schedule::one_f_one_b, p, d, mo, 2 * p, 1, 4, false, 1024});
+  }, {2, 4});
+}
+
+TEST_CASE("run: a loss scale that is not finite and positive is refused, naming it") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    M mesh(ctx, {ctx.num_devices(), 1, 1});
+    const pp::Table t = pp::schedule(pp::Schedule::gpipe, ctx.num_devices(), 2);
+    auto none_fn = [](int, int, const sl::Var<ActT>* in) { return *in; };
+    auto loss_fn = [](int, const sl::Var<ActT>& out) { return sl::mean_all(out); };
+    for (double bad : {0.0, -2.0, std::numeric_limits<double>::infinity(), std::nan("")})
+      CHECK_THROWS_WITH_AS(pp::run<ActT>(t, mesh, {2, D}, none_fn, loss_fn, {.loss_scale = bad}),
+                           doctest::Contains("RunOptions::loss_scale is"), std::invalid_argument);
+  }, {2});
 }
 
 TEST_CASE("run: a table of another stage count than the mesh's axis is refused, naming both") {

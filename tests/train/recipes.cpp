@@ -156,6 +156,19 @@ void pipelined_against_one_device(gpt::PipeConfig pc, std::int64_t layers = 4) {
           CHECK(got[s].forward[Kind::permute].bytes_sent + got[s].forward[Kind::send].bytes_sent == crossings * block);
           CHECK(got[s].forward[Kind::permute].bytes_received + got[s].forward[Kind::recv].bytes_received == crossings * block);
           CHECK(got[s].pipeline.forwards == c.microbatches * c.chunks);
+          if constexpr (R::zero == gpt::Zero::stage2) {
+            // ZeRO-2: each micro-batch's backward reduce-scatters every parameter of this stage's
+            // into its state's shard (the step reduces nothing more); the gradients held are
+            // those shards, not the full-size sums ZeRO-1 keeps.
+            const auto [first, last] = sl::pipeline::layers_of(c.table(), static_cast<int>(cfg.layers), me, 0);
+            const std::uint64_t params = 10u * static_cast<std::uint64_t>(last - first) + (me == 0 ? 2u : 0u) +
+                                         (me == c.stages - 1 ? 3u : 0u);
+            if (mesh.shape().size(1) > 1) {
+              CHECK(got[s].forward[Kind::reduce_scatter].calls == params * static_cast<std::uint64_t>(c.microbatches));
+              CHECK(got[s].update[Kind::reduce_scatter].calls == 0);
+              CHECK(got[s].memory.gradients() * mesh.shape().size(1) <= got[s].memory.parameters() + 64 * params);
+            }
+          }
           if constexpr (R::zero == gpt::Zero::stage1) {
             // ZeRO-1: the micro-batches' gradients add up locally; the step reduce-scatters each
             // of this stage's parameters once into its state's shard (none during the pipeline).
@@ -314,12 +327,13 @@ TEST_CASE("uneven sizes: a global batch, a vocabulary and widths that do not div
   against_one_device<gpt::TP>(any, c);
   against_one_device<gpt::DPxTP>(any, c);
 }
-TEST_CASE("pipeline recipes: 1F1B, GPipe with recomputation and interleaved, with DP, TP and ZeRO-1, against one device") {
+TEST_CASE("pipeline recipes: 1F1B, GPipe with recomputation and interleaved, with DP, TP, ZeRO-1 and ZeRO-2, against one device") {
   namespace pp = sl::pipeline;
   pipelined_against_one_device<gpt::PPxDP>({.stages = 2, .microbatches = 4, .schedule = pp::Schedule::one_f_one_b});
   pipelined_against_one_device<gpt::PPxDP>({.stages = 4, .microbatches = 2, .schedule = pp::Schedule::gpipe, .recompute = true});
   pipelined_against_one_device<gpt::PPxTP>({.stages = 2, .microbatches = 2, .schedule = pp::Schedule::one_f_one_b});
   pipelined_against_one_device<gpt::PPxZero1>({.stages = 2, .microbatches = 8, .schedule = pp::Schedule::one_f_one_b});
+  pipelined_against_one_device<gpt::PPxZero2>({.stages = 2, .microbatches = 4, .schedule = pp::Schedule::one_f_one_b});
   pipelined_against_one_device<gpt::PPxDP>({.stages = 2, .microbatches = 4, .schedule = pp::Schedule::interleaved, .chunks = 2});
   pipelined_against_one_device<gpt::PP>({.stages = 0, .microbatches = 8, .schedule = pp::Schedule::one_f_one_b}, 8);
 }

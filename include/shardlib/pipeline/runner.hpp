@@ -23,6 +23,7 @@
 #include <shardlib/pipeline/schedule.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -78,6 +79,9 @@ struct RunOptions {
   /// during its backward (BackwardOptions::settle). False: their full-size sums wait for the step,
   /// which reduces them once per global batch (ZeRO-1).
   bool settle = true;
+  /// The factor the backward is seeded with besides 1/m: f16's loss scale (optim::LossScaler's
+  /// `scale()`; the optimizer's `step(scaler)` divides it out and skips a step that overflowed).
+  double loss_scale = 1.0;
 };
 
 /// What one pipelined step did on this device.
@@ -135,6 +139,9 @@ StepStats run(const Table& table, const typename Act::mesh_type& mesh, const typ
     throw std::invalid_argument("shardlib: pipeline::run: the " + std::string(to_string(table.kind)) + " table has " +
                                 std::to_string(table.stages) + " stages but axis '" + StageAxis.str() + "' of mesh " +
                                 ms.to_string() + " has " + std::to_string(ms.size(axis)) + " devices");
+  if (!(std::isfinite(options.loss_scale) && options.loss_scale > 0))
+    throw std::invalid_argument("shardlib: pipeline::run: RunOptions::loss_scale is " + std::to_string(options.loss_scale) +
+                                ": it must be finite and > 0");
   const int p = table.stages, VS = table.virtual_stages(), m = table.microbatches;
   const int me = ms.coords(ctx.device())[static_cast<std::size_t>(axis)];
   AxisList stage_axes;
@@ -229,7 +236,7 @@ StepStats run(const Table& table, const typename Act::mesh_type& mesh, const typ
       Held& h = it->second;
       const BackwardOptions bo{.sync = false, .settle = options.settle};
       if (vs == VS - 1) {
-        if (h.loss->requires_grad()) backward(*h.loss * static_cast<typename LossVar::value_type>(1.0 / m), bo);
+        if (h.loss->requires_grad()) backward(*h.loss * static_cast<typename LossVar::value_type>(options.loss_scale / m), bo);
       } else {
         auto g = grads.find(key);
         if (g == grads.end())

@@ -1,0 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
+// The gpt example's recipes of docs/08_training.md with 16-bit parameters (bf16, f16).
+#define GPT_DRIVER_16_BIT
+#include "gpt_dense.cpp"
