@@ -172,6 +172,44 @@ TEST_CASE("checkpoint: a captured Var that is not an input is an error naming it
   }, {1, 3});
 }
 
+TEST_CASE("NoGrad: an evaluation's forward records nothing, keeps no saved tensor, and leaves the gradients alone") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    M mesh(ctx, {ctx.num_devices(), 1});
+    auto layers = make_layers(mesh, 3, 8, 16);
+    const auto x = Ten<Act>::random(mesh, {8, 8}, 7, -1.f, 1.f);
+    auto forward = [&] {
+      sl::Var<Ten<Act>> h(x);
+      for (const Layer& l : layers) h = block(h, l);
+      return sl::mean_all(sl::square(h));
+    };
+    sl::backward(forward());  // the reference gradient: a recorded forward and its backward alone
+    const auto want = layers[0].w1.grad().to_host();
+    for (Layer& l : layers) l.g.zero_grad(), l.w1.zero_grad(), l.w2.zero_grad();
+    const std::int64_t before = sl::memory_usage(ctx).activations();
+    auto recorded = forward();
+    const std::int64_t held_recorded = sl::memory_usage(ctx).activations() - before;
+    CHECK(recorded.requires_grad());
+    float value = 0;
+    std::int64_t held = 0;
+    {
+      sl::NoGrad no_grad;
+      auto evaluated = forward();
+      held = sl::memory_usage(ctx).activations() - before - held_recorded;
+      CHECK(!evaluated.requires_grad());
+      value = evaluated.value().item();
+      // A recorded Var may be read inside: its value, no error (a checkpoint's forward would refuse it).
+      CHECK(!(recorded * 2.f).requires_grad());
+    }
+    CHECK(value == recorded.value().item());  // the same kernels on the same values
+    CHECK_MESSAGE(held * 8 < held_recorded, held << " bytes held by the evaluation, " << held_recorded << " recorded");
+    // The evaluation in between changed no gradient: the recorded forward's backward gives the reference's.
+    sl::backward(recorded);
+    CHECK(layers[0].w1.grad().to_host() == want);
+    // Recording is on again after the scope.
+    CHECK(forward().requires_grad());
+  }, {1, 2, 4});
+}
+
 TEST_CASE("checkpoint: an output that depends on no input gives the input a zero gradient, the parameters theirs") {
   sl::test::for_each_run([](sl::Context& ctx) {
     M mesh(ctx, {ctx.num_devices(), 1});

@@ -96,6 +96,21 @@ Var<tensor_of_t<X>> as_var(const X& x) {
 
 }  // namespace autodiff::detail
 
+/// While alive on this device's thread, ops on Params and Vars record nothing and return
+/// constants (torch.no_grad): an evaluation's forward, a validation loss, sampling, whose values
+/// alone are wanted — no graph is built and no tensor is saved for a backward. Scopes nest (a
+/// checkpoint inside one records nothing either).
+/// `{ sl::NoGrad no_grad; val += model.loss(ids, targets).value().item(); }`
+class NoGrad {
+ public:
+  NoGrad() : scope_(autodiff::detail::NoRecordScope::Lenient{}) {}
+  NoGrad(const NoGrad&) = delete;
+  NoGrad& operator=(const NoGrad&) = delete;
+
+ private:
+  autodiff::detail::NoRecordScope scope_;
+};
+
 /// Activation recomputation (see the file comment): `f(inputs...)`'s value, whose backward runs
 /// `f` again. Inputs are `Var`s, `Param`s or tensors (constants); `f` receives each as a `Var` of
 /// its tensor and returns a `Var`. Nested checkpoints recompute their interior again during the

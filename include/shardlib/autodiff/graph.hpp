@@ -178,6 +178,9 @@ class NoRecordScope {
   explicit NoRecordScope(std::vector<const Node*> inputs) : inputs_(std::move(inputs)), outer_(current()) {
     current() = this;
   }
+  /// `sl::NoGrad`'s scope: every Var may be read (its value only), nothing is an error.
+  struct Lenient {};
+  explicit NoRecordScope(Lenient) : lenient_(true), outer_(current()) { current() = this; }
   ~NoRecordScope() { current() = outer_; }
   NoRecordScope(const NoRecordScope&) = delete;
   NoRecordScope& operator=(const NoRecordScope&) = delete;
@@ -190,7 +193,7 @@ class NoRecordScope {
   /// Notes an operand's node (null: a constant). Throws std::logic_error for a Var that is neither
   /// a parameter nor one of the checkpoint's inputs.
   void see(const std::shared_ptr<Node>& n) {
-    if (!n) return;
+    if (!n || lenient_) return;
     if (n->as_leaf()) {
       if (std::find(leaves_.begin(), leaves_.end(), n) == leaves_.end()) leaves_.push_back(n);
       return;
@@ -206,6 +209,7 @@ class NoRecordScope {
  private:
   std::vector<const Node*> inputs_;
   std::vector<std::shared_ptr<Node>> leaves_;
+  bool lenient_ = false;
   NoRecordScope* outer_;
 };
 
