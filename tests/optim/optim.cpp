@@ -694,6 +694,56 @@ TEST_CASE("a parameter no backward reached is left alone (no weight decay either
   });
 }
 
+TEST_CASE("state() and set_steps(): a run continued by another optimizer from the first's state, on another layout, takes the same steps") {
+  // Optimizer A steps 3 times with ZeRO-1 (state split over "data"); optimizer B, on parameters
+  // with A's values and with A's moments copied into its state (replicated: DP) and its step
+  // count set, then takes the same 2 further steps as A: what a checkpoint's resume does.
+  sl::test::for_each_run([](sl::Context& ctx) {
+    M mesh(ctx, {ctx.num_devices()});
+    sl::Param w(Rep2::random(mesh, {7, 5}, 1, -1.f, 1.f));
+    sl::Param b(Rep1::random(mesh, {5}, 2, -1.f, 1.f));
+    const auto o = adamw(0.05, 0.9, 0.999, 0.5);
+    sl::optim::AdamW a(o);
+    a.add_zero<"data">(w, b);
+    auto step = [&](sl::optim::AdamW& opt, sl::Param<Rep2>& pw, sl::Param<Rep1>& pb, int s) {
+      opt.zero_grad();
+      const Batch x = make_batch(mesh, 5, 7, 5, 900 + std::uint64_t(s));
+      sl::backward(loss_of(pw, pb, x));
+      opt.step();
+    };
+    for (int s = 0; s < 3; ++s) step(a, w, b, s);
+    auto aw = a.state<sl::optim::zero_spec_t<Rep2, "data">>(w);
+    auto ab = a.state<sl::optim::zero_spec_t<Rep1, "data">>(b);
+    REQUIRE(aw.moments.size() == 2);  // AdamW: two moments
+    CHECK(aw.master == nullptr);      // float32: no master weights
+    sl::Param w2(w.value().clone());
+    sl::Param b2(b.value().clone());
+    sl::optim::AdamW c(o);
+    c.add(w2, b2);  // DP: the state in the parameters' (replicated) specs
+    auto cw = c.state<Spec<none, none>>(w2);
+    auto cb = c.state<Spec<none>>(b2);
+    for (std::size_t i = 0; i < 2; ++i) {
+      cw.moments[i] = Rep2(aw.moments[i]);  // a reshard from split to replicated
+      cb.moments[i] = Rep1(ab.moments[i]);
+    }
+    c.set_steps(a.steps());
+    for (int s = 3; s < 5; ++s) {
+      step(a, w, b, s);
+      step(c, w2, b2, s);
+    }
+    CHECK(c.steps() == 5);
+    CHECK(w2.value().to_host() == w.value().to_host());
+    CHECK(b2.value().to_host() == b.value().to_host());
+    // Bad calls, each naming what is wrong.
+    CHECK(message_of<std::invalid_argument>([&] { (void)a.state<Spec<none, none>>(w); }).find("another state spec") !=
+          std::string::npos);
+    sl::Param other(Rep1::zeros(mesh, {5}));
+    CHECK(message_of<std::invalid_argument>([&] { (void)a.state<Spec<none>>(other); }).find("was not added") !=
+          std::string::npos);
+    CHECK(message_of<std::invalid_argument>([&] { c.set_steps(-1); }).find("cannot be negative") != std::string::npos);
+  });
+}
+
 TEST_CASE("a parameter added twice is refused") {
   sl::test::for_each_run([](sl::Context& ctx) {
     M mesh(ctx, {ctx.num_devices()});

@@ -113,7 +113,7 @@ class Entry {
   }
 
  private:
-  friend inline void save(const std::string&, std::initializer_list<Entry>, const SaveOptions&);
+  friend inline void save(const std::string&, std::span<const Entry>, const SaveOptions&);
   std::string name_;
   coll::DType dtype_;
   std::vector<std::int64_t> shape_;
@@ -532,7 +532,7 @@ class Target {
   }
 
  private:
-  friend inline void load(const std::string&, std::initializer_list<Target>, const LoadOptions&);
+  friend inline void load(const std::string&, std::span<const Target>, const LoadOptions&);
   detail::Slot slot_;
   std::function<void()> commit_;
 };
@@ -541,13 +541,22 @@ class Target {
 /// names, shapes and specs). Replaces `path` atomically when it exists. Throws
 /// std::invalid_argument for an empty or repeated name or tensors of different runs; Error,
 /// on every device, when a file operation fails (the previous file at `path` is intact).
-inline void save(const std::string& path, std::initializer_list<Entry> tensors, const SaveOptions& opts = {});
+inline void save(const std::string& path, std::span<const Entry> tensors, const SaveOptions& opts = {});
+/// save() of a list written in place: `save(path, {{"w1", w1}, {"b1", b1}})`. (A list made at run
+/// time, a model's parameters: a `std::vector<Entry>`, the span form.)
+inline void save(const std::string& path, std::initializer_list<Entry> tensors, const SaveOptions& opts = {}) {
+  save(path, std::span<const Entry>(tensors.begin(), tensors.size()), opts);
+}
 
 /// Loads the tensors named in `targets` from checkpoint `path` into the given tensors, whatever
 /// mesh and spec they have (collective). Throws, with every target unchanged: Error for a
 /// missing or unreadable file, a missing name, a failed checksum (naming the tensor and
 /// block); std::invalid_argument for a different shape or element type (naming both).
-inline void load(const std::string& path, std::initializer_list<Target> targets, const LoadOptions& opts = {});
+inline void load(const std::string& path, std::span<const Target> targets, const LoadOptions& opts = {});
+/// load() of a list written in place (a `std::vector<Target>` made at run time: the span form).
+inline void load(const std::string& path, std::initializer_list<Target> targets, const LoadOptions& opts = {}) {
+  load(path, std::span<const Target>(targets.begin(), targets.size()), opts);
+}
 
 /// Loads tensor `name` of checkpoint `path` as a new `Tensor` on `mesh`, with the saved shape.
 template <class Tensor>

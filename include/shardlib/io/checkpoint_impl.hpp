@@ -248,7 +248,7 @@ void read_and_checksum(ReadSlab read_slab, shardlib::detail::ArrayRef<std::int64
 
 }  // namespace detail
 
-inline void save(const std::string& path, std::initializer_list<Entry> tensors, const SaveOptions& opts) {
+inline void save(const std::string& path, std::span<const Entry> tensors, const SaveOptions& opts) {
   if (path.empty()) throw std::invalid_argument("shardlib::io::save: the path is empty");
   if (tensors.size() == 0) throw std::invalid_argument("shardlib::io::save: no tensors to save to '" + path + "'");
   std::vector<const Entry*> es;
@@ -592,7 +592,7 @@ inline void load_slots(const std::string& path, std::span<Slot> slots, const Loa
 
 }  // namespace detail
 
-inline void load(const std::string& path, std::initializer_list<Target> targets, const LoadOptions& opts) {
+inline void load(const std::string& path, std::span<const Target> targets, const LoadOptions& opts) {
   std::vector<detail::Slot> slots;
   for (const Target& t : targets) slots.push_back(t.slot_);
   detail::load_slots(path, slots, opts);

@@ -269,6 +269,9 @@ class TypedSlot final : public Slot<Rule> {
     held_.reset();
   }
   std::int64_t num_elements() const noexcept override { return param_.value().size(); }
+  /// The state tensors (Rule::num_states of them) and the master weights (16-bit parameters).
+  std::vector<State>& states() noexcept { return state_; }
+  std::optional<State>& master() noexcept { return master_; }
 
  private:
   template <class P>
@@ -354,6 +357,40 @@ class Optimizer {
   }
   /// Steps taken.
   std::int64_t steps() const noexcept { return steps_; }
+  /// What the optimizer keeps for one parameter, as tensors in the state's spec (references into
+  /// the optimizer: valid while it lives). For checkpoints: io::save them beside the parameters
+  /// and io::load into them (any mesh, any spec) to resume, with `set_steps`.
+  template <class State>
+  struct ParamState {
+    std::vector<State>& moments;  ///< AdamW: the first and second moments; SGD: the momentum (if any)
+    State* master;                ///< a 16-bit parameter's float32 master weights; null otherwise
+  };
+  /// The state of parameter `p`, added with state spec `StateSpec` (p's own spec after add(p),
+  /// `zero_spec_t<Tensor, Axis>` after add_zero<Axis>(p), the given one after add<StateSpec>(p)).
+  /// Throws std::invalid_argument when p was not added, or was added with another state spec.
+  template <class StateSpec, class Tensor>
+  auto state(const Param<Tensor>& p) {
+    using Typed = detail::TypedSlot<Rule, Tensor, StateSpec>;
+    for (auto& s : slots_) {
+      if (s->id() != &p.leaf()) continue;
+      auto* typed = dynamic_cast<Typed*>(s.get());
+      if (!typed)
+        throw std::invalid_argument(std::string("shardlib: ") + Rule::name + "::state: the " + s->describe() +
+                                    " was added with another state spec than " + StateSpec::value.to_string());
+      return ParamState<typename Typed::State>{typed->states(), typed->master() ? &*typed->master() : nullptr};
+    }
+    throw std::invalid_argument(std::string("shardlib: ") + Rule::name + "::state: the parameter " +
+                                p.value().spec_string() + " " + shardlib::detail::shape_text(p.shape()) +
+                                " was not added to this optimizer");
+  }
+  /// Sets the number of steps taken (a resumed run's: AdamW's bias correction and the schedule
+  /// count from it). Throws std::invalid_argument for a negative count.
+  void set_steps(std::int64_t steps) {
+    if (steps < 0)
+      throw std::invalid_argument(std::string("shardlib: ") + Rule::name + "::set_steps: " + std::to_string(steps) +
+                                  " steps: the count cannot be negative");
+    steps_ = steps;
+  }
   /// The gradients' global norm at the last step (before clipping); NaN when not clipping.
   double last_grad_norm() const noexcept { return last_norm_; }
   /// Parameters added.
