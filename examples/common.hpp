@@ -152,6 +152,22 @@ class Args {
     return fallback;
   }
 
+  /// A finite number in [min, max].
+  double real(std::string_view flag, double fallback, double min, double max) {
+    const Given* g = take(flag);
+    if (!g) return fallback;
+    const std::optional<std::string> v = given_value(*g);
+    if (!v) return fallback;
+    double x = 0;
+    const auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), x);
+    if (ec != std::errc() || end != v->data() + v->size() || !(x >= min && x <= max)) {
+      error(g->position, 1, std::string(flag) + " must be a number from " + std::to_string(min) + " to " +
+                                std::to_string(max) + ", got '" + *v + "'");
+      return fallback;
+    }
+    return x;
+  }
+
   /// Any text but an empty one (a file or directory name).
   std::string text(std::string_view flag, std::string fallback) {
     const Given* g = take(flag);

@@ -9,6 +9,7 @@
 #include "gpt/driver.hpp"
 
 #include <cmath>
+#include <optional>
 #include <cstdio>
 #include <string>
 #include <type_traits>
@@ -20,6 +21,8 @@ constexpr const char* usage = R"(usage: gpt [--recipe dp|zero1|zero2|zero3|tp|dp
            [--devices N] [--steps N] [--layers N] [--dim N] [--batch N] [--seq N] [--vocab N] [--heads N]
            [--ff N] [--precision f32|bf16|f16] [--check 0|1] [--describe 0|1]
            [--stages P] [--microbatches M] [--schedule gpipe|1f1b|interleaved] [--chunks V] [--recompute 0|1]
+           [--data PATH|synthetic] [--eval-every N] [--sample N] [--temperature T] [--log-every N] [--val-below L]
+           [--save DIR] [--every K] [--resume DIR]
   --recipe R     the recipe of docs/08_training.md (dp); pp*: pipeline parallelism
                  (docs/11_pipeline_parallel.md) alone or with DP, TP, ZeRO-1 or ZeRO-2 over the other
                  devices
@@ -29,7 +32,7 @@ constexpr const char* usage = R"(usage: gpt [--recipe dp|zero1|zero2|zero3|tp|dp
   --dim N        the model width D (32), a multiple of --heads
   --heads N      attention heads (4)
   --ff N         the MLP's hidden size (128)
-  --vocab N      tokens in the vocabulary, 2 or more (64)
+  --vocab N      tokens in the vocabulary, 2 or more (the data's: 256 for bytes; 64 synthetic)
   --seq N        tokens per sequence (16)
   --batch N      sequences per global batch (8); any size on any mesh: blocks may be uneven or empty
   --precision P  f32 (the default); bf16 or f16: parameters and gradients in 16 bits with float32
@@ -46,6 +49,20 @@ constexpr const char* usage = R"(usage: gpt [--recipe dp|zero1|zero2|zero3|tp|dp
   --schedule S   pp*: gpipe, 1f1b (the default) or interleaved (M a multiple of P)
   --chunks V     interleaved: chunks of layers per stage, 2 or more (2); the layers a multiple of P V
   --recompute 1  pp*: recompute each stage's forward in its backward (activation checkpointing)
+  --data PATH    what to train on (the project's docs/): a text file (its bytes are the tokens,
+                 vocabulary 256), a nanoGPT-style .bin file (uint16 tokens), or a directory (its
+                 *.md and *.txt files); the last 10 % validate. Each device reads (mmap) only the
+                 sequences of its block of each batch. 'synthetic': a token stream made in the
+                 program (no validation part)
+  --eval-every N the validation loss every N steps and after the last (0: only after the last)
+  --sample N     after training, print N tokens the model writes after a prompt (not pp*)
+  --temperature T  sampling temperature, 0 (greedy) to 10 (0.8)
+  --log-every N  a progress line (loss, tokens/s, ETA) every N steps (about 40 lines a run)
+  --val-below L  exit 1 unless the last validation loss is below L (a check for scripts)
+  --save DIR     save the run (parameters, AdamW state, step) to DIR/gpt.h5 after the last step,
+                 and every K steps with --every K (each save replaces the last atomically)
+  --resume DIR   continue the run saved in DIR, with any recipe on any mesh, up to --steps in all
+                 (not pp*; not f16, whose loss scale is not saved)
 Also the runtime's --backend threads|mpi|nccl and --threads-per-device N, and Kokkos's
 --kokkos-NAME=VALUE. An unknown flag, a flag given twice or without its value, or a value out of
 its range: a one-line message and exit status 2.
@@ -68,7 +85,7 @@ int main(int argc, char** argv) {
     cfg.dim = args.integer("--dim", cfg.dim, 1, max_size);
     cfg.heads = args.integer("--heads", cfg.heads, 1, max_size);
     cfg.ff = args.integer("--ff", cfg.ff, 1, max_size);
-    cfg.vocab = args.integer("--vocab", cfg.vocab, 2, max_size);  // one token: nothing to predict, a loss of 0
+    const long long vocab = args.integer("--vocab", -1, 2, max_size);  // one token: nothing to predict, a loss of 0
     cfg.seq = args.integer("--seq", cfg.seq, 1, max_tokens);
     cfg.batch = args.integer("--batch", cfg.batch, 1, max_tokens);
     const bool check = args.boolean("--check");
@@ -81,7 +98,43 @@ int main(int argc, char** argv) {
     pc.chunks = static_cast<int>(args.integer("--chunks", 2, 2, max_size));
     if (pc.schedule != shardlib::pipeline::Schedule::interleaved) pc.chunks = 1;
     pc.recompute = args.boolean("--recompute");
+    const std::string data = args.text("--data", GPT_DEFAULT_CORPUS);
+    const int eval_every = static_cast<int>(args.integer("--eval-every", 0, 0, max_steps));
+    const int sample = static_cast<int>(args.integer("--sample", 0, 0, 1000000));
+    const double temperature = args.real("--temperature", 0.8, 0, 10);
+    const int log_every = static_cast<int>(args.integer("--log-every", 0, 1, max_steps));
+    const double val_below = args.real("--val-below", 0, 0, 1e6);
+    const std::string save = args.text("--save", "");
+    const int save_every = static_cast<int>(args.integer("--every", 0, 1, max_steps));
+    const std::string resume = args.text("--resume", "");
     args.finish();
+#if !defined(GPT_HAVE_IO)
+    if (!save.empty() || !resume.empty()) args.fail("--save and --resume need HDF5, which this build did not find");
+#endif
+    if (save_every > 0 && save.empty()) args.fail("--every needs --save DIR");
+    if (pipelined && (!save.empty() || !resume.empty())) args.fail("--save and --resume are not available with the pp recipes yet");
+    if (!resume.empty() && check) args.fail("--check 1 trains the replicated reference from step 0: not with --resume");
+    if (!resume.empty() && precision == "f16") args.fail("--resume with f16: the loss scale is not saved yet (bf16 resumes)");
+    std::optional<gpt::CorpusStream> corpus;
+    if (data != "synthetic") {
+      try {
+        corpus.emplace(gpt::Corpus::open(data), cfg.seq, cfg.seed);
+      } catch (const std::exception& e) {
+        args.fail(std::string(e.what()).substr(std::string("gpt: ").size()));
+      }
+      if (vocab >= 0 && vocab < corpus->corpus().vocab())
+        args.fail("--vocab " + std::to_string(vocab) + " is smaller than the data's " + std::to_string(corpus->corpus().vocab()) +
+                  " tokens");
+      cfg.vocab = vocab >= 0 ? vocab : corpus->corpus().vocab();
+      cfg.eval_every = eval_every > 0 ? eval_every : steps;  // at least after the last step
+    } else {
+      cfg.vocab = vocab >= 0 ? vocab : 64;
+      if (sample > 0) args.fail("--sample needs data to prompt the model with: --data PATH, not synthetic");
+      if (eval_every > 0 || val_below > 0) args.fail("--eval-every and --val-below need a validation part: --data PATH, not synthetic");
+    }
+    if (pipelined && (sample > 0 || (corpus && (eval_every > 0 || val_below > 0))))
+      args.fail("--sample, --eval-every and --val-below are not available with the pp recipes yet");
+    if (pipelined) cfg.eval_every = 0;
     // The heads split D (head_dim = D / H). Nothing else must divide: every recipe takes uneven
     // or empty blocks (a batch smaller than "data", fewer heads than "model").
     if (cfg.dim % cfg.heads != 0)
@@ -100,7 +153,20 @@ int main(int argc, char** argv) {
       }
     }
     namespace d = gpt::driver;
-    const d::Run run{recipe, cfg, pc, steps, check, describe};
+    const d::Run run{recipe,
+                     cfg,
+                     pc,
+                     steps,
+                     check,
+                     describe,
+                     corpus ? gpt::DataStream(std::move(*corpus)) : gpt::DataStream(gpt::TokenStream(cfg.vocab, cfg.seq, cfg.seed), cfg.seq),
+                     sample,
+                     temperature,
+                     log_every,
+                     val_below,
+                     save,
+                     resume,
+                     save_every};
     if (pipelined) {
       if (precision == "bf16") return d::pipelined<shardlib::bf16>(rt, run);
       if (precision == "f16") return d::pipelined<shardlib::f16>(rt, run);

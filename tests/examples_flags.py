@@ -49,6 +49,12 @@ BAD = [
     ("gpt", ["--precision", "fp8"], ["--precision", "'fp8'", "bf16"], False),
     ("gpt", ["--check", "yes"], ["--check must be 0 or 1", "'yes'"], False),
     ("gpt", ["--describe", "2"], ["--describe must be 0 or 1"], False),
+    # data, sampling and checkpoints
+    ("gpt", ["--temperature", "hot"], ["--temperature must be a number", "'hot'"], False),
+    ("gpt", ["--vocab", "100"], ["--vocab 100 is smaller than the data's 256 tokens"], False),
+    ("gpt", ["--every", "5"], ["--every needs --save DIR"], False),
+    ("gpt", ["--recipe", "pp", "--save", "x"], ["not available with the pp recipes"], False),
+    ("gpt", ["--resume", "x", "--check", "1"], ["not with --resume"], False),
     # twice, or without a value
     ("gpt", ["--steps", "1", "--steps", "2"], ["--steps given twice"], False),
     ("gpt", ["--devices", "2", "--devices", "4"], ["--devices given twice"], False),
@@ -82,7 +88,7 @@ def good(tmp):
         ("gpt", ["--steps", "1", "--recipe=tp", "--devices", "2", "--check", "1", "--kokkos-disable-warnings"],
          ["recipe tp", "step   0"]),
         ("gpt", ["--steps", "1", "--layers", "1", "--seq", "1", "--batch", "1", "--heads", "1", "--dim", "1",
-                 "--vocab", "2", "--ff", "1", "--devices", "3"], ["step   0"]),
+                 "--vocab", "2", "--ff", "1", "--devices", "3", "--data", "synthetic"], ["step   0"]),
         ("quickstart", ["--devices", "2", "--model", "2"], ["collectives in the block"]),
         ("heat2d", ["--n", "8", "--sweeps", "2", "--devices", "2", "--png", os.path.join(tmp, "h.png")],
          ["bit for bit the same"]),

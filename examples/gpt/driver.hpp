@@ -4,9 +4,15 @@
 // translation units (gpt_dense.cpp, gpt_pp.cpp and their 16-bit twins) that compile in
 // parallel; gpt.cpp parses the flags and calls them.
 #pragma once
+#include "data.hpp"
+#if defined(GPT_HAVE_IO)
+#include "checkpoint.hpp"
+#endif
 #include "gpt.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <limits>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -22,7 +28,20 @@ struct Run {
   PipeConfig pc;
   int steps = 0;
   bool check = false, describe = false;
+  DataStream data;
+  int sample = 0;            ///< --sample: tokens to generate after training
+  double temperature = 0.8;  ///< --temperature (0: greedy)
+  int log_every = 0;         ///< --log-every (0: about 40 lines per run)
+  double val_below = 0;      ///< --val-below: exit 1 unless the last validation loss is below it (0: no check)
+  std::string save, resume;  ///< --save DIR, --resume DIR (gpt/checkpoint.hpp)
+  int save_every = 0;        ///< --every K: a checkpoint every K steps (and after the last)
 };
+
+/// Device 0's last validation loss of the run (NaN: none).
+inline double& last_val_loss() {
+  static double v = std::numeric_limits<double>::quiet_NaN();
+  return v;
+}
 
 /// Runs `run.recipe` (a recipe of docs/08, not pp*) with parameters of type E; returns the exit status.
 template <class E>
@@ -42,23 +61,82 @@ inline void print_stats(const char* phase, const shardlib::coll::CommStats& s) {
   }
 }
 
+/// The progress of a run on device 0: a line per logged step with tokens/s since the first step
+/// and the time left at that rate.
+class Progress {
+ public:
+  Progress(int steps, std::int64_t tokens_per_step, int every) : steps_(steps), tokens_(tokens_per_step), every_(every) {}
+  /// The first step of this run (a resumed one's is not 0).
+  void first(int s) noexcept { first_ = s; }
+  /// Whether step `s` is printed (every `every` steps, the first, the last, and evaluated ones).
+  bool logged(int s, const gpt::StepReport& r) const {
+    return s == first_ || s + 1 == steps_ || (s + 1) % every_ == 0 || !std::isnan(r.val_loss);
+  }
+  /// " 12.3k tok/s, ETA 1m05s" after step `s` (empty after the first, whose time includes warm-up).
+  std::string rate(int s) {
+    const auto now = std::chrono::steady_clock::now();
+    if (s == first_) {
+      t1_ = now;
+      return "";
+    }
+    const double secs = std::chrono::duration<double>(now - t1_).count();
+    const double per_step = secs / (s - first_), tok = static_cast<double>(tokens_) / per_step;
+    const double left = per_step * (steps_ - 1 - s);
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "  %.1fk tok/s  ETA %dm%02ds", tok / 1000, static_cast<int>(left) / 60,
+                  static_cast<int>(left) % 60);
+    return buf;
+  }
+
+ private:
+  int steps_;
+  std::int64_t tokens_;
+  int every_;
+  int first_ = 0;
+  std::chrono::steady_clock::time_point t1_{};
+};
+
+/// What a run prints of its corpus after training: the prompt and `n` tokens the model wrote.
+inline std::string as_text(const gpt::Corpus& c, const std::vector<std::int64_t>& tokens) {
+  std::string out;
+  for (std::int64_t t : tokens) {
+    if (c.vocab() <= 256) {
+      const char ch = static_cast<char>(t);
+      out += (ch == '\n' || ch == '\t' || (static_cast<unsigned char>(ch) >= 32 && ch != 127)) ? ch : '?';
+    } else {
+      out += (out.empty() ? "" : " ") + std::to_string(t);
+    }
+  }
+  return out;
+}
+
 template <class R, class E>
-std::vector<double> run(shardlib::Context& ctx, const gpt::Config& cfg, const gpt::PipeConfig& pc, int steps, bool verbose,
-                        bool describe) {
+std::vector<double> run(shardlib::Context& ctx, const Run& run_, int steps, bool verbose, bool describe) {
+  const gpt::Config& cfg = run_.cfg;
+  const gpt::PipeConfig& pc = run_.pc;
+  const gpt::DataStream& data = run_.data;
   std::vector<double> losses;
+  Progress progress(steps, cfg.batch * cfg.seq, run_.log_every > 0 ? run_.log_every : std::max(1, steps / 40));
+  auto val_text = [](const gpt::StepReport& r) {
+    char buf[32] = "";
+    if (!std::isnan(r.val_loss)) std::snprintf(buf, sizeof buf, "  val %.4f", r.val_loss);
+    return std::string(buf);
+  };
   if constexpr (gpt::Pipelined<R>) {
     if (describe) {  // the schedule, and device 0's collectives of one step of a model made for it (a dry run)
       if (ctx.device() == 0) std::printf("the schedule of every step:\n%s", pc.table().to_string().c_str());
       gpt::StepReport dry;
-      shardlib::coll::dry_run([&] { gpt::train_pipelined<R, E>(ctx, cfg, pc, 1, [&](int, const gpt::StepReport& r) { dry = r; }); });
+      shardlib::coll::dry_run([&] { gpt::train_pipelined<R, E>(ctx, cfg, pc, data, 1, [&](int, const gpt::StepReport& r) { dry = r; }); });
       if (ctx.device() == 0)
         std::printf("the collectives of every step on device 0 (stage 0), in order (a dry run):\n%s", dry.trace.to_string().c_str());
     }
-    gpt::train_pipelined<R, E>(ctx, cfg, pc, steps, [&](int s, const gpt::StepReport& r) {
+    gpt::train_pipelined<R, E>(ctx, cfg, pc, data, steps, [&](int s, const gpt::StepReport& r) {
       losses.push_back(r.loss);
       if (!verbose || ctx.device() != 0) return;
-      std::printf("step %3d  loss %.6f  grad norm %.4f  stage 0 idle %.1f%%%s\n", s, r.loss, r.grad_norm,
-                  100 * r.pipeline.idle_fraction(),
+      const std::string rate = progress.rate(s);
+      if (!progress.logged(s, r)) return;
+      std::printf("step %3d/%d  loss %.6f  grad norm %.4f  stage 0 idle %.1f%%%s%s\n", s, steps, r.loss, r.grad_norm,
+                  100 * r.pipeline.idle_fraction(), rate.c_str(),
                   r.skipped ? "  (skipped: the f16 gradients overflowed; loss scale halved)" : "");
       if (s == 0 || s == steps - 1) {
         print_stats("pipeline", r.forward);
@@ -68,24 +146,55 @@ std::vector<double> run(shardlib::Context& ctx, const gpt::Config& cfg, const gp
     });
     return losses;
   } else {
-  if (describe) {  // before training: one step of a model made for it, with the collectives counted, not performed
-    gpt::StepReport dry;
-    shardlib::coll::dry_run([&] { gpt::train<R, E>(ctx, cfg, 1, [&](int, const gpt::StepReport& r) { dry = r; }); });
-    if (ctx.device() == 0) std::printf("the collectives of every step, in order (a dry run):\n%s", dry.trace.to_string().c_str());
-  }
-  gpt::train<R, E>(ctx, cfg, steps, [&](int s, const gpt::StepReport& r) {
-    losses.push_back(r.loss);
-    if (!verbose || ctx.device() != 0) return;
-    std::printf("step %3d  loss %.6f  grad norm %.4f%s\n", s, r.loss, r.grad_norm,
-                r.skipped ? "  (skipped: the f16 gradients overflowed; loss scale halved)" : "");
-    if (s == 0 || s == steps - 1) {
-      print_stats("forward", r.forward);
-      print_stats("backward", r.backward);
-      print_stats("step", r.update);
-      std::printf("    memory   %s (device 0)\n", r.memory.to_string().c_str());
+    if (describe) {  // before training: one step of a model made for it, with the collectives counted, not performed
+      gpt::StepReport dry;
+      shardlib::coll::dry_run([&] { gpt::train<R, E>(ctx, cfg, data, 1, [&](int, const gpt::StepReport& r) { dry = r; }); });
+      if (ctx.device() == 0) std::printf("the collectives of every step, in order (a dry run):\n%s", dry.trace.to_string().c_str());
     }
-  });
-  return losses;
+    auto sample = [&](gpt::Model<R, E>& model) {  // --sample: text the trained model writes
+      if (!verbose || run_.sample <= 0 || !data.corpus()) return;
+      const gpt::CorpusStream& c = *data.corpus();
+      std::vector<std::int64_t> prompt(static_cast<std::size_t>(cfg.seq));
+      for (std::int64_t i = 0; i < cfg.seq; ++i) prompt[static_cast<std::size_t>(i)] = c.corpus().token(c.train_tokens() + i);
+      const auto text = gpt::generate(model, prompt, run_.sample, run_.temperature, cfg.seed);
+      if (ctx.device() == 0)
+        std::printf("sample (%s, after a prompt of %lld tokens from the validation part):\n--- prompt\n%s\n--- model\n%s\n---\n",
+                    run_.temperature > 0 ? ("temperature " + std::to_string(run_.temperature)).c_str() : "greedy",
+                    (long long)cfg.seq, as_text(c.corpus(), prompt).c_str(), as_text(c.corpus(), text).c_str());
+    };
+#if defined(GPT_HAVE_IO)
+    gpt::CheckpointHooks<decltype(sample)> hooks{verbose ? run_.resume : "", verbose ? run_.save : "", run_.save_every, steps,
+                                                 sample};
+#else
+    struct {
+      decltype(sample)& end_fn;
+      int start(gpt::Model<R, E>&, shardlib::optim::AdamW&) { return 0; }
+      void after_step(int, gpt::Model<R, E>&, shardlib::optim::AdamW&) {}
+      void end(gpt::Model<R, E>& m) { end_fn(m); }
+    } hooks{sample};
+#endif
+    bool first = true;
+    gpt::train<R, E>(ctx, cfg, data, steps, [&](int s, const gpt::StepReport& r) {
+      if (first) {
+        progress.first(s);
+        first = false;
+        if (s > 0 && verbose && ctx.device() == 0) std::printf("resumed from %s after step %d\n", run_.resume.c_str(), s - 1);
+      }
+      losses.push_back(r.loss);
+      if (verbose && ctx.device() == 0 && !std::isnan(r.val_loss)) last_val_loss() = r.val_loss;
+      if (!verbose || ctx.device() != 0) return;
+      const std::string rate = progress.rate(s);
+      if (!progress.logged(s, r)) return;
+      std::printf("step %3d/%d  loss %.6f%s  grad norm %.4f%s%s\n", s, steps, r.loss, val_text(r).c_str(), r.grad_norm,
+                  rate.c_str(), r.skipped ? "  (skipped: the f16 gradients overflowed; loss scale halved)" : "");
+      if (s == 0 || s == steps - 1) {
+        print_stats("forward", r.forward);
+        print_stats("backward", r.backward);
+        print_stats("step", r.update);
+        std::printf("    memory   %s (device 0)\n", r.memory.to_string().c_str());
+      }
+    }, hooks);
+    return losses;
   }
 }
 
@@ -103,15 +212,28 @@ int main_for(shardlib::Runtime& rt, const Run& run_) {
                   recipe.c_str(), shardlib::element_name<E>(), ctx.num_devices(), std::string(shardlib::to_string(rt.backend())).c_str(), (long long)cfg.layers, (long long)cfg.dim,
                   (long long)cfg.heads, (long long)cfg.ff, (long long)cfg.vocab, (long long)cfg.seq,
                   (long long)cfg.batch);
+    if (ctx.device() == 0) {
+      if (const gpt::CorpusStream* c = run_.data.corpus())
+        std::printf("data: %s: %lld tokens, %lld to train on, %lld to validate\n", c->corpus().description().c_str(),
+                    (long long)c->corpus().size(), (long long)c->train_tokens(), (long long)c->val_tokens());
+      else
+        std::printf("data: the synthetic token stream (--data synthetic)\n");
+    }
     if constexpr (gpt::Pipelined<R>)
       if (ctx.device() == 0)
         std::printf("pipeline: %d stages, %d micro-batches of %lld sequences, schedule %s%s%s\n", pc.stages, pc.microbatches,
                     (long long)(cfg.batch / pc.microbatches), std::string(shardlib::pipeline::to_string(pc.schedule)).c_str(),
                     pc.chunks > 1 ? (", " + std::to_string(pc.chunks) + " chunks per stage").c_str() : "",
                     pc.recompute ? ", recomputed" : "");
-    const std::vector<double> got = run<R, E>(ctx, cfg, pc, steps, true, describe);
+    const std::vector<double> got = run<R, E>(ctx, run_, steps, true, describe);
+    if (ctx.device() == 0 && run_.val_below > 0) {  // --val-below: the run's own check
+      const double v = last_val_loss();
+      const bool ok = v < run_.val_below;
+      std::printf("validation loss %.4f %s %.4f (--val-below)\n", v, ok ? "<" : "is not below", run_.val_below);
+      if (!ok) status = 1;
+    }
     if (!check) return;
-    const std::vector<double> want = run<gpt::Replicated, E>(ctx, cfg, pc, steps, false, false);
+    const std::vector<double> want = run<gpt::Replicated, E>(ctx, run_, steps, false, false);
     double worst = 0;
     for (int s = 0; s < steps; ++s) worst = std::max(worst, std::abs(got[s] - want[s]) / std::abs(want[s]));
     if (ctx.device() == 0) {

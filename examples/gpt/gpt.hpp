@@ -2,7 +2,8 @@
 // A small GPT-style language model and the training recipes of docs/08_training.md, each a
 // choice of specs: token embedding (split over the vocabulary under tensor parallelism), learned
 // positions, N pre-LN blocks (multi-head causal attention, a GELU MLP), a final norm and an LM
-// head with the vocab-parallel cross-entropy; trained with AdamW on a synthetic token stream.
+// head with the vocab-parallel cross-entropy; trained with AdamW on a synthetic token stream or
+// any data source with its batches (gpt/data.hpp: a corpus of text).
 //
 // Shared by examples/gpt.cpp (the program), tests/train/recipes.cpp (each recipe against one
 // device) and benchmarks/train.cpp.
@@ -15,6 +16,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <limits>
+#include <random>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -38,6 +41,8 @@ struct Config {
   std::uint64_t seed = 1;
   double lr = 3e-3;
   double clip = 1.0;         ///< clipping by the global norm (0: off)
+  int eval_every = 0;        ///< validation loss every this many steps and after the last (0: never)
+  std::int64_t eval_batches = 8;  ///< validation batches per evaluation (at most the data has)
   std::int64_t head_dim() const { return dim / heads; }
 };
 
@@ -255,6 +260,20 @@ struct Model {
     }
     if (head) f(*gf), f(*bf), f(*head);
   }
+  /// Calls f(name, param) on every parameter this device holds, in for_each_param's order, with
+  /// names that do not depend on the recipe ("wte", "layer0/wq", "head"): a checkpoint's.
+  template <class F>
+  void for_each_named_param(F&& f) {
+    if (wte) f(std::string("wte"), *wte), f(std::string("wpe"), *wpe);
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      auto& l = layers[i];
+      if (!l) continue;
+      const std::string p = "layer" + std::to_string(i) + "/";
+      f(p + "g1", l->g1), f(p + "b1", l->b1), f(p + "wq", l->wq), f(p + "wk", l->wk), f(p + "wv", l->wv), f(p + "wo", l->wo);
+      f(p + "g2", l->g2), f(p + "b2", l->b2), f(p + "w1", l->w1), f(p + "w2", l->w2);
+    }
+    if (head) f(std::string("gf"), *gf), f(std::string("bf"), *bf), f(std::string("head"), *head);
+  }
   std::int64_t num_params() {
     std::int64_t n = 0;
     for_each_param([&](auto& p) { n += p.value().size(); });
@@ -291,12 +310,22 @@ struct Model {
     auto f = sl::gelu(sl::einsum<"bsd,df->bsf">(h, use<typename R::W1>(l.w1)));
     return x + sl::reshard<Act>(sl::einsum<"bsf,fd->bsd">(f, use<typename R::W2>(l.w2)));
   }
+  /// The final norm and the LM head: the logits [B, S, V] (split over the vocabulary under TP).
+  auto head_logits(const X& x) const {
+    auto h = sl::reshard<typename R::Full>(sl::layer_norm<2>(x) * use<Vec>(*gf) + use<Vec>(*bf));
+    return sl::einsum<"bsd,dv->bsv">(h, use<typename R::Head>(*head));
+  }
   /// The final norm, the LM head and the mean cross-entropy against `targets` [B, S].
   template <class Ids>
   auto head_loss(const X& x, const Ids& targets) const {
-    auto h = sl::reshard<typename R::Full>(sl::layer_norm<2>(x) * use<Vec>(*gf) + use<Vec>(*bf));
-    auto logits = sl::einsum<"bsd,dv->bsv">(h, use<typename R::Head>(*head));
-    return sl::cross_entropy(sl::reshape<"b s v -> (b s) v">(logits), sl::reshape<"b s -> (b s)">(targets));
+    return sl::cross_entropy(sl::reshape<"b s v -> (b s) v">(head_logits(x)), sl::reshape<"b s -> (b s)">(targets));
+  }
+  /// The logits [B, S, V] of the tokens `ids` [B, S] (every part of the model on this device).
+  template <class Ids>
+  auto logits(const Ids& ids) const {
+    X x = embed(ids);
+    for (const auto& l : layers) x = block(*l, x);
+    return head_logits(x);
   }
 
  private:
@@ -378,6 +407,7 @@ class TokenStream {
 /// What one step did, on this device.
 struct StepReport {
   double loss = 0;
+  double val_loss = std::numeric_limits<double>::quiet_NaN();  ///< this step's validation loss (NaN: not evaluated)
   double grad_norm = 0;
   bool skipped = false;  // f16: the step was skipped (its gradients overflowed; the loss scale halved)
   sl::coll::CommStats forward, backward, update;  // collectives of each phase
@@ -398,6 +428,68 @@ struct PipeConfig {
   sl::pipeline::Table table() const { return sl::pipeline::schedule(schedule, stages, microbatches, chunks, recompute ? 3 : 2); }
 };
 
+/// The mean loss over the first cfg.eval_batches validation batches of `stream` (forward only,
+/// nothing recorded: sl::NoGrad). Collective.
+template <class R, class E, class Data>
+double validation_loss(const Model<R, E>& model, const Data& stream, const typename R::Mesh& mesh) {
+  using Ids = sl::DistributedTensor<std::int64_t, typename R::Mesh, typename R::Ids>;
+  sl::NoGrad no_grad;
+  const std::int64_t n = std::min<std::int64_t>(stream.val_batches(model.cfg.batch), std::max<std::int64_t>(1, model.cfg.eval_batches));
+  double sum = 0;
+  for (std::int64_t k = 0; k < n; ++k) {
+    const auto b = stream.template val_batch<Ids>(mesh, model.cfg.batch, k);
+    sum += model.loss(b.first, b.second).value().item();
+  }
+  return sum / static_cast<double>(n);
+}
+
+/// `n` tokens generated by `model` after `context` (cfg.seq tokens; each new token joins its end
+/// and the first leaves): greedy when `temperature` is 0, else drawn from softmax(logits / T)
+/// with a generator seeded by `seed` (the same draws on every device). Collective.
+template <class R, class E>
+std::vector<std::int64_t> generate(const Model<R, E>& model, std::vector<std::int64_t> context, int n, double temperature,
+                                   std::uint64_t seed) {
+  using Ids = sl::DistributedTensor<std::int64_t, typename R::Mesh, typename R::Ids>;
+  const std::int64_t S = model.cfg.seq, V = model.cfg.vocab;
+  if (static_cast<std::int64_t>(context.size()) != S)
+    throw std::invalid_argument("gpt: generate: the context has " + std::to_string(context.size()) + " tokens, the model reads " +
+                                std::to_string(S));
+  sl::NoGrad no_grad;
+  std::mt19937_64 rng(seed);
+  std::vector<std::int64_t> out;
+  for (int i = 0; i < n; ++i) {
+    const auto logits = model.logits(Ids::from_host(model.mesh, {1, S}, context)).value().to_host();  // [1, S, V]
+    const float* last = logits.data() + (S - 1) * V;
+    std::int64_t next = 0;
+    if (temperature <= 0) {
+      next = std::max_element(last, last + V) - last;
+    } else {
+      const float top = *std::max_element(last, last + V);
+      std::vector<double> w(static_cast<std::size_t>(V));
+      for (std::int64_t v = 0; v < V; ++v) w[static_cast<std::size_t>(v)] = std::exp((last[v] - top) / temperature);
+      next = std::discrete_distribution<std::int64_t>(w.begin(), w.end())(rng);
+    }
+    out.push_back(next);
+    context.erase(context.begin());
+    context.push_back(next);
+  }
+  return out;
+}
+
+/// train()'s hooks, none by default: `start(model, opt)` returns the step to begin with (a
+/// resumed run's), `after_step(step, model, opt)` runs after each step's report (checkpoints),
+/// `end(model)` after the last step (sampling).
+struct NoHooks {
+  template <class M, class O>
+  int start(M&, O&) {
+    return 0;
+  }
+  template <class M, class O>
+  void after_step(int, M&, O&) {}
+  template <class M>
+  void end(M&) {}
+};
+
 /// Adds every parameter `model` holds to `opt`, with its state as recipe R keeps it (ZeRO: split
 /// over "data").
 template <class R, class E>
@@ -415,19 +507,24 @@ void add_params(sl::optim::AdamW& opt, Model<R, E>& model) {
 /// gradients overflow is skipped: `StepReport::skipped`). Collective: every device runs it.
 /// Returns the final model's parameters gathered on the host (in for_each_param order, as
 /// float), for comparisons.
-template <class R, class E = float, class OnStep>
-std::vector<std::vector<float>> train(sl::Context& ctx, const Config& cfg, int steps, OnStep&& on_step) {
+///
+/// With a data source `data` (TokenStream, or CorpusStream of gpt/data.hpp: `batch<Ids>(mesh, B,
+/// step)`) in place of the synthetic stream; a source with a validation part (`val_batch`) gives
+/// StepReport::val_loss every `cfg.eval_every` steps and after the last. `hooks` (NoHooks):
+/// a resumed start, checkpoints after steps, sampling at the end.
+template <class R, class E = float, class Data, class OnStep, class Hooks = NoHooks>
+std::vector<std::vector<float>> train(sl::Context& ctx, const Config& cfg, const Data& stream, int steps, OnStep&& on_step,
+                                      Hooks&& hooks = {}) {
   auto mesh = R::mesh(ctx);
   Model<R, E> model(cfg, mesh);
   sl::optim::LossScaler scaler;  // used by f16 only
   sl::optim::AdamW opt({.lr = cfg.lr, .weight_decay = 0.01, .clip_norm = cfg.clip});
   add_params(opt, model);
-  const TokenStream stream(cfg.vocab, cfg.seq, cfg.seed);
   using Ids = sl::DistributedTensor<std::int64_t, typename R::Mesh, typename R::Ids>;
-  for (int s = 0; s < steps; ++s) {
+  for (int s = hooks.start(model, opt); s < steps; ++s) {
     StepReport r;
     sl::coll::CommRecorder whole(sl::coll::keep_calls);
-    const auto batch = stream.batch<Ids>(mesh, cfg.batch, s);
+    const auto batch = stream.template batch<Ids>(mesh, cfg.batch, s);
     const Ids& ids = batch.first;  // (not a structured binding: clang 14 cannot capture one)
     const Ids& targets = batch.second;
     opt.zero_grad();
@@ -456,16 +553,26 @@ std::vector<std::vector<float>> train(sl::Context& ctx, const Config& cfg, int s
     }
     r.memory = sl::memory_usage(ctx);
     r.grad_norm = opt.last_grad_norm();
-    r.loss = loss.value().to_host()[0];  // the pending sum over the batch's devices: one all_reduce
+    r.loss = loss.value().item();  // the pending sum over the batch's devices: one all_reduce
     r.trace = {whole.stats(), whole.calls()};
+    if constexpr (requires { stream.val_batches(cfg.batch); })
+      if (cfg.eval_every > 0 && stream.val_batches(cfg.batch) > 0 && ((s + 1) % cfg.eval_every == 0 || s + 1 == steps))
+        r.val_loss = validation_loss(model, stream, mesh);
     on_step(s, r);
+    hooks.after_step(s, model, opt);
   }
+  hooks.end(model);
   std::vector<std::vector<float>> out;
   model.for_each_param([&](auto& p) {
     const auto v = p.value().to_host();
     out.emplace_back(v.begin(), v.end());
   });
   return out;
+}
+/// train() on the synthetic TokenStream of `cfg` (vocab, seq, seed).
+template <class R, class E = float, class OnStep>
+std::vector<std::vector<float>> train(sl::Context& ctx, const Config& cfg, int steps, OnStep&& on_step) {
+  return train<R, E>(ctx, cfg, TokenStream(cfg.vocab, cfg.seq, cfg.seed), steps, static_cast<OnStep&&>(on_step));
 }
 
 /// train() for a pipelined recipe (R::pipelined): the mesh {stages, ...} of `pc`, this device's
@@ -475,8 +582,8 @@ std::vector<std::vector<float>> train(sl::Context& ctx, const Config& cfg, int s
 /// batch over this stage's parameters (its global norm over every stage's: Optimizer::stage_axis).
 /// Throws std::invalid_argument when m does not divide the batch or the layers do not split.
 /// Returns nothing (the parameters live on their stages).
-template <class R, class E = float, class OnStep>
-void train_pipelined(sl::Context& ctx, const Config& cfg, const PipeConfig& pc, int steps, OnStep&& on_step) {
+template <class R, class E = float, class Data, class OnStep>
+void train_pipelined(sl::Context& ctx, const Config& cfg, const PipeConfig& pc, const Data& stream, int steps, OnStep&& on_step) {
   namespace pp = sl::pipeline;
   if (pc.microbatches < 1 || cfg.batch % pc.microbatches != 0)
     throw std::invalid_argument("gpt: " + std::to_string(pc.microbatches) + " micro-batches do not divide the batch of " +
@@ -495,7 +602,6 @@ void train_pipelined(sl::Context& ctx, const Config& cfg, const PipeConfig& pc, 
   sl::optim::AdamW opt({.lr = cfg.lr, .weight_decay = 0.01, .clip_norm = cfg.clip});
   opt.stage_axis("stage");
   add_params(opt, model);
-  const TokenStream stream(cfg.vocab, cfg.seq, cfg.seed);
   using Ids = sl::DistributedTensor<std::int64_t, typename R::Mesh, typename R::Ids>;
   using XT = typename Model<R, E>::X::tensor_type;
   const std::int64_t b = cfg.batch / pc.microbatches;
@@ -509,13 +615,13 @@ void train_pipelined(sl::Context& ctx, const Config& cfg, const PipeConfig& pc, 
       r.pipeline = pp::run<XT>(
           table, mesh, {b, cfg.seq, cfg.dim},
           [&](int chunk, int mb, const typename Model<R, E>::X* in) {
-            typename Model<R, E>::X x = in ? *in : model.embed(stream.batch<Ids>(mesh, b, s * pc.microbatches + mb).first);
+            typename Model<R, E>::X x = in ? *in : model.embed(stream.template batch<Ids>(mesh, b, s * pc.microbatches + mb).first);
             const auto [first, last] = pp::layers_of(table, static_cast<int>(cfg.layers), me, chunk);
             for (int l = first; l < last; ++l) x = model.block(*model.layers[static_cast<std::size_t>(l)], x);
             return x;
           },
           [&](int mb, const typename Model<R, E>::X& out) {
-            return model.head_loss(out, stream.batch<Ids>(mesh, b, s * pc.microbatches + mb).second);
+            return model.head_loss(out, stream.template batch<Ids>(mesh, b, s * pc.microbatches + mb).second);
           },
           {.recompute = pc.recompute,
            .settle = R::zero != Zero::stage1,
@@ -536,6 +642,12 @@ void train_pipelined(sl::Context& ctx, const Config& cfg, const PipeConfig& pc, 
     r.trace = {whole.stats(), whole.calls()};
     on_step(s, r);
   }
+}
+
+/// train_pipelined() on the synthetic TokenStream of `cfg`.
+template <class R, class E = float, class OnStep>
+void train_pipelined(sl::Context& ctx, const Config& cfg, const PipeConfig& pc, int steps, OnStep&& on_step) {
+  train_pipelined<R, E>(ctx, cfg, pc, TokenStream(cfg.vocab, cfg.seq, cfg.seed), steps, static_cast<OnStep&&>(on_step));
 }
 
 }  // namespace gpt

@@ -1,0 +1,123 @@
+// SPDX-License-Identifier: Apache-2.0
+// Checkpoints of the gpt example's runs (needs HDF5: <shardlib/io.hpp>): the parameters, AdamW's
+// moments (and the float32 master weights of 16-bit parameters), and the step count, in one
+// file, `DIR/gpt.h5`, under names that do not depend on the recipe:
+//   model/wte, model/layer0/wq, ...              the parameters
+//   adamw/layer0/wq/m0, .../m1, .../master      the optimizer's state of each
+//   train/step                                   the steps taken ([1], int64)
+// A run saved with one recipe on one mesh resumes with any recipe on any mesh (io::load lays
+// each tensor out in the spec it is loaded into), and continues the same loss curve: its next
+// batch is the one the saved run would have drawn.
+#pragma once
+
+#include <shardlib/io.hpp>
+
+#include "gpt.hpp"
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace gpt {
+
+/// The file of a run's checkpoint in directory `dir`.
+inline std::string checkpoint_file(const std::string& dir) { return (std::filesystem::path(dir) / "gpt.h5").string(); }
+
+namespace detail {
+/// f(name, tensor) for every tensor of the checkpoint this device's model and optimizer hold.
+template <class R, class E, class F>
+void for_each_checkpoint_tensor(Model<R, E>& model, sl::optim::AdamW& opt, F&& f) {
+  model.for_each_named_param([&](const std::string& name, auto& p) {
+    using Tensor = typename std::remove_cvref_t<decltype(p)>::tensor_type;
+    f("model/" + name, p.value());
+    auto visit = [&](auto st) {
+      for (std::size_t i = 0; i < st.moments.size(); ++i) f("adamw/" + name + "/m" + std::to_string(i), st.moments[i]);
+      if (st.master) f("adamw/" + name + "/master", *st.master);
+    };
+    if constexpr (R::zero == Zero::none)
+      visit(opt.template state<typename Tensor::spec_type>(p));
+    else
+      visit(opt.template state<typename sl::optim::zero_spec_t<Tensor, "data">>(p));
+  });
+}
+}  // namespace detail
+
+/// Saves the run (collective) after `steps` steps into `dir` (created if missing), replacing its
+/// previous checkpoint atomically (io::save: complete or absent).
+template <class R, class E>
+void save_run(const std::string& dir, Model<R, E>& model, sl::optim::AdamW& opt, std::int64_t steps) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);  // (every device; an error shows in the save)
+  using Step = sl::DistributedTensor<std::int64_t, typename R::Mesh, Spec<none>>;
+  const Step step = Step::full(model.mesh, {1}, steps);
+  std::vector<sl::io::Entry> entries;
+  detail::for_each_checkpoint_tensor(model, opt, [&](const std::string& name, auto& t) { entries.emplace_back(name, t); });
+  entries.emplace_back("train/step", step);
+  sl::io::save(checkpoint_file(dir), entries);
+}
+
+/// Loads a run saved by save_run (any recipe, any mesh) into `model` and `opt`, and returns the
+/// steps it had taken (`opt`'s count set to it). Collective. Throws what io::load throws (a
+/// missing file, a tensor of another shape or element type, naming it and both shapes), with
+/// the model and the optimizer unchanged.
+template <class R, class E>
+std::int64_t load_run(const std::string& dir, Model<R, E>& model, sl::optim::AdamW& opt) {
+  const std::string file = checkpoint_file(dir);
+  using Step = sl::DistributedTensor<std::int64_t, typename R::Mesh, Spec<none>>;
+  const std::int64_t steps = sl::io::load<Step>(model.mesh, file, "train/step").to_host()[0];
+  // A parameter's tensor is shared with the optimizer (which holds a copy of the Param, viewing
+  // the same block): its values are loaded into a fresh tensor and copied into that block. The
+  // optimizer's state tensors are its own: loaded straight into them.
+  std::vector<sl::io::Target> targets;
+  std::vector<std::function<void()>> copy_into_params;
+  detail::for_each_checkpoint_tensor(model, opt, [&](const std::string& name, auto& t) {
+    using Tensor = std::remove_cvref_t<decltype(t)>;
+    if (name.rfind("model/", 0) == 0) {
+      auto fresh = std::make_shared<Tensor>(Tensor::uninitialized(t.mesh(), t.shape(), shardlib::detail::same_shape));
+      targets.emplace_back(name, *fresh);
+      copy_into_params.push_back([fresh, &t] {
+        const auto& exec = t.context().template exec_for<typename Tensor::memory_space>();
+        Kokkos::deep_copy(exec, t.local(), fresh->local());
+        exec.fence();
+      });
+    } else {
+      targets.emplace_back(name, t);
+    }
+  });
+  sl::io::load(file, targets);  // all or nothing
+  for (auto& c : copy_into_params) c();
+  // The state's loaded blocks were allocated under the default role: count them as what they are.
+  detail::for_each_checkpoint_tensor(model, opt, [](const std::string& name, auto& t) {
+    if (name.rfind("model/", 0) != 0) sl::tag_memory(t, sl::MemoryRole::optimizer_state);
+  });
+  opt.set_steps(steps);
+  return steps;
+}
+
+/// train()'s hooks that resume from `resume` (when not empty), save into `save` every `every`
+/// steps and after the last, and call `end(model)` at the end.
+template <class End>
+struct CheckpointHooks {
+  std::string resume, save;
+  int every = 0, steps = 0;
+  End end_fn;
+  int started = 0;
+  template <class R, class E>
+  int start(Model<R, E>& model, sl::optim::AdamW& opt) {
+    if (resume.empty()) return 0;
+    started = static_cast<int>(load_run(resume, model, opt));
+    return started;
+  }
+  template <class R, class E>
+  void after_step(int s, Model<R, E>& model, sl::optim::AdamW& opt) {
+    if (!save.empty() && ((every > 0 && (s + 1) % every == 0) || s + 1 == steps)) save_run(save, model, opt, s + 1);
+  }
+  template <class M>
+  void end(M& model) {
+    end_fn(model);
+  }
+};
+
+}  // namespace gpt
