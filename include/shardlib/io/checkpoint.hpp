@@ -25,10 +25,15 @@
 /// the dataset (no gather, no full read), its replicas get it by one broadcast, and one
 /// all_reduce checks every saved block's checksum (the sum splits over the readers). Nothing
 /// is assigned to the caller's tensors unless every tensor loaded and checked.
+///
+/// Each device lists the tensors it holds (io/holding.hpp): the same list everywhere, or, for
+/// a pipeline whose stages hold different layers, each stage its own. A tensor held by some
+/// devices only is written from and read into them (each of them reads its own block).
 #pragma once
 #include <shardlib/io/checksum.hpp>
 #include <shardlib/io/file.hpp>
 #include <shardlib/io/hdf5.hpp>
+#include <shardlib/io/holding.hpp>
 #include <shardlib/tensor.hpp>
 #include <shardlib/version.hpp>
 
@@ -145,14 +150,20 @@ inline bool& reserve_space() {
 }
 
 /// Runs `f` on every device; then every device learns whether any failed and, if one did,
-/// runs `cleanup` and throws Error with the first failing device's message (collective: the
-/// same outcome everywhere, so no device waits for a failed one).
+/// runs `cleanup` and throws the first failing device's message (collective: the same outcome
+/// everywhere, so no device waits for a failed one): as std::invalid_argument when that was
+/// one (bad input), else as Error.
 template <class F>
 void agree(coll::Communicator& world, F&& f, const std::function<void()>& cleanup = {}) {
   std::string msg;
   std::int32_t mine = INT32_MAX;
+  std::uint64_t bad_input = 0;
   try {
     f();
+  } catch (const std::invalid_argument& e) {
+    msg = e.what();
+    mine = world.rank();
+    bad_input = 1;
   } catch (const std::exception& e) {
     msg = e.what();
     mine = world.rank();
@@ -160,40 +171,14 @@ void agree(coll::Communicator& world, F&& f, const std::function<void()>& cleanu
   std::int32_t first = INT32_MAX;
   world.all_reduce(&mine, &first, 1, coll::DType::i32, coll::Op::min);
   if (first == INT32_MAX) return;
-  std::uint64_t n = msg.size();
-  world.broadcast(&n, 1, coll::DType::u64, first);
-  msg.resize(n);
-  world.broadcast(msg.data(), n, coll::DType::u8, first);
+  std::uint64_t head[2] = {msg.size(), bad_input};
+  world.broadcast(head, 2, coll::DType::u64, first);
+  msg.resize(head[0]);
+  world.broadcast(msg.data(), head[0], coll::DType::u8, first);
   if (cleanup) cleanup();
+  if (head[1]) throw std::invalid_argument(msg);
   throw Error(msg);
 }
-
-/// Byte-level serialisation of the metadata device 0 reads and broadcasts.
-struct Writer {
-  std::vector<unsigned char> bytes;
-  void u64(std::uint64_t v) {
-    for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<unsigned char>(v >> (8 * i)));
-  }
-  void str(const std::string& s) {
-    u64(s.size());
-    bytes.insert(bytes.end(), s.begin(), s.end());
-  }
-};
-struct Reader {
-  const std::vector<unsigned char>& bytes;
-  std::size_t at = 0;
-  std::uint64_t u64() {
-    std::uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= std::uint64_t{bytes.at(at++)} << (8 * i);
-    return v;
-  }
-  std::string str() {
-    const auto n = static_cast<std::size_t>(u64());
-    std::string s(bytes.begin() + static_cast<std::ptrdiff_t>(at), bytes.begin() + static_cast<std::ptrdiff_t>(at + n));
-    at += n;
-    return s;
-  }
-};
 
 /// A dataset as the file describes it.
 struct Stored {
@@ -504,14 +489,36 @@ inline void load_slots(const std::string& path, std::span<Slot> slots, const Loa
 
 }  // namespace detail
 
+/// Target's option: load into the tensor's own block (the values copied in once the whole load
+/// has succeeded) rather than assigning the tensor a new block. For a tensor whose block is
+/// viewed elsewhere too, such as a Param an optimizer holds (it keeps viewing the loaded values).
+struct InPlace {};
+inline constexpr InPlace in_place{};
+
 /// A tensor to load into: a name and a tensor, any mesh and spec (its shape and element type
-/// must be the saved ones). Made from `{"name", tensor}` in load()'s list. The tensor is
-/// assigned only when the whole load succeeded.
+/// must be the saved ones). Made from `{"name", tensor}` in load()'s list, or `{"name", tensor,
+/// io::in_place}`. The tensor is assigned only when the whole load succeeded.
 class Target {
  public:
   template <class T, class M, class S, class Mem>
   Target(std::string name, DistributedTensor<T, M, S, Mem>& t)  // NOLINT(google-explicit-constructor)
   {
+    auto fresh = make(std::move(name), t);
+    commit_ = [fresh, &t] { t = std::move(**fresh); };
+  }
+  template <class T, class M, class S, class Mem>
+  Target(std::string name, DistributedTensor<T, M, S, Mem>& t, InPlace) {
+    auto fresh = make(std::move(name), t);
+    commit_ = [fresh, &t] {
+      const auto& exec = t.context().template exec_for<Mem>();
+      Kokkos::deep_copy(exec, t.local(), (*fresh)->local());
+      exec.fence();
+    };
+  }
+
+ private:
+  template <class T, class M, class S, class Mem>
+  auto make(std::string name, DistributedTensor<T, M, S, Mem>& t) {
     using Tensor = DistributedTensor<T, M, S, Mem>;
     auto fresh = std::make_shared<std::optional<Tensor>>();
     slot_.name = std::move(name);
@@ -528,17 +535,17 @@ class Target {
       fresh->emplace(Tensor::uninitialized(t.mesh(), t.shape(), shardlib::detail::same_shape));
       return detail::Slot::Block{(*fresh)->local().data(), (*fresh)->block()};
     };
-    commit_ = [fresh, &t]() noexcept { t = std::move(**fresh); };
+    return fresh;
   }
-
- private:
   friend inline void load(const std::string&, std::span<const Target>, const LoadOptions&);
   detail::Slot slot_;
   std::function<void()> commit_;
 };
 
-/// Saves `tensors` to the HDF5 file `path` (collective: every device calls it with the same
-/// names, shapes and specs). Replaces `path` atomically when it exists. Throws
+/// Saves `tensors` to the HDF5 file `path` (collective: every device calls it, each with the
+/// tensors it holds: usually every device the same list; a tensor only some devices hold, such
+/// as a pipeline stage's layers, is saved from them, and they must hold all of it, each a block
+/// of its spec). Replaces `path` atomically when it exists. Throws
 /// std::invalid_argument for an empty or repeated name or tensors of different runs; Error,
 /// on every device, when a file operation fails (the previous file at `path` is intact).
 inline void save(const std::string& path, std::span<const Entry> tensors, const SaveOptions& opts = {});
@@ -549,7 +556,8 @@ inline void save(const std::string& path, std::initializer_list<Entry> tensors, 
 }
 
 /// Loads the tensors named in `targets` from checkpoint `path` into the given tensors, whatever
-/// mesh and spec they have (collective). Throws, with every target unchanged: Error for a
+/// mesh and spec they have (collective: every device calls it, each with the tensors it holds,
+/// as in save()). Throws, with every target unchanged: Error for a
 /// missing or unreadable file, a missing name, a failed checksum (naming the tensor and
 /// block); std::invalid_argument for a different shape or element type (naming both).
 inline void load(const std::string& path, std::span<const Target> targets, const LoadOptions& opts = {});

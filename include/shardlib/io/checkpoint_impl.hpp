@@ -252,12 +252,12 @@ inline void save(const std::string& path, std::span<const Entry> tensors, const 
   if (path.empty()) throw std::invalid_argument("shardlib::io::save: the path is empty");
   if (tensors.size() == 0) throw std::invalid_argument("shardlib::io::save: no tensors to save to '" + path + "'");
   std::vector<const Entry*> es;
-  std::vector<std::string> names;
+  std::vector<std::string> own;
   for (const Entry& e : tensors) {
     es.push_back(&e);
-    names.push_back(e.name_);
+    own.push_back(e.name_);
   }
-  detail::check_names_unique(names, "save");
+  detail::check_names_unique(own, "save");
   Context& ctx = *es[0]->ctx_;
   for (const Entry* e : es)
     if (e->ctx_ != &ctx)
@@ -265,14 +265,79 @@ inline void save(const std::string& path, std::span<const Entry> tensors, const 
                                   es[0]->name_ + "'");
   coll::Communicator& world = ctx.world();
   const int dev = ctx.device(), ndev = world.size();
-  const std::size_t n = es.size();
 
-  std::vector<char> writes(n, 0);  // whether this device writes tensor i's block
-  for (std::size_t i = 0; i < n; ++i)
-    writes[i] = is_primary(es[i]->sharding_, es[i]->mesh_, dev) && es[i]->box_.num_elements() > 0;
-  auto shape_of = [&](std::size_t i) {
-    return shardlib::detail::ArrayRef<std::int64_t>(es[i]->shape_.data(), es[i]->shape_.size());
+  // 0. Who holds what (io/holding.hpp): every device's tensors, each with its type, shape,
+  //    layout and block. The first holder of each distinct block writes it (replicas write
+  //    nothing); a tensor held by some devices only (a pipeline stage's) is saved from them.
+  std::vector<std::string> records;
+  for (const Entry* e : es) {
+    detail::Writer w;
+    w.u64(static_cast<std::uint64_t>(e->dtype_));
+    w.shape(e->shape_);
+    w.str(e->spec_);
+    w.str(e->mesh_.to_string());
+    w.box(e->box_);
+    records.emplace_back(w.bytes.begin(), w.bytes.end());
+  }
+  const detail::Holding held = detail::gather_holding(world, own, records);
+  const std::vector<std::string>& names = held.names;
+  const std::size_t n = names.size();
+  struct Described {
+    coll::DType dtype{};
+    std::vector<std::int64_t> shape;
+    std::string spec, mesh;
+    std::vector<ShardBox> blocks;  // the distinct blocks, in the order of their first holders
+    std::vector<int> block_device;  // the device that writes each
   };
+  std::vector<Described> desc(n);
+  std::vector<char> writes(n, 0);  // whether this device writes tensor i's block
+  for (std::size_t i = 0; i < n; ++i) {  // (every device checks the same records: all throw alike)
+    Described& t = desc[i];
+    std::vector<ShardBox> boxes;
+    for (std::size_t k = 0; k < held.holders[i].size(); ++k) {
+      detail::Reader r{held.records[i][k]};
+      const auto dtype = static_cast<coll::DType>(r.u64());
+      auto shape = r.shape();
+      std::string spec = r.str(), mesh = r.str();
+      boxes.push_back(r.box());
+      if (k == 0) {
+        t = {dtype, std::move(shape), std::move(spec), std::move(mesh), {}, {}};
+        continue;
+      }
+      if (dtype != t.dtype || shape != t.shape || spec != t.spec || mesh != t.mesh)
+        throw std::invalid_argument(
+            "shardlib::io::save: tensor '" + names[i] + "' is " + std::string(coll::name(t.dtype)) + " " +
+            detail::shape_text(t.shape) + " " + t.spec + " on " + t.mesh + " on device " + std::to_string(held.holders[i][0]) +
+            " but " + std::string(coll::name(dtype)) + " " + detail::shape_text(shape) + " " + spec + " on " + mesh +
+            " on device " + std::to_string(held.holders[i][k]) + " (one name, one tensor)");
+    }
+    const std::vector<char> first = detail::first_of_each_block(boxes);
+    std::int64_t covered = 0, whole = 1;
+    for (auto x : t.shape) whole *= x;
+    for (std::size_t k = 0; k < boxes.size(); ++k) {
+      if (!first[k]) continue;
+      for (const ShardBox& b : t.blocks)
+        if (intersect(b, boxes[k]).num_elements() > 0) covered = -1;
+      if (covered < 0) break;
+      t.blocks.push_back(boxes[k]);
+      t.block_device.push_back(held.holders[i][k]);
+      covered += boxes[k].num_elements();
+      if (held.holders[i][k] == dev) writes[i] = 1;
+    }
+    if (covered != whole) {
+      std::string who;
+      for (int d : held.holders[i]) who += (who.empty() ? "" : ", ") + std::to_string(d);
+      throw std::invalid_argument("shardlib::io::save: tensor '" + names[i] + "' (" + detail::shape_text(t.shape) + " " +
+                                  t.spec + " on " + t.mesh + ") is held by device(s) " + who + ", whose blocks " +
+                                  (covered < 0 ? "overlap" : "cover " + std::to_string(covered) + " of its " +
+                                                                 std::to_string(whole) + " elements") +
+                                  ": the devices that hold a tensor must hold all of it, each a block of its spec");
+    }
+  }
+  auto shape_of = [&](std::size_t i) {
+    return shardlib::detail::ArrayRef<std::int64_t>(desc[i].shape.data(), desc[i].shape.size());
+  };
+  auto entry = [&](std::size_t i) -> const Entry& { return *es[static_cast<std::size_t>(held.local[i])]; };
 
   // 1. Device 0 writes the metadata to a temporary file (checksums as zeros until step 3) and
   //    reserves the whole file on the disk: a disk that cannot hold it fails here, before any
@@ -282,7 +347,6 @@ inline void save(const std::string& path, std::span<const Entry> tensors, const 
   auto cleanup = [&] {
     if (dev == 0 && created) detail::remove_quietly(tmp);
   };
-  std::vector<std::vector<int>> block_device(n);  // device 0: which device wrote each saved block
   std::vector<unsigned char> blob;
   detail::agree(world, [&] {
     if (dev != 0) return;
@@ -296,18 +360,11 @@ inline void save(const std::string& path, std::span<const Entry> tensors, const 
     std::vector<std::string> specs(n), meshes(n);
     std::uint64_t end = 0;  // the file's size: every dataset's last byte
     for (std::size_t i = 0; i < n; ++i) {
-      const Entry& e = *es[i];
-      shapes[i] = e.shape_;
-      dtypes[i] = e.dtype_;
-      specs[i] = e.spec_;
-      meshes[i] = e.mesh_.to_string();
-      for (int d = 0; d < ndev; ++d) {
-        if (!is_primary(e.sharding_, e.mesh_, d)) continue;
-        const ShardBox b = shard_box(e.sharding_, e.mesh_, e.shape_, d);
-        if (b.num_elements() == 0) continue;
-        blocks[i].push_back(b);
-        block_device[i].push_back(d);
-      }
+      shapes[i] = desc[i].shape;
+      dtypes[i] = desc[i].dtype;
+      specs[i] = desc[i].spec;
+      meshes[i] = desc[i].mesh;
+      blocks[i] = desc[i].blocks;
       sums[i].assign(blocks[i].size(), 0);
     }
     tmp = detail::temp_name(path);
@@ -356,7 +413,7 @@ inline void save(const std::string& path, std::span<const Entry> tensors, const 
     detail::PosixFile f(tmp, O_WRONLY);
     for (std::size_t i = 0; i < n; ++i) {
       if (!writes[i]) continue;
-      const Entry& e = *es[i];
+      const Entry& e = entry(i);
       try {
         mine[i] = detail::write_and_checksum(f, offsets[i], shape_of(i), coll::size_of(e.dtype_), e.data_, e.box_,
                                              opts.durable, detail::checksum_lanes(ctx));
@@ -376,7 +433,7 @@ inline void save(const std::string& path, std::span<const Entry> tensors, const 
     if (dev != 0) return;
     std::vector<std::vector<std::uint64_t>> sums(n);
     for (std::size_t i = 0; i < n; ++i)
-      for (int d : block_device[i]) sums[i].push_back(all[static_cast<std::size_t>(d) * n + i]);
+      for (int d : desc[i].block_device) sums[i].push_back(all[static_cast<std::size_t>(d) * n + i]);
     detail::write_checksums(tmp, names, sums);
     detail::fault_point("data_written", dev);
     if (opts.durable) {
@@ -402,7 +459,16 @@ inline bool try_load_slots(const std::string& path, std::span<Slot> slots, const
   Context& ctx = *slots[0].ctx;
   coll::Communicator& world = ctx.world();
   const int dev = ctx.device();
-  const std::size_t n = slots.size();
+
+  // 0. Who loads what (io/holding.hpp): every device's tensors; a tensor some devices load and
+  //    others do not (a pipeline stage's) is read by the devices that load it.
+  std::vector<std::string> own;
+  for (const Slot& s : slots) own.push_back(s.name);
+  const Holding held = gather_holding(world, own, std::vector<std::string>(own.size()));
+  const std::size_t n = held.names.size();
+  auto slot = [&](std::size_t i) -> Slot* {
+    return held.local[i] < 0 ? nullptr : &slots[static_cast<std::size_t>(held.local[i])];
+  };
 
   // 1. Device 0 opens the file and reads the descriptions; every device gets them, with the
   //    file's identity. Device 0 holds the file open to the end, so that identity stays its own.
@@ -416,7 +482,7 @@ inline bool try_load_slots(const std::string& path, std::span<Slot> slots, const
     for (std::uint64_t v : {described.id.dev, described.id.ino, described.id.size, described.id.mtime_ns})
       w.u64(v);
     w.u64(static_cast<std::uint64_t>(described.posix->fd()));
-    for (const Slot& s : slots) read_stored(described.file.get(), path, s.name, described.id.size).write(w);
+    for (const std::string& name : held.names) read_stored(described.file.get(), path, name, described.id.size).write(w);
     if (!described.file.close()) H5Eclear2(H5E_DEFAULT);  // read-only: nothing to lose
     blob = std::move(w.bytes);
   });
@@ -431,35 +497,55 @@ inline bool try_load_slots(const std::string& path, std::span<Slot> slots, const
     for (std::size_t i = 0; i < n; ++i) stored.push_back(Stored::read(r));
   }
 
-  // 2. Checks every device makes alike (so all throw alike), and fresh blocks.
-  for (std::size_t i = 0; i < n; ++i)
-    if (stored[i].info.dtype != slots[i].dtype)
-      throw std::invalid_argument("shardlib::io::load: tensor '" + slots[i].name + "' is " +
-                                  std::string(coll::name(stored[i].info.dtype)) + " in checkpoint '" + path +
-                                  "' but the tensor to load it into is " + std::string(coll::name(slots[i].dtype)));
+  // 2. Checks (each device of its own tensors; the first failing device's error is thrown on
+  //    every device, as std::invalid_argument), and fresh blocks.
   std::vector<Slot::Block> blocks(n);
-  std::exception_ptr bad_input;
   agree(world, [&] {
-    for (std::size_t i = 0; i < n; ++i) {
-      try {
-        blocks[i] = slots[i].prepare(stored[i].info.shape);
-      } catch (const std::invalid_argument&) {
-        bad_input = std::current_exception();  // the same on every device: rethrown below
-        return;
-      }
-    }
+    for (std::size_t i = 0; i < n; ++i)
+      if (const Slot* s = slot(i); s && stored[i].info.dtype != s->dtype)
+        throw std::invalid_argument("shardlib::io::load: tensor '" + s->name + "' is " +
+                                    std::string(coll::name(stored[i].info.dtype)) + " in checkpoint '" + path +
+                                    "' but the tensor to load it into is " + std::string(coll::name(s->dtype)));
+    for (std::size_t i = 0; i < n; ++i)
+      if (Slot* s = slot(i)) blocks[i] = s->prepare(stored[i].info.shape);
   });
-  if (bad_input) std::rethrow_exception(bad_input);
 
-  // 3. The devices that hold a block first-hand read it, with partial sums of the saved checksums,
-  //    from the file device 0 described: in-process devices through device 0's own descriptor;
-  //    MPI processes open the path, and all agree that each opened that file (else every device
-  //    starts again: a save renamed a new checkpoint over the path in between).
-  std::vector<char> reads(n, 0);
+  // Who reads: of a tensor every device loads, the devices that hold a block first-hand (their
+  // replicas get it by broadcast, step 5); of a tensor some devices load, each of them, the
+  // first holder of each distinct block adding to its checksum.
+  std::vector<char> reads(n, 0), sums_here(n, 0);
+  for (std::size_t i = 0; i < n; ++i)
+    if (held.everywhere(i)) reads[i] = sums_here[i] = is_primary(slot(i)->sharding, slot(i)->mesh, dev);
+  if (held.any_partial()) {
+    std::vector<std::string> boxes(own.size());
+    for (std::size_t i = 0; i < n; ++i)
+      if (slot(i)) {
+        Writer w;
+        w.box(blocks[i].box);
+        boxes[static_cast<std::size_t>(held.local[i])].assign(w.bytes.begin(), w.bytes.end());
+      }
+    const Holding with_boxes = gather_holding(world, own, boxes);  // (the same union, in the same order)
+    for (std::size_t i = 0; i < n; ++i) {
+      if (held.everywhere(i) || !slot(i)) continue;
+      std::vector<ShardBox> b;
+      std::size_t me = 0;
+      for (std::size_t k = 0; k < with_boxes.holders[i].size(); ++k) {
+        Reader r{with_boxes.records[i][k]};
+        b.push_back(r.box());
+        if (with_boxes.holders[i][k] == dev) me = k;
+      }
+      reads[i] = 1;
+      sums_here[i] = first_of_each_block(b)[me];
+    }
+  }
+
+  // 3. The readers read their blocks, with partial sums of the saved checksums, from the file
+  //    device 0 described: in-process devices through device 0's own descriptor; MPI processes
+  //    open the path, and all agree that each opened that file (else every device starts again:
+  //    a save renamed a new checkpoint over the path in between).
   std::vector<std::size_t> first_sum(n + 1, 0);
   bool any_read = false;
   for (std::size_t i = 0; i < n; ++i) {
-    reads[i] = is_primary(slots[i].sharding, slots[i].mesh, dev);
     any_read = any_read || (reads[i] && blocks[i].box.num_elements() > 0);
     first_sum[i + 1] = first_sum[i] + stored[i].blocks.size();
   }
@@ -491,18 +577,19 @@ inline bool try_load_slots(const std::string& path, std::span<Slot> slots, const
   auto shape_of = [&](std::size_t i) {
     return shardlib::detail::ArrayRef<std::int64_t>(stored[i].info.shape.data(), stored[i].info.shape.size());
   };
+  auto sums_of = [&](std::size_t i) { return opts.verify_checksums && sums_here[i] ? parts.data() + first_sum[i] : nullptr; };
   agree(world, [&] {
 #if defined(SHARDLIB_HAVE_MPI)
     if (mpi) {
       MpiFile& f = *mpi;  // every rank makes every collective call below; errors are latched
       for (std::size_t i = 0; i < n; ++i) {
         if (stored[i].blocks.empty()) continue;  // an empty tensor: no data, on every device
-        const std::size_t elem = coll::size_of(slots[i].dtype);
-        ShardBox none = blocks[i].box;
-        none.extent.fill(0);
+        const std::size_t elem = coll::size_of(stored[i].info.dtype);
+        ShardBox none;  // what a device that reads nothing of it reads
+        none.rank = static_cast<int>(stored[i].info.shape.size());
         const bool r = reads[i] && blocks[i].box.num_elements() > 0;
         const ShardBox& mine = r ? blocks[i].box : none;
-        std::uint64_t* sums = opts.verify_checksums ? parts.data() + first_sum[i] : nullptr;
+        std::uint64_t* sums = sums_of(i);
         if (mpi_all_one_run(f, mine, shape_of(i), elem)) {  // independent reads, slab by slab
           if (r)
             f.attempt([&] {
@@ -527,18 +614,20 @@ inline bool try_load_slots(const std::string& path, std::span<Slot> slots, const
     {
       for (std::size_t i = 0; i < n; ++i) {
         if (!reads[i] || blocks[i].box.num_elements() == 0) continue;
-        const std::size_t elem = coll::size_of(slots[i].dtype);
+        const std::size_t elem = coll::size_of(stored[i].info.dtype);
         read_and_checksum(
             [&](const ShardBox& slab) { read_box(*posix, stored[i].offset, shape_of(i), elem, blocks[i].data, blocks[i].box, slab); },
-            shape_of(i), elem, blocks[i].data, blocks[i].box, stored[i].blocks,
-            opts.verify_checksums ? parts.data() + first_sum[i] : nullptr, checksum_lanes(ctx));
+            shape_of(i), elem, blocks[i].data, blocks[i].box, stored[i].blocks, sums_of(i), checksum_lanes(ctx));
       }
     }
     for (std::size_t i = 0; i < n; ++i) {
-      const std::size_t elem = coll::size_of(slots[i].dtype);
+      const Slot* s = slot(i);
+      if (!s) continue;
+      const std::size_t elem = coll::size_of(s->dtype);
       const ShardBox& box = blocks[i].box;
       if (reads[i]) read_bytes += static_cast<std::uint64_t>(box.num_elements()) * elem;
-      else if (box.num_elements() > 0 && shardlib::detail::off_first_coordinate(slots[i].mesh, dev, slots[i].sharding.partial))
+      if ((!reads[i] || !held.everywhere(i)) && box.num_elements() > 0 &&
+          shardlib::detail::off_first_coordinate(s->mesh, dev, s->sharding.partial))
         std::memset(blocks[i].data, 0, static_cast<std::size_t>(box.num_elements()) * elem);  // zeros: the sum is the value
     }
   });
@@ -550,23 +639,25 @@ inline bool try_load_slots(const std::string& path, std::span<Slot> slots, const
     for (std::size_t i = 0; i < n; ++i)
       for (std::size_t b = 0; b < stored[i].blocks.size(); ++b)
         if (sums[first_sum[i] + b] != stored[i].checksums[b])
-          throw Error("shardlib::io::load: checkpoint '" + path + "' is corrupt: tensor '" + slots[i].name + "', " +
+          throw Error("shardlib::io::load: checkpoint '" + path + "' is corrupt: tensor '" + held.names[i] + "', " +
                       stored[i].block_text(b) + " (saved with " + stored[i].info.spec + " on " + stored[i].info.mesh +
                       ") does not match its checksum");
   }
 
-  // 5. Replicas get their block from the device that read it.
+  // 5. Replicas of a tensor every device loads get their block from the device that read it.
   for (std::size_t i = 0; i < n; ++i) {
-    const AxisList axes = slots[i].sharding.replicated_axes(slots[i].mesh.rank());
-    if (slots[i].mesh.group_size(axes) == 1) continue;
-    coll::Communicator& g = ctx.group(slots[i].mesh, axes);
-    if (shardlib::detail::off_first_coordinate(slots[i].mesh, dev, slots[i].sharding.partial)) continue;  // zeros, whole group alike
-    const auto bytes = static_cast<std::size_t>(blocks[i].box.num_elements()) * coll::size_of(slots[i].dtype);
+    if (!held.everywhere(i)) continue;
+    const Slot& s = *slot(i);
+    const AxisList axes = s.sharding.replicated_axes(s.mesh.rank());
+    if (s.mesh.group_size(axes) == 1) continue;
+    coll::Communicator& g = ctx.group(s.mesh, axes);
+    if (shardlib::detail::off_first_coordinate(s.mesh, dev, s.sharding.partial)) continue;  // zeros, whole group alike
+    const auto bytes = static_cast<std::size_t>(blocks[i].box.num_elements()) * coll::size_of(s.dtype);
     if (bytes) g.broadcast(blocks[i].data, bytes, coll::DType::u8, 0);
   }
-  Stats& s = stats(ctx);
-  s.bytes_read += read_bytes;
-  ++s.loads;
+  Stats& st = stats(ctx);
+  st.bytes_read += read_bytes;
+  ++st.loads;
   return true;
 }
 
