@@ -62,6 +62,19 @@ TEST_CASE("schedules: every op once, after its inputs, with the bubble of the fo
               for (int s = 0; s < p; ++s) CHECK(t.peak_in_flight(s) == std::min(p - s, m));
             if (kind == pp::Schedule::gpipe)
               for (int s = 0; s < p; ++s) CHECK(t.peak_in_flight(s) == m);
+            // The forwards alone (an evaluation pass): each once, after its input, as early as it can.
+            const pp::Table f = t.forwards();
+            std::map<std::pair<int, int>, int> ffend;
+            for (int s = 0; s < p; ++s)
+              for (const pp::Op& o : f.ops[static_cast<std::size_t>(s)]) {
+                CHECK(o.forward);
+                CHECK(ffend.emplace(std::pair{f.virtual_stage(s, o.chunk), o.microbatch}, o.end()).second);
+              }
+            REQUIRE(ffend.size() == static_cast<std::size_t>(V * m));
+            for (const auto& [key, end] : ffend)
+              if (key.first > 0) CHECK(end - 1 >= ffend.at({key.first - 1, key.second}));
+            if (v == 1) CHECK(f.length == m + p - 1);
+            CHECK(f.length <= t.length);
           }
 }
 
@@ -157,10 +170,14 @@ void check(sl::Context& ctx, const Case& c) {
   std::vector<Layer> all;
   for (int l = 0; l < c.layers; ++l) all.push_back(make_layer(mesh, l));
   double want_loss = 0;
+  std::vector<std::vector<float>> want_out;
+  std::vector<double> want_losses;
   for (int mb = 0; mb < m; ++mb) {
     sl::Var<ActT> h(input(mesh, rows, mb));
     for (const Layer& L : all) h = block(h, L);
+    want_out.push_back(h.value().to_host());
     auto loss = sl::mse_loss(h, target(mesh, rows, mb));
+    want_losses.push_back(loss.value().item());
     sl::backward(loss * (c.loss_scale / float(m)), {.sync = false});
     want_loss += loss.value().to_host()[0] / m;
   }
@@ -175,16 +192,15 @@ void check(sl::Context& ctx, const Case& c) {
     const auto [first, last] = pp::layers_of(table, c.layers, me, ch);
     for (int l = first; l < last; ++l) mine.emplace(l, make_layer(mesh, l));
   }
+  auto stage = [&](int chunk, int mb, const sl::Var<ActT>* in) {
+    sl::Var<ActT> h = in ? *in : sl::Var<ActT>(input(mesh, rows, mb));
+    const auto [first, last] = pp::layers_of(table, c.layers, me, chunk);
+    for (int l = first; l < last; ++l) h = block(h, mine.at(l));
+    return h;
+  };
   sl::coll::CommRecorder rec;
   const pp::StepStats st = pp::run<ActT>(
-      table, mesh, {rows, D},
-      [&](int chunk, int mb, const sl::Var<ActT>* in) {
-        sl::Var<ActT> h = in ? *in : sl::Var<ActT>(input(mesh, rows, mb));
-        const auto [first, last] = pp::layers_of(table, c.layers, me, chunk);
-        for (int l = first; l < last; ++l) h = block(h, mine.at(l));
-        return h;
-      },
-      [&](int mb, const sl::Var<ActT>& out) { return sl::mse_loss(out, target(mesh, rows, mb)); },
+      table, mesh, {rows, D}, stage, [&](int mb, const sl::Var<ActT>& out) { return sl::mse_loss(out, target(mesh, rows, mb)); },
       {.recompute = c.recompute, .loss_scale = c.loss_scale});
   const sl::coll::CommStats traffic = rec.stats();
   CHECK(st.loss == doctest::Approx(want_loss).epsilon(1e-6));
@@ -214,6 +230,35 @@ void check(sl::Context& ctx, const Case& c) {
   CHECK(traffic.total_calls() == traffic[Kind::permute].calls + traffic[Kind::send].calls + traffic[Kind::recv].calls +
                                      traffic[Kind::all_reduce].calls);
   if (!sl::test::mpi_runtime()) CHECK(traffic[Kind::send].calls == sends);  // one message per crossing
+
+  // The forwards alone (an evaluation): each micro-batch's loss and output on every device, as
+  // the whole stack gives them; nothing recorded; one activation per boundary and micro-batch.
+  bool recorded = false;
+  sl::coll::CommRecorder rec2;
+  const auto losses = pp::forward<ActT>(table, mesh, {rows, D}, stage, [&](int mb, const sl::Var<ActT>& out) {
+    recorded = recorded || out.requires_grad();
+    return sl::mse_loss(out, target(mesh, rows, mb));
+  });
+  const std::uint64_t fwd_bytes = rec2.stats()[Kind::permute].bytes_sent + rec2.stats()[Kind::send].bytes_sent;
+  CHECK(!recorded);
+  REQUIRE(losses.size() == static_cast<std::size_t>(m));
+  for (int mb = 0; mb < m; ++mb) {
+    REQUIRE(losses[static_cast<std::size_t>(mb)].size() == 1);
+    CHECK(losses[static_cast<std::size_t>(mb)][0] == doctest::Approx(want_losses[static_cast<std::size_t>(mb)]).epsilon(1e-6));
+  }
+  std::uint64_t fwd_sends = 0;
+  for (int ch = 0; ch < c.chunks; ++ch) fwd_sends += static_cast<std::uint64_t>(table.virtual_stage(me, ch) < V - 1) * m;
+  if (c.stages == 1) fwd_sends = 0;
+  CHECK(fwd_bytes == fwd_sends * block_bytes);
+  const auto outs = pp::forward<ActT>(table, mesh, {rows, D}, stage, [](int, const sl::Var<ActT>& out) { return out; });
+  for (int mb = 0; mb < m; ++mb) {
+    const auto& got = outs[static_cast<std::size_t>(mb)];
+    const auto& want = want_out[static_cast<std::size_t>(mb)];
+    REQUIRE(got.size() == want.size());
+    double worst = 0;
+    for (std::size_t k = 0; k < got.size(); ++k) worst = std::max(worst, std::abs(double(got[k]) - want[k]) / (1e-3 + std::abs(want[k])));
+    CHECK(worst <= 1e-5);
+  }
 }
 
 /// The meshes a device count allows: (stages, data, model).

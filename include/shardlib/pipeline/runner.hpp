@@ -105,29 +105,22 @@ inline std::vector<std::vector<int>> ends_at(const Table& t) {
 }
 }  // namespace detail
 
-/// Runs one training step's forwards and backwards by `table` on this device's stage (collective:
-/// every device of `mesh` calls it with the same table). `Act` is the boundary tensor (not partial:
-/// its spec over the other axes), of `shape` for every micro-batch.
-///
-/// - `stage(chunk, microbatch, input)`: this device's chunk `chunk` (0 ≤ chunk < table.chunks;
-///   virtual stage chunk·p + stage) on micro-batch `microbatch`; `input` is the boundary
-///   activation (`const Var<Act>*`), null on virtual stage 0, which reads its own data. Returns
-///   `Var<Act>`.
-/// - `loss(microbatch, output)`: on the last virtual stage, the micro-batch's mean loss from the
-///   stage's output (a rank-0 `Var`). The backward is seeded with 1/m: the step's gradients are
-///   those of the mean over micro-batches of equal size.
-///
-/// Parameters' gradients are left pending (sync = false); an optimizer's `step()` resolves them.
-/// Throws std::invalid_argument when the mesh's stage axis does not have table.stages devices.
-template <class Act, AxisName StageAxis = "stage", class StageFn, class LossFn>
-StepStats run(const Table& table, const typename Act::mesh_type& mesh, const typename Act::Shape& shape, StageFn&& stage,
-              LossFn&& loss, const RunOptions& options = {}) {
+namespace detail {
+/// What `run` (Training) and `forward` (not) share: the table followed on this device, with the
+/// boundary tensors crossing between the stages. `last(microbatch, output)` on the last virtual
+/// stage: the loss (Training), or the caller's use of the output.
+template <bool Training, class Act, AxisName StageAxis, class StageFn, class LastFn>
+StepStats execute(const Table& table, const typename Act::mesh_type& mesh, const typename Act::Shape& shape, StageFn& stage,
+                  LastFn& last, const RunOptions& options, const char* fn) {
   static_assert(!Act::sharding.is_partial(), "shardlib: pipeline::run: the boundary tensor cannot be partial");
   using T = typename Act::value_type;
   using Mem = typename Act::memory_space;
   using V = Var<Act>;
-  using LossVar = std::remove_cvref_t<std::invoke_result_t<LossFn&, int, const V&>>;
-  static_assert(VarType<LossVar> && LossVar::rank == 0, "shardlib: pipeline::run: loss(microbatch, output) must return a rank-0 Var");
+  using LastResult = std::remove_cvref_t<std::invoke_result_t<LastFn&, int, const V&>>;
+  if constexpr (Training)
+    static_assert(VarType<LastResult> && LastResult::rank == 0,
+                  "shardlib: pipeline::run: loss(microbatch, output) must return a rank-0 Var");
+  using LossVar = std::conditional_t<Training, LastResult, V>;
   using Clock = std::chrono::steady_clock;
   using shardlib::detail::download, shardlib::detail::host_memory_v, shardlib::detail::reshards_on_device,
       shardlib::detail::upload;
@@ -136,11 +129,11 @@ StepStats run(const Table& table, const typename Act::mesh_type& mesh, const typ
   const MeshShape& ms = mesh.shape();
   const int axis = ms.index_of(StageAxis);
   if (ms.size(axis) != table.stages)
-    throw std::invalid_argument("shardlib: pipeline::run: the " + std::string(to_string(table.kind)) + " table has " +
+    throw std::invalid_argument(std::string("shardlib: pipeline::") + fn + ": the " + std::string(to_string(table.kind)) + " table has " +
                                 std::to_string(table.stages) + " stages but axis '" + StageAxis.str() + "' of mesh " +
                                 ms.to_string() + " has " + std::to_string(ms.size(axis)) + " devices");
   if (!(std::isfinite(options.loss_scale) && options.loss_scale > 0))
-    throw std::invalid_argument("shardlib: pipeline::run: RunOptions::loss_scale is " + std::to_string(options.loss_scale) +
+    throw std::invalid_argument(std::string("shardlib: pipeline::") + fn + ": RunOptions::loss_scale is " + std::to_string(options.loss_scale) +
                                 ": it must be finite and > 0");
   const int p = table.stages, VS = table.virtual_stages(), m = table.microbatches;
   const int me = ms.coords(ctx.device())[static_cast<std::size_t>(axis)];
@@ -218,20 +211,24 @@ StepStats run(const Table& table, const typename Act::mesh_type& mesh, const typ
         activations.erase(it);
       }
       // (The checkpoint keeps its function until the backward: it captures by value.)
-      auto forward = [fn = &stage, chunk = o.chunk, mb = o.microbatch](const V* in) -> V { return (*fn)(chunk, mb, in); };
-      V out = !options.recompute ? forward(h.input ? &*h.input : nullptr)
-              : h.input          ? V(checkpoint([forward](const V& x) { return forward(&x); }, *h.input))
-                                 : V(checkpoint([forward] { return forward(nullptr); }));
+      auto forward = [f = &stage, chunk = o.chunk, mb = o.microbatch](const V* in) -> V { return (*f)(chunk, mb, in); };
+      V out = !Training || !options.recompute ? forward(h.input ? &*h.input : nullptr)
+              : h.input                       ? V(checkpoint([forward](const V& x) { return forward(&x); }, *h.input))
+                                              : V(checkpoint([forward] { return forward(nullptr); }));
       if (vs == VS - 1) {
-        h.loss.emplace(loss(o.microbatch, out));
-        loss_sum = loss_sum ? *loss_sum + h.loss->value() : h.loss->value();
+        if constexpr (Training) {
+          h.loss.emplace(last(o.microbatch, out));
+          loss_sum = loss_sum ? *loss_sum + h.loss->value() : h.loss->value();
+        } else {
+          last(o.microbatch, out);
+        }
       } else {
         send_act.emplace(out.value());
-        h.output.emplace(std::move(out));
+        if constexpr (Training) h.output.emplace(std::move(out));
       }
-      held.insert_or_assign(key, std::move(h));
+      if constexpr (Training) held.insert_or_assign(key, std::move(h));
       ++stats.forwards;
-    } else {
+    } else if constexpr (Training) {
       auto it = held.find(key);
       Held& h = it->second;
       const BackwardOptions bo{.sync = false, .settle = options.settle};
@@ -292,6 +289,10 @@ StepStats run(const Table& table, const typename Act::mesh_type& mesh, const typ
       if (next < mine.size() && mine[next].start == slot) run_op(mine[next++]);
     }
   }
+  if constexpr (!Training) {
+    stats.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    return stats;
+  }
   // The loss, from the last virtual stage's devices to every device (one number over the stage axis).
   double l = 0;
   if (loss_sum) {  // resolved over the stage's other axes (a partial sum over "data": its devices alone)
@@ -305,6 +306,68 @@ StepStats run(const Table& table, const typename Act::mesh_type& mesh, const typ
   stats.loss = l;
   stats.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return stats;
+}
+}  // namespace detail
+
+/// Runs one training step's forwards and backwards by `table` on this device's stage (collective:
+/// every device of `mesh` calls it with the same table). `Act` is the boundary tensor (not partial:
+/// its spec over the other axes), of `shape` for every micro-batch.
+///
+/// - `stage(chunk, microbatch, input)`: this device's chunk `chunk` (0 ≤ chunk < table.chunks;
+///   virtual stage chunk·p + stage) on micro-batch `microbatch`; `input` is the boundary
+///   activation (`const Var<Act>*`), null on virtual stage 0, which reads its own data. Returns
+///   `Var<Act>`.
+/// - `loss(microbatch, output)`: on the last virtual stage, the micro-batch's mean loss from the
+///   stage's output (a rank-0 `Var`). The backward is seeded with 1/m: the step's gradients are
+///   those of the mean over micro-batches of equal size.
+///
+/// Parameters' gradients are left pending (sync = false); an optimizer's `step()` resolves them.
+/// Throws std::invalid_argument when the mesh's stage axis does not have table.stages devices.
+template <class Act, AxisName StageAxis = "stage", class StageFn, class LossFn>
+StepStats run(const Table& table, const typename Act::mesh_type& mesh, const typename Act::Shape& shape, StageFn&& stage,
+              LossFn&& loss, const RunOptions& options = {}) {
+  return detail::execute<true, Act, StageAxis>(table, mesh, shape, stage, loss, options, "run");
+}
+
+/// The forwards of `table` alone (table.forwards(): an evaluation or inference pass), recording
+/// nothing (NoGrad), with `stage` as in `run`. `last(microbatch, output)` runs on the last virtual
+/// stage's devices and returns a tensor or a Var computed from the output (a loss, the logits);
+/// its values are the result: entry k holds micro-batch k's, whole and row-major, on every device
+/// (gathered within the last stage, then sent over the stage axis). Collective over `mesh`.
+template <class Act, AxisName StageAxis = "stage", class StageFn, class LastFn>
+auto forward(const Table& table, const typename Act::mesh_type& mesh, const typename Act::Shape& shape, StageFn&& stage,
+             LastFn&& last) {
+  using V = Var<Act>;
+  using Result = std::remove_cvref_t<std::invoke_result_t<LastFn&, int, const V&>>;
+  using Tensor = typename decltype([] {
+    if constexpr (VarType<Result>) return std::type_identity<typename Result::tensor_type>{};
+    else return std::type_identity<Result>{};
+  }())::type;
+  using U = typename Tensor::value_type;
+  const Table fwd = table.forwards();
+  std::vector<std::vector<U>> out(static_cast<std::size_t>(table.microbatches));
+  auto keep = [&](int mb, const V& output) {
+    decltype(auto) r = last(mb, output);
+    if constexpr (VarType<Result>) out[static_cast<std::size_t>(mb)] = r.value().to_host();  // (within the stage)
+    else out[static_cast<std::size_t>(mb)] = r.to_host();
+  };
+  NoGrad no_grad;
+  detail::execute<false, Act, StageAxis>(fwd, mesh, shape, stage, keep, RunOptions{}, "forward");
+  // From the last stage to every stage: sizes, then the values.
+  Context& ctx = mesh.context();
+  const MeshShape& ms = mesh.shape();
+  AxisList stage_axes;
+  stage_axes.push_back(ms.index_of(StageAxis));
+  coll::Communicator& group = ctx.group(ms, stage_axes);
+  const int root = (table.virtual_stages() - 1) % table.stages;
+  std::vector<std::uint64_t> sizes(out.size());
+  for (std::size_t k = 0; k < out.size(); ++k) sizes[k] = out[k].size();
+  if (group.size() > 1) group.broadcast(sizes.data(), sizes.size(), coll::DType::u64, root);
+  for (std::size_t k = 0; k < out.size(); ++k) {
+    out[k].resize(static_cast<std::size_t>(sizes[k]));
+    if (group.size() > 1 && sizes[k]) group.broadcast(out[k].data(), out[k].size(), coll::dtype_of<U>(), root);
+  }
+  return out;
 }
 
 }  // namespace shardlib::pipeline

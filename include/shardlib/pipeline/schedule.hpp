@@ -100,6 +100,9 @@ struct Table {
     }
     return peak;
   }
+  /// The forwards alone (an evaluation or inference pass: no backward), each stage's in this
+  /// table's order, each as early as its input allows.
+  Table forwards() const;
   /// The table as text: a header, then a row per stage and a column per slot ("F3" the forward
   /// of micro-batch 3, "B3" its backward over its slots, "F3:1" chunk 1's forward, "." idle).
   std::string to_string() const {
@@ -161,36 +164,13 @@ inline std::vector<Op> stage_order(Schedule kind, int p, int m, int v, int s, in
   for (int k = n - warmup; k < n; ++k) out.push_back(bw[static_cast<std::size_t>(k)]);
   return out;
 }
-}  // namespace detail
-
-/// The table of schedule `kind` for `stages` stages (p), `microbatches` micro-batches (m) and
-/// `chunks` chunks of layers per stage (v: 1 but for interleaved, which needs 2 or more); a
-/// backward takes `backward_slots` slots (>= 1). Throws std::invalid_argument naming the bad count.
-/// m < p runs (1F1B then holds m, with a larger bubble: the table shows it).
-inline Table schedule(Schedule kind, int stages, int microbatches, int chunks = 1, int backward_slots = 2) {
-  if (stages < 1) detail::bad_schedule(kind, std::to_string(stages) + " stages: there must be at least 1");
-  if (microbatches < 1)
-    detail::bad_schedule(kind, std::to_string(microbatches) + " micro-batches: there must be at least 1");
-  if (backward_slots < 1)
-    detail::bad_schedule(kind, "a backward of " + std::to_string(backward_slots) + " slots: it takes at least 1");
-  if (kind != Schedule::interleaved && chunks != 1)
-    detail::bad_schedule(kind, std::to_string(chunks) + " chunks per stage: only the interleaved schedule has more than 1");
-  if (kind == Schedule::interleaved) {
-    if (chunks < 2)
-      detail::bad_schedule(kind, std::to_string(chunks) + " chunks per stage: the interleaved schedule needs 2 or more");
-    if (microbatches % stages != 0)
-      detail::bad_schedule(kind, std::to_string(microbatches) + " micro-batches on " + std::to_string(stages) +
-                                     " stages: interleaving takes micro-batches in groups of the stage count (m a multiple of p)");
-  }
-  Table t;
-  t.kind = kind;
-  t.stages = stages;
-  t.microbatches = microbatches;
-  t.chunks = chunks;
-  t.backward_slots = backward_slots;
-  for (int s = 0; s < stages; ++s) t.ops.push_back(detail::stage_order(kind, stages, microbatches, chunks, s, backward_slots));
-  // Slots: each op starts in the first slot where its stage is free and its input has arrived.
-  const int V = stages * chunks;
+/// Gives each op of `t` its slots: each starts in the first slot where its stage is free and its
+/// input has arrived (t.ops' order per stage kept). Sets t.length.
+inline void assign_slots(Table& t) {
+  const Schedule kind = t.kind;
+  const int stages = t.stages, microbatches = t.microbatches;
+  t.length = 0;
+  const int V = stages * t.chunks;
   std::vector<int> fwd_end(static_cast<std::size_t>(V * microbatches), -1), bwd_end(fwd_end);
   auto at = [&](int vs, int mb) { return static_cast<std::size_t>(vs * microbatches + mb); };
   std::vector<std::size_t> next(static_cast<std::size_t>(stages), 0);
@@ -223,6 +203,43 @@ inline Table schedule(Schedule kind, int stages, int microbatches, int chunks = 
       if (!busy) throw std::logic_error("shardlib: pipeline schedule " + std::string(to_string(kind)) + ": the order deadlocks at slot " + std::to_string(slot));
     }
   }
+}
+}  // namespace detail
+
+/// The table of schedule `kind` for `stages` stages (p), `microbatches` micro-batches (m) and
+/// `chunks` chunks of layers per stage (v: 1 but for interleaved, which needs 2 or more); a
+/// backward takes `backward_slots` slots (>= 1). Throws std::invalid_argument naming the bad count.
+/// m < p runs (1F1B then holds m, with a larger bubble: the table shows it).
+inline Table schedule(Schedule kind, int stages, int microbatches, int chunks = 1, int backward_slots = 2) {
+  if (stages < 1) detail::bad_schedule(kind, std::to_string(stages) + " stages: there must be at least 1");
+  if (microbatches < 1)
+    detail::bad_schedule(kind, std::to_string(microbatches) + " micro-batches: there must be at least 1");
+  if (backward_slots < 1)
+    detail::bad_schedule(kind, "a backward of " + std::to_string(backward_slots) + " slots: it takes at least 1");
+  if (kind != Schedule::interleaved && chunks != 1)
+    detail::bad_schedule(kind, std::to_string(chunks) + " chunks per stage: only the interleaved schedule has more than 1");
+  if (kind == Schedule::interleaved) {
+    if (chunks < 2)
+      detail::bad_schedule(kind, std::to_string(chunks) + " chunks per stage: the interleaved schedule needs 2 or more");
+    if (microbatches % stages != 0)
+      detail::bad_schedule(kind, std::to_string(microbatches) + " micro-batches on " + std::to_string(stages) +
+                                     " stages: interleaving takes micro-batches in groups of the stage count (m a multiple of p)");
+  }
+  Table t;
+  t.kind = kind;
+  t.stages = stages;
+  t.microbatches = microbatches;
+  t.chunks = chunks;
+  t.backward_slots = backward_slots;
+  for (int s = 0; s < stages; ++s) t.ops.push_back(detail::stage_order(kind, stages, microbatches, chunks, s, backward_slots));
+  detail::assign_slots(t);
+  return t;
+}
+
+inline Table Table::forwards() const {
+  Table t = *this;
+  for (auto& ops : t.ops) std::erase_if(ops, [](const Op& o) { return !o.forward; });
+  detail::assign_slots(t);
   return t;
 }
 
