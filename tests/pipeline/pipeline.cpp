@@ -152,6 +152,7 @@ struct Case {
   int stages, data, model, microbatches, chunks, layers;
   bool recompute;
   float loss_scale = 1;  ///< RunOptions::loss_scale (the reference's backward seeded alike)
+  pp::Transport transport = pp::Transport::automatic;
 };
 
 /// Runs case `c` pipelined and whole (every layer on every device, the micro-batches one after
@@ -201,7 +202,7 @@ void check(sl::Context& ctx, const Case& c) {
   sl::coll::CommRecorder rec;
   const pp::StepStats st = pp::run<ActT>(
       table, mesh, {rows, D}, stage, [&](int mb, const sl::Var<ActT>& out) { return sl::mse_loss(out, target(mesh, rows, mb)); },
-      {.recompute = c.recompute, .loss_scale = c.loss_scale});
+      {.recompute = c.recompute, .loss_scale = c.loss_scale, .transport = c.transport});
   const sl::coll::CommStats traffic = rec.stats();
   CHECK(st.loss == doctest::Approx(want_loss).epsilon(1e-6));
   CHECK(st.forwards == m * c.chunks);
@@ -224,12 +225,15 @@ void check(sl::Context& ctx, const Case& c) {
     recvs += static_cast<std::uint64_t>((vs > 0) + (vs < V - 1)) * static_cast<std::uint64_t>(m);
   }
   if (c.stages == 1) sends = recvs = 0;
-  // (threads: point-to-point sends and receives; mpi: a collective permute per slot boundary.)
+  // (point to point: sends and receives; slot_permutes: a collective permute per slot boundary.)
   CHECK(traffic[Kind::permute].bytes_sent + traffic[Kind::send].bytes_sent == sends * block_bytes);
   CHECK(traffic[Kind::permute].bytes_received + traffic[Kind::recv].bytes_received == recvs * block_bytes);
   CHECK(traffic.total_calls() == traffic[Kind::permute].calls + traffic[Kind::send].calls + traffic[Kind::recv].calls +
                                      traffic[Kind::all_reduce].calls);
-  if (!sl::test::mpi_runtime()) CHECK(traffic[Kind::send].calls == sends);  // one message per crossing
+  if (c.transport == pp::Transport::slot_permutes)
+    CHECK(traffic[Kind::send].calls == 0);
+  else
+    CHECK(traffic[Kind::send].calls == sends);  // one message per crossing (threads and mpi alike)
 
   // The forwards alone (an evaluation): each micro-batch's loss and output on every device, as
   // the whole stack gives them; nothing recorded; one activation per boundary and micro-batch.
@@ -289,6 +293,19 @@ TEST_CASE("interleaved, and uneven stages: the same loss and gradients") {
       check(ctx, {pp::Schedule::interleaved, p, d, mo, p, 2, 2 * p, false});
       check(ctx, {pp::Schedule::interleaved, p, d, mo, 2 * p, 2, 2 * p, true});
       check(ctx, {pp::Schedule::one_f_one_b, p, d, mo, 2, 1, p + 1, false});  // the first stage holds one more
+    }
+  }, {2, 4, 8});
+}
+
+TEST_CASE("run: the slot-boundary permutes (nccl's transport) give the same loss, gradients and traffic") {
+  sl::test::for_each_run([](sl::Context& ctx) {
+    for (const auto& [p, d, mo] : meshes(ctx.num_devices())) {
+      Case c{pp::Schedule::one_f_one_b, p, d, mo, 2 * p, 1, 4, false};
+      c.transport = pp::Transport::slot_permutes;
+      check(ctx, c);
+      c = Case{pp::Schedule::interleaved, p, d, mo, p, 2, 2 * p, false};
+      c.transport = pp::Transport::slot_permutes;
+      check(ctx, c);
     }
   }, {2, 4, 8});
 }

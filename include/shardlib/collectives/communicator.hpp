@@ -161,6 +161,10 @@ class Communicator {
   virtual std::string_view backend() const noexcept = 0;
   /// Whether buffers may live in GPU memory (otherwise they must be host-accessible).
   virtual bool accepts_device_memory() const noexcept { return false; }
+  /// Whether `send` is buffered: it returns once the message is copied, whether or not the peer
+  /// has posted its `recv` (threads, mpi). Then two ranks may send to each other before either
+  /// receives, as a pipeline's neighbouring stages do. NCCL's sends are not.
+  virtual bool buffered_sends() const noexcept { return false; }
 
   /// `recv` (size() × count elements) = every rank's `send` (count elements), in rank order.
   void all_gather(const void* send, void* recv, std::size_t count, DType t) {
@@ -241,6 +245,8 @@ class Communicator {
   }
 
   /// Point to point: `count` elements to rank `peer`, matched by a recv with the same tag.
+  /// Returns once `buf` may change; buffered_sends() says whether it may also return before the
+  /// peer receives.
   void send(const void* buf, std::size_t count, DType t, int peer, int tag = 0) {
     check_rank("send", "peer", peer);
     check_buffers("send", buf, buf, count, 0);

@@ -262,6 +262,7 @@ class MpiCommunicator final : public Communicator {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
+    reap_sends(true);  // (every send was matched by a recv: these complete)
     if (owns_) {
       MPI_Comm_free(&comm_);
     } else if (previous_ != MPI_ERRHANDLER_NULL) {
@@ -272,6 +273,7 @@ class MpiCommunicator final : public Communicator {
 
   std::string_view backend() const noexcept override { return "mpi"; }
   bool accepts_device_memory() const noexcept override { return false; }
+  bool buffered_sends() const noexcept override { return true; }  // MPI_Isend of a copy (do_send)
 
   /// The MPI communicator (for calls of the application's own; do not free it).
   MPI_Comm comm() const noexcept { return comm_; }
@@ -401,20 +403,29 @@ class MpiCommunicator final : public Communicator {
   }
 
   /// The receiver must ask for exactly `count` elements (long messages travel in pieces).
+  /// Buffered: the message is copied and sent with MPI_Isend, so the call returns before the peer
+  /// receives (two neighbours may send to each other first); the sends still in flight are
+  /// completed as later sends and receives find them done, and all of them at the end.
   void do_send(const void* buf, std::size_t count, DType t, int peer, int tag) override {
     check_tag("send", tag);
+    reap_sends(false);
     const std::size_t es = size_of(t);
-    const auto* p = static_cast<const unsigned char*>(buf);
+    PendingSend ps;
+    ps.data.assign(static_cast<const unsigned char*>(buf), static_cast<const unsigned char*>(buf) + count * es);
     const std::size_t pieces = pieces_of(count);
     for (std::size_t i = 0; i < pieces; ++i) {
       const std::size_t done = i * detail::mpi::max_count(), n = std::min(count - done, detail::mpi::max_count());
-      ok(MPI_Send(p + done * es, static_cast<int>(n), detail::mpi::datatype(t), peer, tag, comm_), "MPI_Send",
-         "send");
+      MPI_Request r = MPI_REQUEST_NULL;
+      ok(MPI_Isend(ps.data.data() + done * es, static_cast<int>(n), detail::mpi::datatype(t), peer, tag, comm_, &r),
+         "MPI_Isend", "send");
+      ps.requests.push_back(r);
     }
+    pending_sends_.push_back(std::move(ps));  // (the copy's buffer moves with it: the requests stay valid)
   }
 
   void do_recv(void* buf, std::size_t count, DType t, int peer, int tag) override {
     check_tag("recv", tag);
+    reap_sends(false);
     const std::size_t es = size_of(t);
     auto* p = static_cast<unsigned char*>(buf);
     const std::size_t pieces = pieces_of(count);
@@ -792,6 +803,23 @@ class MpiCommunicator final : public Communicator {
     std::string self_error_;
   };
 
+  /// A buffered send in flight: its copy of the message and its requests (one per piece).
+  struct PendingSend {
+    std::vector<unsigned char> data;
+    std::vector<MPI_Request> requests;
+  };
+  std::vector<PendingSend> pending_sends_;
+  /// Frees the sends that completed (all of them, waiting, when `wait`).
+  void reap_sends(bool wait) {
+    std::erase_if(pending_sends_, [&](PendingSend& ps) {
+      int done = 0;
+      if (wait)
+        MPI_Waitall(static_cast<int>(ps.requests.size()), ps.requests.data(), MPI_STATUSES_IGNORE), done = 1;
+      else
+        MPI_Testall(static_cast<int>(ps.requests.size()), ps.requests.data(), &done, MPI_STATUSES_IGNORE);
+      return done != 0;
+    });
+  }
   std::vector<MPI_Request> exchange_requests_;   // lent to the exchange in flight
   std::vector<ExchangeUnpack> exchange_unpack_;  // ...
   MPI_Comm comm_;

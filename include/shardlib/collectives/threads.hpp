@@ -331,6 +331,7 @@ class BasicThreadCommunicator final : public Communicator {
 
   std::string_view backend() const noexcept override { return "threads"; }
   bool accepts_device_memory() const noexcept override { return !Moves::host; }
+  bool buffered_sends() const noexcept override { return true; }  // a send posts its message
 
  protected:
   void do_all_gather(const void* send, void* recv, const Blocks& blocks, DType t) override {

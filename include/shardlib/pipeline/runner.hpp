@@ -4,10 +4,10 @@
 /// holds its stage's layers (tensors whose specs do not name the axis: the other axes shard them
 /// as in any recipe), and `pipeline::run` executes the table: the forward and backward of each
 /// (micro-batch, chunk) the table gives this stage, in its order, with the boundary activations
-/// sent to the next virtual stage and their gradients back. Under `threads` they go point to point
-/// (a send is buffered: each stage waits for its inputs only); under `mpi` and `nccl`, where a send
-/// may wait for its receiver, by one collective permute over the stage axis at each slot boundary
-/// where the table has something cross it (deadlock-free). Gradients stay pending on the
+/// sent to the next virtual stage and their gradients back. Under `threads` and `mpi` they go
+/// point to point (a send is buffered: each stage waits for its inputs only); under `nccl`, where
+/// a send may wait for its receiver, by one collective permute over the stage axis at each slot
+/// boundary where the table has something cross it (deadlock-free). RunOptions::transport picks. Gradients stay pending on the
 /// parameters over the micro-batches (backward with sync = false): the optimizer's step resolves
 /// them, once per global batch.
 ///
@@ -70,6 +70,19 @@ class StageScope {
   coll::Communicator* outer_ = nullptr;
 };
 
+/// How the boundary tensors cross between stages.
+enum class Transport : std::uint8_t {
+  /// point_to_point where the stage group's sends are buffered and take the boundary tensor's
+  /// memory (threads; mpi in host memory), else slot_permutes (nccl).
+  automatic,
+  /// Each stage sends what it made to its neighbour and waits only for its own inputs.
+  point_to_point,
+  /// One collective permute over the stage axis at each slot boundary where the table has
+  /// something cross: deadlock-free without buffered sends, but every slot boundary is a meeting
+  /// of neighbouring stages.
+  slot_permutes,
+};
+
 /// Options of `run`.
 struct RunOptions {
   /// Activation recomputation: each stage's forward runs under `checkpoint` (only its boundary
@@ -82,6 +95,8 @@ struct RunOptions {
   /// The factor the backward is seeded with besides 1/m: f16's loss scale (optim::LossScaler's
   /// `scale()`; the optimizer's `step(scaler)` divides it out and skips a step that overflowed).
   double loss_scale = 1.0;
+  /// How the boundary tensors cross (Transport::automatic: the fastest the backend allows).
+  Transport transport = Transport::automatic;
 };
 
 /// What one pipelined step did on this device.
@@ -253,10 +268,15 @@ StepStats execute(const Table& table, const typename Act::mesh_type& mesh, const
     stats.busy_seconds += std::chrono::duration<double>(Clock::now() - start).count();
   };
 
-  if (ctx.backend() == "threads") {
-    // In-process devices: a send is posted (buffered), a recv waits for its message only. Each
-    // stage runs its ops in the table's order and waits for nothing but its inputs: the slots'
-    // collective permutes below would make every slot boundary a meeting of all the stages.
+  const bool p2p_possible = direct && group.buffered_sends();
+  if (options.transport == Transport::point_to_point && !p2p_possible)
+    throw std::invalid_argument(std::string("shardlib: pipeline::") + fn + ": Transport::point_to_point needs buffered sends " +
+                                "in the boundary tensor's memory; the " + std::string(group.backend()) +
+                                " group of the stage axis has none (use Transport::automatic)");
+  if (p2p_possible && options.transport != Transport::slot_permutes) {
+    // A send is buffered, a recv waits for its message only. Each stage runs its ops in the
+    // table's order and waits for nothing but its inputs: the slots' collective permutes below
+    // make every slot boundary a meeting of neighbouring stages.
     auto tag = [&](int mb, int chunk, bool forward) { return (mb * table.chunks + chunk) * 2 + (forward ? 0 : 1); };
     for (const Op& o : mine) {
       const int vs = table.virtual_stage(me, o.chunk);
@@ -281,7 +301,7 @@ StepStats execute(const Table& table, const typename Act::mesh_type& mesh, const
         out.reset();
       }
     }
-  } else {  // MPI, NCCL: a send may wait for its receiver, so messages cross at the slot boundaries
+  } else {  // NCCL (a send may wait for its receiver), or asked for: messages cross at the slot boundaries
     std::size_t next = 0;
     for (int slot = 0; slot <= table.length; ++slot) {
       cross(slot, true);

@@ -715,7 +715,7 @@ TEST_CASE("send and recv between pairs, with tags") {
       reset_calls();
       if (sender) {
         c.send(want.data(), count, DType::i64, partner, round == 0 ? 7 : 9);
-        CHECK(calls("MPI_Send") == 1);
+        CHECK(calls("MPI_Isend") == 1);
       } else {
         c.recv(buf.data(), count, DType::i64, partner, round == 0 ? 7 : 9);
         CHECK(diff(buf, want) == "");
@@ -726,7 +726,16 @@ TEST_CASE("send and recv between pairs, with tags") {
     reset_calls();
     if (me % 2 == 0) c.send(nullptr, 0, DType::f32, partner, 1);
     else c.recv(nullptr, 0, DType::f32, partner, 1);
-    CHECK(calls(me % 2 == 0 ? "MPI_Send" : "MPI_Recv") == 1);
+    CHECK(calls(me % 2 == 0 ? "MPI_Isend" : "MPI_Recv") == 1);
+    // Buffered: both partners send 4 MiB first, then receive (blocking sends of a message past
+    // the eager limit would wait for each other for ever); the send buffer may change at once.
+    CHECK(c.buffered_sends());
+    const std::size_t big = std::size_t{1} << 20;
+    std::vector<float> out(big, static_cast<float>(me)), in(big, -1.f);
+    c.send(out.data(), big, DType::f32, partner, 11);
+    std::fill(out.begin(), out.end(), -7.f);
+    c.recv(in.data(), big, DType::f32, partner, 11);
+    CHECK(std::all_of(in.begin(), in.end(), [&](float v) { return v == static_cast<float>(partner); }));
   }
 }
 
@@ -898,7 +907,7 @@ TEST_CASE("peer and root out of range are refused before MPI") {
   CHECK_MESSAGE(has(e, "peer -1 is out of range"), e);
   e = error_of([&] { c.permute(&x, 1, n + 2, &x, 1, -1, DType::i32); });
   CHECK_MESSAGE(has(e, "dest " + std::to_string(n + 2) + " is out of range"), e);
-  CHECK(calls("MPI_Bcast") + calls("MPI_Send") + calls("MPI_Recv") + calls("MPI_Sendrecv") == 0);
+  CHECK(calls("MPI_Bcast") + calls("MPI_Send") + calls("MPI_Isend") + calls("MPI_Recv") + calls("MPI_Sendrecv") == 0);
 }
 
 TEST_CASE("an MPI error becomes a CollectiveError naming the MPI call") {
@@ -919,7 +928,7 @@ TEST_CASE("an MPI error becomes a CollectiveError naming the MPI call") {
   // A negative tag: MPI_ERR_TAG, found by MPI before anything travels.
   std::int32_t x = 0;
   const std::string e = error_of([&] { c.send(&x, 1, DType::i32, (me + 1) % n, -5); });
-  CHECK_MESSAGE(has(e, "MPI_Send failed"), e);
+  CHECK_MESSAGE(has(e, "MPI_Isend failed"), e);
   CHECK_MESSAGE(has(e, "tag"), e);
 }
 
@@ -1124,7 +1133,7 @@ TEST_SUITE("count_limit") {
             else c.recv(buf.data(), len, DType::u8, partner, 5);
             INFO(("length " + std::to_string(len)));
             if (me % 2 == 1) CHECK(diff(buf, want) == "");
-            CHECK(calls(me % 2 == 0 ? "MPI_Send" : "MPI_Recv") == static_cast<int>(pieces(len)));
+            CHECK(calls(me % 2 == 0 ? "MPI_Isend" : "MPI_Recv") == static_cast<int>(pieces(len)));
           }
         }
       }
