@@ -902,4 +902,21 @@ TEST_CASE("LossScaler: bad options are refused, naming the option") {
   CHECK_THROWS_WITH_AS(sl::optim::LossScaler({.backoff_factor = 1}), doctest::Contains("backoff_factor"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(sl::optim::LossScaler({.growth_interval = 0}), doctest::Contains("growth_interval"), std::invalid_argument);
 }
+
+TEST_CASE("LossScaler: state() and set_state() continue a run as it would have gone on (checkpoints)") {
+  sl::optim::LossScaler a({.growth_interval = 3}), b({.growth_interval = 3});
+  for (bool finite : {true, false, true, true}) a.update(finite);
+  b.set_state(a.state());
+  for (bool finite : {true, true, false, true, true, true}) {  // (the second update grows S: 3 good in a row)
+    a.update(finite);
+    b.update(finite);
+    CHECK(a.scale() == b.scale());
+    CHECK(a.skipped() == b.skipped());
+  }
+  CHECK(b.state().good == a.state().good);
+  const auto before = b.state();
+  CHECK_THROWS_WITH_AS(b.set_state({0.0, 0, 0}), doctest::Contains("scale 0.000000"), std::invalid_argument);
+  CHECK_THROWS_AS(b.set_state({1.0, -1, 0}), std::invalid_argument);
+  CHECK(b.state().scale == before.scale);
+}
 }  // TEST_SUITE

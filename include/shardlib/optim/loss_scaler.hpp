@@ -46,6 +46,26 @@ class LossScaler {
   std::int64_t skipped() const noexcept { return skipped_; }
   const LossScalerOptions& options() const noexcept { return o_; }
 
+  /// What a checkpoint keeps of the scaler (torch's GradScaler.state_dict): S, the good steps in
+  /// a row since S last changed, the steps skipped so far.
+  struct State {
+    double scale = 65536;
+    std::int64_t good = 0, skipped = 0;
+  };
+  State state() const noexcept { return {scale_, good_, skipped_}; }
+  /// Restores a state() (a resumed run continues as the saved one would have). Throws
+  /// std::invalid_argument, changing nothing, for a scale that is not finite and > 0 or a
+  /// negative count.
+  void set_state(const State& s) {
+    if (!(std::isfinite(s.scale) && s.scale > 0) || s.good < 0 || s.skipped < 0)
+      throw std::invalid_argument("shardlib: LossScaler::set_state: scale " + std::to_string(s.scale) + ", good steps " +
+                                  std::to_string(s.good) + ", skipped " + std::to_string(s.skipped) +
+                                  ": the scale must be finite and > 0 and the counts >= 0");
+    scale_ = s.scale;
+    good_ = s.good;
+    skipped_ = s.skipped;
+  }
+
   /// The optimizer's report of a step: whether the gradients were finite. Backs off or grows S.
   void update(bool finite) noexcept {
     if (!finite) {
