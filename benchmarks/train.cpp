@@ -10,6 +10,8 @@
 //               on every device a stage, m = 2p micro-batches, 4p layers: each stage's idle fraction
 //               measured (1 - its time in forwards and backwards / the step's) beside the ideal bubble
 //               (p - 1) / (v m + p - 1); part "bubble", one record per schedule.
+//               `mpirun -np 4 bench_train --bubble --backend mpi`: a process per stage;
+//               `--transport permutes`: the slot-boundary permutes instead of point-to-point sends.
 // A step is the whole training loop's step: the batch made on the devices, zero_grad, forward,
 // backward, optimizer step and the loss read back. `seconds` is the median step time (device 0's
 // clock; every step ends with the loss's all_reduce, so devices leave it together);
@@ -66,7 +68,6 @@ struct PipeResult : Result {
 template <class R>
 PipeResult measure_pipelined(sl::Runtime& rt, const gpt::Config& cfg, const gpt::PipeConfig& pc, int warmup, int steps) {
   PipeResult res;
-  std::vector<double> idle(static_cast<std::size_t>(rt.num_devices()));
   rt.spmd([&](sl::Context& ctx) {
     std::vector<double> times, idles;
     auto last = bench::Clock::now();
@@ -82,10 +83,13 @@ PipeResult measure_pipelined(sl::Runtime& rt, const gpt::Config& cfg, const gpt:
       res.last_loss = r.loss;
       res.report = r;
     });
-    idle[static_cast<std::size_t>(ctx.device())] = bench::median(idles);
-    if (ctx.device() == 0) res.seconds = bench::median(times);
+    double mine = bench::median(idles), all = 0;  // (under mpi each process knows its own device's)
+    ctx.world().all_reduce(&mine, &all, 1, sl::coll::DType::f64, sl::coll::Op::sum);
+    if (ctx.device() == 0) {
+      res.seconds = bench::median(times);
+      res.idle = all / ctx.num_devices();
+    }
   });
-  for (double i : idle) res.idle += i / static_cast<double>(idle.size());
   return res;
 }
 
@@ -138,21 +142,32 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) bubble = bubble || std::strcmp(argv[i], "--bubble") == 0;
   if (bubble) {  // the schedules' bubbles, measured, on every device a stage
     namespace pp = sl::pipeline;
-    auto rt = sl::Runtime::threads(devices);
+    // threads devices; or, with --backend mpi under mpirun, a process per device. --transport
+    // permutes: the slot-boundary permutes (nccl's transport) in place of point-to-point sends.
+    bool permutes = false;
+    for (int i = 1; i + 1 < argc; ++i)
+      if (std::strcmp(argv[i], "--transport") == 0) permutes = std::strcmp(argv[i + 1], "permutes") == 0;
+    bool from_args = false;
+    for (int i = 1; i < argc; ++i) from_args = from_args || std::strcmp(argv[i], "--backend") == 0;
+    auto rt = from_args ? sl::Runtime::from_args(argc, argv, devices) : sl::Runtime::threads(devices);
+    const int stages = rt.num_devices();
     gpt::Config c = cfg;
-    c.layers = 4 * devices;
+    c.layers = 4 * stages;
     for (pp::Schedule k : {pp::Schedule::gpipe, pp::Schedule::one_f_one_b, pp::Schedule::interleaved}) {
-      gpt::PipeConfig pc{devices, 2 * devices, k, k == pp::Schedule::interleaved ? 2 : 1, false};
+      gpt::PipeConfig pc{stages, 2 * stages, k, k == pp::Schedule::interleaved ? 2 : 1, false};
+      if (permutes) pc.transport = pp::Transport::slot_permutes;
       c.batch = std::max<std::int64_t>(cfg.batch / pc.microbatches, 1) * pc.microbatches;
       std::fprintf(stderr, "train: bubble of %s on %d stages, %d micro-batches ...\n", std::string(pp::to_string(k)).c_str(),
-                   devices, pc.microbatches);
+                   stages, pc.microbatches);
       const PipeResult r = measure_pipelined<gpt::PP>(rt, c, pc, warmup, steps);
+      if (r.seconds == 0) continue;  // (not the process of device 0)
       const pp::Table t = pc.table();
-      std::printf("{\"bench\": \"train\", \"part\": \"bubble\", \"name\": \"%s\", \"backend\": \"threads\", \"devices\": %d, "
+      std::printf("{\"bench\": \"train\", \"part\": \"bubble\", \"name\": \"%s\", \"backend\": \"%s\", \"transport\": \"%s\", \"devices\": %d, "
                   "\"seconds\": %.6g, \"baseline\": \"the ideal bubble (p - 1) / (v m + p - 1)\", \"baseline_seconds\": %.6g, "
                   "\"bubble\": %.4g, \"bubble_ideal\": %.4g, \"bubble_table\": %.4g, \"stages\": %d, \"microbatches\": %d, "
                   "\"chunks\": %d, \"tokens_per_second\": %.6g, \"config\": {\"layers\": %lld, \"batch\": %lld}}\n",
-                  std::string(pp::to_string(k)).c_str(), devices, r.seconds, r.seconds * (1 - t.ideal_bubble()) / (1 - r.idle),
+                  std::string(pp::to_string(k)).c_str(), std::string(sl::to_string(rt.backend())).c_str(),
+                  permutes ? "slot_permutes" : "point_to_point", rt.num_devices(), r.seconds, r.seconds * (1 - t.ideal_bubble()) / (1 - r.idle),
                   r.idle, t.ideal_bubble(), t.bubble(), pc.stages, pc.microbatches, pc.chunks,
                   static_cast<double>(c.batch * c.seq) / r.seconds, (long long)c.layers, (long long)c.batch);
       std::fflush(stdout);

@@ -55,14 +55,14 @@ constexpr const char* usage = R"(usage: gpt [--recipe dp|zero1|zero2|zero3|tp|dp
                  sequences of its block of each batch. 'synthetic': a token stream made in the
                  program (no validation part)
   --eval-every N the validation loss every N steps and after the last (0: only after the last)
-  --sample N     after training, print N tokens the model writes after a prompt (not pp*)
+  --sample N     after training, print N tokens the model writes after a prompt
   --temperature T  sampling temperature, 0 (greedy) to 10 (0.8)
   --log-every N  a progress line (loss, tokens/s, ETA) every N steps (about 40 lines a run)
   --val-below L  exit 1 unless the last validation loss is below L (a check for scripts)
   --save DIR     save the run (parameters, AdamW state, step) to DIR/gpt.h5 after the last step,
                  and every K steps with --every K (each save replaces the last atomically)
-  --resume DIR   continue the run saved in DIR, with any recipe on any mesh, up to --steps in all
-                 (not pp*; not f16, whose loss scale is not saved)
+  --resume DIR   continue the run saved in DIR, with any recipe (pp* too) on any mesh, up to
+                 --steps in all
 Also the runtime's --backend threads|mpi|nccl and --threads-per-device N, and Kokkos's
 --kokkos-NAME=VALUE. An unknown flag, a flag given twice or without its value, or a value out of
 its range: a one-line message and exit status 2.
@@ -112,9 +112,7 @@ int main(int argc, char** argv) {
     if (!save.empty() || !resume.empty()) args.fail("--save and --resume need HDF5, which this build did not find");
 #endif
     if (save_every > 0 && save.empty()) args.fail("--every needs --save DIR");
-    if (pipelined && (!save.empty() || !resume.empty())) args.fail("--save and --resume are not available with the pp recipes yet");
     if (!resume.empty() && check) args.fail("--check 1 trains the replicated reference from step 0: not with --resume");
-    if (!resume.empty() && precision == "f16") args.fail("--resume with f16: the loss scale is not saved yet (bf16 resumes)");
     std::optional<gpt::CorpusStream> corpus;
     if (data != "synthetic") {
       try {
@@ -132,9 +130,6 @@ int main(int argc, char** argv) {
       if (sample > 0) args.fail("--sample needs data to prompt the model with: --data PATH, not synthetic");
       if (eval_every > 0 || val_below > 0) args.fail("--eval-every and --val-below need a validation part: --data PATH, not synthetic");
     }
-    if (pipelined && (sample > 0 || (corpus && (eval_every > 0 || val_below > 0))))
-      args.fail("--sample, --eval-every and --val-below are not available with the pp recipes yet");
-    if (pipelined) cfg.eval_every = 0;
     // The heads split D (head_dim = D / H). Nothing else must divide: every recipe takes uneven
     // or empty blocks (a batch smaller than "data", fewer heads than "model").
     if (cfg.dim % cfg.heads != 0)
@@ -159,7 +154,7 @@ int main(int argc, char** argv) {
                      steps,
                      check,
                      describe,
-                     corpus ? gpt::DataStream(std::move(*corpus)) : gpt::DataStream(gpt::TokenStream(cfg.vocab, cfg.seq, cfg.seed), cfg.seq),
+                     corpus ? gpt::DataStream(std::move(*corpus)) : gpt::DataStream(gpt::TokenStream(cfg.vocab, cfg.seq, cfg.seed)),
                      sample,
                      temperature,
                      log_every,

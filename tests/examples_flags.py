@@ -53,7 +53,6 @@ BAD = [
     ("gpt", ["--temperature", "hot"], ["--temperature must be a number", "'hot'"], False),
     ("gpt", ["--vocab", "100"], ["--vocab 100 is smaller than the data's 256 tokens"], False),
     ("gpt", ["--every", "5"], ["--every needs --save DIR"], False),
-    ("gpt", ["--recipe", "pp", "--save", "x"], ["not available with the pp recipes"], False),
     ("gpt", ["--resume", "x", "--check", "1"], ["not with --resume"], False),
     # twice, or without a value
     ("gpt", ["--steps", "1", "--steps", "2"], ["--steps given twice"], False),

@@ -5,6 +5,10 @@
 //   model/wte, model/layer0/wq, ...              the parameters
 //   adamw/layer0/wq/m0, .../m1, .../master      the optimizer's state of each
 //   train/step                                   the steps taken ([1], int64)
+//   train/loss_scaler                            f16: the LossScaler's state ([3], float64:
+//                                                scale, good steps in a row, steps skipped)
+// A pipelined run's stages each list their own tensors (io::save takes them so): the file is
+// the same as a run without stages would write.
 // A run saved with one recipe on one mesh resumes with any recipe on any mesh (io::load lays
 // each tensor out in the spec it is loaded into), and continues the same loss curve: its next
 // batch is the one the saved run would have drawn.
@@ -45,54 +49,59 @@ void for_each_checkpoint_tensor(Model<R, E>& model, sl::optim::AdamW& opt, F&& f
 }  // namespace detail
 
 /// Saves the run (collective) after `steps` steps into `dir` (created if missing), replacing its
-/// previous checkpoint atomically (io::save: complete or absent).
+/// previous checkpoint atomically (io::save: complete or absent). `scaler`: f16's, saved with it.
 template <class R, class E>
-void save_run(const std::string& dir, Model<R, E>& model, sl::optim::AdamW& opt, std::int64_t steps) {
+void save_run(const std::string& dir, Model<R, E>& model, sl::optim::AdamW& opt, std::int64_t steps,
+              const sl::optim::LossScaler& scaler) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);  // (every device; an error shows in the save)
   using Step = sl::DistributedTensor<std::int64_t, typename R::Mesh, Spec<none>>;
+  using ScalerState = sl::DistributedTensor<double, typename R::Mesh, Spec<none>>;
   const Step step = Step::full(model.mesh, {1}, steps);
+  const auto st = scaler.state();
+  const ScalerState scaling =
+      ScalerState::from_host(model.mesh, {3}, std::vector<double>{st.scale, double(st.good), double(st.skipped)});
   std::vector<sl::io::Entry> entries;
   detail::for_each_checkpoint_tensor(model, opt, [&](const std::string& name, auto& t) { entries.emplace_back(name, t); });
   entries.emplace_back("train/step", step);
+  if constexpr (std::is_same_v<E, sl::f16>) entries.emplace_back("train/loss_scaler", scaling);
   sl::io::save(checkpoint_file(dir), entries);
 }
 
-/// Loads a run saved by save_run (any recipe, any mesh) into `model` and `opt`, and returns the
-/// steps it had taken (`opt`'s count set to it). Collective. Throws what io::load throws (a
-/// missing file, a tensor of another shape or element type, naming it and both shapes), with
-/// the model and the optimizer unchanged.
+/// Loads a run saved by save_run (any recipe, any mesh, with or without stages) into `model` and
+/// `opt` (and, f16, `scaler`, when the checkpoint has its state: one from a bf16 or float32 run
+/// starts a fresh scale), and returns the steps it had taken (`opt`'s count set to it).
+/// Collective. Throws what io::load throws (a missing file, a tensor of another shape or element
+/// type, naming it and both shapes), with the model and the optimizer unchanged.
 template <class R, class E>
-std::int64_t load_run(const std::string& dir, Model<R, E>& model, sl::optim::AdamW& opt) {
+std::int64_t load_run(const std::string& dir, Model<R, E>& model, sl::optim::AdamW& opt, sl::optim::LossScaler& scaler) {
   const std::string file = checkpoint_file(dir);
   using Step = sl::DistributedTensor<std::int64_t, typename R::Mesh, Spec<none>>;
   const std::int64_t steps = sl::io::load<Step>(model.mesh, file, "train/step").to_host()[0];
-  // A parameter's tensor is shared with the optimizer (which holds a copy of the Param, viewing
-  // the same block): its values are loaded into a fresh tensor and copied into that block. The
-  // optimizer's state tensors are its own: loaded straight into them.
+  // A parameter's block is viewed by the optimizer too (it holds a copy of the Param): its
+  // values are loaded in place. The optimizer's state tensors are its own: assigned new blocks.
   std::vector<sl::io::Target> targets;
-  std::vector<std::function<void()>> copy_into_params;
   detail::for_each_checkpoint_tensor(model, opt, [&](const std::string& name, auto& t) {
-    using Tensor = std::remove_cvref_t<decltype(t)>;
-    if (name.rfind("model/", 0) == 0) {
-      auto fresh = std::make_shared<Tensor>(Tensor::uninitialized(t.mesh(), t.shape(), shardlib::detail::same_shape));
-      targets.emplace_back(name, *fresh);
-      copy_into_params.push_back([fresh, &t] {
-        const auto& exec = t.context().template exec_for<typename Tensor::memory_space>();
-        Kokkos::deep_copy(exec, t.local(), fresh->local());
-        exec.fence();
-      });
-    } else {
+    if (name.rfind("model/", 0) == 0)
+      targets.emplace_back(name, t, sl::io::in_place);
+    else
       targets.emplace_back(name, t);
-    }
   });
   sl::io::load(file, targets);  // all or nothing
-  for (auto& c : copy_into_params) c();
   // The state's loaded blocks were allocated under the default role: count them as what they are.
   detail::for_each_checkpoint_tensor(model, opt, [](const std::string& name, auto& t) {
     if (name.rfind("model/", 0) != 0) sl::tag_memory(t, sl::MemoryRole::optimizer_state);
   });
   opt.set_steps(steps);
+  if constexpr (std::is_same_v<E, sl::f16>) {
+    bool saved = false;
+    for (const auto& info : sl::io::list(file)) saved = saved || info.name == "train/loss_scaler";
+    if (saved) {
+      using ScalerState = sl::DistributedTensor<double, typename R::Mesh, Spec<none>>;
+      const auto v = sl::io::load<ScalerState>(model.mesh, file, "train/loss_scaler").to_host();
+      scaler.set_state({v[0], static_cast<std::int64_t>(v[1]), static_cast<std::int64_t>(v[2])});
+    }
+  }
   return steps;
 }
 
@@ -105,14 +114,14 @@ struct CheckpointHooks {
   End end_fn;
   int started = 0;
   template <class R, class E>
-  int start(Model<R, E>& model, sl::optim::AdamW& opt) {
+  int start(Model<R, E>& model, sl::optim::AdamW& opt, sl::optim::LossScaler& scaler) {
     if (resume.empty()) return 0;
-    started = static_cast<int>(load_run(resume, model, opt));
+    started = static_cast<int>(load_run(resume, model, opt, scaler));
     return started;
   }
   template <class R, class E>
-  void after_step(int s, Model<R, E>& model, sl::optim::AdamW& opt) {
-    if (!save.empty() && ((every > 0 && (s + 1) % every == 0) || s + 1 == steps)) save_run(save, model, opt, s + 1);
+  void after_step(int s, Model<R, E>& model, sl::optim::AdamW& opt, const sl::optim::LossScaler& scaler) {
+    if (!save.empty() && ((every > 0 && (s + 1) % every == 0) || s + 1 == steps)) save_run(save, model, opt, s + 1, scaler);
   }
   template <class M>
   void end(M& model) {

@@ -185,11 +185,8 @@ class CorpusStream {
 /// validation part) or a CorpusStream; one type, so that each recipe's training compiles once.
 class DataStream {
  public:
-  /// The synthetic stream of sequences of `seq` tokens.
-  DataStream(TokenStream synthetic, std::int64_t seq) : seq_(seq) {
-    auto t = std::make_shared<TokenStream>(std::move(synthetic));
-    token_ = [t](std::int64_t n, std::int64_t pos) { return t->token(n, pos); };
-  }
+  /// The synthetic token stream.
+  explicit DataStream(TokenStream synthetic) : synthetic_(std::make_shared<TokenStream>(std::move(synthetic))) {}
   explicit DataStream(CorpusStream corpus) : corpus_(std::make_shared<CorpusStream>(std::move(corpus))) {}
   /// The corpus, or null for the synthetic stream.
   const CorpusStream* corpus() const noexcept { return corpus_.get(); }
@@ -198,14 +195,7 @@ class DataStream {
   template <class Tensor, class Mesh>
   std::pair<Tensor, Tensor> batch(const Mesh& mesh, std::int64_t batch, std::int64_t step) const {
     if (corpus_) return corpus_->template batch<Tensor>(mesh, batch, step);
-    Tensor ids = Tensor::uninitialized(mesh, {batch, seq_});
-    Tensor targets = Tensor::uninitialized(mesh, {batch, seq_});
-    const auto token = token_;
-    shardlib::parallel_for(ids, targets, [token, step, batch](const shardlib::Index<2>& i, std::int64_t& x, std::int64_t& y) {
-      x = token(step * batch + i[0], i[1]);
-      y = token(step * batch + i[0], i[1] + 1);
-    });
-    return {ids, targets};
+    return synthetic_->template batch<Tensor>(mesh, batch, step);
   }
   /// Validation batches of `batch` sequences: 0 for the synthetic stream.
   std::int64_t val_batches(std::int64_t batch) const noexcept { return corpus_ ? corpus_->val_batches(batch) : 0; }
@@ -216,8 +206,7 @@ class DataStream {
   }
 
  private:
-  std::int64_t seq_ = 0;
-  std::function<std::int64_t(std::int64_t, std::int64_t)> token_;
+  std::shared_ptr<TokenStream> synthetic_;
   std::shared_ptr<CorpusStream> corpus_;
 };
 

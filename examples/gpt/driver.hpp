@@ -122,80 +122,77 @@ std::vector<double> run(shardlib::Context& ctx, const Run& run_, int steps, bool
     if (!std::isnan(r.val_loss)) std::snprintf(buf, sizeof buf, "  val %.4f", r.val_loss);
     return std::string(buf);
   };
-  if constexpr (gpt::Pipelined<R>) {
-    if (describe) {  // the schedule, and device 0's collectives of one step of a model made for it (a dry run)
+  if (describe) {  // before training: one step of a model made for it, with the collectives counted, not performed
+    gpt::StepReport dry;
+    auto keep = [&](int, const gpt::StepReport& r) { dry = r; };
+    if constexpr (gpt::Pipelined<R>) {
       if (ctx.device() == 0) std::printf("the schedule of every step:\n%s", pc.table().to_string().c_str());
-      gpt::StepReport dry;
-      shardlib::coll::dry_run([&] { gpt::train_pipelined<R, E>(ctx, cfg, pc, data, 1, [&](int, const gpt::StepReport& r) { dry = r; }); });
+      shardlib::coll::dry_run([&] { gpt::train_pipelined<R, E>(ctx, cfg, pc, data, 1, keep); });
       if (ctx.device() == 0)
         std::printf("the collectives of every step on device 0 (stage 0), in order (a dry run):\n%s", dry.trace.to_string().c_str());
-    }
-    gpt::train_pipelined<R, E>(ctx, cfg, pc, data, steps, [&](int s, const gpt::StepReport& r) {
-      losses.push_back(r.loss);
-      if (!verbose || ctx.device() != 0) return;
-      const std::string rate = progress.rate(s);
-      if (!progress.logged(s, r)) return;
-      std::printf("step %3d/%d  loss %.6f  grad norm %.4f  stage 0 idle %.1f%%%s%s\n", s, steps, r.loss, r.grad_norm,
-                  100 * r.pipeline.idle_fraction(), rate.c_str(),
-                  r.skipped ? "  (skipped: the f16 gradients overflowed; loss scale halved)" : "");
-      if (s == 0 || s == steps - 1) {
-        print_stats("pipeline", r.forward);
-        print_stats("step", r.update);
-        std::printf("    memory   %s (device 0)\n", r.memory.to_string().c_str());
-      }
-    });
-    return losses;
-  } else {
-    if (describe) {  // before training: one step of a model made for it, with the collectives counted, not performed
-      gpt::StepReport dry;
-      shardlib::coll::dry_run([&] { gpt::train<R, E>(ctx, cfg, data, 1, [&](int, const gpt::StepReport& r) { dry = r; }); });
+    } else {
+      shardlib::coll::dry_run([&] { gpt::train<R, E>(ctx, cfg, data, 1, keep); });
       if (ctx.device() == 0) std::printf("the collectives of every step, in order (a dry run):\n%s", dry.trace.to_string().c_str());
     }
-    auto sample = [&](gpt::Model<R, E>& model) {  // --sample: text the trained model writes
-      if (!verbose || run_.sample <= 0 || !data.corpus()) return;
-      const gpt::CorpusStream& c = *data.corpus();
-      std::vector<std::int64_t> prompt(static_cast<std::size_t>(cfg.seq));
-      for (std::int64_t i = 0; i < cfg.seq; ++i) prompt[static_cast<std::size_t>(i)] = c.corpus().token(c.train_tokens() + i);
-      const auto text = gpt::generate(model, prompt, run_.sample, run_.temperature, cfg.seed);
-      if (ctx.device() == 0)
-        std::printf("sample (%s, after a prompt of %lld tokens from the validation part):\n--- prompt\n%s\n--- model\n%s\n---\n",
-                    run_.temperature > 0 ? ("temperature " + std::to_string(run_.temperature)).c_str() : "greedy",
-                    (long long)cfg.seq, as_text(c.corpus(), prompt).c_str(), as_text(c.corpus(), text).c_str());
-    };
+  }
+  auto sample = [&](gpt::Model<R, E>& model) {  // --sample: text the trained model writes
+    if (!verbose || run_.sample <= 0 || !data.corpus()) return;
+    const gpt::CorpusStream& c = *data.corpus();
+    std::vector<std::int64_t> prompt(static_cast<std::size_t>(cfg.seq));
+    for (std::int64_t i = 0; i < cfg.seq; ++i) prompt[static_cast<std::size_t>(i)] = c.corpus().token(c.train_tokens() + i);
+    std::vector<std::int64_t> text;
+    if constexpr (gpt::Pipelined<R>)
+      text = gpt::generate_pipelined(model, pc, prompt, run_.sample, run_.temperature, cfg.seed);
+    else
+      text = gpt::generate(model, prompt, run_.sample, run_.temperature, cfg.seed);
+    if (ctx.device() == 0)
+      std::printf("sample (%s, after a prompt of %lld tokens from the validation part):\n--- prompt\n%s\n--- model\n%s\n---\n",
+                  run_.temperature > 0 ? ("temperature " + std::to_string(run_.temperature)).c_str() : "greedy",
+                  (long long)cfg.seq, as_text(c.corpus(), prompt).c_str(), as_text(c.corpus(), text).c_str());
+  };
 #if defined(GPT_HAVE_IO)
-    gpt::CheckpointHooks<decltype(sample)> hooks{verbose ? run_.resume : "", verbose ? run_.save : "", run_.save_every, steps,
-                                                 sample};
+  gpt::CheckpointHooks<decltype(sample)> hooks{verbose ? run_.resume : "", verbose ? run_.save : "", run_.save_every, steps,
+                                               sample};
 #else
-    struct {
-      decltype(sample)& end_fn;
-      int start(gpt::Model<R, E>&, shardlib::optim::AdamW&) { return 0; }
-      void after_step(int, gpt::Model<R, E>&, shardlib::optim::AdamW&) {}
-      void end(gpt::Model<R, E>& m) { end_fn(m); }
-    } hooks{sample};
+  struct {
+    decltype(sample)& end_fn;
+    int start(gpt::Model<R, E>&, shardlib::optim::AdamW&, shardlib::optim::LossScaler&) { return 0; }
+    void after_step(int, gpt::Model<R, E>&, shardlib::optim::AdamW&, shardlib::optim::LossScaler&) {}
+    void end(gpt::Model<R, E>& m) { end_fn(m); }
+  } hooks{sample};
 #endif
-    bool first = true;
-    gpt::train<R, E>(ctx, cfg, data, steps, [&](int s, const gpt::StepReport& r) {
-      if (first) {
-        progress.first(s);
-        first = false;
-        if (s > 0 && verbose && ctx.device() == 0) std::printf("resumed from %s after step %d\n", run_.resume.c_str(), s - 1);
-      }
-      losses.push_back(r.loss);
-      if (verbose && ctx.device() == 0 && !std::isnan(r.val_loss)) last_val_loss() = r.val_loss;
-      if (!verbose || ctx.device() != 0) return;
-      const std::string rate = progress.rate(s);
-      if (!progress.logged(s, r)) return;
-      std::printf("step %3d/%d  loss %.6f%s  grad norm %.4f%s%s\n", s, steps, r.loss, val_text(r).c_str(), r.grad_norm,
-                  rate.c_str(), r.skipped ? "  (skipped: the f16 gradients overflowed; loss scale halved)" : "");
-      if (s == 0 || s == steps - 1) {
+  bool first = true;
+  auto on_step = [&](int s, const gpt::StepReport& r) {
+    if (first) {
+      progress.first(s);
+      first = false;
+      if (s > 0 && verbose && ctx.device() == 0) std::printf("resumed from %s after step %d\n", run_.resume.c_str(), s - 1);
+    }
+    losses.push_back(r.loss);
+    if (verbose && ctx.device() == 0 && !std::isnan(r.val_loss)) last_val_loss() = r.val_loss;
+    if (!verbose || ctx.device() != 0) return;
+    const std::string rate = progress.rate(s);
+    if (!progress.logged(s, r)) return;
+    char idle[48] = "";
+    if constexpr (gpt::Pipelined<R>) std::snprintf(idle, sizeof idle, "  stage 0 idle %.1f%%", 100 * r.pipeline.idle_fraction());
+    std::printf("step %3d/%d  loss %.6f%s  grad norm %.4f%s%s%s\n", s, steps, r.loss, val_text(r).c_str(), r.grad_norm, idle,
+                rate.c_str(), r.skipped ? "  (skipped: the f16 gradients overflowed; loss scale halved)" : "");
+    if (s == 0 || s == steps - 1) {
+      if constexpr (gpt::Pipelined<R>) {
+        print_stats("pipeline", r.forward);
+      } else {
         print_stats("forward", r.forward);
         print_stats("backward", r.backward);
-        print_stats("step", r.update);
-        std::printf("    memory   %s (device 0)\n", r.memory.to_string().c_str());
       }
-    }, hooks);
-    return losses;
-  }
+      print_stats("step", r.update);
+      std::printf("    memory   %s (device 0)\n", r.memory.to_string().c_str());
+    }
+  };
+  if constexpr (gpt::Pipelined<R>)
+    gpt::train_pipelined<R, E>(ctx, cfg, pc, data, steps, on_step, hooks);
+  else
+    gpt::train<R, E>(ctx, cfg, data, steps, on_step, hooks);
+  return losses;
 }
 
 template <class R, class E>
