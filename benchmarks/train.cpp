@@ -11,7 +11,7 @@
 //               measured (1 - its time in forwards and backwards / the step's) beside the ideal bubble
 //               (p - 1) / (v m + p - 1); part "bubble", one record per schedule.
 //               `mpirun -np 4 bench_train --bubble --backend mpi`: a process per stage;
-//               `--transport permutes`: the slot-boundary permutes instead of point-to-point sends.
+//               `--transport permutes`: the slot-boundary permutes instead of point-to-point sends (p2p).
 // A step is the whole training loop's step: the batch made on the devices, zero_grad, forward,
 // backward, optimizer step and the loss read back. `seconds` is the median step time (device 0's
 // clock; every step ends with the loss's all_reduce, so devices leave it together);
@@ -145,8 +145,15 @@ int main(int argc, char** argv) {
     // threads devices; or, with --backend mpi under mpirun, a process per device. --transport
     // permutes: the slot-boundary permutes (nccl's transport) in place of point-to-point sends.
     bool permutes = false;
-    for (int i = 1; i + 1 < argc; ++i)
-      if (std::strcmp(argv[i], "--transport") == 0) permutes = std::strcmp(argv[i + 1], "permutes") == 0;
+    for (int i = 1; i < argc; ++i) {
+      if (std::strcmp(argv[i], "--transport") != 0) continue;
+      const char* v = i + 1 < argc ? argv[i + 1] : "";
+      if (std::strcmp(v, "permutes") != 0 && std::strcmp(v, "p2p") != 0) {
+        std::fprintf(stderr, "bench_train: --transport is p2p or permutes, not '%s'\n", v);
+        return 2;
+      }
+      permutes = std::strcmp(v, "permutes") == 0;
+    }
     bool from_args = false;
     for (int i = 1; i < argc; ++i) from_args = from_args || std::strcmp(argv[i], "--backend") == 0;
     auto rt = from_args ? sl::Runtime::from_args(argc, argv, devices) : sl::Runtime::threads(devices);
