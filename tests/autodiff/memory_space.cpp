@@ -301,6 +301,11 @@ void check_norm_backward_rows(sl::Context& ctx) {
       for (std::int64_t j = 0; j < n; ++j) y[static_cast<std::size_t>(r * n + j)] = (x[static_cast<std::size_t>(r * n + j)] - mu) * inv;
     }
     ad::norm_backward_rows(ctx.exec(), x.data(), y.data(), g.data(), one.data(), rows, n, double(n), 1e-5, layer);
+    // the GPU's form for short rows (a row per team thread, its lanes), on the host instance
+    std::vector<double> three(x.size(), -1);
+    ad::norm_backward_rows(ctx.exec(), x.data(), y.data(), g.data(), three.data(), rows, n, double(n), 1e-5, layer,
+                           sl::kernels::RowLayout{1, 1, 5});
+    CHECK(three == one);
     for (std::int64_t r = 0; r < rows; ++r) {
       ad::NormBackwardSums<double>{x.data(), y.data(), g.data(), st.data(), n, 1, layer}(r);
       ad::NormBackwardApply<double>{y.data(), g.data(), st.data(), two.data(), n, 1, double(n), 1e-5, layer}(r);
@@ -324,6 +329,9 @@ void check_softmax_backward_rows(sl::Context& ctx) {
   }
   for (const double scale : {1.0, 0.125}) {
     ad::softmax_backward_rows(ctx.exec(), y.data(), g.data(), got.data(), rows, n, scale);
+    std::vector<double> lanes(y.size(), -1);  // the GPU's form for short rows, on the host instance
+    ad::softmax_backward_rows(ctx.exec(), y.data(), g.data(), lanes.data(), rows, n, scale, sl::kernels::RowLayout{1, 1, 4});
+    CHECK(lanes == got);
     double worst = 0;
     for (std::int64_t r = 0; r < rows; ++r) {
       double s = 0;
@@ -408,6 +416,14 @@ void check_attention(sl::Context& ctx) {
       for (int i = 0; i < 4; ++i) {
         const double r = relative_max(got[static_cast<std::size_t>(i)], want[static_cast<std::size_t>(i)]);
         CHECK_MESSAGE(r < 3e-2, what << ", " << names[i] << ": bf16 in device memory against float32 on the host, "
+                                     << r << " of the largest value");
+      }
+      // float32 through the ops in Mem (in GPU memory a causal mask alone is the softmax's own,
+      // each row of the scores read up to its diagonal) against the same on the host
+      const auto f32 = attention_run<float, Mem>(mesh, causal, masked, sl::AttentionKernel::unfused);
+      for (int i = 0; i < 4; ++i) {
+        const double r = relative_max(f32[static_cast<std::size_t>(i)], want[static_cast<std::size_t>(i)]);
+        CHECK_MESSAGE(r < 1e-4, what << ", " << names[i] << ": float32 in device memory (the ops) against the host, "
                                      << r << " of the largest value");
       }
 #if defined(SHARDLIB_HAVE_CUDNN) && defined(KOKKOS_ENABLE_CUDA)

@@ -465,6 +465,10 @@ TEST_SUITE("kernels_reduce") {
         CAPTURE(n);
         CAPTURE(rows);
         CHECK(got == want);
+        // the GPU's form for short rows: several rows to a team, a row per thread (its lanes)
+        std::fill(got.begin(), got.end(), -1.0);
+        p::row_sums_teams(exec, x.data(), got.data(), rows, n, k::RowLayout{1, 1, 3});
+        CHECK(got == want);
       }
   }
 
@@ -498,6 +502,11 @@ TEST_SUITE("kernels_reduce") {
         p::softmax_apply(exec, xs.data(), want.data(), mx.data(), z.data(), s.outer, s.n, s.inner, log);
         p::rows_fused(exec, log ? RowOp::log_softmax : RowOp::softmax, x.data(), got.data(), s.outer, s.n, scale, 0.0);
         for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(same(got[e], want[e]));
+        // the GPU's form for short rows (a row per team thread, several to a team)
+        std::fill(got.begin(), got.end(), -7.0f);
+        p::rows_fused(exec, log ? RowOp::log_softmax : RowOp::softmax, x.data(), got.data(), s.outer, s.n, scale, 0.0,
+                      k::RowLayout{1, 1, 3});
+        for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(same(got[e], want[e]));
         std::vector<float> inplace = x;
         p::rows_fused(exec, log ? RowOp::log_softmax : RowOp::softmax, inplace.data(), inplace.data(), s.outer, s.n, scale, 0.0);
         for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(same(inplace[e], want[e]));
@@ -508,10 +517,42 @@ TEST_SUITE("kernels_reduce") {
       p::norm_apply(exec, x.data(), want.data(), ms.data(), mq.data(), s.outer, s.n, s.inner, s.n, eps);
       p::rows_fused(exec, RowOp::layer_norm, x.data(), got.data(), s.outer, s.n, 1.0f, eps);
       for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(same(got[e], want[e]));
+      std::fill(got.begin(), got.end(), -7.0f);
+      p::rows_fused(exec, RowOp::layer_norm, x.data(), got.data(), s.outer, s.n, 1.0f, eps, k::RowLayout{1, 1, 4});
+      for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(same(got[e], want[e]));
       p::norm_apply(exec, x.data(), want.data(), static_cast<const double*>(nullptr), mq.data(), s.outer, s.n, s.inner, s.n, eps);
       p::rows_fused(exec, RowOp::rms_norm, x.data(), got.data(), s.outer, s.n, 1.0f, eps);
       for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(same(got[e], want[e]));
     }
+  }
+
+  TEST_CASE("rows_fused's causal softmax: what an additive -infinity bias above the diagonal gives") {
+    // Attention's unfused form in GPU memory: rows of [..., sq, n] scores, row r the query r % sq,
+    // element j masked where j > r % sq (read up to the diagonal only); both layouts.
+    namespace p = k::detail::portable;
+    using p::RowOp;
+    std::mt19937_64 g(71);
+    for (const std::int64_t sq : {1, 3, 8, 17})
+      for (const std::int64_t n : {1, 5, 8, 40}) {
+        const std::int64_t rows = 3 * sq;
+        std::vector<float> x = random_values<float>(g, rows * n, -20, 20), biased = x;
+        for (std::int64_t r = 0; r < rows; ++r)
+          for (std::int64_t j = r % sq + 1; j < n; ++j) biased[static_cast<std::size_t>(r * n + j)] = -std::numeric_limits<float>::infinity();
+        for (const bool log : {false, true})
+          for (const auto layout : {k::RowLayout{}, k::RowLayout{1, 1, 4}}) {
+            const RowOp op = log ? RowOp::log_softmax : RowOp::softmax;
+            std::vector<float> want(x.size()), got(x.size(), 5.0f);
+            p::rows_fused(exec, op, biased.data(), want.data(), rows, n, 0.5f, 0.0);
+            p::rows_fused(exec, op, x.data(), got.data(), rows, n, 0.5f, 0.0, layout, sq);
+            CAPTURE(sq);
+            CAPTURE(n);
+            CAPTURE(log);
+            CHECK(got == want);
+          }
+      }
+    std::vector<float> x(4);
+    CHECK_THROWS_WITH_AS(p::rows_fused(exec, RowOp::layer_norm, x.data(), x.data(), 2, 2, 1.0f, 1e-5, {}, 2),
+                         doctest::Contains("a causal mask is softmax's"), std::invalid_argument);
   }
 
   TEST_CASE("scale, and bad arguments named in the message") {

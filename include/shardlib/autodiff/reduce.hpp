@@ -136,37 +136,41 @@ struct SoftmaxBackwardRows {
   T* out;
   std::int64_t n;
   double scale;
+  std::int64_t rows;
+  kernels::RowLayout layout;
   template <class Member>
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
-    const std::int64_t r = team.league_rank();
-    const T *yr = y + r * n, *gr = g + r * n;
-    T* o = out + r * n;
-    const auto range = Kokkos::TeamThreadRange(team, n);
-    auto d = [](const T& v) { return static_cast<double>(static_cast<compute_t<T>>(v)); };
-    double s = 0;
-    Kokkos::parallel_reduce(range, [&](std::int64_t j, double& a) { a += d(gr[j]) * d(yr[j]); }, s);
-    Kokkos::parallel_for(range, [&](std::int64_t j) { o[j] = static_cast<T>(scale * d(yr[j]) * (d(gr[j]) - s)); });
+    kernels::for_team_rows(team, layout, rows, [&](std::int64_t r, const auto& row_range, bool) {
+      const auto range = row_range(n);
+      const T *yr = y + r * n, *gr = g + r * n;
+      T* o = out + r * n;
+      auto d = [](const T& v) { return static_cast<double>(static_cast<compute_t<T>>(v)); };
+      double s = 0;
+      Kokkos::parallel_reduce(range, [&](std::int64_t j, double& a) { a += d(gr[j]) * d(yr[j]); }, s);
+      Kokkos::parallel_for(range, [&](std::int64_t j) { o[j] = static_cast<T>(scale * d(yr[j]) * (d(gr[j]) - s)); });
+    });
   }
 };
+/// SoftmaxBackwardRows over `rows` rows of `n` in `layout` (kernels::row_layout's by default).
 template <class Exec, class T>
 void softmax_backward_rows(const Exec& exec, const T* y, const T* g, T* out, std::int64_t rows, std::int64_t n,
-                           double scale) {
-  if (rows <= 0) return;
-  const int team = kernels::row_team_size<Exec>(n);
-  Kokkos::parallel_for("shardlib::autodiff::softmax_backward_rows(team)",
-                       Kokkos::TeamPolicy<Exec>(exec, static_cast<int>(rows), team), SoftmaxBackwardRows<T>{y, g, out, n, scale});
-  if constexpr (kernels::is_host_exec_v<Exec>) kernels::fence(exec);
+                           double scale, kernels::RowLayout layout = {}) {
+  layout = kernels::row_layout<Exec>(n, layout);
+  kernels::launch_rows(exec, "shardlib::autodiff::softmax_backward_rows(team)", rows, layout,
+                       SoftmaxBackwardRows<T>{y, g, out, n, scale, rows, layout});
 }
 }  // namespace autodiff::detail
 
-/// softmax along `Dim` of a Var (of scale * a, with `scale`): backward scale y (g - sum(g y)); in
-/// GPU memory over whole rows of the last dim, one kernel (SoftmaxBackwardRows).
-template <int Dim, VarType A>
-auto softmax(const A& a0, double scale = 1) {
-  using namespace autodiff::detail;
+namespace autodiff::detail {
+/// softmax<Dim> of a Var, with ops::normalize_run's `causal` mask (0: none; > 0 attention's
+/// unfused form in GPU memory): the masked elements' y is 0, so the backward is softmax's.
+template <int Dim, class A>
+auto softmax_var(const A& a0, double scale, std::int64_t causal) {
   using T = typename tensor_of_t<A>::value_type;
   const auto& a = resolved(a0);
-  auto y = shardlib::softmax<Dim>(a.value(), scale);
+  auto y = causal != 0 ? shardlib::detail::normalize_op<"softmax", shardlib::detail::Normalization::softmax, Dim>(a.value(), 0.0,
+                                                                                                                  scale, causal)
+                       : shardlib::softmax<Dim>(a.value(), scale);
   using Y = decltype(y);
   return record("softmax", y,
                 [na = a.node(), y, scale](const auto& g, autodiff::BackwardPass& p) {
@@ -190,6 +194,14 @@ auto softmax(const A& a0, double scale = 1) {
                   else give(p, 0, *na, (y * static_cast<T>(scale)) * (g - shardlib::sum<Dim, true>(g * y)));
                 },
                 a.node());
+}
+}  // namespace autodiff::detail
+
+/// softmax along `Dim` of a Var (of scale * a, with `scale`): backward scale y (g - sum(g y)); in
+/// GPU memory over whole rows of the last dim, one kernel (SoftmaxBackwardRows).
+template <int Dim, VarType A>
+auto softmax(const A& a0, double scale = 1) {
+  return autodiff::detail::softmax_var<Dim>(a0, scale, 0);
 }
 /// log_softmax along `Dim` of a Var (of scale * a, with `scale`): backward scale (g - softmax sum(g)).
 template <int Dim, VarType A>
@@ -262,7 +274,7 @@ struct NormBackwardApply {
 };
 
 /// norm_backward of whole contiguous rows not split over devices, in one launch: a team per row
-/// (up to 256 GPU threads striding along it) sums the row (layer_norm: x, x^2, g, g y; rms_norm:
+/// (up to 256 GPU threads striding along it), or for rows up to 1024 a warp's lanes, sums the row (layer_norm: x, x^2, g, g y; rms_norm:
 /// x^2, g y) in double and writes its gradient. NormBackwardSums and NormBackwardApply give a row
 /// to one GPU thread, whose loads are a row apart across the warp: 0.5 ms on an H100 for [8192,
 /// 768] bf16 against about 10 us of memory traffic (issue 40).
@@ -273,13 +285,17 @@ struct NormBackwardRows {
   std::int64_t n;
   double count, eps;
   bool layer;
+  std::int64_t rows;
+  kernels::RowLayout layout;
   template <class Member>
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
+    kernels::for_team_rows(team, layout, rows, [&](std::int64_t r, const auto& row_range, bool) { row(r, row_range(n)); });
+  }
+  template <class Range>
+  KOKKOS_INLINE_FUNCTION void row(std::int64_t r, const Range& range) const {
     using std::sqrt;
-    const std::int64_t r = team.league_rank();
     const T *xr = x + r * n, *yr = y + r * n, *gr = g + r * n;
     T* o = out + r * n;
-    const auto range = Kokkos::TeamThreadRange(team, n);
     auto d = [](const T& v) { return static_cast<double>(static_cast<compute_t<T>>(v)); };
     double sx = 0, sxx = 0, sg = 0, sgy = 0;
     Kokkos::parallel_reduce(range, [&](std::int64_t j, double& a) { a += d(xr[j]) * d(xr[j]); }, sxx);
@@ -298,16 +314,14 @@ struct NormBackwardRows {
   }
 };
 
-/// Launches NormBackwardRows over `rows` rows of `n` on `exec` (teams as kernels::rows_fused).
+/// Launches NormBackwardRows over `rows` rows of `n` on `exec` in `layout` (kernels::row_layout's
+/// by default, as kernels::rows_fused).
 template <class Exec, class T>
 void norm_backward_rows(const Exec& exec, const T* x, const T* y, const T* g, T* out, std::int64_t rows, std::int64_t n,
-                        double count, double eps, bool layer) {
-  if (rows <= 0) return;
-  const int team = kernels::row_team_size<Exec>(n);
-  Kokkos::parallel_for("shardlib::autodiff::norm_backward_rows(team)",
-                       Kokkos::TeamPolicy<Exec>(exec, static_cast<int>(rows), team),
-                       NormBackwardRows<T>{x, y, g, out, n, count, eps, layer});
-  if constexpr (kernels::is_host_exec_v<Exec>) kernels::fence(exec);
+                        double count, double eps, bool layer, kernels::RowLayout layout = {}) {
+  layout = kernels::row_layout<Exec>(n, layout);
+  kernels::launch_rows(exec, "shardlib::autodiff::norm_backward_rows(team)", rows, layout,
+                       NormBackwardRows<T>{x, y, g, out, n, count, eps, layer, rows, layout});
 }
 
 /// The backward of layer_norm (`layer`) or rms_norm along `dim`: the input's gradient block

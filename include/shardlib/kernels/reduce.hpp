@@ -383,25 +383,26 @@ struct RowSumTeamKernel {
   using Sum = std::conditional_t<is_half_v<Acc>, float, Acc>;
   const T* in;
   Acc* out;
-  std::int64_t n;
+  std::int64_t n, rows;
+  RowLayout layout;
   template <class Member>
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
-    const std::int64_t r = team.league_rank();
-    const T* p = in + r * n;
-    Sum s{};
-    Kokkos::parallel_reduce(
-        Kokkos::TeamThreadRange(team, n), [&](std::int64_t j, Sum& a) { a += static_cast<Sum>(p[j]); }, s);
-    Kokkos::single(Kokkos::PerTeam(team), [&] { out[r] = static_cast<Acc>(s); });
+    for_team_rows(team, layout, rows, [&](std::int64_t r, const auto& range, bool whole_team) {
+      const T* p = in + r * n;
+      Sum s{};
+      Kokkos::parallel_reduce(range(n), [&](std::int64_t j, Sum& a) { a += static_cast<Sum>(p[j]); }, s);
+      if (whole_team) Kokkos::single(Kokkos::PerTeam(team), [&] { out[r] = static_cast<Acc>(s); });
+      else Kokkos::single(Kokkos::PerThread(team), [&] { out[r] = static_cast<Acc>(s); });
+    });
   }
 };
 
-/// RowSumTeamKernel over `rows` rows of `n`: teams of 32 to 256 GPU threads (one on a host instance).
+/// RowSumTeamKernel over `rows` rows of `n` in `layout` (row_layout's by default: a team per long
+/// row, a warp's lanes per short one on a GPU; one thread per row on a host instance).
 template <class Exec, class T, class Acc>
-void row_sums_teams(const Exec& exec, const T* in, Acc* out, std::int64_t rows, std::int64_t n) {
-  const int team = row_team_size<Exec>(n);
-  Kokkos::parallel_for("shardlib::kernels::reduce_dim(sum, team)", Kokkos::TeamPolicy<Exec>(exec, static_cast<int>(rows), team),
-                       RowSumTeamKernel<T, Acc>{in, out, n});
-  if constexpr (is_host_exec_v<Exec>) kernels::fence(exec);
+void row_sums_teams(const Exec& exec, const T* in, Acc* out, std::int64_t rows, std::int64_t n, RowLayout layout = {}) {
+  layout = row_layout<Exec>(n, layout);
+  launch_rows(exec, "shardlib::kernels::reduce_dim(sum, rows)", rows, layout, RowSumTeamKernel<T, Acc>{in, out, n, rows, layout});
 }
 
 template <class Exec, class T, class Acc>
@@ -410,7 +411,7 @@ void reduce_dim(const Exec& exec, const T* in, Acc* out, std::int64_t outer, std
   const char* label = "shardlib::kernels::reduce_dim";
   switch (k) {
     case ReduceKind::sum:
-      if (!is_host_exec_v<Exec> && inner == 1 && n >= 32 && outer > 0 && outer <= std::numeric_limits<int>::max())
+      if (!is_host_exec_v<Exec> && inner == 1 && n > 0 && outer > 0 && outer <= std::numeric_limits<int>::max())
         return row_sums_teams(exec, in, out, outer, n);
       return run(exec, label, outer * inner, ReduceDimKernel<T, Acc, ReduceKind::sum>{in, out, n, inner, Acc(0)});
     case ReduceKind::max:
@@ -464,11 +465,15 @@ void norm_apply(const Exec& exec, const T* in, T* out, const double* sum, const 
 /// What rows_fused computes along each row.
 enum class RowOp : std::uint8_t { softmax, log_softmax, layer_norm, rms_norm };
 
-/// rows_fused's team: one row, its threads striding along it. softmax: the max of scale * x (a
+/// rows_fused's kernel: a row per team (its threads striding along it) or per team thread (its
+/// vector lanes striding along it), as RowLayout says. softmax: the max of scale * x (a
 /// NaN counts as +inf, so that its row comes out NaN as in SoftmaxApplyKernel), the sum in double
 /// of exp(scale * x - max), then the outputs; the norms: the sums of x and x² in double, then the
 /// outputs. The same arithmetic as the stats and apply kernels above, in one launch and one read
-/// of the row from memory (the later passes find it in cache).
+/// of the row from memory (the later passes find it in cache). With `causal` (softmax and
+/// log_softmax; > 0: the rows are [..., causal, n] matrices, row r the query r % causal) element
+/// j of a row is masked where j > r % causal, as an additive -infinity bias there would: read up
+/// to the diagonal only, written 0 (log_softmax: -infinity) beyond it.
 template <class T, RowOp Op>
 struct RowsTeamKernel {
   const T* in;
@@ -477,14 +482,21 @@ struct RowsTeamKernel {
   T scale;
   double eps;
   T inf;  // +infinity (a NaN's stand-in in the max)
+  std::int64_t rows;
+  RowLayout layout;
+  std::int64_t causal = 0;
   template <class Member>
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
+    for_team_rows(team, layout, rows, [&](std::int64_t r, const auto& range, bool) { row(r, range); });
+  }
+  template <class Ranges>
+  KOKKOS_INLINE_FUNCTION void row(std::int64_t r, const Ranges& ranges) const {
     using std::exp, std::log, std::sqrt;
-    const std::int64_t r = team.league_rank();
     const T* x = in + r * n;
     T* y = out + r * n;
-    const auto range = Kokkos::TeamThreadRange(team, n);
     if constexpr (Op == RowOp::softmax || Op == RowOp::log_softmax) {
+      const std::int64_t kept = causal > 0 && r % causal + 1 < n ? r % causal + 1 : n;  // elements not masked
+      const auto range = ranges(kept);
       const T s = scale;
       T m;
       Kokkos::parallel_reduce(
@@ -501,12 +513,13 @@ struct RowsTeamKernel {
       const T z = static_cast<T>(sum);
       if constexpr (Op == RowOp::log_softmax) {
         const T lz = log(z);
-        Kokkos::parallel_for(range, [&](std::int64_t j) { y[j] = s * x[j] - m - lz; });
+        Kokkos::parallel_for(ranges(n), [&](std::int64_t j) { y[j] = j < kept ? s * x[j] - m - lz : -inf; });
       } else {
         const T inv = T(1) / z;
-        Kokkos::parallel_for(range, [&](std::int64_t j) { y[j] = exp(s * x[j] - m) * inv; });
+        Kokkos::parallel_for(ranges(n), [&](std::int64_t j) { y[j] = j < kept ? exp(s * x[j] - m) * inv : T(0); });
       }
     } else {
+      const auto range = ranges(n);
       const double count = static_cast<double>(n);
       double sum = 0, sumsq = 0;
       if constexpr (Op == RowOp::layer_norm)
@@ -532,31 +545,34 @@ struct RowsTeamKernel {
 };
 
 /// `op` along each of `rows` contiguous rows of `n` (`in` [rows, n] row-major, whole rows on this
-/// device): one team per row, one launch (softmax and log_softmax of scale * in; eps for the
-/// norms). On a GPU, teams of up to 256 threads (fewer for short rows); on a host instance one
-/// thread per team. `out` may be `in`: each thread writes only what it read last.
+/// device): one launch (softmax and log_softmax of scale * in; eps for the norms), the rows laid
+/// out as `layout` (row_layout's by default: on a GPU a team of up to 256 threads per row past
+/// 256, a warp's lanes per row up to 256; on a host instance one thread per row); `causal` as
+/// RowsTeamKernel's (softmax and log_softmax only). `out` may be `in`: each thread writes only
+/// what it read last.
 template <class Exec, class T>
-void rows_fused(const Exec& exec, RowOp op, const T* in, T* out, std::int64_t rows, std::int64_t n, T scale, double eps) {
+void rows_fused(const Exec& exec, RowOp op, const T* in, T* out, std::int64_t rows, std::int64_t n, T scale, double eps,
+                RowLayout layout = {}, std::int64_t causal = 0) {
   if (rows <= 0) return;
-  const int team = row_team_size<Exec>(n);
-  const Kokkos::TeamPolicy<Exec> policy(exec, static_cast<int>(rows), team);
+  if (causal < 0 || (causal > 0 && op != RowOp::softmax && op != RowOp::log_softmax))
+    throw std::invalid_argument("shardlib::kernels::rows_fused: causal " + std::to_string(causal) +
+                                " (a causal mask is softmax's and log_softmax's, over rows of > 0 queries)");
+  layout = row_layout<Exec>(n, layout);
+  const T inf = min_identity<T>();
   switch (op) {
     case RowOp::softmax:
-      Kokkos::parallel_for("shardlib::kernels::softmax_rows(team)", policy, RowsTeamKernel<T, RowOp::softmax>{in, out, n, scale, eps, min_identity<T>()});
-      break;
+      return launch_rows(exec, "shardlib::kernels::softmax_rows(team)", rows, layout,
+                         RowsTeamKernel<T, RowOp::softmax>{in, out, n, scale, eps, inf, rows, layout, causal});
     case RowOp::log_softmax:
-      Kokkos::parallel_for("shardlib::kernels::log_softmax_rows(team)", policy,
-                           RowsTeamKernel<T, RowOp::log_softmax>{in, out, n, scale, eps, min_identity<T>()});
-      break;
+      return launch_rows(exec, "shardlib::kernels::log_softmax_rows(team)", rows, layout,
+                         RowsTeamKernel<T, RowOp::log_softmax>{in, out, n, scale, eps, inf, rows, layout, causal});
     case RowOp::layer_norm:
-      Kokkos::parallel_for("shardlib::kernels::layer_norm_rows(team)", policy,
-                           RowsTeamKernel<T, RowOp::layer_norm>{in, out, n, scale, eps, min_identity<T>()});
-      break;
+      return launch_rows(exec, "shardlib::kernels::layer_norm_rows(team)", rows, layout,
+                         RowsTeamKernel<T, RowOp::layer_norm>{in, out, n, scale, eps, inf, rows, layout});
     case RowOp::rms_norm:
-      Kokkos::parallel_for("shardlib::kernels::rms_norm_rows(team)", policy, RowsTeamKernel<T, RowOp::rms_norm>{in, out, n, scale, eps, min_identity<T>()});
-      break;
+      return launch_rows(exec, "shardlib::kernels::rms_norm_rows(team)", rows, layout,
+                         RowsTeamKernel<T, RowOp::rms_norm>{in, out, n, scale, eps, inf, rows, layout});
   }
-  if constexpr (is_host_exec_v<Exec>) kernels::fence(exec);
 }
 
 }  // namespace detail::portable

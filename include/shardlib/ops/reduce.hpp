@@ -171,15 +171,19 @@ void all_reduce_stats(Context& ctx, const MeshShape& mesh, const AxisList& axes,
 /// kernel that writes the output block `out`, on the device's instance for `Mem` (host memory:
 /// whole contiguous rows take the fused row kernels of kernels/rows.hpp; device memory: whole
 /// contiguous rows one team per row in one launch, other blocks the stats and apply kernels, one
-/// GPU thread per row or element, the statistics kept in device memory).
+/// GPU thread per row or element, the statistics kept in device memory). `causal` > 0: softmax's
+/// causal mask over [..., causal, n] rows (attention's unfused form in GPU memory, whole
+/// contiguous rows only: kernels::detail::portable::rows_fused's).
 template <Normalization Kind, class T, class Mem>
 SHARDLIB_NOINLINE void normalize_run(const OpRule& rule, int dim, double eps, double scale, const OperandRef<T>& a,
-                                     T* out) {
+                                     T* out, std::int64_t causal = 0) {
   Block<T> in = block_as<Mem>(a, rule.in[0]);
   Context& ctx = *a.ctx;
   const RowSplit r = split_at(in.box, dim);
   const auto rows = static_cast<std::size_t>(r.outer * r.inner);
   const bool split = !rule.comm.empty();
+  if (causal != 0 && (host_memory_v<Mem> || split || r.inner != 1))
+    throw std::logic_error("shardlib: internal error: a causal softmax needs whole contiguous rows in GPU memory");
   const std::int64_t count = a.shape[static_cast<std::size_t>(dim)];
   if constexpr (host_memory_v<Mem> && kernels::vmath::is_vector_type_v<T>) {
     if (!split && r.inner == 1) {  // whole rows on this device, contiguous: one fused pass
@@ -203,7 +207,7 @@ SHARDLIB_NOINLINE void normalize_run(const OpRule& rule, int dim, double eps, do
                           : Kind == Normalization::layer_norm  ? kernels::detail::portable::RowOp::layer_norm
                                                                : kernels::detail::portable::RowOp::rms_norm;
       auto guard = kernel_guard(ctx, false);
-      kernels::detail::portable::rows_fused(exec, op, in.data, out, r.outer, r.n, static_cast<T>(scale), eps);
+      kernels::detail::portable::rows_fused(exec, op, in.data, out, r.outer, r.n, static_cast<T>(scale), eps, {}, causal);
       return;
     }
   }
@@ -257,9 +261,9 @@ SHARDLIB_NOINLINE void normalize_run(const OpRule& rule, int dim, double eps, do
 }
 
 template <OpName Name, Normalization Kind, int Dim, class A>
-auto normalize_op(const A& a, double eps, double scale = 1) {
+auto normalize_op(const A& a, double eps, double scale = 1, std::int64_t causal = 0) {
   if constexpr (is_half_v<typename A::value_type>) {  // in float32, the result rounded once
-    return shardlib::cast<typename A::value_type>(normalize_op<Name, Kind, Dim>(shardlib::cast<float>(a), eps, scale));
+    return shardlib::cast<typename A::value_type>(normalize_op<Name, Kind, Dim>(shardlib::cast<float>(a), eps, scale, causal));
   } else {
     if (!std::isfinite(scale))
       throw std::invalid_argument(std::string("shardlib: ") + Name.text + ": scale must be finite, got " + std::to_string(scale) +
@@ -273,7 +277,7 @@ auto normalize_op(const A& a, double eps, double scale = 1) {
     using Mem = typename A::memory_space;
     using Out = DistributedTensor<T, MeshT, spec_from_t<MeshT, decltype([] { return rule.out; })>, Mem>;
     Out out(a.mesh(), a.shape());
-    normalize_run<Kind, T, Mem>(rule, Dim, eps, scale, ref(a), out.local().data());
+    normalize_run<Kind, T, Mem>(rule, Dim, eps, scale, ref(a), out.local().data(), causal);
     return out;
   }
 }
