@@ -322,6 +322,42 @@ TEST_CASE("einsum with transposed operand orders, permuted outputs, summed-only 
       device_counts);
 }
 
+TEST_CASE("attention's products on [B, S, H, K] blocks: read and written in place (a GEMM per b over a batch of h)") {
+  using R4 = Spec<none, none, none, none>;
+  using P4 = List<Pair<R4, R4>, Pair<Spec<"x", none, "y", none>, Spec<"x", none, "y", none>>,
+                  Pair<Spec<"x", "y", none, none>, Spec<"x", none, "y", none>>, Pair<Spec<none, "y", none, none>, Spec<"x", none, none, "y">>>;
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        Rng r = oracle::rng_for(ctx, 13);
+        listed_pairs<"bshk,bthk->bhst">(ctx, r, 3, P4{});  // scores: q k^T
+        listed_pairs<"bhst,bthk->bshk">(ctx, r, 3, P4{});  // output: p v, written into [B, S, H, K]
+        listed_pairs<"bhst,bshk->bthk">(ctx, r, 3, P4{});  // dv = p^T do, dk = ds^T q
+        listed_pairs<"bshk,bhst->bthk">(ctx, r, 3, P4{});  // the same with the operands swapped
+        listed_pairs<"hbsk,bthk->bhst">(ctx, r, 3, P4{});  // an outer label that is no batch's first
+      },
+      device_counts);
+  // No copy of an operand or of the output: the only block taken from the cache is the result's
+  // (blocks of 64 KiB and more go through it on the host; the permuting path took 6 here).
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        const M mesh(ctx, {1, ctx.num_devices()});
+        const auto q = Tensor<Spec<none, none, "y", none>>::random(mesh, {2, 128, 4 * ctx.num_devices(), 32}, 1);
+        const auto k = Tensor<Spec<none, none, "y", none>>::random(mesh, {2, 128, 4 * ctx.num_devices(), 32}, 2);
+        const auto p = sl::einsum<"bshk,bthk->bhst">(q, k);
+        auto taken = [&] {
+          const auto st = sl::block_cache_stats(ctx);
+          return st.hits + st.space_allocations;
+        };
+        for (int round = 0; round < 2; ++round) {  // the first round fills the cache
+          const auto before = taken();
+          const auto scores = sl::einsum<"bshk,bthk->bhst">(q, k);
+          const auto out = sl::einsum<"bhst,bthk->bshk">(p, k);
+          if (round == 1) CHECK(taken() - before == 2);
+        }
+      },
+      {1, 2});
+}
+
 TEST_CASE("einsum's implicit mode: the output is the labels used once, in ASCII order") {
   static_assert(std::is_same_v<decltype(sl::einsum<"jb,aj">(std::declval<Tensor<Rows>>(), std::declval<Tensor<ColsY>>()))::spec_type,
                                Spec<none, none, partial_sum<"x">>>);  // output "ab"; j contracted over x

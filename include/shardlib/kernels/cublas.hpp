@@ -176,7 +176,10 @@ void cublas_gemm(const CublasHandle& handle, std::int64_t batch, std::type_ident
     check_cublas("cublasGemmStridedBatchedEx", s);
   };
   const std::int64_t c_span = (c.rows - 1) * std::abs(c.row_stride) + (c.cols - 1) * std::abs(c.col_stride) + 1;
-  if (batch == 1 || std::abs(c.batch_stride) >= c_span) {
+  const bool apart = c.row_stride >= 0 && c.col_stride >= 0 && c.batch_stride >= 0
+                         ? matrices_apart(batch, c.rows, c.cols, c.row_stride, c.col_stride, c.batch_stride)
+                         : std::abs(c.batch_stride) >= c_span;
+  if (batch == 1 || apart) {
     call(a.data, b.data, c.data, batch, a.batch_stride, b.batch_stride, c.batch_stride);
   } else {  // C's overlap: one product after the other on the stream
     for (std::int64_t j = 0; j < batch; ++j)

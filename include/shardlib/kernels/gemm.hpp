@@ -87,6 +87,22 @@ struct MatrixBatch {
   }
 };
 
+/// Whether `batch` matrices of rows x cols (strides `row_stride`, `col_stride`, `batch_stride`
+/// apart, all >= 0) share no element: each lies past the one before, or their lines interleave
+/// within one leading dimension (a batch over H of [B, S, H, K]'s [S, K] matrices). A batched
+/// GEMM writes such a C's matrices at once.
+constexpr bool matrices_apart(std::int64_t batch, std::int64_t rows, std::int64_t cols, std::int64_t row_stride,
+                              std::int64_t col_stride, std::int64_t batch_stride) noexcept {
+  if (batch <= 1 || rows == 0 || cols == 0) return true;
+  const std::int64_t span = (rows - 1) * row_stride + (cols - 1) * col_stride + 1;
+  if (batch_stride >= span) return true;
+  const bool by_rows = col_stride == 1 || cols == 1;  // lines: rows, along a unit stride
+  const bool by_cols = row_stride == 1 || rows == 1;
+  if (!by_rows && !by_cols) return false;
+  const std::int64_t run = by_rows ? cols : rows, ld = by_rows ? (rows == 1 ? run : row_stride) : (cols == 1 ? run : col_stride);
+  return batch_stride >= run && (batch - 1) * batch_stride + run <= ld;
+}
+
 namespace detail {
 
 using shardlib::detail::to_text;
