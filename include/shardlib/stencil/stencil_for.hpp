@@ -9,8 +9,9 @@
 /// exchange, then the boundary shell: the two ends of each interior row (whose reads leave the
 /// block along the last dim only), and the slabs of the other dims, each first gathered with its
 /// neighbourhood (block and ghost cells) into a padded copy. The kernels (Kokkos, on the device's
-/// execution-space instance) run one row (the contiguous last dim) per work item on the host, one
-/// point per GPU thread in GPU memory; in the interior `nb` is a pointer and strides and the row a
+/// execution-space instance) run one row (the contiguous last dim) per work item on the host, a
+/// team of GPU threads per row in GPU memory (consecutive threads on consecutive points, the
+/// row's index worked out once per team); in the interior `nb` is a pointer and strides and the row a
 /// restrict loop, so a stencil written as a generic lambda compiles to the plain loop one would
 /// write over the block.
 ///
@@ -25,11 +26,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <span>
 #include <string>
 #include <type_traits>
-#include <vector>
 #include <vector>
 
 namespace shardlib {
@@ -269,8 +270,6 @@ struct StencilRowsKernel {
   U* out;
   std::int64_t n, w, mid0, mid1;
   std::int64_t per_row;    // PerPoint: the work items of `part` in a row
-  std::int64_t chunk;      // PerPoint: the middle points of a work item (consecutive: one index
-                           // decomposition for several points; 1 elsewhere)
   RowPart part;
   F f;
 
@@ -280,50 +279,137 @@ struct StencilRowsKernel {
     gi.i[R - 1] = g.offset[R - 1] + j;
     out[at + j] = static_cast<U>(f(static_cast<const Index<R>&>(gi), nb));
   }
-  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t item) const {
-    const std::int64_t row = PerPoint ? item / per_row : item;
-    std::int64_t j0 = 0, j1 = n;  // the item's points of the row
-    if constexpr (PerPoint) {
-      const std::int64_t p = item % per_row;
-      j0 = part == RowPart::middle ? mid0 + p * chunk : part == RowPart::ends && p >= mid0 ? mid1 + (p - mid0) : p;
-      j1 = part == RowPart::middle ? (j0 + chunk < mid1 ? j0 + chunk : mid1) : j0 + 1;
-    }
-    std::int64_t li[R] = {};
+  /// Row `row`'s local index, global index and offsets in the block and the ghost regions.
+  KOKKOS_INLINE_FUNCTION void row_start(std::int64_t row, std::int64_t (&li)[R], Index<R>& gi, std::int64_t& at,
+                                        std::int64_t& atg) const {
     std::int64_t rest = row;
+    li[R - 1] = 0;
     for (std::size_t d = R - 1; d-- > 0;) {
       const std::int64_t e = g.extent[d] - 2 * g.width[d];
       li[d] = g.width[d] + rest % e;
       rest /= e;
     }
-    Index<R> gi;
-    std::int64_t at = 0, atg = 0;
+    at = 0;
+    atg = 0;
     for (std::size_t d = 0; d < R; ++d) {
       gi.i[d] = g.offset[d] + li[d];
       at += li[d] * g.stride[d];
       atg += li[d] * gs[d];
     }
-    if (part != RowPart::middle)
-      for (std::int64_t j = j0; j < j1 && j < mid0; ++j) end(li, at, atg, gi, j);
-    const std::int64_t a = j0 > mid0 ? j0 : mid0, b = j1 < mid1 ? j1 : mid1;
-    if (part != RowPart::ends && a < b) {
-      Index<R> gm = gi;
-      gm.i[R - 1] = g.offset[R - 1] + a;
-      if constexpr (!Checked) {
-        stencil_row<T, U, R>(g.block + at + a, out + at + a, b - a, g.stride, gm, f);
-      } else {
-        for (std::int64_t j = a; j < b; ++j) {
-          Neighbors<T, R, true> nb{g.block + at + j, {}, &g, {}};
-          for (std::size_t d = 0; d < R; ++d) {
-            nb.s[d] = g.stride[d];
-            nb.li[d] = li[d] + (d + 1 == R ? j : 0);
-          }
-          out[at + j] = static_cast<U>(f(static_cast<const Index<R>&>(gm), nb));
-          ++gm.i[R - 1];
+  }
+  /// The value of middle point j of a row that row_start described (its reads all in the block).
+  KOKKOS_INLINE_FUNCTION U middle_value(const std::int64_t (&li)[R], std::int64_t at, Index<R>& gi, std::int64_t j) const {
+    gi.i[R - 1] = g.offset[R - 1] + j;
+    if constexpr (Checked) {
+      Neighbors<T, R, true> nb{g.block + at + j, {}, &g, {}};
+      for (std::size_t d = 0; d < R; ++d) {
+        nb.s[d] = g.stride[d];
+        nb.li[d] = li[d] + (d + 1 == R ? j : 0);
+      }
+      return static_cast<U>(f(static_cast<const Index<R>&>(gi), nb));
+    } else {
+      Neighbors<T, R, false> nb{g.block + at + j, {}};
+      for (std::size_t d = 0; d < R; ++d) nb.s[d] = g.stride[d];
+      return static_cast<U>(f(static_cast<const Index<R>&>(gi), nb));
+    }
+  }
+  KOKKOS_INLINE_FUNCTION void middle(const std::int64_t (&li)[R], std::int64_t at, Index<R>& gi, std::int64_t j) const {
+    out[at + j] = middle_value(li, at, gi, j);
+  }
+  /// Point j of a row that row_start described: an end (reads the last dim's ghost regions) or a
+  /// middle point (reads the block only).
+  KOKKOS_INLINE_FUNCTION void point(const std::int64_t (&li)[R], std::int64_t at, std::int64_t atg, Index<R> gi,
+                                    std::int64_t j) const {
+    if (j < mid0 || j >= mid1) end(li, at, atg, gi, j);
+    else middle(li, at, gi, j);
+  }
+  /// The next row after the one row_start (or next_row) described: dims < R-1 counted up with a
+  /// carry, over the rows whose neighbours there lie in the block (no division).
+  KOKKOS_INLINE_FUNCTION void next_row(std::int64_t (&li)[R], Index<R>& gi, std::int64_t& at, std::int64_t& atg) const {
+    for (std::size_t d = R - 1; d-- > 0;) {
+      ++li[d];
+      ++gi.i[d];
+      at += g.stride[d];
+      atg += gs[d];
+      if (li[d] < g.extent[d] - g.width[d]) return;
+      const std::int64_t e = g.extent[d] - 2 * g.width[d];
+      li[d] -= e;
+      gi.i[d] -= e;
+      at -= e * g.stride[d];
+      atg -= e * gs[d];
+    }
+  }
+  /// The points of `part` in rows [r0, r0 + count) that one of `step` threads takes (`first`,
+  /// first + step, ...): the GPU's team (StencilRowsTeam), consecutive threads on consecutive
+  /// points, the first row's index worked out once and the next ones counted up.
+  KOKKOS_INLINE_FUNCTION void team_rows(std::int64_t r0, std::int64_t count, std::int64_t first, std::int64_t step) const {
+    std::int64_t li[R];
+    Index<R> gi;
+    std::int64_t at, atg;
+    row_start(r0, li, gi, at, atg);
+    for (std::int64_t c = 0; c < count; ++c) {
+      if (c > 0) next_row(li, gi, at, atg);
+      if (part != RowPart::middle)
+        for (std::int64_t j = first; j < mid0; j += step) end(li, at, atg, gi, j);
+      if (part != RowPart::ends) {
+        // Four points a thread at a time, their values before their stores: a store could alias
+        // the next point's reads, so one point at a time left each point's loads waiting on the
+        // last one's (an H100 at 0.61 of its copy bandwidth, DRAM 61 % busy, 37 cycles of stall
+        // per instruction, on a 2-D 5-point sweep).
+        std::int64_t j = mid0 + first;
+        for (; j + 3 * step < mid1; j += 4 * step) {
+          const U v0 = middle_value(li, at, gi, j), v1 = middle_value(li, at, gi, j + step),
+                  v2 = middle_value(li, at, gi, j + 2 * step), v3 = middle_value(li, at, gi, j + 3 * step);
+          out[at + j] = v0;
+          out[at + j + step] = v1;
+          out[at + j + 2 * step] = v2;
+          out[at + j + 3 * step] = v3;
         }
+        for (; j < mid1; j += step) middle(li, at, gi, j);
+      }
+      if (part != RowPart::middle)
+        for (std::int64_t j = mid1 + first; j < n; j += step) end(li, at, atg, gi, j);
+    }
+  }
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t item) const {
+    const std::int64_t row = PerPoint ? item / per_row : item;
+    std::int64_t li[R];
+    Index<R> gi;
+    std::int64_t at, atg;
+    row_start(row, li, gi, at, atg);
+    if constexpr (PerPoint) {  // one point of `part` (the ends, or rows too many for a team each)
+      const std::int64_t p = item % per_row;
+      point(li, at, atg, gi, part == RowPart::middle ? mid0 + p : part == RowPart::ends && p >= mid0 ? mid1 + (p - mid0) : p);
+      return;
+    }
+    // A whole row on the host: the ends one point at a time, the middle as one restrict loop.
+    if (part != RowPart::middle)
+      for (std::int64_t j = 0; j < mid0; ++j) end(li, at, atg, gi, j);
+    if (part != RowPart::ends && mid0 < mid1) {
+      if constexpr (!Checked) {
+        Index<R> gm = gi;
+        gm.i[R - 1] = g.offset[R - 1] + mid0;
+        stencil_row<T, U, R>(g.block + at + mid0, out + at + mid0, mid1 - mid0, g.stride, gm, f);
+      } else {
+        for (std::int64_t j = mid0; j < mid1; ++j) point(li, at, atg, gi, j);
       }
     }
     if (part != RowPart::middle)
-      for (std::int64_t j = j0 > mid1 ? j0 : mid1; j < j1; ++j) end(li, at, atg, gi, j);
+      for (std::int64_t j = mid1; j < n; ++j) end(li, at, atg, gi, j);
+  }
+};
+
+/// StencilRowsKernel with a team per row (league rank: the row): the GPU form of the middle and
+/// whole-row parts. A thread per point with the row decomposed per point spent most of its issue
+/// slots on 64-bit divisions (an H100 at 0.3 of its copy bandwidth on a 5-point sweep).
+template <class K>
+struct StencilRowsTeam {
+  K k;
+  std::int64_t rows, per_team;  // rows in all, rows a team takes
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
+    const std::int64_t r0 = static_cast<std::int64_t>(team.league_rank()) * per_team;
+    k.team_rows(r0, rows - r0 < per_team ? rows - r0 : per_team, team.team_rank(), team.team_size());
   }
 };
 
@@ -333,7 +419,7 @@ void stencil_rows(const Context& ctx, const StencilGeometry<T, R>& g, RowPart pa
   for (std::size_t d = 0; d + 1 < R; ++d) rows *= std::max<std::int64_t>(g.extent[d] - 2 * g.width[d], 0);
   const std::int64_t n = g.extent[R - 1], w = g.width[R - 1];
   if (rows <= 0 || n <= 0) return;
-  StencilRowsKernel<Checked, PerPoint, T, U, R, F> k{g, {}, nullptr, nullptr, out, n, w, 0, 0, 0, 1, part, f};
+  StencilRowsKernel<Checked, PerPoint, T, U, R, F> k{g, {}, nullptr, nullptr, out, n, w, 0, 0, 0, part, f};
   std::int64_t m = 1;
   for (std::size_t d = R; d-- > 0;) {
     k.gs[d] = m;
@@ -344,13 +430,26 @@ void stencil_rows(const Context& ctx, const StencilGeometry<T, R>& g, RowPart pa
   k.high = g.ghosts + g.region_offset[centre + 1];
   k.mid0 = std::min(w, n);
   k.mid1 = std::max(n - w, k.mid0);
-  // On a GPU a thread takes 4 consecutive middle points: a point each spent most of its issue
-  // slots on the index's divisions (an H100 at 0.3 of its copy bandwidth on a 5-point sweep).
-  if (PerPoint && part == RowPart::middle) k.chunk = 4;
-  k.per_row = part == RowPart::middle ? (k.mid1 - k.mid0 + k.chunk - 1) / k.chunk
-              : part == RowPart::ends ? k.mid0 + n - k.mid1
-                                      : n;
+  k.per_row = part == RowPart::middle ? k.mid1 - k.mid0 : part == RowPart::ends ? k.mid0 + n - k.mid1 : n;
   if (PerPoint && k.per_row == 0) return;
+  if constexpr (PerPoint) {
+    // A team per row (consecutive threads, consecutive points) for the middles and whole rows;
+    // the ends (a few points a row) a thread each.
+    // A team takes several rows when they are short (3-D grids' rows of 512: 2 points a thread
+    // left most of its time to the row's index), at least 16 points a thread.
+    const auto& exec = ctx.exec_for<Mem>();
+    using Exec = std::remove_cvref_t<decltype(exec)>;
+    const int team = kernels::row_team_size<Exec>(k.per_row);
+    const std::int64_t per_team = std::clamp<std::int64_t>((16 * team + k.per_row - 1) / k.per_row, 1, 64);
+    const std::int64_t league = (rows + per_team - 1) / per_team;
+    if (part != RowPart::ends && league <= std::numeric_limits<int>::max()) {
+      [[maybe_unused]] const auto guard = kernel_guard_for<Mem>(ctx, false);
+      Kokkos::parallel_for("shardlib::stencil_for(team)", Kokkos::TeamPolicy<Exec>(exec, static_cast<int>(league), team),
+                           StencilRowsTeam<decltype(k)>{k, rows, per_team});
+      if constexpr (kernels::is_host_exec_v<Exec>) kernels::fence(exec);
+      return;
+    }
+  }
   for_range<Mem>("shardlib::stencil_for", ctx, PerPoint ? rows * k.per_row : rows, k);
 }
 
@@ -526,7 +625,7 @@ void run_stencil(DistributedTensor<U, MeshT, OutSpec, Mem>& out, Ghosted<T, Mesh
 /// GhostRefresh::none). Throws std::invalid_argument for another shape or an output that is the
 /// input; std::out_of_range for a read beyond the widths (Check::on).
 ///
-/// In GPU memory the kernels run on the GPU, one point per thread, queued on the device's stream
+/// In GPU memory the kernels run on the GPU, a team of threads per row, queued on the device's stream
 /// (no host wait but Check::on's, which reads the fault back); `f` is then a struct with a
 /// KOKKOS_INLINE_FUNCTION templated operator() (see docs/07).
 template <Check C = Check::off, class U, class T, class MeshT, class SpecT, class OutSpec, class Mem, class F>
