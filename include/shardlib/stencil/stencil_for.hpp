@@ -351,22 +351,8 @@ struct StencilRowsKernel {
       if (c > 0) next_row(li, gi, at, atg);
       if (part != RowPart::middle)
         for (std::int64_t j = first; j < mid0; j += step) end(li, at, atg, gi, j);
-      if (part != RowPart::ends) {
-        // Four points a thread at a time, their values before their stores: a store could alias
-        // the next point's reads, so one point at a time left each point's loads waiting on the
-        // last one's (an H100 at 0.61 of its copy bandwidth, DRAM 61 % busy, 37 cycles of stall
-        // per instruction, on a 2-D 5-point sweep).
-        std::int64_t j = mid0 + first;
-        for (; j + 3 * step < mid1; j += 4 * step) {
-          const U v0 = middle_value(li, at, gi, j), v1 = middle_value(li, at, gi, j + step),
-                  v2 = middle_value(li, at, gi, j + 2 * step), v3 = middle_value(li, at, gi, j + 3 * step);
-          out[at + j] = v0;
-          out[at + j + step] = v1;
-          out[at + j + 2 * step] = v2;
-          out[at + j + 3 * step] = v3;
-        }
-        for (; j < mid1; j += step) middle(li, at, gi, j);
-      }
+      if (part != RowPart::ends)
+        for (std::int64_t j = mid0 + first; j < mid1; j += step) middle(li, at, gi, j);
       if (part != RowPart::middle)
         for (std::int64_t j = mid1 + first; j < n; j += step) end(li, at, atg, gi, j);
     }
@@ -436,11 +422,13 @@ void stencil_rows(const Context& ctx, const StencilGeometry<T, R>& g, RowPart pa
     // A team per row (consecutive threads, consecutive points) for the middles and whole rows;
     // the ends (a few points a row) a thread each.
     // A team takes several rows when they are short (3-D grids' rows of 512: 2 points a thread
-    // left most of its time to the row's index), at least 16 points a thread.
+    // left most of its time to the row's index), at least 8 points a thread. (Four points a thread
+    // at a time, their values before their stores, and 16 points a thread measured 0.63 of the copy
+    // on the 2-D sweep but 0.37 on the 3-D one, against 0.61 and 0.46 as here: H100, issue 40.)
     const auto& exec = ctx.exec_for<Mem>();
     using Exec = std::remove_cvref_t<decltype(exec)>;
     const int team = kernels::row_team_size<Exec>(k.per_row);
-    const std::int64_t per_team = std::clamp<std::int64_t>((16 * team + k.per_row - 1) / k.per_row, 1, 64);
+    const std::int64_t per_team = std::clamp<std::int64_t>((8 * team + k.per_row - 1) / k.per_row, 1, 64);
     const std::int64_t league = (rows + per_team - 1) / per_team;
     if (part != RowPart::ends && league <= std::numeric_limits<int>::max()) {
       [[maybe_unused]] const auto guard = kernel_guard_for<Mem>(ctx, false);
