@@ -3,11 +3,12 @@
 // `benchmarks/run gpu --kokkos DIR` (which compiles this file with DIR's nvcc_wrapper; it skips
 // with a message where there is no GPU or no CUDA-enabled Kokkos); run alone as
 //   bench_gpu --part elementwise --devices 1   elementwise ops against a device-to-device copy
+//   bench_gpu --part rows --devices 1          row kernels (softmax, norms, backward, sums, casts) against a copy
 //   bench_gpu --part matmul --devices 1|2      sharded matmul against cuBLAS called directly
 //   bench_gpu --part overhead --devices 1      per-op host overhead against the bare kernel launch
 //   bench_gpu --part mlp --devices 1..8        the MLP block's TFLOP/s against the GPU's peak
 //   bench_gpu --part reshard --devices 2..8    reshards between virtual devices on one GPU
-//   bench_gpu --part stencil --devices 1..8    stencil_for sweeps against a device-to-device copy
+//   bench_gpu --part stencil --devices 1..8    stencil_for sweeps (2-D and 3-D) against a device-to-device copy
 //   bench_gpu --part mlp --profile-step        one MLP block alone, for a profiler (below)
 // Tensors live in the memory of Kokkos's default execution space (Kokkos::CudaSpace); the devices
 // are the threads backend's in-process devices, each on its own CUDA stream. Built against a
@@ -22,6 +23,10 @@
 //   elements (256 MiB of float; --mib), bytes = the tensors read + the one written; baseline:
 //   cudaMemcpyAsync device to device of the same bytes (half read, half written) on the same
 //   stream; fraction_of_copy = the op's GB/s over the copy's (target >= 0.8).
+// rows: on [rows, n] float tensors of --mib each, n = 64, 256, 1024, 4096, 32768: softmax<1>,
+//   log_softmax<1>, layer_norm<1>, rms_norm<1> (the ops), softmax's and layer_norm's backward
+//   kernels (autodiff::detail's, on the blocks), sum<1>, cast<bf16>; bytes as elementwise's (each
+//   tensor read or written once); target >= 0.8 of the copy (issue 40).
 // matmul: matmul(x, w) with no communication (x's rows over "x" on 2 devices), bf16 and float32
 //   (with and without TF32), next to cublasGemmEx on the same local shapes, pointers, compute type
 //   and stream, with a handle of the benchmark's own (target >= 0.95 of its speed).
@@ -39,7 +44,8 @@
 //   virtual devices, next to the bare copies: each device's cudaMemcpyAsync of its whole output
 //   block (the bytes every device must write; a reshard made of copies cannot do less).
 // stencil: stencil_for of a 2-D 5-point Jacobi sweep over float blocks of --stencil-side (8192)
-//   squared per device (mesh as square as the device count allows, one ghost layer), the sweep
+//   squared per device and of a 3-D 7-point one over --stencil-side-3d (512) cubed (mesh as square
+//   as the device count allows, the 3-D grid's last dim whole; one ghost layer), the sweep
 //   alone (ghosts current) and a step with the ghost exchange overlapped; bytes = the block read
 //   and written, next to cudaMemcpyAsync D2D of the block (as many bytes read and written):
 //   fraction_of_copy (recorded; the host goal is >= 0.60 of the copy limit).
@@ -47,6 +53,7 @@
 //   (scripts/gpu-check.sh --profile): warmed up, its wall time per call (the median of 21 calls,
 //   each fenced) as a record {"part": "profile"}, then one more call between cudaProfilerStart and
 //   cudaProfilerStop, which is all that `ncu --profile-from-start off` profiles.
+#include <shardlib/autodiff.hpp>
 #include <shardlib/shardlib.hpp>
 #include <shardlib/stencil.hpp>
 
@@ -194,16 +201,19 @@ const char* dtype() {
 
 // ---- elementwise -----------------------------------------------------------------------------
 
+/// One case of the elementwise or rows part: `op` moves `tensors` arrays of `n` T's (read or
+/// written once each), against a copy of half as many bytes (as many read and written).
+/// `part` and `extra` (more JSON fields, each ", \"key\": value") name the record.
 template <class T, class F>
 void elementwise_case(sl::Context& ctx, const char* name, int tensors, std::int64_t n, F&& op, void* dst, const void* src,
-                      std::size_t capacity) {
+                      std::size_t capacity, const char* part = "elementwise", const std::string& extra = "") {
   const std::size_t bytes = static_cast<std::size_t>(tensors) * static_cast<std::size_t>(n) * sizeof(T);
   if (bytes / 2 > capacity) throw std::logic_error("bench_gpu: the copy buffers are too small for " + std::string(name));
   auto base = [&] { bare_copy(ctx, dst, src, bytes / 2); };
   const auto [secs, base_secs] = time_pair(ctx, op, base);
   const double gbs = bytes / secs * 1e-9, base_gbs = bytes / base_secs * 1e-9;
-  record(ctx, std::string("\"part\": \"elementwise\", \"name\": \"") + name + "\", \"dtype\": \"" + dtype<T>() +
-                  "\", \"elements\": " + std::to_string(n) + ", \"bytes\": " + std::to_string(bytes) + ", \"seconds\": " + num(secs) +
+  record(ctx, std::string("\"part\": \"") + part + "\", \"name\": \"" + name + "\", \"dtype\": \"" + dtype<T>() + "\"" + extra +
+                  ", \"elements\": " + std::to_string(n) + ", \"bytes\": " + std::to_string(bytes) + ", \"seconds\": " + num(secs) +
                   ", \"gbytes_per_second\": " + num(gbs) + ", \"baseline\": \"" + copy_name() + "\", \"baseline_seconds\": " +
                   num(base_secs) + ", \"copy_gbytes_per_second\": " + num(base_gbs) + ", \"fraction_of_copy\": " + num(gbs / base_gbs));
   say(ctx, std::string(name) + " " + dtype<T>() + ": " + num(gbs) + " GB/s, copy " + num(base_gbs) + " GB/s (" +
@@ -226,6 +236,49 @@ void elementwise(sl::Context& ctx, std::int64_t mib) {
   elementwise_case<float>(ctx, "exp", 2, m, [&] { auto c = sl::exp(a); }, dst.data(), src.data(), most / 2);
   elementwise_case<sl::bf16>(ctx, "a + b", 3, m, [&] { auto c = ha + hb; }, dst.data(), src.data(), most / 2);
   elementwise_case<sl::bf16>(ctx, "gelu", 2, m, [&] { auto c = sl::gelu(ha); }, dst.data(), src.data(), most / 2);
+}
+
+// ---- rows ----------------------------------------------------------------------------------------
+
+/// The row kernels of a transformer's step on [rows, n] float blocks (n from 64 to 32k, `mib` MiB
+/// a tensor): softmax, log_softmax, layer_norm and rms_norm forward (the ops), their backward
+/// kernels (softmax's, the norms'), the sum along the rows and a cast to bf16, each against a copy
+/// of as many bytes.
+void rows(sl::Context& ctx, std::int64_t mib, bool quick) {
+  M1 mesh(ctx, {ctx.num_devices()});
+  const std::int64_t total = (mib << 20) / 4;
+  const std::size_t most = static_cast<std::size_t>(4 * total) * sizeof(float);
+  Kokkos::View<char*, Mem> src(uninitialised("bench_gpu src"), most / 2), dst(uninitialised("bench_gpu dst"), most / 2);
+  using F2 = Tensor<float, sl::Spec<"x", none>>;
+  const auto& exec = ctx.exec_for<Mem>();
+  const std::vector<std::int64_t> lengths = quick ? std::vector<std::int64_t>{64, 1024} : std::vector<std::int64_t>{64, 256, 1024, 4096, 32768};
+  for (const std::int64_t n : lengths) {
+    const std::int64_t rows = std::max<std::int64_t>(total / n / ctx.num_devices(), 1) * ctx.num_devices(), m = rows * n;
+    const auto a = F2::random(mesh, {rows, n}, 1), g = F2::random(mesh, {rows, n}, 2);
+    const auto y = sl::softmax<1>(a);
+    auto out = F2::zeros(mesh, {rows, n});
+    const std::int64_t lr = a.local().extent(0), lm = lr * n;
+    const std::string extra = ", \"row_length\": " + std::to_string(n);
+    const std::string tag = " [" + std::to_string(lr) + ", " + std::to_string(n) + "]";
+    auto run = [&](const char* name, int tensors, auto&& op) {
+      elementwise_case<float>(ctx, (name + tag).c_str(), tensors, lm, op, dst.data(), src.data(), most / 2, "rows", extra);
+    };
+    run("softmax", 2, [&] { auto r = sl::softmax<1>(a); });
+    run("log_softmax", 2, [&] { auto r = sl::log_softmax<1>(a); });
+    run("layer_norm", 2, [&] { auto r = sl::layer_norm<1>(a); });
+    run("rms_norm", 2, [&] { auto r = sl::rms_norm<1>(a); });
+    run("softmax backward", 3, [&] {
+      sl::autodiff::detail::softmax_backward_rows(exec, y.local().data(), g.local().data(), out.local().data(), lr, n, 1.0);
+    });
+    run("layer_norm backward", 4, [&] {
+      sl::autodiff::detail::norm_backward_rows(exec, a.local().data(), y.local().data(), g.local().data(), out.local().data(), lr,
+                                               n, static_cast<double>(n), 1e-5, true);
+    });
+    run("sum along rows", 1, [&] { auto r = sl::sum<1>(a); });
+    elementwise_case<sl::bf16>(ctx, ("cast to bf16" + tag).c_str(), 3, lm, [&] { auto r = sl::cast<sl::bf16>(a); }, dst.data(),
+                               src.data(), most / 2, "rows", extra);
+    (void)m;
+  }
 }
 
 // ---- matmul ----------------------------------------------------------------------------------
@@ -458,35 +511,60 @@ struct Jacobi5 {
   }
 };
 
-void stencil(sl::Context& ctx, std::int64_t side) {
+/// The 7-point Jacobi sweep in 3-D.
+struct Jacobi7 {
+  template <class Nb>
+  KOKKOS_INLINE_FUNCTION float operator()(const sl::Index<3>&, const Nb& nb) const {
+    return (1.0f / 6) * (nb(-1, 0, 0) + nb(1, 0, 0) + nb(0, -1, 0) + nb(0, 1, 0) + nb(0, 0, -1) + nb(0, 0, 1));
+  }
+};
+
+/// One stencil's sweep (ghosts current) and step (exchange overlapped) on a grid of `side`^R
+/// points per device, split over a mesh as square as the device count allows (the last dim of a
+/// 3-D grid whole), against a device-to-device copy of the block.
+template <std::size_t R, class Stencil>
+void stencil_case(sl::Context& ctx, std::int64_t side, const char* what) {
   const int n = ctx.num_devices();
-  int px = 1;  // the mesh as square as n allows
+  int px = 1;
   for (int d = 1; d * d <= n; ++d)
     if (n % d == 0) px = d;
   const M2 mesh(ctx, {px, n / px});
-  using Grid = Tensor<float, sl::Spec<"x", "y">, M2>;
-  const std::int64_t shape[2] = {side * px, side * (n / px)};
+  using SpecT = std::conditional_t<R == 2, sl::Spec<"x", "y">, sl::Spec<"x", "y", none>>;
+  using Grid = Tensor<float, SpecT, M2>;
+  std::int64_t shape[R];
+  shape[0] = side * px;
+  shape[1] = side * (n / px);
+  if constexpr (R == 3) shape[2] = side;
   auto u = Grid::random(mesh, shape, 5, 0.0f, 1.0f), v = Grid::zeros(mesh, shape);
-  auto g = sl::ghosted(u, {1, 1});
+  std::array<int, R> widths;
+  widths.fill(1);
+  auto g = sl::ghosted(u, widths);
   const std::size_t block_bytes = static_cast<std::size_t>(u.local().size()) * sizeof(float);
   Kokkos::View<char*, Mem> src(uninitialised("bench_gpu src"), block_bytes), dst(uninitialised("bench_gpu dst"), block_bytes);
   auto base = [&] { bare_copy(ctx, dst.data(), src.data(), block_bytes); };
-  const std::string shape_text = "[" + std::to_string(side) + ", " + std::to_string(side) + "]";
+  std::string shape_text = "[";
+  for (std::size_t d = 0; d < R; ++d) shape_text += (d ? ", " : "") + std::to_string(side);
+  shape_text += "]";
   for (const auto refresh : {sl::GhostRefresh::none, sl::GhostRefresh::overlap}) {
     const bool step = refresh == sl::GhostRefresh::overlap;
-    const char* name = step ? "jacobi5 step (exchange overlapped)" : "jacobi5 sweep";
+    const std::string name = std::string(what) + (step ? " step (exchange overlapped)" : " sweep");
     if (!step) g.exchange();
-    auto ours = [&] { sl::stencil_for(v, g, Jacobi5{}, refresh); };
+    auto ours = [&] { sl::stencil_for(v, g, Stencil{}, refresh); };
     const auto [secs, base_secs] = time_pair(ctx, ours, base);
     const double bytes = 2.0 * static_cast<double>(block_bytes), gbs = bytes / secs * 1e-9, base_gbs = bytes / base_secs * 1e-9;
-    record(ctx, std::string("\"part\": \"stencil\", \"name\": \"") + name + "\", \"dtype\": \"float32\", \"block_shape\": \"" +
+    record(ctx, "\"part\": \"stencil\", \"name\": \"" + name + "\", \"dtype\": \"float32\", \"block_shape\": \"" +
                     shape_text + "\", \"mesh\": \"" + mesh.to_string() + "\", \"bytes\": " + num(bytes) + ", \"seconds\": " +
                     num(secs) + ", \"gbytes_per_second\": " + num(gbs) + ", \"baseline\": \"" + copy_name() +
                     " of the block\", \"baseline_seconds\": " + num(base_secs) + ", \"copy_gbytes_per_second\": " + num(base_gbs) +
                     ", \"fraction_of_copy\": " + num(gbs / base_gbs));
-    say(ctx, std::string(name) + ", block " + shape_text + ": " + num(gbs) + " GB/s, copy " + num(base_gbs) + " GB/s (" +
+    say(ctx, name + ", block " + shape_text + ": " + num(gbs) + " GB/s, copy " + num(base_gbs) + " GB/s (" +
                  num(gbs / base_gbs) + ")");
   }
+}
+
+void stencil(sl::Context& ctx, std::int64_t side, std::int64_t side3) {
+  stencil_case<2, Jacobi5>(ctx, side, "jacobi5");
+  stencil_case<3, Jacobi7>(ctx, side3, "jacobi7");
 }
 
 std::string part_of(int argc, char** argv) { return gpubench::text_arg(argc, argv, "--part", "elementwise"); }
@@ -505,13 +583,15 @@ int main(int argc, char** argv) {
   }
   auto rt = sl::Runtime::from_args(argc, argv, 1);
   const std::string part = part_of(argc, argv);
-  if (part != "elementwise" && part != "matmul" && part != "overhead" && part != "mlp" && part != "reshard" && part != "stencil")
-    throw std::invalid_argument("bench_gpu: --part is elementwise, matmul, overhead, mlp, reshard or stencil, not " + part);
+  if (part != "elementwise" && part != "rows" && part != "matmul" && part != "overhead" && part != "mlp" && part != "reshard" &&
+      part != "stencil")
+    throw std::invalid_argument("bench_gpu: --part is elementwise, rows, matmul, overhead, mlp, reshard or stencil, not " + part);
   const bool quick = has_flag(argc, argv, "--quick");
   const auto mib = bench::arg(argc, argv, "--mib", quick ? 4 : 256);
   const auto reshard_mib = bench::arg(argc, argv, "--reshard-mib", quick ? 4 : 64);
   const auto size = bench::arg(argc, argv, "--size", 32);
   const auto stencil_side = bench::arg(argc, argv, "--stencil-side", quick ? 256 : 8192);
+  const auto stencil_side3 = bench::arg(argc, argv, "--stencil-side-3d", quick ? 32 : 512);
   const int model = static_cast<int>(bench::arg(argc, argv, "--model", 1));
   const double peak = static_cast<double>(bench::arg(argc, argv, "--peak-tflops", 0));
   const bool profile = has_flag(argc, argv, "--profile-step");
@@ -520,11 +600,12 @@ int main(int argc, char** argv) {
     bench::warm_up(ctx.world());
     say(ctx, "bench_gpu " + part + " on " + gpu_name() + ", " + std::to_string(ctx.num_devices()) + " device(s)");
     if (part == "elementwise") elementwise(ctx, mib);
+    else if (part == "rows") rows(ctx, mib, quick);
     else if (part == "matmul") matmul(ctx, quick);
     else if (part == "overhead") overhead(ctx, size);
     else if (part == "mlp") mlp(ctx, model, peak, quick, profile);
     else if (part == "reshard") reshard(ctx, reshard_mib);
-    else stencil(ctx, stencil_side);
+    else stencil(ctx, stencil_side, stencil_side3);
   });
   return 0;
 }

@@ -26,11 +26,12 @@
 #       wall time. --profile adds Nsight Compute's per-kernel time of one training-like step
 #       (ncu --metrics gpu__time_duration.sum, its --print-summary per-kernel kept beside) and the
 #       step's time outside kernels; --profile-args gives bench_gpu's arguments for that step
-#       (PROFILE_ARGS below). Records and logs go to OUT/results/. cuDNN (libcudnn.so.9) is
-#       looked for on the loader's path, then in python3's nvidia-cudnn wheel (PyTorch's), and
-#       put on LD_LIBRARY_PATH. The layer's benchmark runs beside its PyTorch peer
-#       (benchmarks/peers/block_torch.py: eager with a mask, and torch.compile with SDPA, whose
-#       warm-up takes most of a minute). About 3 minutes on an H100.
+#       (PROFILE_ARGS below; arguments that start with --config are bench_gpu_block's). Records
+#       and logs go to OUT/results/. cuDNN (libcudnn.so.9) is looked for on the loader's path,
+#       then in python3's nvidia-cudnn wheel (PyTorch's), and put on LD_LIBRARY_PATH. The layer's
+#       benchmark runs beside its PyTorch peer (benchmarks/peers/block_torch.py: eager with a
+#       mask, and torch.compile with SDPA of both layers, whose warm-up takes most of a minute).
+#       About 2.5 minutes on an H100.
 #   scripts/gpu-check.sh --kokkos DIR [--profile] ...
 #       Both: build, then run (on a machine that has the GPU and the Kokkos).
 #
@@ -70,12 +71,12 @@ declare -A TEST_SUITES=(
 )
 # bench_gpu's parts in `run`: "part devices [extra args]" (full sizes: each part takes seconds).
 BENCH_CASES=(
-  "elementwise 1" "overhead 1" "matmul 1" "matmul 2" "mlp 1" "mlp 8"
+  "elementwise 1" "rows 1" "overhead 1" "matmul 1" "matmul 2" "mlp 1" "mlp 8"
   "reshard 2" "reshard 8" "stencil 1" "stencil 8 --stencil-side 4096"
 )
 # bench_gpu_block's cases: "config devices dtype", then its PyTorch peer on the same configs.
 BLOCK_CASES=("gpt2 1 bf16" "gpt2 2 bf16" "large 1 bf16" "gpt2 1 tf32" "large 1 tf32")
-BLOCK_PEER_ARGS=(--configs "gpt2,large" --dtypes "bf16,tf32")
+BLOCK_PEER_ARGS=(--configs "gpt2,large" --dtypes "bf16,tf32" --compile-configs "gpt2,large")
 
 usage() {
   sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
@@ -439,7 +440,7 @@ PY
     if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
       echo "[peer] PyTorch: the layer, eager and torch.compile (its warm-up takes most of a minute) ..."
       rc=0
-      timeout 240 python3 "$ROOT/benchmarks/peers/block_torch.py" "${BLOCK_PEER_ARGS[@]}" >"$res/block_torch.out" \
+      timeout 300 python3 "$ROOT/benchmarks/peers/block_torch.py" "${BLOCK_PEER_ARGS[@]}" >"$res/block_torch.out" \
         2>"$res/block_torch.log" || rc=$?
       grep '^{' "$res/block_torch.out" >>"$res/records.jsonl" || true
       echo "        $(grep -c '^{' "$res/block_torch.out") records, exit $rc, $(since "$t0") s"
@@ -456,6 +457,8 @@ PY
     local pbin="$bench"
     if [ -z "$PROFILE_ARGS" ] && [ -n "$block" ]; then
       pbin="$block" PROFILE_ARGS="--config gpt2 --devices 1 --profile-step"
+    elif [ -n "$block" ] && [[ "$PROFILE_ARGS" == --config* ]]; then
+      pbin="$block"  # the layer's benchmark's arguments (--config NAME --dtype ... --profile-step)
     elif [ -z "$PROFILE_ARGS" ]; then
       PROFILE_ARGS="--part mlp --devices 1 --profile-step"
     fi

@@ -149,6 +149,9 @@ def evaluate(by_bench):
     gp = [r for r in _ours(g("gpu")) if r.get("gpu", "none").split(" ")[0] != "none"]
     rows.append(_at_least("gpu", "elementwise ops of the device-to-device copy bandwidth", ">= 0.80",
                           [(r["fraction_of_copy"], f"{r['name']} {r['dtype']}") for r in gp if r["part"] == "elementwise"], 0.80))
+    rows.append(_at_least("gpu", "row kernels (softmax, log_softmax, layer/RMS norm, their backward, sums along rows, "
+                                 "casts; rows of 64 to 32k) of the device-to-device copy bandwidth", ">= 0.80",
+                          [(r["fraction_of_copy"], f"{r['name']}") for r in gp if r["part"] == "rows"], 0.80))
     rows.append(_at_least("gpu", "sharded matmul of the speed of cuBLAS called directly on the same local shapes", ">= 0.95",
                           [(r["fraction_of_baseline"], f"{r['name']} {r['dtype']} {r['devices']} dev")
                            for r in gp if r["part"] == "matmul"], 0.95))
@@ -164,6 +167,10 @@ def evaluate(by_bench):
     rows.append(_at_least("gpu", "bf16 MLP block at large sizes (1 device), of the GPU's bf16 peak", ">= 0.50",
                           [(r["fraction_of_peak"], f"{r['name']}, {r['gpu']}") for r in gp if r["part"] == "mlp"
                            and r["devices"] == 1 and r.get("peak_tflops") and r["tflops"] == big], 0.50))
+    rows.append(_at_least("gpu", "stencil_for sweep in GPU memory (2-D 5-point, 3-D 7-point) of the device-to-device "
+                                 "copy bandwidth", ">= 0.80",
+                          [(r["fraction_of_copy"], f"{r['name']} {r['block_shape']} {r['devices']} dev")
+                           for r in gp if r["part"] == "stencil" and r["name"].endswith("sweep")], 0.80))
     # A transformer layer's training step beside PyTorch on the same GPU (issue 40; bench_gpu_block and
     # benchmarks/peers/block_torch.py): PyTorch's time over ours, 1 device, same name and dtype.
     blk = [r for r in gp if r["part"] == "block" and r["devices"] == 1 and r["name"].endswith("fwd+bwd")]

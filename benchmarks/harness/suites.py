@@ -579,6 +579,7 @@ def gpu_cases(args, exes, peers):
         raise Skipped(f"no GPU here: {why} (bench_gpu was built for sm_{arch}: {exe})")
     base = [exe, "--backend", "threads", "--devices"]
     c = [Case("gpu: elementwise against cudaMemcpy, 1 device", "gpu", base + ["1", "--part", "elementwise"]),
+         Case("gpu: row kernels against cudaMemcpy, 1 device", "gpu", base + ["1", "--part", "rows"]),
          Case("gpu: per-op host overhead, 1 device", "gpu", base + ["1", "--part", "overhead"])]
     c += [Case(f"gpu: matmul against cuBLAS, {n} device(s)", "gpu", base + [str(n), "--part", "matmul"]) for n in (1, 2)]
     c += [Case(f"gpu: MLP block, {n} device(s)", "gpu", base + [str(n), "--part", "mlp"]) for n in args.devs]
@@ -599,7 +600,8 @@ def gpu_cases(args, exes, peers):
         capture_output=True).returncode == 0), None)
     if torch_py:
         c.append(Case("gpu: the layer in PyTorch (eager, torch.compile)", "gpu",
-                      [torch_py, os.path.join(PEERS, "block_torch.py"), "--configs", "gpt2,large", "--dtypes", "bf16,tf32"],
+                      [torch_py, os.path.join(PEERS, "block_torch.py"), "--configs", "gpt2,large", "--dtypes", "bf16,tf32",
+                       "--compile-configs", "gpt2,large"],
                       peer="torch", timeout=600))
     return c
 
@@ -608,7 +610,7 @@ def gpu_table(records):
     print(f"GPU: {records[0]['gpu']}" if records else "")
     for r in records:
         p, name, dev = r["part"], r["name"], r["devices"]
-        if p == "elementwise":
+        if p in ("elementwise", "rows"):
             print(f"{p:<12}{name + ' ' + r['dtype']:<26}{dev:>4}{r['gbytes_per_second']:>10.1f} GB/s  copy "
                   f"{r['copy_gbytes_per_second']:>8.1f} GB/s  fraction {r['fraction_of_copy']:.3f} (target >= 0.8)")
         elif p == "matmul":
