@@ -4,6 +4,7 @@
 
 #include <shardlib/collectives/communicator.hpp>
 #include <shardlib/kernels/blas.hpp>
+#include <shardlib/runtime/host.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -43,8 +44,9 @@ inline double median(std::vector<double> v) {
 /// Questions benchmarks/run asks an executable before it runs it; each prints its answer and
 /// returns true, and the caller then exits.
 /// - `prog --backends`: the backends this build has ("threads mpi").
-/// - `prog --blas-kernel`: the BLAS kernel its GEMM runs here ("openblas 0.3.21 Cooperlake"; see
-///   kernels/blas.hpp), which benchmarks/run puts into every record of the executable.
+/// - `prog --blas-kernel`: the BLAS kernel its GEMM runs here once a runtime has started
+///   ("openblas 0.3.21 Cooperlake"; see kernels/blas.hpp and runtime/host.hpp), which
+///   benchmarks/run puts into every record of the executable.
 inline bool answered_backends_query(int argc, char** argv, bool has_mpi) {
   if (argc != 2) return false;
   if (std::strcmp(argv[1], "--backends") == 0) {
@@ -52,6 +54,7 @@ inline bool answered_backends_query(int argc, char** argv, bool has_mpi) {
     return true;
   }
   if (std::strcmp(argv[1], "--blas-kernel") == 0) {
+    shardlib::host::take_blas_core_once();  // as the runtime does before its devices start
     std::printf("%s\n", shardlib::kernels::blas_info().kernel().c_str());
     return true;
   }

@@ -8,6 +8,7 @@
 #include "../errors.hpp"
 
 #include <shardlib/kernels/blas.hpp>
+#include <shardlib/kernels/gemm.hpp>
 #include <shardlib/runtime/host.hpp>
 #include <shardlib/runtime/runtime.hpp>
 
@@ -17,6 +18,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace sl = shardlib;
 namespace host = shardlib::host;
@@ -139,6 +141,89 @@ TEST_SUITE("runtime_host") {
     CHECK(c.fix == "use an OpenBLAS built with DYNAMIC_ARCH=1 (Debian's libopenblas0-pthread is)");
   }
 
+  TEST_CASE("blas_core_to_take: only a kernel OpenBLAS misjudged by itself is switched, to the CPU's") {
+    // OpenBLAS 0.3.21 on an Emerald Rapids: Prescott by itself -> SkylakeX; AVX2 -> Haswell.
+    CHECK(host::blas_core_to_take(cpu(host::Isa::avx512), openblas("Prescott")) == std::optional<std::string>("SkylakeX"));
+    CHECK(host::blas_core_to_take(cpu(host::Isa::avx2), openblas("Sandybridge")) == std::optional<std::string>("Haswell"));
+    // The user's OPENBLAS_CORETYPE is theirs, even a slow one (the warning says so).
+    CHECK_FALSE(host::blas_core_to_take(cpu(host::Isa::avx512), openblas("Haswell"), "Haswell"));
+    // SHARDLIB_BLAS_CORE=keep; an OpenBLAS built for one kernel; a kernel that suits the CPU;
+    // an unknown CPU or kernel; an AVX CPU (no better kernel to take); no BLAS; not loaded.
+    CHECK_FALSE(host::blas_core_to_take(cpu(host::Isa::avx512), openblas("Prescott"), {}, true));
+    CHECK_FALSE(host::blas_core_to_take(cpu(host::Isa::avx512), openblas("PRESCOTT", false)));
+    CHECK_FALSE(host::blas_core_to_take(cpu(host::Isa::avx512), openblas("Cooperlake")));
+    CHECK_FALSE(host::blas_core_to_take(cpu(host::Isa::avx2), openblas("Zen")));
+    CHECK_FALSE(host::blas_core_to_take(host::CpuFeatures{}, openblas("Prescott")));
+    CHECK_FALSE(host::blas_core_to_take(cpu(host::Isa::avx512), openblas("NEOVERSEN1")));
+    CHECK_FALSE(host::blas_core_to_take(cpu(host::Isa::avx), openblas("Prescott")));
+    CHECK_FALSE(host::blas_core_to_take(cpu(host::Isa::avx512), {"eigen", "", "", "", false}));
+    CHECK_FALSE(host::blas_core_to_take(cpu(host::Isa::avx512), {"openblas", "", "", "", true, false}));
+  }
+
+  TEST_CASE("set_blas_core switches this process's OpenBLAS kernel and back; products stay right") {
+    if (!sl::kernels::blas_core_settable()) {
+      MESSAGE("skipped: this OpenBLAS cannot change its kernel (not DYNAMIC_ARCH, or not the BLAS)");
+      return;
+    }
+    if (host::detect_cpu().best < host::Isa::avx2) {
+      MESSAGE("skipped: the check switches to Haswell's kernel, which needs AVX2");
+      return;
+    }
+#if defined(EIGEN_USE_BLAS) && !defined(EIGEN_USE_MKL)
+    // A product on whichever kernel runs: 64 x 48 x 80, against a plain loop.
+    auto product_right = [] {
+      const int m = 64, n = 48, k = 80;
+      std::vector<float> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n)), c(static_cast<std::size_t>(m * n));
+      for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(static_cast<int>(i % 7) - 3);
+      for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(static_cast<int>(i % 5) - 2);
+      sl::kernels::detail::blas_gemm('N', 'N', m, n, k, 1.0f, a.data(), m, b.data(), k, 0.0f, c.data(), m);
+      for (int j = 0; j < n; ++j)
+        for (int i = 0; i < m; ++i) {
+          float want = 0;
+          for (int l = 0; l < k; ++l) want += a[static_cast<std::size_t>(i + l * m)] * b[static_cast<std::size_t>(l + j * k)];
+          if (c[static_cast<std::size_t>(i + j * m)] != want) return false;  // small integers: exact
+        }
+      return true;
+    };
+    const std::string before = sl::kernels::blas_info().core;
+    const char* env_before = std::getenv("OPENBLAS_CORETYPE");
+    const std::optional<std::string> env_saved = env_before ? std::optional<std::string>(env_before) : std::nullopt;
+    REQUIRE(sl::kernels::set_blas_core("Haswell") == std::optional<std::string>("Haswell"));
+    CHECK(sl::kernels::blas_info().core == "Haswell");
+    CHECK(sl::kernels::blas_info().config.find(" Haswell ") != std::string::npos);
+    CHECK(product_right());
+    // The environment is as it was.
+    const char* env_after = std::getenv("OPENBLAS_CORETYPE");
+    CHECK((env_after ? std::optional<std::string>(env_after) : std::nullopt) == env_saved);
+    // Back to the kernel this process ran (OpenBLAS's choice, or the runtime's).
+    CHECK(sl::kernels::set_blas_core(before) == std::optional<std::string>(before));
+    CHECK(product_right());
+#endif
+  }
+
+  TEST_CASE("the runtime takes the CPU's kernel where OpenBLAS misjudged it, and describe() says so") {
+    std::optional<sl::Runtime> own;
+    sl::Runtime* rt = sl::test::mpi_runtime();
+    if (!rt) rt = &own.emplace(sl::Runtime::threads(1));
+    const host::BlasSwitch& sw = host::take_blas_core_once();
+    const sl::kernels::BlasInfo now = sl::kernels::blas_info();
+    // After the runtime started, no kernel is left far below this CPU that the runtime could
+    // have switched (whatever this machine is: a switch happened, or none was due).
+    std::optional<std::string_view> coretype;
+    if (const char* s = std::getenv("OPENBLAS_CORETYPE")) coretype = s;
+    const char* keep = std::getenv(host::blas_core_variable);
+    const bool kept = keep && std::string_view(keep) == "keep";
+    if (sl::kernels::blas_core_settable()) CHECK_FALSE(host::blas_core_to_take(host::detect_cpu(), now, coretype, kept));
+    if (sw.switched) {
+      CHECK(sw.to == now.core);
+      CHECK(sw.text.find("shardlib switched it to " + sw.to) != std::string::npos);
+      CHECK(rt->describe().find("\nGEMM note: " + sw.text) != std::string::npos);
+      CHECK_FALSE(host::blas_advice_here().warn);
+    } else {
+      CHECK(rt->describe().find("shardlib switched it") == std::string::npos);
+    }
+  }
+
   TEST_CASE("blas_advice: a kernel that suits the CPU says nothing") {
     for (const char* core : {"Cooperlake", "SkylakeX", "SapphireRapids"}) {
       auto a = host::blas_advice(cpu(host::Isa::avx512), openblas(core));
@@ -224,6 +309,7 @@ TEST_SUITE("runtime_host") {
   }
 
   TEST_CASE("describe() says the threads per device and where they came from, and the BLAS kernel") {
+    host::take_blas_core_once();  // (what a runtime does first: the kernel it names is the one after)
     const auto b = sl::kernels::blas_info();
     auto check = [&](const sl::Runtime& rt) {
       const std::string d = rt.describe();

@@ -12,7 +12,9 @@
 /// `OPENBLAS_CORETYPE` names one; `openblas_get_corename()` says which it took. Its thread count
 /// is one setting for the whole process: `set_blas_threads` sets it (the runtime sets each
 /// device's share of the host; with several in-process devices every device calls the BLAS at
-/// once, from its own thread).
+/// once, from its own thread). `set_blas_core` changes the kernel while the program runs, as
+/// `OPENBLAS_CORETYPE` would have at its start (the runtime does it where OpenBLAS misjudged the
+/// CPU: runtime/host.hpp).
 ///
 /// Needs neither Eigen nor Kokkos. OpenBLAS's functions are declared weak, so that a program
 /// linked against another BLAS still links: they are then null, and the report says less.
@@ -20,7 +22,9 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -31,6 +35,10 @@ void openblas_set_num_threads(int) __attribute__((weak));
 int openblas_get_num_threads(void) __attribute__((weak));
 char* openblas_get_corename(void) __attribute__((weak));
 char* openblas_get_config(void) __attribute__((weak));
+// A DYNAMIC_ARCH OpenBLAS's kernel choice: `quit` forgets it, `init` makes it again (from
+// OPENBLAS_CORETYPE when set, else from the CPU) and initialises the chosen kernel's parameters.
+void gotoblas_dynamic_init(void) __attribute__((weak));
+void gotoblas_dynamic_quit(void) __attribute__((weak));
 }
 #define SHARDLIB_OPENBLAS_WEAK 1
 #endif
@@ -98,6 +106,43 @@ inline BlasInfo blas_info() {
   b.loaded = b.backend != "openblas" || openblas_get_config != nullptr;
 #endif
   return b;
+}
+
+/// Whether this process's OpenBLAS can change its kernel while running (`set_blas_core`): it
+/// chooses at start (DYNAMIC_ARCH) and exports its choice's `gotoblas_dynamic_init`/`_quit`.
+inline bool blas_core_settable() {
+#if defined(EIGEN_USE_BLAS) && defined(SHARDLIB_OPENBLAS_WEAK)
+  return gotoblas_dynamic_init != nullptr && gotoblas_dynamic_quit != nullptr && openblas_get_corename != nullptr &&
+         blas_info().dynamic_arch;
+#else
+  return false;
+#endif
+}
+
+/// Makes OpenBLAS run its kernel `core` ("SkylakeX", "Haswell") from now on, as
+/// `OPENBLAS_CORETYPE=core` would have when the program started, and returns the kernel it runs
+/// afterwards: OpenBLAS itself checks that the CPU and OS support the kernel's instructions and
+/// takes an older one when they do not (Prescott for a name it does not know). The environment is
+/// left as it was. std::nullopt, changing nothing, where the kernel cannot be set
+/// (`blas_core_settable()` is false). Call it while no GEMM runs anywhere in the process: the
+/// runtime does, once, before its devices start (runtime/host.hpp says when).
+inline std::optional<std::string> set_blas_core([[maybe_unused]] const std::string& core) {
+#if defined(EIGEN_USE_BLAS) && defined(SHARDLIB_OPENBLAS_WEAK)
+  if (!blas_core_settable()) return std::nullopt;
+  static std::mutex m;
+  const std::lock_guard<std::mutex> lock(m);
+  const char* before = std::getenv("OPENBLAS_CORETYPE");
+  const std::optional<std::string> saved = before ? std::optional<std::string>(before) : std::nullopt;
+  ::setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
+  gotoblas_dynamic_quit();
+  gotoblas_dynamic_init();
+  if (saved) ::setenv("OPENBLAS_CORETYPE", saved->c_str(), 1);
+  else ::unsetenv("OPENBLAS_CORETYPE");
+  const char* now = openblas_get_corename();
+  return std::string(now ? now : "");
+#else
+  return std::nullopt;
+#endif
 }
 
 namespace detail {

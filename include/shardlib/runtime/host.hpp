@@ -16,7 +16,12 @@
 /// kernel, 5x slower than SkylakeX's AVX-512 one), and `OPENBLAS_CORETYPE` forces one whatever
 /// the CPU. `blas_advice` compares the kernel with the CPU's vector extensions and says when it is
 /// far below them, with the one-line fix; the runtime prints that once per process on stderr
-/// (`SHARDLIB_NO_BLAS_WARNING=1` silences it) and puts it in `Runtime::describe()`.
+/// (`SHARDLIB_NO_BLAS_WARNING=1` silences it) and puts it in `Runtime::describe()`. Where the
+/// fix is only the kernel's name (OpenBLAS chose by itself, with DYNAMIC_ARCH, and misjudged the
+/// CPU), the runtime applies it instead, once per process before its devices start
+/// (`blas_core_to_take`, `take_blas_core_once`): users get the kernel their CPU supports without
+/// touching their environment. `OPENBLAS_CORETYPE`, when set, is the user's choice and is kept;
+/// `SHARDLIB_BLAS_CORE=keep` keeps OpenBLAS's own choice (and its warning).
 ///
 /// The decisions are pure functions of plain values (`thread_share`, `blas_advice`), tested
 /// without a machine of each kind; `cores_available`, `detect_cpu` and `kernels::blas_info` read
@@ -48,6 +53,9 @@ namespace shardlib::host {
 inline constexpr const char* threads_per_device_variable = "SHARDLIB_THREADS_PER_DEVICE";
 /// The environment variable that silences the BLAS kernel warning (any value but "0").
 inline constexpr const char* no_blas_warning_variable = "SHARDLIB_NO_BLAS_WARNING";
+/// The environment variable that, set to "keep", stops the runtime from switching OpenBLAS's
+/// kernel where OpenBLAS misjudged the CPU (see the file comment).
+inline constexpr const char* blas_core_variable = "SHARDLIB_BLAS_CORE";
 
 /// How many threads each device of this host gets, and why.
 struct ThreadShare {
@@ -271,6 +279,56 @@ inline BlasAdvice blas_advice(const CpuFeatures& cpu, const kernels::BlasInfo& b
     a.fix = "export OPENBLAS_CORETYPE=" + good;
   }
   return a;
+}
+
+/// The kernel the runtime switches OpenBLAS to, or std::nullopt to leave it: only where OpenBLAS
+/// chose by itself (no `coretype`, the value of OPENBLAS_CORETYPE; built with DYNAMIC_ARCH) a
+/// kernel far below what `cpu` supports, as `blas_advice` judges, and `keep` (SHARDLIB_BLAS_CORE
+/// is "keep") is false. "SkylakeX" for an AVX-512 CPU, "Haswell" for an AVX2 one: the kernels
+/// every x86-64 DYNAMIC_ARCH OpenBLAS since 0.3.x has.
+inline std::optional<std::string> blas_core_to_take(const CpuFeatures& cpu, const kernels::BlasInfo& blas,
+                                                    std::optional<std::string_view> coretype = {}, bool keep = false) {
+  if (keep || (coretype && !coretype->empty()) || blas.backend == "eigen" || !blas.loaded || !blas.dynamic_arch)
+    return std::nullopt;
+  if (!blas_advice(cpu, blas, coretype).warn) return std::nullopt;
+  if (cpu.best == Isa::avx512) return std::string("SkylakeX");
+  if (cpu.best == Isa::avx2) return std::string("Haswell");
+  return std::nullopt;
+}
+
+/// What `take_blas_core_once` did in this process.
+struct BlasSwitch {
+  /// Whether the kernel was switched (then `from` is OpenBLAS's own choice, `to` the one it runs).
+  bool switched = false;
+  std::string from, to;
+  /// One sentence for `describe()`; empty when nothing was switched or tried.
+  std::string text;
+};
+
+/// Once per process (later calls return the first call's result): switches OpenBLAS's kernel
+/// where `blas_core_to_take` says so for this CPU, this BLAS and this environment. The runtime
+/// calls it when it starts, before any device runs a GEMM.
+inline const BlasSwitch& take_blas_core_once() {
+  static const BlasSwitch result = [] {
+    BlasSwitch r;
+    std::optional<std::string_view> coretype;
+    if (const char* s = std::getenv("OPENBLAS_CORETYPE")) coretype = s;
+    const char* keep_value = std::getenv(blas_core_variable);
+    const bool keep = keep_value && std::string_view(keep_value) == "keep";
+    const kernels::BlasInfo before = kernels::blas_info();
+    const std::optional<std::string> want = blas_core_to_take(detect_cpu(), before, coretype, keep);
+    if (!want) return r;
+    const std::optional<std::string> now = kernels::set_blas_core(*want);
+    if (!now) return r;
+    r.from = before.core;
+    r.to = *now;
+    r.switched = r.to != r.from;
+    r.text = "OpenBLAS " + before.version + " chose its " + r.from + " kernel, not knowing this CPU; shardlib " +
+             (r.switched ? "switched it to " + r.to : "asked for " + *want + " but OpenBLAS kept " + r.to) + " (" +
+             blas_core_variable + "=keep keeps OpenBLAS's choice)";
+    return r;
+  }();
+  return result;
 }
 
 /// The one-line warning for `a` ("shardlib warning: ... Fix: ..."), or empty when `a.warn` is false.

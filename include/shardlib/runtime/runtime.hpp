@@ -599,6 +599,7 @@ class Runtime {
     s += "\nGEMM: " + blas.kernel();
     if (blas.backend != "eigen" && blas.loaded) s += ", " + std::to_string(t) + " thread" + (t == 1 ? "" : "s") + " per device";
     if (!blas.config.empty()) s += " (" + blas.config + ")";
+    if (const host::BlasSwitch& sw = host::take_blas_core_once(); !sw.text.empty()) s += "\nGEMM note: " + sw.text;
     const host::BlasAdvice advice = host::blas_advice_here();
     if (!advice.text.empty()) s += "\nGEMM " + std::string(advice.warn ? "warning: " : "note: ") + advice.text;
     if (!advice.fix.empty()) s += ". Fix: " + advice.fix;
@@ -639,10 +640,12 @@ class Runtime {
   explicit Runtime(Backend b) : backend_(b) {}
 
   // Kokkos gets the program's remaining arguments (its own --kokkos-* options) when there are
-  // any, and `pool` host threads where its host space has a pool. Then the BLAS warning, once per
-  // process, from the first process of each host.
+  // any, and `pool` host threads where its host space has a pool. Then OpenBLAS's kernel where it
+  // misjudged the CPU (host::take_blas_core_once), and the BLAS warning, once per process, from
+  // the first process of each host.
   void start_kokkos(int* argc, char** argv, int pool) {
     kokkos_ = argc && argv ? std::make_unique<KokkosScope>(*argc, argv, pool) : std::make_unique<KokkosScope>(pool);
+    host::take_blas_core_once();  // every process: each has its own OpenBLAS
     if (host_rank_ == 0) host::warn_blas_once_per_process();
   }
   // Threads of each in-process device's Kokkos instance: the share where shardlib sized the pool
