@@ -118,9 +118,7 @@ inline std::vector<std::vector<int>> ends_at(const Table& t) {
       e[static_cast<std::size_t>(s)][static_cast<std::size_t>(t.ops[static_cast<std::size_t>(s)][k].end())] = static_cast<int>(k);
   return e;
 }
-}  // namespace detail
 
-namespace detail {
 /// What `run` (Training) and `forward` (not) share: the table followed on this device, with the
 /// boundary tensors crossing between the stages. `last(microbatch, output)` on the last virtual
 /// stage: the loss (Training), or the caller's use of the output.
