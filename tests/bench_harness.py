@@ -168,6 +168,24 @@ class Goals(unittest.TestCase):
         self.assertIn("0.80x (8)", row[3])
         self.assertEqual(self.rows({"ops": recs})["MLP block beside DTensor (same devices)"][4], "not measured")
 
+    def test_pipeline_recipes_beside_jaxs_best_and_the_bubbles_beside_their_ideal(self):
+        tr = [record(bench="train", part="recipe", name="pp_dp", devices=8, tokens_per_second=12000.0),
+              record(bench="train", part="recipe", name="dp", devices=8, tokens_per_second=13000.0),
+              record(bench="train", part="recipe", name="dp", devices=8, tokens_per_second=8000.0, backend="jax-cpu"),
+              record(bench="train", part="recipe", name="zero3", devices=8, tokens_per_second=9500.0, backend="jax-cpu"),
+              record(bench="train", part="bubble", name="1f1b", devices=4, stages=4, bubble=0.29, bubble_ideal=0.2727),
+              record(bench="train", part="bubble", name="interleaved", devices=4, stages=4, bubble=0.20,
+                     bubble_ideal=0.1579)]
+        rows = self.rows({"train": tr})
+        pp = rows["tokens/s of each pipeline recipe over JAX's best strategy on as many devices"]
+        self.assertEqual(pp[4], "pass")
+        self.assertIn("1.26x (pp_dp 8 dev)", pp[3])  # against JAX's zero3, its best, not its dp
+        bubble = rows["pipeline bubble over its ideal (every device a stage)"]
+        self.assertEqual(bubble[4], "short")
+        self.assertIn("worst 1.267 (interleaved 4 stages)", bubble[3])
+        # The bubble records take no part in the JAX comparison of the recipes.
+        self.assertIn("(dp 8)", rows["tokens/s of each recipe beside JAX (same model, strategy, devices)"][3])
+
 
 class Gpu(unittest.TestCase):
     """benchmarks/run gpu: skipped with the reason where there is no GPU or no CUDA Kokkos; a
@@ -236,6 +254,25 @@ class Report(unittest.TestCase):
             self.assertIn("<table>", html)
             self.assertIn("class='pass'", html)
             json.loads(read(os.path.join(d, "records.json")))
+
+    def test_train_renders_its_recipes_and_the_pipeline_bubbles(self):
+        # The bubble records (part "bubble") have no losses: the train tables once crashed on them.
+        recipe = record(bench="train", part="recipe", name="pp_dp", devices=8, seconds=0.1, baseline="one device",
+                        baseline_seconds=0.2, tokens_per_second=12000.0, first_loss=6.5, last_loss=1.3,
+                        collectives={"send": 8})
+        jax = record(bench="train", part="recipe", name="dp", backend="jax-cpu", devices=8, seconds=0.2,
+                     tokens_per_second=9000.0)
+        bubble = record(bench="train", part="bubble", name="interleaved", devices=4, seconds=1.0,
+                        baseline="the ideal bubble", baseline_seconds=1.1, bubble=0.174, bubble_ideal=0.158,
+                        bubble_table=0.158, stages=4, microbatches=8, chunks=2, tokens_per_second=100.0,
+                        config={"layers": 16, "batch": 16, "vocab": 64})
+        with tempfile.TemporaryDirectory() as d:
+            report.save(d, report.load(d), {"train": {"status": "ok", "notes": [], "records": [recipe, jax, bubble]}})
+            with redirect_stderr(io.StringIO()):
+                report.render(d, report.load(d), "matplotlib is not installed")
+            md = read(os.path.join(d, "report.md"))
+            self.assertIn("| pp_dp | 8 | 12000 | 2.00 | 6.500 -> 1.300 | - | - | send 8 |", md)
+            self.assertIn("| interleaved | threads | 4 | 8 | 2 | 64 | 0.174 | 0.158 | +10 % | 1000.0 |", md)
 
 
 if __name__ == "__main__":

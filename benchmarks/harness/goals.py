@@ -120,8 +120,23 @@ def evaluate(by_bench):
                          [(r["overhead_us"], r["name"]) for r in o if r["part"] == "tape"], 1.0, fmt=lambda v: f"{v:.3f} us"))
     # train (issue 13)
     tr = g("train")
-    rows.append(_faster("train", "tokens/s of each recipe beside JAX (same model, strategy, devices)", _ours(tr),
+    rows.append(_faster("train", "tokens/s of each recipe beside JAX (same model, strategy, devices)",
+                        [r for r in _ours(tr) if r.get("part", "recipe") == "recipe"],
                         [r for r in tr if r["backend"] == "jax-cpu"], lambda r: (r["name"], r["devices"]), "JAX"))
+    # pipeline (issue 41): each pp recipe beside JAX's best strategy on as many devices (JAX has no
+    # pipeline), and each schedule's bubble against its ideal (p - 1) / (v m + p - 1)
+    best = {}
+    for r in tr:
+        if r["backend"] == "jax-cpu" and r.get("part", "recipe") == "recipe":
+            best[r["devices"]] = max(best.get(r["devices"], 0.0), r["tokens_per_second"])
+    rows.append(_at_least("train", "tokens/s of each pipeline recipe over JAX's best strategy on as many devices",
+                          "> 1 (ours/JAX best)",
+                          [(r["tokens_per_second"] / best[r["devices"]], f"{r['name']} {r['devices']} dev")
+                           for r in _ours(tr) if r.get("part") == "recipe" and r["name"].startswith("pp_")
+                           and r["devices"] in best], 1.0 + 1e-9, fmt=lambda v: f"{v:.2f}x"))
+    rows.append(_at_most("train", "pipeline bubble over its ideal (every device a stage)", "<= 1.10",
+                         [(r["bubble"] / r["bubble_ideal"], f"{r['name']} {r['stages']} stages")
+                          for r in _ours(tr) if r.get("part") == "bubble" and r["bubble_ideal"] > 0], 1.10))
     # loops and stencils (issue 15)
     lp = _ours(g("loops"))
     rows.append(_at_least("loops", "parallel_for / parallel_reduce speed of the hand-written loop", ">= 0.95",

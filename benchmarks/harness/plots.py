@@ -358,7 +358,7 @@ def tables_grad(recs):
 
 def plot_train(recs, folder):
     plt = _plt()
-    ours = [r for r in recs if r["backend"] not in PEERS]
+    ours = [r for r in recs if r["backend"] not in PEERS and r.get("part") == "recipe"]
     if not ours:
         return []
     jax = {(r["name"], r["devices"]): r for r in recs if r["backend"] == "jax-cpu"}
@@ -378,7 +378,7 @@ def tables_train(recs):
     jax = {(r["name"], r["devices"]): r for r in recs if r["backend"] == "jax-cpu"}
     rows = []
     for r in recs:
-        if r["backend"] in PEERS:
+        if r["backend"] in PEERS or r.get("part") != "recipe":
             continue
         p = jax.get((r["name"], r["devices"]))
         rows.append([r["name"], r["devices"], f"{r['tokens_per_second']:.0f}", f"{r['baseline_seconds'] / r['seconds']:.2f}",
@@ -386,8 +386,18 @@ def tables_train(recs):
                      f"{p['tokens_per_second']:.0f}" if p else "-",
                      f"{r['tokens_per_second'] / p['tokens_per_second']:.2f}" if p else "-",
                      ", ".join(f"{k} {v}" for k, v in r.get("collectives", {}).items())])
-    return [("", ["recipe", "devices", "tokens/s", "x 1 device", "loss", "JAX tokens/s", "ours/JAX", "collectives per step"],
-             rows)]
+    out = [("", ["recipe", "devices", "tokens/s", "x 1 device", "loss", "JAX tokens/s", "ours/JAX", "collectives per step"],
+            rows)]
+    bubbles = [r for r in recs if r["backend"] not in PEERS and r.get("part") == "bubble"]
+    if bubbles:  # the pipeline schedules, every device a stage
+        out.append(("pipeline bubble (every device a stage; goal: within 10 % of the ideal)",
+                    ["schedule", "backend", "stages", "micro-batches", "chunks", "vocab", "bubble", "ideal", "over ideal",
+                     "ms / step"],
+                    [[r["name"], r["backend"], r["stages"], r["microbatches"], r["chunks"],
+                      r.get("config", {}).get("vocab", "-"), f"{r['bubble']:.3f}", f"{r['bubble_ideal']:.3f}",
+                      f"{(r['bubble'] / r['bubble_ideal'] - 1) * 100:+.0f} %", f"{r['seconds'] * 1e3:.1f}"]
+                     for r in bubbles]))
+    return out
 
 
 # ---- loops, stencil, io, compile -----------------------------------------------------------------
