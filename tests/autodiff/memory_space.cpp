@@ -301,10 +301,10 @@ void check_norm_backward_rows(sl::Context& ctx) {
       for (std::int64_t j = 0; j < n; ++j) y[static_cast<std::size_t>(r * n + j)] = (x[static_cast<std::size_t>(r * n + j)] - mu) * inv;
     }
     ad::norm_backward_rows(ctx.exec(), x.data(), y.data(), g.data(), one.data(), rows, n, double(n), 1e-5, layer);
-    // the GPU's form for short rows (a row per team thread, its lanes), on the host instance
+    // the tile of 32 elements a thread (rows up to 32 in registers, longer ones in chunks)
     std::vector<double> three(x.size(), -1);
     ad::norm_backward_rows(ctx.exec(), x.data(), y.data(), g.data(), three.data(), rows, n, double(n), 1e-5, layer,
-                           sl::kernels::RowLayout{1, 1, 5});
+                           sl::kernels::RowGroups{1, 1, 32});
     CHECK(three == one);
     for (std::int64_t r = 0; r < rows; ++r) {
       ad::NormBackwardSums<double>{x.data(), y.data(), g.data(), st.data(), n, 1, layer}(r);
@@ -313,6 +313,60 @@ void check_norm_backward_rows(sl::Context& ctx) {
     double worst = 0;
     for (std::size_t i = 0; i < one.size(); ++i) worst = std::max(worst, std::abs(one[i] - two[i]));
     CHECK_MESSAGE(worst < 1e-12, (layer ? "layer_norm" : "rms_norm") << ": " << worst);
+  }
+}
+
+/// The one-launch backwards (softmax's, the norms') in the default execution space's memory at
+/// every row length a layout change of the GPU's row groups falls on (1 to 1024 threads a row,
+/// rows in chunks past 8192, rows not a multiple of 16 bytes), float and bf16, against the same
+/// kernels on the host (a thread a row, in order).
+void check_backward_row_lengths(sl::Context& ctx) {
+  namespace ad = sl::autodiff::detail;
+  if (ctx.device() != 0) return;  // local kernels only
+  const auto& exec = ctx.exec_for<Mem>();
+  auto run = [&]<class T>(T, std::int64_t n) {
+    const std::int64_t rows = std::max<std::int64_t>(3, 60000 / n), m = rows * n;
+    std::vector<T> x(static_cast<std::size_t>(m)), y(x.size()), g(x.size());
+    for (std::int64_t i = 0; i < m; ++i) {
+      x[static_cast<std::size_t>(i)] = T(static_cast<float>((i * 37) % 101) / 25.0f - 2.0f);
+      y[static_cast<std::size_t>(i)] = T(static_cast<float>((i * 53) % 97) / 97.0f);
+      g[static_cast<std::size_t>(i)] = T(static_cast<float>((i * 29) % 89) / 30.0f - 1.5f);
+    }
+    Kokkos::View<T*, Mem> dx("x", x.size()), dy("y", x.size()), dg("g", x.size()), dout("out", x.size());
+    auto up = [&](const std::vector<T>& h, const Kokkos::View<T*, Mem>& d) {
+      Kokkos::deep_copy(d, Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(h.data(), h.size()));
+    };
+    up(x, dx), up(y, dy), up(g, dg);
+    auto down = [&] {
+      exec.fence();
+      std::vector<T> h(x.size());
+      Kokkos::deep_copy(Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(h.data(), h.size()), dout);
+      return h;
+    };
+    auto same = [&](const std::vector<T>& got, const std::vector<T>& want, const char* what) {
+      const double tol = std::is_same_v<T, float> ? 1e-5 : 1e-2;  // bf16: one rounding apart
+      bool ok = true;
+      for (std::size_t i = 0; ok && i < got.size(); ++i) {
+        const double a = static_cast<float>(got[i]), b = static_cast<float>(want[i]);
+        ok = std::abs(a - b) <= tol * (1 + std::abs(b));
+      }
+      CHECK_MESSAGE(ok, what << " of rows of " << n << (std::is_same_v<T, float> ? " (float)" : " (bf16)"));
+    };
+    std::vector<T> want(x.size());
+    ad::softmax_backward_rows(exec, dy.data(), dg.data(), dout.data(), rows, n, 0.5);
+    const auto sgot = down();
+    ad::softmax_backward_rows(ctx.exec(), y.data(), g.data(), want.data(), rows, n, 0.5);
+    same(sgot, want, "softmax's backward");
+    for (const bool layer : {true, false}) {
+      ad::norm_backward_rows(exec, dx.data(), dy.data(), dg.data(), dout.data(), rows, n, double(n), 1e-5, layer);
+      const auto got = down();
+      ad::norm_backward_rows(ctx.exec(), x.data(), y.data(), g.data(), want.data(), rows, n, double(n), 1e-5, layer);
+      same(got, want, layer ? "layer_norm's backward" : "rms_norm's backward");
+    }
+  };
+  for (const std::int64_t n : {1, 5, 8, 64, 100, 256, 257, 1024, 3001, 8192, 8200, 20000}) {
+    run(0.0f, n);
+    run(sl::bf16(0.0f), n);
   }
 }
 
@@ -329,8 +383,8 @@ void check_softmax_backward_rows(sl::Context& ctx) {
   }
   for (const double scale : {1.0, 0.125}) {
     ad::softmax_backward_rows(ctx.exec(), y.data(), g.data(), got.data(), rows, n, scale);
-    std::vector<double> lanes(y.size(), -1);  // the GPU's form for short rows, on the host instance
-    ad::softmax_backward_rows(ctx.exec(), y.data(), g.data(), lanes.data(), rows, n, scale, sl::kernels::RowLayout{1, 1, 4});
+    std::vector<double> lanes(y.size(), -1);  // the tile of 32 a thread (rows up to 32 in registers)
+    ad::softmax_backward_rows(ctx.exec(), y.data(), g.data(), lanes.data(), rows, n, scale, sl::kernels::RowGroups{1, 1, 32});
     CHECK(lanes == got);
     double worst = 0;
     for (std::int64_t r = 0; r < rows; ++r) {
@@ -533,6 +587,9 @@ TEST_SUITE("autodiff_memory_space") {
   }
   TEST_CASE("softmax's one-launch backward (a team per row, the GPU's form) against the formula, on the host") {
     sl::test::for_each_run(check_softmax_backward_rows, {1});
+  }
+  TEST_CASE("softmax's and the norms' one-launch backwards at every row length, in the default execution space's memory against the host") {
+    sl::test::for_each_run(check_backward_row_lengths, {1});
   }
   TEST_CASE("a training step on tensors in the default execution space's memory waits for no GPU stream") {
     on_devices(check_syncs);

@@ -459,15 +459,15 @@ TEST_SUITE("kernels_reduce") {
         std::vector<double> x(static_cast<std::size_t>(rows * n));
         for (auto& v : x) v = static_cast<double>(static_cast<int>(g() % 21) - 10);
         std::vector<double> got(static_cast<std::size_t>(rows), -1), want(got.size(), -2);
-        p::row_sums_teams(exec, x.data(), got.data(), rows, n);
+        p::row_sums(exec, x.data(), got.data(), rows, n);
         for (std::int64_t r = 0; r < rows; ++r)
           p::ReduceDimKernel<double, double, k::ReduceKind::sum>{x.data(), want.data(), n, 1, 0.0}(r);
         CAPTURE(n);
         CAPTURE(rows);
         CHECK(got == want);
-        // the GPU's form for short rows: several rows to a team, a row per thread (its lanes)
+        // 32 elements a thread in registers (rows up to 32 whole, longer ones in chunks)
         std::fill(got.begin(), got.end(), -1.0);
-        p::row_sums_teams(exec, x.data(), got.data(), rows, n, k::RowLayout{1, 1, 3});
+        p::row_sums(exec, x.data(), got.data(), rows, n, k::RowGroups{1, 1, 32});
         CHECK(got == want);
       }
   }
@@ -502,10 +502,10 @@ TEST_SUITE("kernels_reduce") {
         p::softmax_apply(exec, xs.data(), want.data(), mx.data(), z.data(), s.outer, s.n, s.inner, log);
         p::rows_fused(exec, log ? RowOp::log_softmax : RowOp::softmax, x.data(), got.data(), s.outer, s.n, scale, 0.0);
         for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(same(got[e], want[e]));
-        // the GPU's form for short rows (a row per team thread, several to a team)
+        // the tile of 32 elements a thread (rows up to 32 in registers, longer ones in chunks)
         std::fill(got.begin(), got.end(), -7.0f);
         p::rows_fused(exec, log ? RowOp::log_softmax : RowOp::softmax, x.data(), got.data(), s.outer, s.n, scale, 0.0,
-                      k::RowLayout{1, 1, 3});
+                      k::RowGroups{1, 1, 32});
         for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(same(got[e], want[e]));
         std::vector<float> inplace = x;
         p::rows_fused(exec, log ? RowOp::log_softmax : RowOp::softmax, inplace.data(), inplace.data(), s.outer, s.n, scale, 0.0);
@@ -518,7 +518,7 @@ TEST_SUITE("kernels_reduce") {
       p::rows_fused(exec, RowOp::layer_norm, x.data(), got.data(), s.outer, s.n, 1.0f, eps);
       for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(same(got[e], want[e]));
       std::fill(got.begin(), got.end(), -7.0f);
-      p::rows_fused(exec, RowOp::layer_norm, x.data(), got.data(), s.outer, s.n, 1.0f, eps, k::RowLayout{1, 1, 4});
+      p::rows_fused(exec, RowOp::layer_norm, x.data(), got.data(), s.outer, s.n, 1.0f, eps, k::RowGroups{1, 1, 32});
       for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(same(got[e], want[e]));
       p::norm_apply(exec, x.data(), want.data(), static_cast<const double*>(nullptr), mq.data(), s.outer, s.n, s.inner, s.n, eps);
       p::rows_fused(exec, RowOp::rms_norm, x.data(), got.data(), s.outer, s.n, 1.0f, eps);
@@ -539,7 +539,7 @@ TEST_SUITE("kernels_reduce") {
         for (std::int64_t r = 0; r < rows; ++r)
           for (std::int64_t j = r % sq + 1; j < n; ++j) biased[static_cast<std::size_t>(r * n + j)] = -std::numeric_limits<float>::infinity();
         for (const bool log : {false, true})
-          for (const auto layout : {k::RowLayout{}, k::RowLayout{1, 1, 4}}) {
+          for (const auto layout : {k::RowGroups{}, k::RowGroups{1, 1, 32}}) {
             const RowOp op = log ? RowOp::log_softmax : RowOp::softmax;
             std::vector<float> want(x.size()), got(x.size(), 5.0f);
             p::rows_fused(exec, op, biased.data(), want.data(), rows, n, 0.5f, 0.0);

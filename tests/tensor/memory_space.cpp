@@ -371,6 +371,30 @@ void check_normalizations(sl::Context& ctx) {
   CHECK(sl::cast<float>(sl::softmax<1>(b)).to_host() == sl::cast<float>(sl::softmax<1>(hb)).to_host());
 }
 
+// The row kernels of whole rows (a GPU's row groups: 1 to 1024 threads a row, 8 or 32 elements a
+// thread, longer rows in chunks, rows not a multiple of 16 bytes) at every row length a layout
+// change falls on, against host memory: softmax, log_softmax, the norms, a sum along the rows.
+void check_row_lengths(sl::Context& ctx) {
+  using M1 = sl::Mesh<"x">;
+  using R1 = sl::DistributedTensor<float, M1, sl::Spec<"x", none>, Mem>;
+  using H1 = sl::DistributedTensor<float, M1, sl::Spec<"x", none>, Kokkos::HostSpace>;
+  const M1 mesh(ctx, {ctx.num_devices()});
+  for (const std::int64_t n : {1, 3, 8, 9, 64, 100, 256, 257, 1024, 3001, 8192, 8200, 32768, 40000}) {
+    const std::int64_t shape[2] = {std::max<std::int64_t>(3, 60000 / n), n};
+    const auto a = R1::random(mesh, shape, 47, -3.0f, 3.0f);
+    const auto ha = H1::random(mesh, shape, 47, -3.0f, 3.0f);
+    const std::string at = " of rows of " + std::to_string(n);
+    close(sl::softmax<1>(a, 0.5).to_host(), sl::softmax<1>(ha, 0.5).to_host(), "softmax" + at);
+    close(sl::log_softmax<1>(a).to_host(), sl::log_softmax<1>(ha).to_host(), "log_softmax" + at);
+    close(sl::layer_norm<1>(a).to_host(), sl::layer_norm<1>(ha).to_host(), "layer_norm" + at);
+    close(sl::rms_norm<1>(a).to_host(), sl::rms_norm<1>(ha).to_host(), "rms_norm" + at);
+    const std::vector<float> got = sl::sum<1>(a).to_host(), want = sl::sum<1>(ha).to_host();
+    bool ok = got.size() == want.size();  // float sums in another order: round-off of n terms of up to 3
+    for (std::size_t k = 0; ok && k < got.size(); ++k) ok = std::abs(got[k] - want[k]) <= 4e-7f * 3.0f * static_cast<float>(n);
+    CHECK_MESSAGE(ok, "sum<1>" << at);
+  }
+}
+
 // The layout ops run in the tensors' memory: local copies, and along split dims the exchanges
 // (on the device world under nccl, through host memory otherwise); take and index_add with ids in
 // that memory (vocabulary-parallel: partial results); argmax's per-device answers combined.
@@ -593,6 +617,9 @@ TEST_SUITE("tensor_memory_space") {
   }
   TEST_CASE("softmax and the norms on tensors in the default execution space's memory against host memory") {
     on_devices(check_normalizations);
+  }
+  TEST_CASE("the row kernels at every row length on tensors in the default execution space's memory against host memory") {
+    on_devices(check_row_lengths);
   }
   TEST_CASE("the layout ops and argmax on tensors in the default execution space's memory against host memory") {
     on_devices(check_layout);

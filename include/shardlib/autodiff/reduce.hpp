@@ -126,38 +126,47 @@ auto mean_all(const A& a) {
 }
 
 namespace autodiff::detail {
-/// softmax's backward over whole contiguous rows in one launch: a team per row sums g y (in
+/// softmax's backward over whole contiguous rows in one launch, in row groups
+/// (kernels/row_groups.hpp: a group of GPU threads per row, y and g in registers): sums g y (in
 /// double) and writes scale y (g - sum). The ops' form (g y, its row sums, g minus them, times y)
 /// is four passes over the [B, H, S, S] scores of an unfused attention. The tests run it on host
 /// instances too.
-template <class T>
+template <class T, bool Chunked>
 struct SoftmaxBackwardRows {
+  using C = compute_t<T>;
   const T *y, *g;
   T* out;
   std::int64_t n;
   double scale;
   std::int64_t rows;
-  kernels::RowLayout layout;
+  kernels::RowGroups groups;
+  bool aligned;  // y, g and out
   template <class Member>
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
-    kernels::for_team_rows(team, layout, rows, [&](std::int64_t r, const auto& row_range, bool) {
-      const auto range = row_range(n);
-      const T *yr = y + r * n, *gr = g + r * n;
-      T* o = out + r * n;
-      auto d = [](const T& v) { return static_cast<double>(static_cast<compute_t<T>>(v)); };
-      double s = 0;
-      Kokkos::parallel_reduce(range, [&](std::int64_t j, double& a) { a += d(gr[j]) * d(yr[j]); }, s);
-      Kokkos::parallel_for(range, [&](std::int64_t j) { o[j] = static_cast<T>(scale * d(yr[j]) * (d(gr[j]) - s)); });
+    const kernels::RowPlace at = kernels::row_place(team, groups, rows);
+    const std::int64_t r = at.valid ? at.row : 0;
+    double* scratch = static_cast<double*>(team.team_shmem().get_shmem(kernels::row_groups_scratch<double, 1>(groups)));
+    const kernels::RowWalk<T, 8, 2, Chunked> walk({y, g}, r, n, n, groups.group, at.lane, aligned, at.valid);
+    double s[1] = {0};
+    walk.each([&](std::int64_t, const auto& v) { s[0] += static_cast<double>(v[1]) * static_cast<double>(v[0]); });
+    kernels::group_combine(team, groups, s, scratch, [](double a, double b) { return a + b; });
+    const double sum = s[0];
+    walk.store(out, r, aligned, [&](std::int64_t, const auto& v) {
+      return static_cast<T>(scale * static_cast<double>(v[0]) * (static_cast<double>(v[1]) - sum));
     });
   }
 };
-/// SoftmaxBackwardRows over `rows` rows of `n` in `layout` (kernels::row_layout's by default).
+/// SoftmaxBackwardRows over `rows` rows of `n` (kernels::row_groups' layout unless given).
 template <class Exec, class T>
 void softmax_backward_rows(const Exec& exec, const T* y, const T* g, T* out, std::int64_t rows, std::int64_t n,
-                           double scale, kernels::RowLayout layout = {}) {
-  layout = kernels::row_layout<Exec>(n, layout);
-  kernels::launch_rows(exec, "shardlib::autodiff::softmax_backward_rows(team)", rows, layout,
-                       SoftmaxBackwardRows<T>{y, g, out, n, scale, rows, layout});
+                           double scale, kernels::RowGroups groups = {}) {
+  if (groups.team == 0) groups = kernels::row_groups<Exec>(n);
+  const bool aligned = kernels::rows_aligned(y, n) && kernels::rows_aligned(g, n) && kernels::rows_aligned(static_cast<const T*>(out), n);
+  kernels::with_row_tile(kernels::RowGroups{groups.team, groups.group, 8}, n, [&](auto, auto chunked) {
+    kernels::launch_row_groups(exec, "shardlib::autodiff::softmax_backward_rows", rows, groups,
+                             kernels::row_groups_scratch<double, 1>(groups),
+                             SoftmaxBackwardRows<T, decltype(chunked)::value>{y, g, out, n, scale, rows, groups, aligned});
+  });
 }
 }  // namespace autodiff::detail
 
@@ -273,12 +282,13 @@ struct NormBackwardApply {
   }
 };
 
-/// norm_backward of whole contiguous rows not split over devices, in one launch: a team per row
-/// (up to 256 GPU threads striding along it), or for rows up to 1024 a warp's lanes, sums the row (layer_norm: x, x^2, g, g y; rms_norm:
-/// x^2, g y) in double and writes its gradient. NormBackwardSums and NormBackwardApply give a row
-/// to one GPU thread, whose loads are a row apart across the warp: 0.5 ms on an H100 for [8192,
-/// 768] bf16 against about 10 us of memory traffic (issue 40).
-template <class T>
+/// norm_backward of whole contiguous rows not split over devices, in one launch, in row groups
+/// (kernels/row_groups.hpp: a group of GPU threads per row, x, y and g in registers): sums the row
+/// (layer_norm: x, x^2, g, g y; rms_norm: x^2, g y) in double, in one reduction, and writes its
+/// gradient. NormBackwardSums and NormBackwardApply give a row to one GPU thread, whose loads are
+/// a row apart across the warp: 0.5 ms on an H100 for [8192, 768] bf16 against about 10 us of
+/// memory traffic (issue 40).
+template <class T, bool Chunked>
 struct NormBackwardRows {
   const T *x, *y, *g;
   T* out;
@@ -286,42 +296,50 @@ struct NormBackwardRows {
   double count, eps;
   bool layer;
   std::int64_t rows;
-  kernels::RowLayout layout;
+  kernels::RowGroups groups;
+  bool aligned;  // x, y, g and out
   template <class Member>
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
-    kernels::for_team_rows(team, layout, rows, [&](std::int64_t r, const auto& row_range, bool) { row(r, row_range(n)); });
-  }
-  template <class Range>
-  KOKKOS_INLINE_FUNCTION void row(std::int64_t r, const Range& range) const {
     using std::sqrt;
-    const T *xr = x + r * n, *yr = y + r * n, *gr = g + r * n;
-    T* o = out + r * n;
-    auto d = [](const T& v) { return static_cast<double>(static_cast<compute_t<T>>(v)); };
-    double sx = 0, sxx = 0, sg = 0, sgy = 0;
-    Kokkos::parallel_reduce(range, [&](std::int64_t j, double& a) { a += d(xr[j]) * d(xr[j]); }, sxx);
-    Kokkos::parallel_reduce(range, [&](std::int64_t j, double& a) { a += d(gr[j]) * d(yr[j]); }, sgy);
+    const kernels::RowPlace at = kernels::row_place(team, groups, rows);
+    const std::int64_t r = at.valid ? at.row : 0;
+    double* scratch = static_cast<double*>(team.team_shmem().get_shmem(kernels::row_groups_scratch<double, 4>(groups)));
+    const kernels::RowWalk<T, 8, 3, Chunked> walk({x, y, g}, r, n, n, groups.group, at.lane, aligned, at.valid);
+    double s[4] = {0, 0, 0, 0};  // x^2, g y, x, g
+    walk.each([&](std::int64_t, const auto& v) {
+      const double dx = static_cast<double>(v[0]), dy = static_cast<double>(v[1]), dg = static_cast<double>(v[2]);
+      s[0] += dx * dx;
+      s[1] += dg * dy;
+      if (layer) s[2] += dx, s[3] += dg;
+    });
+    kernels::group_combine(team, groups, s, scratch, [](double a, double b) { return a + b; });
     double scale, mg = 0;
     if (layer) {
-      Kokkos::parallel_reduce(range, [&](std::int64_t j, double& a) { a += d(xr[j]); }, sx);
-      Kokkos::parallel_reduce(range, [&](std::int64_t j, double& a) { a += d(gr[j]); }, sg);
-      const double mu = sx / count, var = sxx / count - mu * mu;
-      scale = 1.0 / sqrt(var + eps), mg = sg / count;
+      const double mu = s[2] / count, var = s[0] / count - mu * mu;
+      scale = 1.0 / sqrt(var + eps), mg = s[3] / count;
     } else {
-      scale = 1.0 / sqrt(sxx / count + eps);
+      scale = 1.0 / sqrt(s[0] / count + eps);
     }
-    const double mgy = sgy / count;
-    Kokkos::parallel_for(range, [&](std::int64_t j) { o[j] = static_cast<T>(scale * (d(gr[j]) - mg - d(yr[j]) * mgy)); });
+    const double mgy = s[1] / count;
+    walk.store(out, r, aligned, [&](std::int64_t, const auto& v) {
+      return static_cast<T>(scale * (static_cast<double>(v[2]) - mg - static_cast<double>(v[1]) * mgy));
+    });
   }
 };
 
-/// Launches NormBackwardRows over `rows` rows of `n` on `exec` in `layout` (kernels::row_layout's
-/// by default, as kernels::rows_fused).
+/// Launches NormBackwardRows over `rows` rows of `n` on `exec` (kernels::row_groups' layout
+/// unless given, as kernels::rows_fused).
 template <class Exec, class T>
 void norm_backward_rows(const Exec& exec, const T* x, const T* y, const T* g, T* out, std::int64_t rows, std::int64_t n,
-                        double count, double eps, bool layer, kernels::RowLayout layout = {}) {
-  layout = kernels::row_layout<Exec>(n, layout);
-  kernels::launch_rows(exec, "shardlib::autodiff::norm_backward_rows(team)", rows, layout,
-                       NormBackwardRows<T>{x, y, g, out, n, count, eps, layer, rows, layout});
+                        double count, double eps, bool layer, kernels::RowGroups groups = {}) {
+  if (groups.team == 0) groups = kernels::row_groups<Exec>(n);
+  const bool aligned = kernels::rows_aligned(x, n) && kernels::rows_aligned(y, n) && kernels::rows_aligned(g, n) &&
+                       kernels::rows_aligned(static_cast<const T*>(out), n);
+  kernels::with_row_tile(kernels::RowGroups{groups.team, groups.group, 8}, n, [&](auto, auto chunked) {
+    kernels::launch_row_groups(exec, "shardlib::autodiff::norm_backward_rows", rows, groups,
+                               kernels::row_groups_scratch<double, 4>(groups),
+                               NormBackwardRows<T, decltype(chunked)::value>{x, y, g, out, n, count, eps, layer, rows, groups, aligned});
+  });
 }
 
 /// The backward of layer_norm (`layer`) or rms_norm along `dim`: the input's gradient block

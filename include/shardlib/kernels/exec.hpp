@@ -59,64 +59,6 @@ constexpr int row_team_size(std::int64_t n) noexcept {
   }
 }
 
-/// How a kernel with whole rows per team lays them out: a team per row (rows longer than 256,
-/// its threads striding along the row: the team's reductions go through shared memory, a barrier
-/// each) or, for shorter rows, a row per team thread, that thread's vector lanes (up to a warp's
-/// 32 on a GPU) striding along it (its reductions are warp shuffles, with no barrier). Measured on
-/// an H100 (bench_gpu --part rows, float rows of 256 MiB): softmax of rows of 256 at 0.17 of the
-/// copy bandwidth with a team per row, 0.58 with a warp's lanes; of 64, 0.20 and 0.35; rows of
-/// 1024 ran no faster per warp, and softmax's backward slower (0.54 against 0.75).
-/// Default-constructed (all 0): `row_layout` picks it.
-struct RowLayout {
-  int team = 0;           ///< Kokkos team size
-  int lanes = 0;          ///< Kokkos vector length (a row's lanes, in the per-thread form)
-  int rows_per_team = 0;  ///< 1: a team per row; more: a row per team thread
-};
-
-/// RowLayout for rows of `n` on `Exec`: on a host instance a team of one thread per row; on a GPU
-/// a team of up to 256 threads per row past 256, else a row per 1..32 lanes, 256 threads a team.
-/// A given layout (rows_per_team > 0) is kept (the tests run the per-thread form on the host).
-template <class Exec>
-constexpr RowLayout row_layout(std::int64_t n, RowLayout given = {}) noexcept {
-  if (given.rows_per_team > 0) return given;
-  if constexpr (is_host_exec_v<Exec>) {
-    return {1, 1, 1};
-  } else {
-    if (n > 256) return {row_team_size<Exec>(n), 1, 1};
-    int lanes = 1;
-    while (lanes < 32 && lanes < n) lanes *= 2;
-    return {256 / lanes, lanes, 256 / lanes};
-  }
-}
-
-/// In a team kernel launched by `launch_rows`: calls `body(row, range, whole_team)` for each of
-/// the team's rows (`rows` in all), `range(len)` making a range over [0, len) of the row's
-/// elements: a TeamThreadRange (a team per row: `whole_team` true) or a ThreadVectorRange (a row
-/// per thread: false). Nested parallel_reduce over such a range gives every thread (lane) of the
-/// row the result.
-template <class Member, class Body>
-KOKKOS_INLINE_FUNCTION void for_team_rows(const Member& team, const RowLayout& layout, std::int64_t rows, const Body& body) {
-  if (layout.rows_per_team == 1) {
-    body(static_cast<std::int64_t>(team.league_rank()), [&](std::int64_t len) { return Kokkos::TeamThreadRange(team, len); },
-         true);
-    return;
-  }
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, layout.rows_per_team), [&](int i) {
-    const std::int64_t r = static_cast<std::int64_t>(team.league_rank()) * layout.rows_per_team + i;
-    if (r < rows) body(r, [&](std::int64_t len) { return Kokkos::ThreadVectorRange(team, len); }, false);
-  });
-}
-
-/// Launches team kernel `k` (which walks its rows with for_team_rows) over `rows` rows on `exec`
-/// in `layout`; fences a host instance.
-template <class Exec, class Kernel>
-void launch_rows(const Exec& exec, const char* label, std::int64_t rows, const RowLayout& layout, const Kernel& k) {
-  if (rows <= 0) return;
-  const std::int64_t league = (rows + layout.rows_per_team - 1) / layout.rows_per_team;
-  Kokkos::parallel_for(label, Kokkos::TeamPolicy<Exec>(exec, static_cast<int>(league), layout.team, layout.lanes), k);
-  if constexpr (is_host_exec_v<Exec>) kernels::fence(exec);
-}
-
 namespace detail::portable {
 /// Runs `kernel(k)` for k in [0, count) on `exec` (the device forms of the kernels, which any
 /// execution space runs); fences a host instance, as every host kernel does.

@@ -4,7 +4,8 @@
 /// normalisation built on such reductions: host kernels (below), and on a device instance
 /// (Kokkos::Cuda) the forms of `detail::portable`, queued on its stream without a fence: one
 /// thread per row for the stats, per element for the apply kernels, and `rows_fused`, softmax or
-/// a norm of whole contiguous rows in one launch, a team of threads per row.
+/// a norm of whole contiguous rows in one launch, a group of threads per row with the row in
+/// registers (kernels/row_groups.hpp).
 ///
 /// Every kernel sees its block as `[outer, n, inner]`, row-major: the reduced dim in the middle,
 /// element (o, j, i) at `(o * n + j) * inner + i`. A *row* is a fixed (o, i); per-row results are
@@ -28,6 +29,7 @@
 SHARDLIB_SIMD_WARNINGS_OFF  // (g++ 12 under -march=native: detail/attributes.hpp)
 
 #include <shardlib/half.hpp>
+#include <shardlib/kernels/row_groups.hpp>
 #include <shardlib/kernels/vmath.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -374,35 +376,41 @@ struct ArgDimKernel {
   }
 };
 
-/// A sum along contiguous rows (inner == 1) with a team of GPU threads per row striding along it:
-/// ReduceDimKernel gives a row to one thread, whose loads are a row apart across the warp (the
-/// softmax backward's row sums of [8, 12, 1024, 1024] took milliseconds on an H100). Accumulated in
-/// Acc, or float for a 16-bit Acc. The tests run it on host instances too.
-template <class T, class Acc>
-struct RowSumTeamKernel {
+/// A sum along contiguous rows (inner == 1) in row groups (kernels/row_groups.hpp: a group of GPU
+/// threads per row, its elements in registers, shuffles): ReduceDimKernel gives a row to one
+/// thread, whose loads are a row apart across the warp (the softmax backward's row sums of [8, 12,
+/// 1024, 1024] took milliseconds on an H100). Accumulated in Acc, or float for a 16-bit Acc. The
+/// tests run it on host instances too (a group of one thread: the sum in order).
+template <class T, class Acc, int E, bool Chunked>
+struct RowSumKernel {
   using Sum = std::conditional_t<is_half_v<Acc>, float, Acc>;
   const T* in;
   Acc* out;
   std::int64_t n, rows;
-  RowLayout layout;
+  RowGroups groups;
+  bool aligned;
   template <class Member>
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
-    for_team_rows(team, layout, rows, [&](std::int64_t r, const auto& range, bool whole_team) {
-      const T* p = in + r * n;
-      Sum s{};
-      Kokkos::parallel_reduce(range(n), [&](std::int64_t j, Sum& a) { a += static_cast<Sum>(p[j]); }, s);
-      if (whole_team) Kokkos::single(Kokkos::PerTeam(team), [&] { out[r] = static_cast<Acc>(s); });
-      else Kokkos::single(Kokkos::PerThread(team), [&] { out[r] = static_cast<Acc>(s); });
-    });
+    const RowPlace at = row_place(team, groups, rows);
+    Sum* scratch = static_cast<Sum*>(team.team_shmem().get_shmem(row_groups_scratch<Sum, 1>(groups)));
+    const RowWalk<T, E, 1, Chunked> walk({in}, at.valid ? at.row : 0, n, n, groups.group, at.lane, aligned, at.valid);
+    Sum s[1] = {Sum(0)};
+    walk.each([&](std::int64_t, const auto& v) { s[0] += static_cast<Sum>(v[0]); });
+    group_combine(team, groups, s, scratch, [](Sum a, Sum b) { return a + b; });
+    if (at.valid && at.lane == 0) out[at.row] = static_cast<Acc>(s[0]);
   }
 };
 
-/// RowSumTeamKernel over `rows` rows of `n` in `layout` (row_layout's by default: a team per long
-/// row, a warp's lanes per short one on a GPU; one thread per row on a host instance).
+/// RowSumKernel over `rows` rows of `n` (row_groups' layout for `Exec` unless given).
 template <class Exec, class T, class Acc>
-void row_sums_teams(const Exec& exec, const T* in, Acc* out, std::int64_t rows, std::int64_t n, RowLayout layout = {}) {
-  layout = row_layout<Exec>(n, layout);
-  launch_rows(exec, "shardlib::kernels::reduce_dim(sum, rows)", rows, layout, RowSumTeamKernel<T, Acc>{in, out, n, rows, layout});
+void row_sums(const Exec& exec, const T* in, Acc* out, std::int64_t rows, std::int64_t n, RowGroups groups = {}) {
+  using Sum = std::conditional_t<is_half_v<Acc>, float, Acc>;
+  if (groups.team == 0) groups = row_groups<Exec>(n, 32);
+  const bool aligned = rows_aligned(in, n);
+  with_row_tile(groups, n, [&](auto e, auto chunked) {
+    launch_row_groups(exec, "shardlib::kernels::reduce_dim(sum, rows)", rows, groups, row_groups_scratch<Sum, 1>(groups),
+                      RowSumKernel<T, Acc, decltype(e)::value, decltype(chunked)::value>{in, out, n, rows, groups, aligned});
+  });
 }
 
 template <class Exec, class T, class Acc>
@@ -412,7 +420,7 @@ void reduce_dim(const Exec& exec, const T* in, Acc* out, std::int64_t outer, std
   switch (k) {
     case ReduceKind::sum:
       if (!is_host_exec_v<Exec> && inner == 1 && n > 0 && outer > 0 && outer <= std::numeric_limits<int>::max())
-        return row_sums_teams(exec, in, out, outer, n);
+        return row_sums(exec, in, out, outer, n);
       return run(exec, label, outer * inner, ReduceDimKernel<T, Acc, ReduceKind::sum>{in, out, n, inner, Acc(0)});
     case ReduceKind::max:
       return run(exec, label, outer * inner, ReduceDimKernel<T, Acc, ReduceKind::max>{in, out, n, inner, max_identity<Acc>()});
@@ -465,113 +473,121 @@ void norm_apply(const Exec& exec, const T* in, T* out, const double* sum, const 
 /// What rows_fused computes along each row.
 enum class RowOp : std::uint8_t { softmax, log_softmax, layer_norm, rms_norm };
 
-/// rows_fused's kernel: a row per team (its threads striding along it) or per team thread (its
-/// vector lanes striding along it), as RowLayout says. softmax: the max of scale * x (a
-/// NaN counts as +inf, so that its row comes out NaN as in SoftmaxApplyKernel), the sum in double
-/// of exp(scale * x - max), then the outputs; the norms: the sums of x and x² in double, then the
-/// outputs. The same arithmetic as the stats and apply kernels above, in one launch and one read
-/// of the row from memory (the later passes find it in cache). With `causal` (softmax and
-/// log_softmax; > 0: the rows are [..., causal, n] matrices, row r the query r % causal) element
-/// j of a row is masked where j > r % causal, as an additive -infinity bias there would: read up
-/// to the diagonal only, written 0 (log_softmax: -infinity) beyond it.
-template <class T, RowOp Op>
-struct RowsTeamKernel {
+/// rows_fused's kernel, in row groups (kernels/row_groups.hpp: a group of threads per row, its
+/// elements in registers, E a thread; rows longer than a group holds read again per pass).
+/// softmax: the max of scale * x (a NaN counts as +inf, so that its row comes out NaN as in
+/// SoftmaxApplyKernel), the sum in double of exp(scale * x - max), then the outputs; the norms:
+/// the sums of x and x^2 in double (one reduction), then the outputs. The same arithmetic as the
+/// stats and apply kernels above, in one launch and one read of the row from memory. With
+/// `causal` (softmax and log_softmax; > 0: the rows are [..., causal, n] matrices, row r the
+/// query r % causal) element j of a row is masked where j > r % causal, as an additive -infinity
+/// bias there would: read up to the diagonal only, written 0 (log_softmax: -infinity) beyond it.
+template <class T, RowOp Op, int E, bool Chunked>
+struct RowsKernel {
+  using C = compute_t<T>;
   const T* in;
   T* out;
   std::int64_t n;
   T scale;
   double eps;
-  T inf;  // +infinity (a NaN's stand-in in the max)
   std::int64_t rows;
-  RowLayout layout;
-  std::int64_t causal = 0;
+  RowGroups groups;
+  std::int64_t causal;
+  bool in_aligned, out_aligned;
+  T inf;  // +infinity (a NaN's stand-in in the max; -inf the max's identity), from the host
   template <class Member>
   KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
-    for_team_rows(team, layout, rows, [&](std::int64_t r, const auto& range, bool) { row(r, range); });
-  }
-  template <class Ranges>
-  KOKKOS_INLINE_FUNCTION void row(std::int64_t r, const Ranges& ranges) const {
     using std::exp, std::log, std::sqrt;
-    const T* x = in + r * n;
-    T* y = out + r * n;
+    const RowPlace at = row_place(team, groups, rows);
+    const std::int64_t r = at.valid ? at.row : 0;
+    void* shared = team.team_shmem().get_shmem(row_groups_scratch<double, 2>(groups));
     if constexpr (Op == RowOp::softmax || Op == RowOp::log_softmax) {
       const std::int64_t kept = causal > 0 && r % causal + 1 < n ? r % causal + 1 : n;  // elements not masked
-      const auto range = ranges(kept);
+      RowWalk<T, E, 1, Chunked> walk({in}, r, n, kept, groups.group, at.lane, in_aligned, at.valid);
       const T s = scale;
-      T m;
-      Kokkos::parallel_reduce(
-          range,
-          [&](std::int64_t j, T& acc) {
-            const T v = s * x[j];
-            const T w = v != v ? inf : v;
-            if (w > acc) acc = w;
-          },
-          Kokkos::Max<T>(m));
-      double sum = 0;
-      Kokkos::parallel_reduce(
-          range, [&](std::int64_t j, double& acc) { acc += static_cast<double>(exp(s * x[j] - m)); }, sum);
-      const T z = static_cast<T>(sum);
+      T m[1] = {-inf};
+      walk.each([&](std::int64_t, const auto& v) {
+        const T w = s * static_cast<T>(v[0]);
+        const T u = w != w ? inf : w;
+        if (u > m[0]) m[0] = u;
+      });
+      group_combine(team, groups, m, static_cast<T*>(shared), [](T a, T b) { return a > b ? a : b; });
+      double sum[1] = {0};
+      const T mx = m[0];
+      constexpr bool keep_exp = Op == RowOp::softmax && !Chunked;  // the exponentials kept in registers
+      if constexpr (keep_exp) {
+        walk.transform([&](std::int64_t, const auto& v) {
+          const T e = exp(s * static_cast<T>(v[0]) - mx);
+          sum[0] += static_cast<double>(e);
+          return static_cast<C>(e);
+        });
+      } else {
+        walk.each([&](std::int64_t, const auto& v) { sum[0] += static_cast<double>(exp(s * static_cast<T>(v[0]) - mx)); });
+      }
+      group_combine(team, groups, sum, static_cast<double*>(shared), [](double a, double b) { return a + b; });
+      const T z = static_cast<T>(sum[0]);
       if constexpr (Op == RowOp::log_softmax) {
         const T lz = log(z);
-        Kokkos::parallel_for(ranges(n), [&](std::int64_t j) { y[j] = j < kept ? s * x[j] - m - lz : -inf; });
+        walk.store(out, r, out_aligned, [&](std::int64_t j, const auto& v) { return j < kept ? s * static_cast<T>(v[0]) - mx - lz : -inf; });
+      } else if constexpr (keep_exp) {
+        const T inv = T(1) / z;
+        walk.store(out, r, out_aligned, [&](std::int64_t j, const auto& v) { return j < kept ? static_cast<T>(v[0]) * inv : T(0); });
       } else {
         const T inv = T(1) / z;
-        Kokkos::parallel_for(ranges(n), [&](std::int64_t j) { y[j] = j < kept ? exp(s * x[j] - m) * inv : T(0); });
+        walk.store(out, r, out_aligned,
+                   [&](std::int64_t j, const auto& v) { return j < kept ? exp(s * static_cast<T>(v[0]) - mx) * inv : T(0); });
       }
     } else {
-      const auto range = ranges(n);
+      const RowWalk<T, E, 1, Chunked> walk({in}, r, n, n, groups.group, at.lane, in_aligned, at.valid);
       const double count = static_cast<double>(n);
-      double sum = 0, sumsq = 0;
-      if constexpr (Op == RowOp::layer_norm)
-        Kokkos::parallel_reduce(range, [&](std::int64_t j, double& acc) { acc += static_cast<double>(x[j]); }, sum);
-      Kokkos::parallel_reduce(
-          range,
-          [&](std::int64_t j, double& acc) {
-            const double v = static_cast<double>(x[j]);
-            acc += v * v;
-          },
-          sumsq);
+      double sums[2] = {0, 0};  // x, x^2
+      walk.each([&](std::int64_t, const auto& v) {
+        const double d = static_cast<double>(v[0]);
+        if constexpr (Op == RowOp::layer_norm) sums[0] += d;
+        sums[1] += d * d;
+      });
+      group_combine(team, groups, sums, static_cast<double*>(shared), [](double a, double b) { return a + b; });
       double mean = 0, inv;
       if constexpr (Op == RowOp::layer_norm) {
-        mean = sum / count;
-        const double var = sumsq / count - mean * mean;
+        mean = sums[0] / count;
+        const double var = sums[1] / count - mean * mean;
         inv = 1.0 / sqrt((var > 0.0 ? var : 0.0) + eps);
       } else {
-        inv = 1.0 / sqrt(sumsq / count + eps);
+        inv = 1.0 / sqrt(sums[1] / count + eps);
       }
-      Kokkos::parallel_for(range, [&](std::int64_t j) { y[j] = static_cast<T>((static_cast<double>(x[j]) - mean) * inv); });
+      walk.store(out, r, out_aligned, [&](std::int64_t, const auto& v) { return static_cast<T>((static_cast<double>(v[0]) - mean) * inv); });
     }
   }
 };
 
 /// `op` along each of `rows` contiguous rows of `n` (`in` [rows, n] row-major, whole rows on this
-/// device): one launch (softmax and log_softmax of scale * in; eps for the norms), the rows laid
-/// out as `layout` (row_layout's by default: on a GPU a team of up to 256 threads per row past
-/// 256, a warp's lanes per row up to 256; on a host instance one thread per row); `causal` as
-/// RowsTeamKernel's (softmax and log_softmax only). `out` may be `in`: each thread writes only
-/// what it read last.
+/// device): one launch (softmax and log_softmax of scale * in; eps for the norms), in row groups
+/// (row_groups' layout for `Exec` unless given: on a GPU a group of threads per row, up to 32
+/// elements a thread in registers; on a host instance one thread per row); `causal` as
+/// RowsKernel's (softmax and log_softmax only). `out` may be `in`: each thread writes only what it
+/// read.
 template <class Exec, class T>
 void rows_fused(const Exec& exec, RowOp op, const T* in, T* out, std::int64_t rows, std::int64_t n, T scale, double eps,
-                RowLayout layout = {}, std::int64_t causal = 0) {
+                RowGroups groups = {}, std::int64_t causal = 0) {
   if (rows <= 0) return;
   if (causal < 0 || (causal > 0 && op != RowOp::softmax && op != RowOp::log_softmax))
     throw std::invalid_argument("shardlib::kernels::rows_fused: causal " + std::to_string(causal) +
                                 " (a causal mask is softmax's and log_softmax's, over rows of > 0 queries)");
-  layout = row_layout<Exec>(n, layout);
-  const T inf = min_identity<T>();
+  if (groups.team == 0) groups = row_groups<Exec>(n, 32);
+  const bool ia = rows_aligned(in, n), oa = rows_aligned(static_cast<const T*>(out), n);
+  const std::size_t scratch = row_groups_scratch<double, 2>(groups);
+  auto with_tile = [&](auto op_tag) {
+    with_row_tile(groups, n, [&](auto e, auto chunked) {
+      launch_row_groups(exec, "shardlib::kernels::rows_fused", rows, groups, scratch,
+                        RowsKernel<T, decltype(op_tag)::value, decltype(e)::value, decltype(chunked)::value>{
+                            in, out, n, scale, eps, rows, groups, causal, ia, oa, min_identity<T>()});
+    });
+  };
   switch (op) {
-    case RowOp::softmax:
-      return launch_rows(exec, "shardlib::kernels::softmax_rows(team)", rows, layout,
-                         RowsTeamKernel<T, RowOp::softmax>{in, out, n, scale, eps, inf, rows, layout, causal});
-    case RowOp::log_softmax:
-      return launch_rows(exec, "shardlib::kernels::log_softmax_rows(team)", rows, layout,
-                         RowsTeamKernel<T, RowOp::log_softmax>{in, out, n, scale, eps, inf, rows, layout, causal});
-    case RowOp::layer_norm:
-      return launch_rows(exec, "shardlib::kernels::layer_norm_rows(team)", rows, layout,
-                         RowsTeamKernel<T, RowOp::layer_norm>{in, out, n, scale, eps, inf, rows, layout});
-    case RowOp::rms_norm:
-      return launch_rows(exec, "shardlib::kernels::rms_norm_rows(team)", rows, layout,
-                         RowsTeamKernel<T, RowOp::rms_norm>{in, out, n, scale, eps, inf, rows, layout});
+    case RowOp::softmax: return with_tile(std::integral_constant<RowOp, RowOp::softmax>{});
+    case RowOp::log_softmax: return with_tile(std::integral_constant<RowOp, RowOp::log_softmax>{});
+    case RowOp::layer_norm: return with_tile(std::integral_constant<RowOp, RowOp::layer_norm>{});
+    case RowOp::rms_norm: return with_tile(std::integral_constant<RowOp, RowOp::rms_norm>{});
   }
 }
 

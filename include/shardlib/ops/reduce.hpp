@@ -170,7 +170,7 @@ void all_reduce_stats(Context& ctx, const MeshShape& mesh, const AxisList& axes,
 /// memory space: per-row statistics (all-reduced over the dim's axes when it is split), then the
 /// kernel that writes the output block `out`, on the device's instance for `Mem` (host memory:
 /// whole contiguous rows take the fused row kernels of kernels/rows.hpp; device memory: whole
-/// contiguous rows one team per row in one launch, other blocks the stats and apply kernels, one
+/// contiguous rows in one launch (a group of threads per row: kernels/row_groups.hpp), other blocks the stats and apply kernels, one
 /// GPU thread per row or element, the statistics kept in device memory). `causal` > 0: softmax's
 /// causal mask over [..., causal, n] rows (attention's unfused form in GPU memory, whole
 /// contiguous rows only: kernels::detail::portable::rows_fused's).
@@ -201,7 +201,7 @@ SHARDLIB_NOINLINE void normalize_run(const OpRule& rule, int dim, double eps, do
   }
   const auto& exec = ctx.exec_for<Mem>();
   if constexpr (!host_memory_v<Mem>) {
-    if (!split && r.inner == 1) {  // whole contiguous rows: one team per row, one launch
+    if (!split && r.inner == 1) {  // whole contiguous rows: row groups, one launch
       constexpr auto op = Kind == Normalization::softmax       ? kernels::detail::portable::RowOp::softmax
                           : Kind == Normalization::log_softmax ? kernels::detail::portable::RowOp::log_softmax
                           : Kind == Normalization::layer_norm  ? kernels::detail::portable::RowOp::layer_norm
