@@ -49,7 +49,8 @@
 //   alone (ghosts current) and a step with the ghost exchange overlapped; bytes = the block read
 //   and written, next to cudaMemcpyAsync D2D of the block (as many bytes read and written):
 //   fraction_of_copy (recorded; the host goal is >= 0.60 of the copy limit).
-// --profile-step (mlp): no benchmark; the block of the first size alone, for a profiler
+// --profile-step (mlp, stencil): no benchmark; the block of the first size (stencil: one 2-D and
+//   one 3-D sweep, ghosts current) alone, for a profiler
 //   (scripts/gpu-check.sh --profile): warmed up, its wall time per call (the median of 21 calls,
 //   each fenced) as a record {"part": "profile"}, then one more call between cudaProfilerStart and
 //   cudaProfilerStop, which is all that `ncu --profile-from-start off` profiles.
@@ -523,7 +524,7 @@ struct Jacobi7 {
 /// points per device, split over a mesh as square as the device count allows (the last dim of a
 /// 3-D grid whole), against a device-to-device copy of the block.
 template <std::size_t R, class Stencil>
-void stencil_case(sl::Context& ctx, std::int64_t side, const char* what) {
+void stencil_case(sl::Context& ctx, std::int64_t side, const char* what, bool profile) {
   const int n = ctx.num_devices();
   int px = 1;
   for (int d = 1; d * d <= n; ++d)
@@ -545,6 +546,11 @@ void stencil_case(sl::Context& ctx, std::int64_t side, const char* what) {
   std::string shape_text = "[";
   for (std::size_t d = 0; d < R; ++d) shape_text += (d ? ", " : "") + std::to_string(side);
   shape_text += "]";
+  if (profile) {  // one sweep (ghosts current) alone, for a profiler
+    g.exchange();
+    profile_step(ctx, std::string(what) + " sweep " + shape_text, [&] { sl::stencil_for(v, g, Stencil{}, sl::GhostRefresh::none); });
+    return;
+  }
   for (const auto refresh : {sl::GhostRefresh::none, sl::GhostRefresh::overlap}) {
     const bool step = refresh == sl::GhostRefresh::overlap;
     const std::string name = std::string(what) + (step ? " step (exchange overlapped)" : " sweep");
@@ -562,9 +568,9 @@ void stencil_case(sl::Context& ctx, std::int64_t side, const char* what) {
   }
 }
 
-void stencil(sl::Context& ctx, std::int64_t side, std::int64_t side3) {
-  stencil_case<2, Jacobi5>(ctx, side, "jacobi5");
-  stencil_case<3, Jacobi7>(ctx, side3, "jacobi7");
+void stencil(sl::Context& ctx, std::int64_t side, std::int64_t side3, bool profile) {
+  stencil_case<2, Jacobi5>(ctx, side, "jacobi5", profile);
+  stencil_case<3, Jacobi7>(ctx, side3, "jacobi7", profile);
 }
 
 std::string part_of(int argc, char** argv) { return gpubench::text_arg(argc, argv, "--part", "elementwise"); }
@@ -595,7 +601,8 @@ int main(int argc, char** argv) {
   const int model = static_cast<int>(bench::arg(argc, argv, "--model", 1));
   const double peak = static_cast<double>(bench::arg(argc, argv, "--peak-tflops", 0));
   const bool profile = has_flag(argc, argv, "--profile-step");
-  if (profile && part != "mlp") throw std::invalid_argument("bench_gpu: --profile-step is for --part mlp, not " + part);
+  if (profile && part != "mlp" && part != "stencil")
+    throw std::invalid_argument("bench_gpu: --profile-step is for --part mlp or stencil, not " + part);
   rt.spmd([&](sl::Context& ctx) {
     bench::warm_up(ctx.world());
     say(ctx, "bench_gpu " + part + " on " + gpu_name() + ", " + std::to_string(ctx.num_devices()) + " device(s)");
@@ -605,7 +612,7 @@ int main(int argc, char** argv) {
     else if (part == "overhead") overhead(ctx, size);
     else if (part == "mlp") mlp(ctx, model, peak, quick, profile);
     else if (part == "reshard") reshard(ctx, reshard_mib);
-    else stencil(ctx, stencil_side, stencil_side3);
+    else stencil(ctx, stencil_side, stencil_side3, profile);
   });
   return 0;
 }

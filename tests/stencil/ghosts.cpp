@@ -16,6 +16,7 @@
 #include "../collectives/harness.hpp"
 #include "../sharding/random.hpp"
 
+#include <array>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -276,6 +277,60 @@ void periodic27(sl::Context& ctx) {
         if (got[at] != s) FAIL_CHECK("(" << i << ", " << j << ", " << k << "): " << got[at] << " != " << s);
       }
 }
+// A periodic axis stencil (widths 2 along the first dim, 1 elsewhere) with the global index in
+// it on a 1-D and a 4-D grid, the first dim split, against the serial loop, bit for bit: a 1-D
+// block is one row (the GPU's tiles, StencilTileKernel, with no rows to march), a 4-D one has
+// rows over three dims (the GPU's team per row).
+template <bool PerPoint, std::size_t R>
+void periodic_axes(sl::Context& ctx, const std::array<std::int64_t, R>& shape) {
+  using M1 = sl::Mesh<"x">;
+  using Spec = std::conditional_t<R == 1, sl::Spec<"x">, sl::Spec<"x", sl::none, sl::none, sl::none>>;
+  using G = sl::DistributedTensor<double, M1, Spec>;
+  const M1 mesh(ctx, {ctx.num_devices()});
+  auto u = G::random(mesh, shape, 11, -1.0, 1.0), v = G::zeros(mesh, shape);
+  const auto host = u.to_host();
+  std::array<int, R> widths;
+  widths.fill(1);
+  widths[0] = 2;
+  auto g = sl::ghosted(u, widths, B::periodic());
+  run_stencil<PerPoint>(v, g, [](const sl::Index<R>& i, const auto& nb) {
+    double s = 0;
+    if constexpr (R == 1) {
+      s = 3 * nb(0) + nb(-2) - 2 * nb(1) + 0.5 * nb(2);
+    } else {
+      s = 3 * nb(0, 0, 0, 0) + nb(-2, 0, 0, 0) - 2 * nb(1, 0, 0, 0) + nb(0, -1, 0, 0) + 5 * nb(0, 0, 1, 0) - nb(0, 0, 0, -1) +
+          7 * nb(0, 0, 0, 1);
+    }
+    return s + static_cast<double>(i[R - 1]) + 10 * static_cast<double>(i[0]);
+  });
+  const auto got = v.to_host();
+  std::array<std::int64_t, R> stride;
+  stride[R - 1] = 1;
+  for (std::size_t d = R - 1; d-- > 0;) stride[d] = stride[d + 1] * shape[d + 1];
+  auto at = [&](std::array<std::int64_t, R> p) {
+    std::int64_t k = 0;
+    for (std::size_t d = 0; d < R; ++d) k += ((p[d] % shape[d] + shape[d]) % shape[d]) * stride[d];
+    return host[static_cast<std::size_t>(k)];
+  };
+  for (std::size_t e = 0; e < got.size(); ++e) {
+    std::array<std::int64_t, R> p;
+    for (std::size_t d = 0; d < R; ++d) p[d] = static_cast<std::int64_t>(e) / stride[d] % shape[d];
+    auto nb = [&](std::array<std::int64_t, R> o) {
+      for (std::size_t d = 0; d < R; ++d) o[d] += p[d];
+      return at(o);
+    };
+    double s;
+    if constexpr (R == 1) {
+      s = 3 * nb({0}) + nb({-2}) - 2 * nb({1}) + 0.5 * nb({2});
+    } else {
+      s = 3 * nb({0, 0, 0, 0}) + nb({-2, 0, 0, 0}) - 2 * nb({1, 0, 0, 0}) + nb({0, -1, 0, 0}) + 5 * nb({0, 0, 1, 0}) -
+          nb({0, 0, 0, -1}) + 7 * nb({0, 0, 0, 1});
+    }
+    s = s + static_cast<double>(p[R - 1]) + 10 * static_cast<double>(p[0]);  // the functor's order
+    if (got[e] != s) FAIL_CHECK("element " << e << " of the " << R << "-D grid: " << got[e] << " != " << s);
+  }
+}
+
 // Reads at the full widths (2 and 1, reflect boundaries) pass the checked mode, with one exchange.
 template <bool PerPoint>
 void checked_within(sl::Context& ctx) {
@@ -365,6 +420,14 @@ TEST_CASE("stencil_for's GPU work items (a point each, GPU memory's) on host mem
   for (auto refresh : {sl::GhostRefresh::overlap, sl::GhostRefresh::blocking, sl::GhostRefresh::none})
     sl::test::for_each_run([&](sl::Context& ctx) { jacobi<true>(ctx, refresh); }, {1, 2, 4, 6});
   sl::test::for_each_run([](sl::Context& ctx) { periodic27<true>(ctx); }, {1, 2, 3, 8});
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        periodic_axes<true, 1>(ctx, {37});
+        periodic_axes<false, 1>(ctx, {37});
+        periodic_axes<true, 4>(ctx, {9, 4, 7, 11});
+        periodic_axes<false, 4>(ctx, {9, 4, 7, 11});
+      },
+      {1, 2, 3});
   sl::test::for_each_run([](sl::Context& ctx) { checked_within<true>(ctx); }, {1, 4});
   sl::test::for_each_run(
       [](sl::Context& ctx) {

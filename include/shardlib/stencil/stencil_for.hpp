@@ -9,11 +9,13 @@
 /// exchange, then the boundary shell: the two ends of each interior row (whose reads leave the
 /// block along the last dim only), and the slabs of the other dims, each first gathered with its
 /// neighbourhood (block and ghost cells) into a padded copy. The kernels (Kokkos, on the device's
-/// execution-space instance) run one row (the contiguous last dim) per work item on the host, a
-/// team of GPU threads per row in GPU memory (consecutive threads on consecutive points, the
-/// row's index worked out once per team); in the interior `nb` is a pointer and strides and the row a
-/// restrict loop, so a stencil written as a generic lambda compiles to the plain loop one would
-/// write over the block.
+/// execution-space instance) run one row (the contiguous last dim) per work item on the host; in
+/// GPU memory a 1-D or 2-D block runs in tiles (a team takes a tile of columns over several rows,
+/// a point a thread in each: the rows it reads again come from L1) and a block of more dims a
+/// team of GPU threads per row (consecutive threads on consecutive points, the row's index worked
+/// out once per team); in the interior `nb` is a pointer and strides and the row a restrict loop,
+/// so a stencil written as a generic lambda compiles to the plain loop one would write over the
+/// block.
 ///
 /// `stencil_for<sl::Check::on>(...)` checks every read against the ghost widths and throws
 /// std::out_of_range naming the offset, the index, the device and the widths (after the loop, on
@@ -85,23 +87,24 @@ KOKKOS_INLINE_FUNCTION bool checked_read(const StencilGeometry<T, R>& g, const s
   return ok;
 }
 
-/// nb(...): the input at a relative offset, through a pointer and strides.
-template <class T, std::size_t R, bool Checked>
+/// nb(...): the input at a relative offset, through a pointer and strides (`Idx`: int in the
+/// GPU's tile kernel, whose blocks have fewer than 2^31 elements: one multiply-add an address).
+template <class T, std::size_t R, bool Checked, class Idx = std::int64_t>
 struct Neighbors {
   const T* at;  // the point itself
-  std::int64_t s[R];
+  Idx s[R];
   template <class... O>
   KOKKOS_INLINE_FUNCTION T operator()(O... o) const {
     static_assert(sizeof...(O) == R, "shardlib: stencil_for: nb(...) takes one offset per dim of the tensor");
-    const std::int64_t off[R] = {static_cast<std::int64_t>(o)...};
-    std::int64_t k = 0;
+    const Idx off[R] = {static_cast<Idx>(o)...};
+    Idx k = 0;
     for (std::size_t d = 0; d < R; ++d) k += off[d] * s[d];
     return at[k];
   }
 };
 /// The checked form: a read beyond the widths is recorded (the first one) and reads T{}.
 template <class T, std::size_t R>
-struct Neighbors<T, R, true> {
+struct Neighbors<T, R, true, std::int64_t> {
   const T* at;
   std::int64_t s[R];
   const StencilGeometry<T, R>* g;
@@ -399,6 +402,110 @@ struct StencilRowsTeam {
   }
 };
 
+/// The points of a 1-D or 2-D block in GPU memory, in tiles: a team takes a tile of columns (a
+/// point a thread in each row) over `ty` consecutive rows, four rows' values before their stores.
+/// A row a thread reads as a neighbour was read by its team a step before, so the neighbours come
+/// from L1 rather than L2 (a team per row read each row three times through L2); the middle
+/// points' indices are 32-bit (the caller checks the block's size), so that an address is one
+/// multiply-add. With `ends`, the columns are the whole row and the threads on a row's ends read
+/// the last dim's ghost regions (EdgeNeighbors) in the same launch. Measured on an H100 (bench_gpu
+/// --part stencil, 5-point sweep of 8192^2, issue 40): 222 us in the kernel, 0.70-0.72 of a copy
+/// in all, against 259 us and 0.61 with a team per row. Blocks of 3 dims and more keep the team
+/// per row (StencilRowsTeam): tiles over planes and rows measured slower there (0.34-0.42 of the
+/// copy on a 7-point sweep of 512^3, against 0.46), and with the rows' ends in the tiles slower
+/// still (a warp diverged on every row's ends). The host runs it too (a thread a team).
+template <class T, class U, std::size_t R, class F>
+struct StencilTileKernel {
+  static_assert(R == 1 || R == 2, "shardlib: stencil tiles are for 1-D and 2-D blocks");
+  StencilRowsKernel<false, true, T, U, R, F> rows;  // the block, the ghost regions, f
+  int stride[R], lo[R], hi[R];  // the block's strides; the box of points taken [lo, hi)
+  int tiles, ty, ny;            // column tiles; rows a team takes; row blocks
+  int mid0, mid1;               // the row's middle points [mid0, mid1)
+  KOKKOS_INLINE_FUNCTION U value(const int (&li)[R]) const {
+    const auto& g = rows.g;
+    Index<R> gi;
+    for (std::size_t d = 0; d < R; ++d) gi.i[d] = g.offset[d] + li[d];
+    const int j = li[R - 1];
+    if (j >= mid0 && j < mid1) {
+      Neighbors<T, R, false, int> nb{g.block + at_of(li), {}};
+      for (std::size_t d = 0; d < R; ++d) nb.s[d] = stride[d];
+      return static_cast<U>(rows.f(static_cast<const Index<R>&>(gi), nb));
+    }
+    std::int64_t l[R], at = 0, atg = 0;  // an end: the last dim's ghost regions too
+    for (std::size_t d = 0; d < R; ++d) {
+      l[d] = d + 1 == R ? 0 : li[d];
+      at += l[d] * g.stride[d];
+      atg += l[d] * rows.gs[d];
+    }
+    const EdgeNeighbors<T, R, false> nb{g.block + at, rows.low + atg, rows.high + atg, g.stride, rows.gs, j, rows.n, rows.w, &g, l};
+    return static_cast<U>(rows.f(static_cast<const Index<R>&>(gi), nb));
+  }
+  KOKKOS_INLINE_FUNCTION int at_of(const int (&li)[R]) const {
+    int at = 0;
+    for (std::size_t d = 0; d < R; ++d) at += li[d] * stride[d];
+    return at;
+  }
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION void operator()(const Member& team) const {
+    const int t = team.league_rank();
+    int li[R];
+    li[R - 1] = lo[R - 1] + (t % tiles) * team.team_size() + team.team_rank();
+    if (li[R - 1] >= hi[R - 1]) return;
+    U* const o = rows.out;
+    if constexpr (R == 1) {
+      o[at_of(li)] = value(li);
+    } else {
+      const int y0 = lo[0] + (t / tiles) * ty, y1 = y0 + ty < hi[0] ? y0 + ty : hi[0];
+      int y = y0;
+      for (; y + 4 <= y1; y += 4) {
+        U v[4];
+        for (int u = 0; u < 4; ++u) {
+          li[0] = y + u;
+          v[u] = value(li);
+        }
+        for (int u = 0; u < 4; ++u) {
+          li[0] = y + u;
+          o[at_of(li)] = v[u];
+        }
+      }
+      for (; y < y1; ++y) {
+        li[0] = y;
+        o[at_of(li)] = value(li);
+      }
+    }
+  }
+};
+
+/// Runs stencil_rows' points of a 1-D or 2-D block with StencilTileKernel on `Mem`'s instance:
+/// the middles, and with `ends` the rows' ends too (`k`: stencil_rows' kernel, its geometry set),
+/// when the block has fewer than 2^31 elements; false (nothing run) else.
+template <class Mem, class T, class U, std::size_t R, class F>
+bool stencil_tiles(const Context& ctx, const StencilRowsKernel<false, true, T, U, R, F>& k, bool ends) {
+  constexpr std::int64_t most = std::numeric_limits<int>::max();
+  const auto& g = k.g;
+  std::int64_t elements = 1;
+  for (std::size_t d = 0; d < R; ++d) elements *= std::max<std::int64_t>(g.extent[d], 1);
+  if (elements >= most) return false;
+  const auto& exec = ctx.exec_for<Mem>();
+  using Exec = std::remove_cvref_t<decltype(exec)>;
+  StencilTileKernel<T, U, R, F> t{k, {}, {}, {}, 0, 4, 1, static_cast<int>(k.mid0), static_cast<int>(k.mid1)};
+  for (std::size_t d = 0; d < R; ++d) {
+    t.stride[d] = static_cast<int>(g.stride[d]);
+    t.lo[d] = static_cast<int>(d + 1 < R ? g.width[d] : ends ? 0 : k.mid0);
+    t.hi[d] = static_cast<int>(d + 1 < R ? g.extent[d] - g.width[d] : ends ? k.n : k.mid1);
+    if (t.hi[d] <= t.lo[d]) return true;  // no points
+  }
+  const int team = kernels::is_host_exec_v<Exec> ? 1 : 128;
+  t.tiles = (t.hi[R - 1] - t.lo[R - 1] + team - 1) / team;
+  if constexpr (R == 2) t.ny = (t.hi[0] - t.lo[0] + t.ty - 1) / t.ty;
+  const std::int64_t league = static_cast<std::int64_t>(t.tiles) * t.ny;
+  if (league >= most) return false;
+  [[maybe_unused]] const auto guard = kernel_guard_for<Mem>(ctx, false);
+  Kokkos::parallel_for("shardlib::stencil_for(tiles)", Kokkos::TeamPolicy<Exec>(exec, static_cast<int>(league), team), t);
+  if constexpr (kernels::is_host_exec_v<Exec>) kernels::fence(exec);
+  return true;
+}
+
 template <bool Checked, bool PerPoint, class Mem, class T, class U, std::size_t R, class F>
 void stencil_rows(const Context& ctx, const StencilGeometry<T, R>& g, RowPart part, U* out, const F& f) {
   std::int64_t rows = 1;
@@ -418,6 +525,10 @@ void stencil_rows(const Context& ctx, const StencilGeometry<T, R>& g, RowPart pa
   k.mid1 = std::max(n - w, k.mid0);
   k.per_row = part == RowPart::middle ? k.mid1 - k.mid0 : part == RowPart::ends ? k.mid0 + n - k.mid1 : n;
   if (PerPoint && k.per_row == 0) return;
+  if constexpr (PerPoint && !Checked && R <= 2) {
+    // Whole rows or their middles in tiles (StencilTileKernel); the ends alone a point a thread.
+    if (part != RowPart::ends && stencil_tiles<Mem>(ctx, k, part == RowPart::all)) return;
+  }
   if constexpr (PerPoint) {
     // A team per row (consecutive threads, consecutive points) for the middles and whole rows;
     // the ends (a few points a row) a thread each.
@@ -613,7 +724,8 @@ void run_stencil(DistributedTensor<U, MeshT, OutSpec, Mem>& out, Ghosted<T, Mesh
 /// GhostRefresh::none). Throws std::invalid_argument for another shape or an output that is the
 /// input; std::out_of_range for a read beyond the widths (Check::on).
 ///
-/// In GPU memory the kernels run on the GPU, a team of threads per row, queued on the device's stream
+/// In GPU memory the kernels run on the GPU (a 2-D block in tiles of rows, a team of threads a
+/// row beyond), queued on the device's stream
 /// (no host wait but Check::on's, which reads the fault back); `f` is then a struct with a
 /// KOKKOS_INLINE_FUNCTION templated operator() (see docs/07).
 template <Check C = Check::off, class U, class T, class MeshT, class SpecT, class OutSpec, class Mem, class F>
