@@ -185,7 +185,8 @@ std::vector<double> run(shardlib::Context& ctx, const Run& run_, int steps, bool
         print_stats("backward", r.backward);
       }
       print_stats("step", r.update);
-      std::printf("    memory   %s (device 0)\n", r.memory.to_string().c_str());
+      std::printf("    memory   %s; activations at most %s (device 0)\n", r.memory.to_string().c_str(),
+                  sl::MemoryUsage::bytes_text(r.memory.peak_of(sl::MemoryRole::activations)).c_str());
     }
   };
   if constexpr (gpt::Pipelined<R>)

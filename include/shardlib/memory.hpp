@@ -38,7 +38,7 @@ namespace shardlib {
 /// What a block of tensor memory holds, for the per-device accounting.
 enum class MemoryRole : std::uint8_t {
   parameters,       ///< values of `Param`s (the model's weights)
-  gradients,        ///< parameters' gradients (resolved, or kept by an optimizer in its state's spec)
+  gradients,        ///< parameters' gradients (pending between passes, resolved, or kept by an optimizer)
   optimizer_state,  ///< an optimizer's moments and momentum buffers
   activations,      ///< everything else: inputs, activations, temporaries, saved tensors (the default)
 };
@@ -70,7 +70,12 @@ struct MemoryUsage {
   /// The largest total of live bytes since the device started or `reset_peak_memory` (PyTorch's
   /// max_memory_allocated): what a step needs at its high point, not after it.
   std::int64_t peak = 0;
+  /// Each role's own largest live bytes over the same span (each at its own high point, so they
+  /// need not add up to `peak`): `peak_of(MemoryRole::activations)` is what a schedule holds
+  /// between forward and backward, whatever the gradients and state beside it.
+  std::array<std::int64_t, num_memory_roles> peaks{};
   std::int64_t operator[](MemoryRole r) const noexcept { return bytes[static_cast<std::size_t>(r)]; }
+  std::int64_t peak_of(MemoryRole r) const noexcept { return peaks[static_cast<std::size_t>(r)]; }
   std::int64_t parameters() const noexcept { return (*this)[MemoryRole::parameters]; }
   std::int64_t gradients() const noexcept { return (*this)[MemoryRole::gradients]; }
   std::int64_t optimizer_state() const noexcept { return (*this)[MemoryRole::optimizer_state]; }
@@ -110,24 +115,36 @@ inline MemoryRole& current_memory_role() noexcept {
 
 /// One device's live bytes by role. Atomic: a block may be released on another thread.
 struct MemoryLedger {
-  std::array<std::atomic<std::int64_t>, num_memory_roles> bytes{};
+  std::array<std::atomic<std::int64_t>, num_memory_roles> bytes{}, peaks{};
   std::atomic<std::int64_t> total{0}, peak{0};
-  void add(MemoryRole r, std::int64_t n) noexcept {
-    bytes[static_cast<std::size_t>(r)].fetch_add(n, std::memory_order_relaxed);
-    const std::int64_t t = total.fetch_add(n, std::memory_order_relaxed) + n;
-    for (std::int64_t p = peak.load(std::memory_order_relaxed);
-         t > p && !peak.compare_exchange_weak(p, t, std::memory_order_relaxed);) {
+  static void raise(std::atomic<std::int64_t>& p, std::int64_t v) noexcept {
+    for (std::int64_t q = p.load(std::memory_order_relaxed);
+         v > q && !p.compare_exchange_weak(q, v, std::memory_order_relaxed);) {
     }
   }
-  /// Moves `n` live bytes from one role to another (the total, hence the peak, unchanged).
+  void add(MemoryRole r, std::int64_t n) noexcept {
+    const auto i = static_cast<std::size_t>(r);
+    raise(peaks[i], bytes[i].fetch_add(n, std::memory_order_relaxed) + n);
+    raise(peak, total.fetch_add(n, std::memory_order_relaxed) + n);
+  }
+  /// Moves `n` live bytes from one role to another (the total, hence the peak, unchanged; the
+  /// receiving role's own peak may rise).
   void move(MemoryRole from, MemoryRole to, std::int64_t n) noexcept {
     bytes[static_cast<std::size_t>(from)].fetch_sub(n, std::memory_order_relaxed);
-    bytes[static_cast<std::size_t>(to)].fetch_add(n, std::memory_order_relaxed);
+    const auto i = static_cast<std::size_t>(to);
+    raise(peaks[i], bytes[i].fetch_add(n, std::memory_order_relaxed) + n);
   }
-  void reset_peak() noexcept { peak.store(total.load(std::memory_order_relaxed), std::memory_order_relaxed); }
+  void reset_peak() noexcept {
+    peak.store(total.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    for (std::size_t r = 0; r < num_memory_roles; ++r)
+      peaks[r].store(bytes[r].load(std::memory_order_relaxed), std::memory_order_relaxed);
+  }
   MemoryUsage usage() const noexcept {
     MemoryUsage u;
-    for (std::size_t r = 0; r < num_memory_roles; ++r) u.bytes[r] = bytes[r].load(std::memory_order_relaxed);
+    for (std::size_t r = 0; r < num_memory_roles; ++r) {
+      u.bytes[r] = bytes[r].load(std::memory_order_relaxed);
+      u.peaks[r] = peaks[r].load(std::memory_order_relaxed);
+    }
     u.peak = peak.load(std::memory_order_relaxed);
     return u;
   }
@@ -383,7 +400,7 @@ BlockCacheStats block_cache_stats(Context& ctx) {
   return detail::block_cache<MemorySpace>(ctx).stats();
 }
 
-/// Starts this device's peak (`MemoryUsage::peak`) over from the bytes live now, in
+/// Starts this device's peaks (`MemoryUsage::peak` and each role's) over from the bytes live now, in
 /// `MemorySpace` (host memory by default): to measure one step's high point.
 template <class MemorySpace = Kokkos::HostSpace>
 void reset_peak_memory(Context& ctx) {

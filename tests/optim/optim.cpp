@@ -591,6 +591,51 @@ TEST_CASE("ZeRO-2: the pending gradients are reduce-scattered during the backwar
       {4, 8});
 }
 
+TEST_CASE("a backward that leaves gradients pending counts them as gradients; each role keeps its own peak") {
+  // A pipeline's micro-batches (backward with sync = false) hold each parameter's partial sums
+  // between passes: they are gradients in the memory account from the pass that makes them on,
+  // not activations until the step resolves them. Each role's peak is its own high point.
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        M mesh(ctx, {ctx.num_devices()});
+        constexpr std::int64_t S = 128 * 128 * sizeof(float);  // the weight's bytes (a cached block)
+        sl::Param w(Rep2::random(mesh, {128, 128}, 1, -1.f, 1.f));
+        const auto x = Split2::random(mesh, {8 * ctx.num_devices(), 128}, 3, -1.f, 1.f);
+        const auto before = sl::memory_usage(ctx);
+        for (int pass = 0; pass < 2; ++pass) {
+          sl::reset_peak_memory(ctx);
+          sl::backward(sl::sum_all(sl::matmul(x, w)), {.sync = false});
+          const auto after = sl::memory_usage(ctx);
+          INFO("pass " << pass << ": " << after.to_string());
+          CHECK(after.gradients() - before.gradients() == S);  // one full-size partial sum, pending
+          CHECK(after.activations() == before.activations());  // the pass kept nothing else
+          CHECK(after.peak_of(sl::MemoryRole::gradients) >= after.gradients());
+          CHECK(after.peak_of(sl::MemoryRole::parameters) == after.parameters());
+          CHECK(after.peak_of(sl::MemoryRole::activations) > after.activations());  // the pass's temporaries
+          CHECK(after.peak_of(sl::MemoryRole::activations) < after.peak);
+        }
+        sl::sync_grads(w);  // resolved: the parameter's gradient, replicated
+        CHECK(sl::memory_usage(ctx).gradients() - before.gradients() == S);
+        w.zero_grad();
+        CHECK(sl::memory_usage(ctx).gradients() == before.gradients());
+        // Peaks by role, directly: a block under one role, freed, then one under another.
+        sl::reset_peak_memory(ctx);
+        const auto start = sl::memory_usage(ctx);
+        { auto a = Rep2::zeros(mesh, {256, 256}); }
+        {
+          sl::MemoryRoleScope role(sl::MemoryRole::optimizer_state);
+          auto b = Rep2::zeros(mesh, {128, 256});
+          sl::tag_memory(b, sl::MemoryRole::gradients);  // moved: the gradients' own peak rises
+        }
+        const auto u = sl::memory_usage(ctx);
+        CHECK(u.peak_of(sl::MemoryRole::activations) - start.activations() == 256 * 256 * 4);
+        CHECK(u.peak_of(sl::MemoryRole::optimizer_state) - start.optimizer_state() == 128 * 256 * 4);
+        CHECK(u.peak_of(sl::MemoryRole::gradients) - start.gradients() == 128 * 256 * 4);
+        CHECK(u.peak - start.total() == 256 * 256 * 4);  // one at a time: the total's own peak
+      },
+      {1, 2, 4});
+}
+
 TEST_CASE("a bad learning rate from the schedule throws and changes nothing") {
   sl::test::for_each_run([](sl::Context& ctx) {
     for (Layout layout : {Layout::dp_nosync, Layout::zero2}) {

@@ -340,6 +340,61 @@ TEST_CASE("run: a table of another stage count than the mesh's axis is refused, 
   }, {2});
 }
 
+/// This device's high point of activation bytes (the memory account's own peak of the role) during
+/// one pipelined step of `layers` layers, above what it held before the step.
+std::int64_t activation_peak(sl::Context& ctx, pp::Schedule kind, int m, int layers, bool recompute) {
+  const int p = ctx.num_devices();
+  M mesh(ctx, {p, 1, 1});
+  const std::int64_t rows = 64;  // per micro-batch: each layer's activations are a few KiB
+  const pp::Table table = pp::schedule(kind, p, m, 1, recompute ? 3 : 2);
+  pp::StageScope scope(mesh);
+  const int me = mesh.shape().coords(ctx.device())[0];
+  const auto [first, last] = pp::layers_of(table, layers, me, 0);
+  std::vector<Layer> mine;
+  for (int l = first; l < last; ++l) mine.push_back(make_layer(mesh, l));
+  std::vector<ActT> inputs, targets;  // made before the step: what a data loader holds
+  for (int mb = 0; mb < m; ++mb) inputs.push_back(input(mesh, rows, mb)), targets.push_back(target(mesh, rows, mb));
+  sl::reset_peak_memory(ctx);
+  const std::int64_t before = sl::memory_usage(ctx).activations();
+  pp::run<ActT>(
+      table, mesh, {rows, D},
+      [&](int, int mb, const sl::Var<ActT>* in) {
+        sl::Var<ActT> h = in ? *in : sl::Var<ActT>(inputs[static_cast<std::size_t>(mb)]);
+        for (const Layer& L : mine) h = block(h, L);
+        return h;
+      },
+      [&](int mb, const sl::Var<ActT>& out) { return sl::mse_loss(out, targets[static_cast<std::size_t>(mb)]); },
+      {.recompute = recompute});
+  return sl::memory_usage(ctx).peak_of(sl::MemoryRole::activations) - before;
+}
+
+TEST_CASE("memory: 1F1B holds p micro-batches' activations whatever m, GPipe m of them, recomputed GPipe their inputs") {
+  // The memory account's peak of activations on each stage (the parameters' pending gradients
+  // count as gradients, so they are not in it): GPipe's grows by the same bytes a with each
+  // micro-batch (f + m a), 1F1B's stays at what GPipe holds with m = p (its in-flight bound), and
+  // recomputation keeps far less than a per micro-batch.
+  sl::test::for_each_run([](sl::Context& ctx) {
+    const int p = ctx.num_devices(), L = 2 * p;
+    const std::int64_t g1 = activation_peak(ctx, pp::Schedule::gpipe, p, L, false);
+    const std::int64_t g2 = activation_peak(ctx, pp::Schedule::gpipe, 2 * p, L, false);
+    const std::int64_t g4 = activation_peak(ctx, pp::Schedule::gpipe, 4 * p, L, false);
+    const std::int64_t f2 = activation_peak(ctx, pp::Schedule::one_f_one_b, 2 * p, L, false);
+    const std::int64_t f4 = activation_peak(ctx, pp::Schedule::one_f_one_b, 4 * p, L, false);
+    const std::int64_t r2 = activation_peak(ctx, pp::Schedule::gpipe, 2 * p, L, true);
+    const std::int64_t r4 = activation_peak(ctx, pp::Schedule::gpipe, 4 * p, L, true);
+    INFO("device " << ctx.device() << ": gpipe " << g1 << ", " << g2 << ", " << g4 << "; 1f1b " << f2 << ", " << f4
+                   << "; gpipe recomputed " << r2 << ", " << r4);
+    const std::int64_t a = (g2 - g1) / p;  // one micro-batch's held activations
+    CHECK(a > 0);
+    CHECK(g2 - g1 == p * a);
+    CHECK(g4 - g2 == 2 * p * a);
+    CHECK(f4 == f2);   // no more in flight with more micro-batches
+    CHECK(f4 <= g1);   // at most what GPipe holds with p micro-batches
+    CHECK(f4 - (g1 - p * a) <= p * a);  // held: at most p of 4p micro-batches' activations
+    CHECK((r4 - r2) * 4 < (g4 - g2));   // a layer's inputs, not its activations (two layers a stage)
+  }, {2, 4});
+}
+
 TEST_CASE("a stage that throws ends every device, with its message") {
   if (sl::test::mpi_runtime()) return;  // (under mpirun an exception ends the job)
   CHECK_THROWS_WITH_AS(sl::Runtime::threads(4).spmd([](sl::Context& ctx) {

@@ -78,8 +78,16 @@ class TensorNode : public Node {
   const typename Tensor::mesh_type& mesh() const noexcept { return mesh_; }
   const typename Tensor::Shape& shape() const noexcept { return shape_; }
 
-  /// Adds a gradient contribution (a block in any sharding of this node's shape).
-  void add(Contribution c) { add_contribution<T, Mem>(mesh_.context(), pending_, std::move(c)); }
+  /// Adds a gradient contribution (a block in any sharding of this node's shape). A parameter's
+  /// contributions count as `gradients` in the memory account from here on, not only once
+  /// resolved: a pass with `sync = false` (a pipeline's micro-batches) holds them between passes.
+  void add(Contribution c) {
+    if (!as_leaf()) return add_contribution<T, Mem>(mesh_.context(), pending_, std::move(c));
+    MemoryRoleScope role(MemoryRole::gradients);  // a sum of two is allocated as gradients
+    add_contribution<T, Mem>(mesh_.context(), pending_, std::move(c));
+    for (const Contribution& p : pending_)
+      if (p.keep) block_cache<Mem>(mesh_.context()).retag(p.keep, MemoryRole::gradients);
+  }
   /// Adds a typed gradient contribution.
   template <class G>
   void add(const G& g) {
