@@ -160,6 +160,20 @@ TEST_SUITE("runtime_host") {
     CHECK_FALSE(host::blas_core_to_take(cpu(host::Isa::avx512), {"openblas", "", "", "", true, false}));
   }
 
+  TEST_CASE("blas_core_keep: SHARDLIB_BLAS_CORE takes 'keep' or nothing; any other value is an error naming it") {
+    CHECK_FALSE(host::blas_core_keep(std::nullopt));
+    CHECK_FALSE(host::blas_core_keep(""));
+    CHECK(host::blas_core_keep("keep"));
+    for (const char* bad : {"Keep", "KEEP", "no", "0", "1", "SkylakeX", "keep "}) {
+      CAPTURE(bad);
+      CHECK_THROWS_WITH_AS(host::blas_core_keep(bad),
+                           doctest::Contains(doctest::String(("SHARDLIB_BLAS_CORE is '" + std::string(bad) + "'").c_str())),
+                           std::invalid_argument);
+      CHECK_THROWS_WITH_AS(host::blas_core_keep(bad), doctest::Contains("the one value it takes is 'keep'"),
+                           std::invalid_argument);
+    }
+  }
+
   TEST_CASE("set_blas_core switches this process's OpenBLAS kernel and back; products stay right") {
     if (!sl::kernels::blas_core_settable()) {
       MESSAGE("skipped: this OpenBLAS cannot change its kernel (not DYNAMIC_ARCH, or not the BLAS)");

@@ -296,6 +296,18 @@ inline std::optional<std::string> blas_core_to_take(const CpuFeatures& cpu, cons
   return std::nullopt;
 }
 
+/// Whether SHARDLIB_BLAS_CORE's value (`value`, std::nullopt when unset) asks to keep OpenBLAS's
+/// own kernel: "keep" does; unset or empty does not. Throws std::invalid_argument, naming the
+/// variable, its value and the one it takes, for any other value: a misspelt "Keep" or a kernel's
+/// name must not be read as "switch".
+inline bool blas_core_keep(std::optional<std::string_view> value) {
+  if (!value || value->empty()) return false;
+  if (*value == "keep") return true;
+  throw std::invalid_argument("shardlib: " + std::string(blas_core_variable) + " is '" + std::string(*value) +
+                              "'; the one value it takes is 'keep' (keep OpenBLAS's own kernel; to force a kernel, "
+                              "set OPENBLAS_CORETYPE instead), or leave it unset");
+}
+
 /// What `take_blas_core_once` did in this process.
 struct BlasSwitch {
   /// Whether the kernel was switched (then `from` is OpenBLAS's own choice, `to` the one it runs).
@@ -307,14 +319,16 @@ struct BlasSwitch {
 
 /// Once per process (later calls return the first call's result): switches OpenBLAS's kernel
 /// where `blas_core_to_take` says so for this CPU, this BLAS and this environment. The runtime
-/// calls it when it starts, before any device runs a GEMM.
+/// calls it when it starts, before any device runs a GEMM. Throws std::invalid_argument (and
+/// switches nothing) when SHARDLIB_BLAS_CORE has a value other than "keep" (`blas_core_keep`).
 inline const BlasSwitch& take_blas_core_once() {
   static const BlasSwitch result = [] {
     BlasSwitch r;
     std::optional<std::string_view> coretype;
     if (const char* s = std::getenv("OPENBLAS_CORETYPE")) coretype = s;
-    const char* keep_value = std::getenv(blas_core_variable);
-    const bool keep = keep_value && std::string_view(keep_value) == "keep";
+    std::optional<std::string_view> keep_value;
+    if (const char* s = std::getenv(blas_core_variable)) keep_value = s;
+    const bool keep = blas_core_keep(keep_value);
     const kernels::BlasInfo before = kernels::blas_info();
     const std::optional<std::string> want = blas_core_to_take(detect_cpu(), before, coretype, keep);
     if (!want) return r;
