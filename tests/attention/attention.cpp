@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // sl::attention: the output against a one-device loop in float64 (causal, a mask, both, other
 // lengths of queries and keys, a scale), on 1 to 4 devices with the batch and heads split, the
-// sequence split (gathered by the op), partial operands; gradients against central differences
-// and against one device; bad input; what ran (attention_stats). On host memory the unfused form
+// sequence split (context parallelism, Ulysses' all-to-alls: counted, uneven, more devices than
+// heads or positions), partial operands; gradients against central differences and against one
+// device; bad input; what ran (attention_stats). On host memory the unfused form
 // runs (the fused kernel is cuDNN's: tests/autodiff/memory_space.cpp compares the two on a GPU).
 #include <doctest/doctest.h>
 #include <shardlib/attention.hpp>
@@ -27,7 +28,9 @@ using Rep4 = sl::Spec<none, none, none, none>;
 using Batch = sl::Spec<"x", none, none, none>;
 using Heads = sl::Spec<none, none, "y", none>;
 using Both = sl::Spec<"x", none, "y", none>;
-using SeqSplit = sl::Spec<"x", "y", none, none>;  // the sequence split: gathered by the op
+using SeqSplit = sl::Spec<"x", "y", none, none>;  // the sequence split: context parallelism
+using Context = sl::Spec<none, sl::axes<"x", "y">, none, none>;  // the sequence over every device
+using SeqHeads = sl::Spec<none, "x", "y", none>;  // context parallelism beside heads over "y" (TP)
 using Mask = sl::Spec<none, none>;
 
 M2 mesh_of(sl::Context& ctx) {
@@ -105,6 +108,8 @@ TEST_CASE("attention equals the one-device formula: causal, masked, other length
             check_forward<Heads>(ctx, 2, 4, 7, 5, 4, 2, causal, masked, 0);
             check_forward<Both>(ctx, 3, 7, 3, 4, 2, 3, causal, masked, 0);
             check_forward<SeqSplit>(ctx, 3, 6, 6, 2, 4, 4, causal, masked, 0);
+            check_forward<Context>(ctx, 2, 7, 5, 3, 4, 2, causal, masked, 0);  // uneven; 3 heads on up to 4 devices
+            check_forward<SeqHeads>(ctx, 2, 5, 5, 4, 2, 3, causal, masked, 0.5);
           }
         // One query, one key; no query at all.
         check_forward<Both>(ctx, 2, 1, 1, 2, 4, 4, true, false, 0);
@@ -121,14 +126,16 @@ TEST_CASE("the output keeps q's batch and heads split; the sequence and a partia
     const auto k = Ten<Heads>::random(mesh, {4, 6, 2, 4}, 2);
     const auto v = Ten<Rep4>::random(mesh, {4, 6, 2, 4}, 3);
     const auto o = sl::attention(q, k, v);
-    static_assert(std::is_same_v<std::remove_cvref_t<decltype(o)>, Ten<Batch>>, "batch over x, sequence gathered");
+    static_assert(std::is_same_v<std::remove_cvref_t<decltype(o)>, Ten<SeqSplit>>, "batch over x, sequence over y");
     const auto o2 = sl::attention(Ten<Both>(q), Ten<Both>(k), Ten<Both>(v));
     static_assert(std::is_same_v<std::remove_cvref_t<decltype(o2)>, Ten<Both>>);
     CHECK(max_abs_diff(o.to_host(), o2.to_host()) < 1e-12);
     // A partial q (an einsum over a split dim leaves addends): reduced before the kernel.
     using Part = sl::Spec<"x", none, none, none, sl::partial_sum<"y">>;
     const Ten<Part> qp{Ten<Batch>(q)};
-    CHECK(max_abs_diff(sl::attention(qp, k, v).to_host(), o.to_host()) < 1e-12);
+    const auto op = sl::attention(qp, k, v);
+    static_assert(std::is_same_v<std::remove_cvref_t<decltype(op)>, Ten<Batch>>);
+    CHECK(max_abs_diff(op.to_host(), o.to_host()) < 1e-12);
   });
 }
 
@@ -164,6 +171,52 @@ TEST_CASE("gradients of q, k and v against central differences and against one d
         CHECK(only.grad().shape() == q.shape());
       },
       {1, 2, 4});
+}
+
+TEST_CASE("context parallelism: a split sequence stays split; one all-to-all per operand each way; gradients as on one device") {
+  // DeepSpeed-Ulysses: q, k and v move the sequence's axes onto the heads (an all-to-all each),
+  // the kernel runs on whole sequences of a share of the heads, the output moves back (one
+  // more). The backward is the same four all-to-alls the other way. Nothing is gathered.
+  using Kind = sl::coll::Kind;
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        const M2 mesh = mesh_of(ctx);
+        const int n = ctx.num_devices();
+        const auto w = Ten<Context>::random(mesh, {2, 9, 4, 3}, 9, -1.0, 1.0);
+        const auto q = Ten<Context>::random(mesh, {2, 9, 4, 4}, 1, -1.0, 1.0);
+        const auto k = Ten<Context>::random(mesh, {2, 9, 4, 4}, 2, -1.0, 1.0);
+        const auto v = Ten<Context>::random(mesh, {2, 9, 4, 3}, 3, -1.0, 1.0);
+        sl::Param<Ten<Context>> pq(q), pk(k), pv(v);
+        sl::coll::CommRecorder fwd;
+        auto o = sl::attention(pq, pk, pv, {.causal = true});
+        static_assert(std::is_same_v<typename decltype(o)::spec_type, Context>);
+        const sl::coll::CommStats f = fwd.stats();
+        CHECK(f[Kind::all_to_all].calls == (n > 1 ? 4u : 0u));
+        CHECK(f.total_calls() == f[Kind::all_to_all].calls);  // no gather of the sequence
+        // Each all-to-all moves what this device holds and does not keep: (1 - 1/p) of its
+        // sequence block (or less, where the shares are uneven), never the whole sequence.
+        const std::uint64_t whole = 2 * 9 * 4 * (4 + 4 + 3 + 3) * sizeof(double);
+        CHECK(f[Kind::all_to_all].bytes_sent < whole);
+        auto loss = sl::sum_all(o * w);
+        sl::coll::CommRecorder bwd;
+        sl::backward(loss);
+        CHECK(bwd.stats()[Kind::all_to_all].calls == (n > 1 ? 4u : 0u));
+        CHECK(bwd.stats()[Kind::all_gather].calls == 0);
+        sl::Param<Ten<Rep4>> rq(q), rk(k), rv(v);
+        sl::backward(sl::sum_all(sl::attention(rq, rk, rv, {.causal = true}) * Ten<Rep4>(w)));
+        CHECK(max_abs_diff(o.value().to_host(), sl::attention(Ten<Rep4>(q), Ten<Rep4>(k), Ten<Rep4>(v), {.causal = true}).to_host()) < 1e-12);
+        CHECK(max_abs_diff(pq.grad().to_host(), rq.grad().to_host()) < 1e-12);
+        CHECK(max_abs_diff(pk.grad().to_host(), rk.grad().to_host()) < 1e-12);
+        CHECK(max_abs_diff(pv.grad().to_host(), rv.grad().to_host()) < 1e-12);
+        // Central differences, with the sequence split beside the heads split (TP x CP).
+        namespace gc = sl::test::grad;
+        auto rng = sl::test::oracle::rng_for(ctx, 6);
+        const auto w2 = Ten<SeqHeads>::random(mesh, {2, 5, 4, 2}, 19, -1.0, 1.0);
+        CHECK(gc::check([&](const auto& a, const auto& b, const auto& c) { return sl::sum_all(sl::attention(a, b, c, {.causal = true}) * w2); },
+                        rng, "attention over a split sequence", 1e-6, 6, Ten<SeqHeads>::random(mesh, {2, 5, 4, 3}, 21, -1.0, 1.0),
+                        Ten<SeqHeads>::random(mesh, {2, 5, 4, 3}, 22, -1.0, 1.0), Ten<SeqHeads>::random(mesh, {2, 5, 4, 2}, 23, -1.0, 1.0)));
+      },
+      {1, 2, 3, 4});
 }
 
 TEST_CASE("bad input: shapes named, the mask's shape, an empty key sequence, the fused kernel where it cannot run") {

@@ -11,8 +11,11 @@
 /// with `scale` = 1 / sqrt(K) by default, and under `causal` query i attending keys j <= i only.
 /// q, k, v are [batch, sequence, heads, head dim] (JAX's layout, what `einsum<"bsd,dhk->bshk">`
 /// gives the projections); k and v have one length, q and k one head dim (v's may differ: the
-/// output's). Its sharding rule (sharding/attention.hpp): batch and heads stay split, the sequence
-/// and head dims are gathered, partial operands reduced; no communication of its own.
+/// output's). Its sharding rule (sharding/attention.hpp): batch and heads stay split, partial
+/// operands are reduced, the head dim is gathered; a split sequence is context parallelism in
+/// DeepSpeed-Ulysses' form: q, k and v move its axes onto the heads (one all-to-all each), the
+/// kernel runs on whole sequences of 1/p of the heads, and the output moves back (one more): it
+/// has q's layout. No other communication.
 ///
 /// Kernels: on a GPU, for bf16 and f16, cuDNN's fused flash attention (forward and backward, no
 /// [S, S] scores in memory; kernels/cudnn_attention.hpp), when the program is built with
@@ -293,7 +296,10 @@ auto attention_impl(const Q& q0, const K& k0, const V& v0, const Mask* mask, con
   static constexpr OpRule rule = attention_rule(QT0::sharding, tensor_of_t<K>::sharding, tensor_of_t<V>::sharding);
   using InSpec = spec_from_t<MeshT, decltype([] { return rule.in[0]; })>;
   using QT = DistributedTensor<T, MeshT, InSpec, Mem>;
-  using Out = QT;  // [B, Sq, H, Kv]: q's layout (v's head dim)
+  using Out = QT;  // [B, Sq, H, Kv] as the kernel leaves it: its operands' layout (v's head dim)
+  // The result: q's layout (a sequence split moved back from the heads: one all-to-all).
+  using OutSpec = spec_from_t<MeshT, decltype([] { return rule.out; })>;
+  using Result = DistributedTensor<T, MeshT, OutSpec, Mem>;
   const double scale = attention_check(autodiff::detail::value(q0).shape(), autodiff::detail::value(k0).shape(),
                                        autodiff::detail::value(v0).shape(), opts);
   if (mask) {
@@ -335,7 +341,7 @@ auto attention_impl(const Q& q0, const K& k0, const V& v0, const Mask* mask, con
       if (why.empty()) {
         ++stats.fused_forward;
         if constexpr (any_var) {
-          return autodiff::detail::record(
+          return shardlib::reshard<OutSpec>(autodiff::detail::record(
               "attention", o,
               [nq = autodiff::detail::node(q), nk = autodiff::detail::node(k), nv = autodiff::detail::node(v), qv, kv, vv,
                o, st, mask_copy = replicated_mask, causal = opts.causal, scale,
@@ -360,9 +366,9 @@ auto attention_impl(const Q& q0, const K& k0, const V& v0, const Mask* mask, con
                 if (nk) autodiff::detail::give(p, 1, *nk, dk);
                 if (nv) autodiff::detail::give(p, 2, *nv, dv);
               },
-              autodiff::detail::node(q), autodiff::detail::node(k), autodiff::detail::node(v));
+              autodiff::detail::node(q), autodiff::detail::node(k), autodiff::detail::node(v)));
         } else {
-          return o;
+          return Result(o);
         }
       }
       if (opts.kernel == AttentionKernel::fused)
@@ -383,8 +389,8 @@ auto attention_impl(const Q& q0, const K& k0, const V& v0, const Mask* mask, con
   const auto bias = attention_bias<T, MeshT, Mem>(autodiff::detail::value(q).mesh(), autodiff::detail::value(q).shape()[1],
                                                   autodiff::detail::value(k).shape()[1], opts.causal && !causal_rows, m);
   auto out = attention_composed(q, k, v, scale, bias, causal_rows);
-  if constexpr (any_var) return shardlib::reshard<typename Out::spec_type>(out);
-  else return Out(out);
+  if constexpr (any_var) return shardlib::reshard<OutSpec>(out);
+  else return Result(out);
 }
 
 }  // namespace detail

@@ -8,13 +8,17 @@
 ///  2. The batch dim and the heads dim are independent problems: each may stay split, and the
 ///     kernel runs on the local batches and heads with no communication (Megatron's attention:
 ///     heads over "model"; data parallelism: batch over "data").
-///  3. The sequence dim and the head dim are contracted or softmaxed over inside the op: they
-///     are gathered (a split sequence is context parallelism's ring or all-to-all, which this
-///     rule does not do).
+///  3. The sequence dim and the head dim are contracted or softmaxed over inside the op, so the
+///     kernel sees whole sequences. A split of q's sequence is context parallelism, done as
+///     DeepSpeed-Ulysses does it: the axes that split q's sequence move onto the heads dim
+///     (appended, minor to the heads' own axes) for the kernel — one all-to-all per operand, each
+///     device then holds every position of 1/p of the heads — and back onto the sequence for the
+///     output (one all-to-all). The head dim is gathered.
 ///  4. Partial operands are reduced first (attention is not linear in q, k or v together).
-///  5. k and v take q's layout of the batch and heads dims; the output has it too (its head dim
-///     is v's). An axis that splits q's batch or heads dim may not split another dim of k or v:
-///     those dims are gathered, so nothing is lost.
+///  5. k and v take the kernel's layout (q's batch axes; q's heads and sequence axes on heads);
+///     the output has q's layout of the batch, sequence and heads dims (its head dim is v's,
+///     replicated). An axis that splits q's batch, sequence or heads dim may not split another
+///     dim of k or v: those dims are gathered, so nothing is lost.
 ///
 /// Pure rule: constexpr, no Kokkos, no communicator; never throws for bad input.
 #pragma once
@@ -31,7 +35,8 @@ inline constexpr int batch = 0, seq = 1, heads = 2, head_dim = 3;
 }  // namespace attention_dims
 
 /// The sharding rule of attention(q, k, v) (see the file comment): `in` = {q, k, v} as the
-/// kernel needs them, `out` = the output's sharding, `comm` empty.
+/// kernel needs them (its output is laid out alike), `out` = the output's sharding (q's), `comm`
+/// empty.
 constexpr OpRule attention_rule(const Sharding& q, const Sharding& k, const Sharding& v) {
   OpRule r;
   r.count = 3;
@@ -42,12 +47,16 @@ constexpr OpRule attention_rule(const Sharding& q, const Sharding& k, const Shar
       r.operand = i;
       return r;
     }
+  using namespace attention_dims;
   Sharding s;
   s.rank = 4;
-  s.dims[attention_dims::batch] = q.dims[attention_dims::batch];
-  s.dims[attention_dims::heads] = q.dims[attention_dims::heads];
+  s.dims[batch] = q.dims[batch];
+  s.dims[heads] = q.dims[heads];
+  for (int a : q.dims[seq]) s.dims[heads].push_back(a);  // Ulysses: the sequence's axes onto the heads
   r.in = {s, s, s};
   r.out = s;
+  r.out.dims[seq] = q.dims[seq];
+  r.out.dims[heads] = q.dims[heads];
   return r;
 }
 
