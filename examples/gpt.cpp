@@ -17,7 +17,7 @@
 
 namespace {
 
-constexpr const char* usage = R"(usage: gpt [--recipe dp|zero1|zero2|zero3|tp|dp_tp|pp|pp_dp|pp_tp|pp_zero1|pp_zero2|replicated]
+constexpr const char* usage = R"(usage: gpt [--recipe dp|zero1|zero2|zero3|tp|dp_tp|cp|pp|pp_dp|pp_tp|pp_zero1|pp_zero2|replicated] [--cp N]
            [--devices N] [--steps N] [--layers N] [--dim N] [--batch N] [--seq N] [--vocab N] [--heads N]
            [--ff N] [--precision f32|bf16|f16] [--check 0|1] [--describe 0|1]
            [--stages P] [--microbatches M] [--schedule gpipe|1f1b|interleaved] [--chunks V] [--recompute 0|1]
@@ -25,7 +25,9 @@ constexpr const char* usage = R"(usage: gpt [--recipe dp|zero1|zero2|zero3|tp|dp
            [--save DIR] [--every K] [--resume DIR]
   --recipe R     the recipe of docs/08_training.md (dp); pp*: pipeline parallelism
                  (docs/11_pipeline_parallel.md) alone or with DP, TP, ZeRO-1 or ZeRO-2 over the other
-                 devices
+                 devices; cp: context parallelism, the sequence split over a "seq" axis of --cp
+                 devices, DP over the rest (docs/14_attention.md)
+  --cp N         cp: devices on the "seq" axis, a divisor of the devices (2)
   --devices N    in-process devices (4); under mpirun each rank is a device: mpirun -np 4 gpt
   --steps N      training steps, 1 or more (20)
   --layers N     blocks, 1 or more (2)
@@ -78,7 +80,7 @@ int main(int argc, char** argv) {
   return example::main(argc, argv, "gpt", usage, [](example::Args& args) {
     gpt::Config cfg;
     const std::string recipe =
-        args.choice("--recipe", "dp", {"dp", "zero1", "zero2", "zero3", "tp", "dp_tp", "pp", "pp_dp", "pp_tp", "pp_zero1", "pp_zero2", "replicated"});
+        args.choice("--recipe", "dp", {"dp", "zero1", "zero2", "zero3", "tp", "dp_tp", "cp", "pp", "pp_dp", "pp_tp", "pp_zero1", "pp_zero2", "replicated"});
     const std::string precision = args.choice("--precision", "f32", {"f32", "bf16", "f16"});
     const int steps = static_cast<int>(args.integer("--steps", 20, 1, max_steps));
     cfg.layers = args.integer("--layers", cfg.layers, 1, max_size);
@@ -88,6 +90,7 @@ int main(int argc, char** argv) {
     const long long vocab = args.integer("--vocab", -1, 2, max_size);  // one token: nothing to predict, a loss of 0
     cfg.seq = args.integer("--seq", cfg.seq, 1, max_tokens);
     cfg.batch = args.integer("--batch", cfg.batch, 1, max_tokens);
+    cfg.cp = static_cast<int>(args.integer("--cp", cfg.cp, 1, max_size));
     const bool check = args.boolean("--check");
     const bool describe = args.boolean("--describe");
     gpt::PipeConfig pc;
@@ -136,6 +139,8 @@ int main(int argc, char** argv) {
       args.fail("--dim " + std::to_string(cfg.dim) + " is not a multiple of --heads " + std::to_string(cfg.heads));
     auto rt = args.runtime(/*default_devices=*/4);
     if (recipe == "pp") pc.stages = rt.num_devices();
+    if (recipe == "cp" && rt.num_devices() % cfg.cp != 0)
+      args.fail("--cp " + std::to_string(cfg.cp) + " does not divide the " + std::to_string(rt.num_devices()) + " devices");
     if (pipelined) {  // the counts the pipeline needs, said before any device starts
       if (rt.num_devices() % pc.stages != 0)
         args.fail("--stages " + std::to_string(pc.stages) + " does not divide the " + std::to_string(rt.num_devices()) + " devices");

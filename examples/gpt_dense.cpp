@@ -13,6 +13,7 @@ int dense(shardlib::Runtime& rt, const Run& run) {
   if (r == "zero3") return main_for<Zero3, E>(rt, run);
   if (r == "tp") return main_for<TP, E>(rt, run);
   if (r == "dp_tp") return main_for<DPxTP, E>(rt, run);
+  if (r == "cp") return main_for<DPxCP, E>(rt, run);
   return main_for<Replicated, E>(rt, run);
 }
 

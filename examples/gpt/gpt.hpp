@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // A small GPT-style language model and the training recipes of docs/08_training.md, each a
 // choice of specs: token embedding (split over the vocabulary under tensor parallelism), learned
-// positions, N pre-LN blocks (multi-head causal attention, a GELU MLP), a final norm and an LM
+// positions, N pre-LN blocks (multi-head causal attention, sl::attention; a GELU MLP), a final norm and an LM
 // head with the vocab-parallel cross-entropy; trained with AdamW on a synthetic token stream or
 // any data source with its batches (gpt/data.hpp: a corpus of text).
 //
@@ -9,6 +9,7 @@
 // device) and benchmarks/train.cpp.
 #pragma once
 
+#include <shardlib/attention.hpp>
 #include <shardlib/optim.hpp>
 #include <shardlib/pipeline.hpp>
 
@@ -38,6 +39,7 @@ struct Config {
   std::int64_t ff = 128;     ///< the MLP's hidden size (split over "model" under TP)
   std::int64_t layers = 2;
   std::int64_t batch = 8;    ///< sequences per global batch (split over "data")
+  int cp = 2;                ///< devices on the "seq" axis (recipe cp: context parallelism)
   std::uint64_t seed = 1;
   double lr = 3e-3;
   double clip = 1.0;         ///< clipping by the global norm (0: off)
@@ -119,6 +121,31 @@ struct DPxTP : TP {
   using Full = Spec<"data", none, none>;
   using Ids = Spec<"data", none>;
 };
+/// Context parallelism on a "seq" axis beside data parallelism: the sequence split over "seq"
+/// everywhere (every op but attention works token by token), the weights replicated, their
+/// gradients all-reduced over both axes; attention moves the sequence's split onto the heads and
+/// back (sl::attention, DeepSpeed-Ulysses: one all_to_all for each of q, k, v and the output,
+/// the same backward). `cfg.cp` devices on "seq" (a divisor of the devices), the rest on "data".
+struct DPxCP : DP {
+  static constexpr const char* name = "cp";
+  using Mesh = sl::Mesh<"data", "seq">;
+  static Mesh mesh(sl::Context& ctx, const Config& cfg) {
+    if (cfg.cp < 1 || ctx.num_devices() % cfg.cp != 0)
+      throw std::invalid_argument("gpt: --cp " + std::to_string(cfg.cp) + " does not divide the " +
+                                  std::to_string(ctx.num_devices()) + " devices");
+    return Mesh(ctx, {ctx.num_devices() / cfg.cp, cfg.cp});
+  }
+  using Act = Spec<"data", "seq", none>;
+  using Full = Spec<"data", "seq", none>;
+  using Ids = Spec<"data", "seq">;
+};
+/// The mesh of recipe R: `R::mesh(ctx, cfg)` where the recipe sizes it from the config, else
+/// `R::mesh(ctx)`.
+template <class R>
+typename R::Mesh mesh_of(sl::Context& ctx, const Config& cfg) {
+  if constexpr (requires { R::mesh(ctx, cfg); }) return R::mesh(ctx, cfg);
+  else return R::mesh(ctx);
+}
 /// Everything replicated on every device: each device computes what one device would (the
 /// reference the tests compare every recipe with, on any backend).
 struct Replicated : DP {
@@ -220,13 +247,12 @@ struct Model {
   std::vector<std::optional<Layer>> layers;  // layer l, when this device holds it
   std::optional<P<Vec>> gf, bf;
   std::optional<P<typename R::Head>> head;
-  Ten<Spec<none, none>> mask;  // causal: 0 on and below the diagonal, -1e9 above
   /// The residual stream between blocks [B, S, D].
   using X = sl::Var<Ten<typename R::Act>>;
 
   /// Parameters drawn from `cfg.seed` by global index: the same values on any mesh and layout,
   /// and for a pipeline stage (`parts`) the values of the whole model's parts it holds.
-  Model(const Config& c, const Mesh& m, const Parts& parts) : cfg(c), mesh(m), mask(Ten<Spec<none, none>>::zeros(m, {c.seq, c.seq})) {
+  Model(const Config& c, const Mesh& m, const Parts& parts) : cfg(c), mesh(m) {
     if (parts.embedding) {
       wte.emplace(init<typename R::Wte>({c.vocab, c.dim}, 1, 0.5f));
       wpe.emplace(init<Pos>({c.seq, c.dim}, 2, 0.1f));
@@ -247,7 +273,6 @@ struct Model {
                                   init<typename R::Wo>({H, K, c.dim}, s + 4, wd), vec(1.f), vec(0.f),
                                   init<typename R::W1>({c.dim, c.ff}, s + 5, wd), init<typename R::W2>({c.ff, c.dim}, s + 6, wf)});
     }
-    sl::parallel_for(mask, [](const sl::Index<2>& i, float& v) { v = i[1] > i[0] ? -1e9f : 0.f; });
   }
   Model(const Config& c, const Mesh& m) : Model(c, m, Parts::all(c)) {}
 
@@ -298,13 +323,11 @@ struct Model {
   X block(const Layer& l, const X& x0) const {
     using Act = typename R::Act;
     using Full = typename R::Full;
-    const float scale = 1.f / std::sqrt(float(cfg.head_dim()));
     auto a = sl::reshard<Full>(sl::layer_norm<2>(x0) * use<Vec>(l.g1) + use<Vec>(l.b1));
     auto q = sl::einsum<"bsd,dhk->bshk">(a, use<typename R::Qkv>(l.wq));
     auto k = sl::einsum<"bsd,dhk->bshk">(a, use<typename R::Qkv>(l.wk));
     auto v = sl::einsum<"bsd,dhk->bshk">(a, use<typename R::Qkv>(l.wv));
-    auto p = sl::softmax<3>(sl::einsum<"bqhk,bshk->bhqs">(q, k) * scale + mask);
-    auto att = sl::einsum<"bhqs,bshk->bqhk">(p, v);
+    auto att = sl::attention(q, k, v, {.causal = true});  // scale 1 / sqrt(head dim)
     X x = x0 + sl::reshard<Act>(sl::einsum<"bqhk,hkd->bqd">(att, use<typename R::Wo>(l.wo)));
     auto h = sl::reshard<Full>(sl::layer_norm<2>(x) * use<Vec>(l.g2) + use<Vec>(l.b2));
     auto f = sl::gelu(sl::einsum<"bsd,df->bsf">(h, use<typename R::W1>(l.w1)));
@@ -528,7 +551,7 @@ void add_params(sl::optim::AdamW& opt, Model<R, E>& model) {
 template <class R, class E = float, class Data, class OnStep, class Hooks = NoHooks>
 std::vector<std::vector<float>> train(sl::Context& ctx, const Config& cfg, const Data& stream, int steps, OnStep&& on_step,
                                       Hooks&& hooks = {}) {
-  auto mesh = R::mesh(ctx);
+  auto mesh = mesh_of<R>(ctx, cfg);
   Model<R, E> model(cfg, mesh);
   sl::optim::LossScaler scaler;  // used by f16 only
   sl::optim::AdamW opt({.lr = cfg.lr, .weight_decay = 0.01, .clip_norm = cfg.clip});

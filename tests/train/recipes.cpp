@@ -287,6 +287,26 @@ TEST_CASE("2-D DP x TP: the TP collectives over model, the gradient buckets over
   });
 }
 
+TEST_CASE("context parallelism (cp): attention's four all_to_alls each way per layer, nothing gathered; 16 bytes per parameter") {
+  const std::int64_t psi = num_params(config());
+  against_one_device<gpt::DPxCP>([&](sl::Context& ctx, const gpt::StepReport& s) {
+    const bool dp = ctx.num_devices() / config().cp > 1;  // (mpirun -np 2: one device on "data")
+    const std::uint64_t layers = 2;
+    CHECK(calls(s.forward, Kind::all_to_all) == 4 * layers);  // q, k, v onto the heads; the output back
+    // The LM head's loss takes [B S, V] rows: merging the batch (over "data") with the sequence
+    // (over "seq") gathers the sequence of the logits and of the targets.
+    CHECK(calls(s.forward, Kind::all_gather) == 2);
+    CHECK(s.forward.total_calls() == 4 * layers + 2);
+    CHECK(calls(s.backward, Kind::all_to_all) == 4 * layers);
+    CHECK(calls(s.backward, Kind::all_gather) == 1);  // the positions' gradient, split along the sequence
+    CHECK(calls(s.backward, Kind::all_reduce) == (dp ? 2u : 1u));  // the gradients over "data" and "seq"; the positions' over "data"
+    CHECK(s.update.total_calls() == 1);
+    CHECK(s.memory.parameters() == 4 * psi);
+    CHECK(s.memory.gradients() == 4 * psi);
+    CHECK(s.memory.optimizer_state() == 8 * psi);
+  });
+}
+
 TEST_CASE("mixed precision, bf16 ZeRO-2: 16-bit gradients reduce-scattered, float32 master weights: 2 + 14/N bytes per parameter") {
   const std::int64_t psi = num_params(config());
   against_one_device<gpt::Zero2, sl::bf16>([&](sl::Context& ctx, const gpt::StepReport& s) {
