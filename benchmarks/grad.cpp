@@ -5,6 +5,7 @@
 //   bench_grad --part block --devices 8 --layout dp     data parallel on a {8, 1} mesh
 //   bench_grad --part block --devices 8 --layout tp     Megatron tensor parallel on a {4, 2} mesh
 //   bench_grad --part tape --devices 1                  per-op cost of the tape
+//   bench_grad --part context --devices 8               attention over a split sequence
 // Shapes: --batch 8 --seq 128 --dmodel 512 --heads 8 --dff 2048 (the defaults); --quick: small
 // shapes (batch 8, seq 16, dmodel 64, 2 heads, dff 256) and fewer repetitions, a run of seconds.
 // --reps N: repetitions (median; 7, --quick 3), --warmup N: untimed steps first (2, --quick 1),
@@ -38,6 +39,13 @@
 //   seeded with ones, divided by the chain's length (the graph built outside the timed region), next
 //   to the kernel that each node's rule runs (tanh chain: one elementwise kernel; add-a-constant
 //   chain: none, the pass's own bookkeeping alone).
+// context: forward + backward of causal attention (sl::attention, q, k and v Params, loss =
+//   sum_all(o * r)) on [1, 8 seq, heads, dmodel / heads] with the sequence split over every
+//   device: context parallelism (Ulysses' all-to-alls), next to the same attention with the heads
+//   split (`baseline`: the same kernel work per device, nothing moved) and with the sequence
+//   gathered before the op and sliced after (every device computing every head: what a split
+//   sequence cost before the op moved it onto the heads). The collectives' bytes per device.
+#include <shardlib/attention.hpp>
 #include <shardlib/autodiff.hpp>
 #include <shardlib/shardlib.hpp>
 
@@ -48,6 +56,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -405,6 +414,60 @@ void tape(sl::Context& ctx, std::int64_t n, int len, int reps) {
   }
 }
 
+/// The context part (see the file comment).
+void context_case(sl::Context& ctx, const Dims& dm, int reps, int warmup) {
+  using MS = sl::Mesh<"seq">;
+  MS mesh(ctx, {ctx.num_devices()});
+  const std::int64_t S = 8 * dm.seq, H = dm.heads, K = dm.head_dim();
+  if (dm.d % dm.heads) throw std::invalid_argument("bench_grad: --dmodel is not a multiple of --heads");
+  using Seq = sl::Spec<none, "seq", none, none>;
+  using Heads = sl::Spec<none, none, "seq", none>;
+  using Rep = sl::Spec<none, none, none, none>;
+  const auto causal = sl::AttentionOptions{.causal = true};
+  // One training step of attention on q, k, v of spec SpecT (its state kept by the function).
+  auto make = [&]<class SpecT>(SpecT, auto attend) -> std::function<void()> {
+    using T4 = sl::DistributedTensor<float, MS, SpecT>;
+    struct State {
+      sl::Param<T4> q, k, v;
+      T4 r;
+    };
+    auto st = std::make_shared<State>(State{sl::Param(T4::random(mesh, {1, S, H, K}, 1, -1.f, 1.f)),
+                                            sl::Param(T4::random(mesh, {1, S, H, K}, 2, -1.f, 1.f)),
+                                            sl::Param(T4::random(mesh, {1, S, H, K}, 3, -1.f, 1.f)),
+                                            T4::random(mesh, {1, S, H, K}, 4, -1.f, 1.f)});
+    return [st, attend] {
+      st->q.zero_grad(), st->k.zero_grad(), st->v.zero_grad();
+      sl::backward(sl::sum_all(attend(st->q, st->k, st->v) * st->r));
+    };
+  };
+  auto op = [causal](const auto& q, const auto& k, const auto& v) { return sl::attention(q, k, v, causal); };
+  auto gathered = [causal](const auto& q, const auto& k, const auto& v) {
+    return sl::reshard<Seq>(sl::attention(sl::reshard<Rep>(q), sl::reshard<Rep>(k), sl::reshard<Rep>(v), causal));
+  };
+  const std::vector<std::function<void()>> steps = {make(Heads{}, op), make(Seq{}, op), make(Seq{}, gathered)};
+  std::vector<sl::coll::CommStats> comm;
+  for (const auto& f : steps) {
+    sl::coll::CommRecorder rec;
+    f();
+    comm.push_back(rec.stats());
+  }
+  if (ctx.device() == 0)
+    std::fprintf(stderr, "  context: causal attention [1, %lld, %lld, %lld] on %d devices, %d repetitions\n",
+                 static_cast<long long>(S), static_cast<long long>(H), static_cast<long long>(K), ctx.num_devices(), reps);
+  const auto t = time_rotating(ctx, "context", steps, {"heads split", "sequence split", "sequence gathered"}, reps, warmup, 0.05);
+  const double flops = 3 * 2 * 2 * double(S) * double(S) * double(H) * double(K);  // fwd + 2x bwd, both products
+  const std::string shape = "\"shape\": {\"batch\": 1, \"seq\": " + std::to_string(S) + ", \"heads\": " + std::to_string(H) +
+                            ", \"head_dim\": " + std::to_string(K) + "}, \"dtype\": \"float32\", \"causal\": true";
+  const char* names[] = {"heads split", "context parallel (all-to-all)", "sequence gathered"};
+  for (std::size_t c = 1; c < 3; ++c)
+    record(ctx, "\"part\": \"context\", \"name\": \"" + std::string(names[c]) + "\", " + shape + ", \"seconds\": " +
+                    num(t[c]) + ", \"baseline\": \"heads split\", \"baseline_seconds\": " + num(t[0]) + ", \"ratio\": " +
+                    num(t[c] / t[0]) + ", \"gflops\": " + num(flops / t[c] / 1e9) + ", \"baseline_gflops\": " +
+                    num(flops / t[0] / 1e9) + ", \"collective_calls\": " + std::to_string(comm[c].total_calls()) +
+                    ", \"bytes\": " + std::to_string(comm[c].total_bytes_sent()) + ", \"baseline_bytes\": " +
+                    std::to_string(comm[0].total_bytes_sent()));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -429,8 +492,10 @@ int main(int argc, char** argv) {
       else throw std::invalid_argument("bench_grad: --layout is dp or tp, not " + layout);
     } else if (part == "tape") {
       tape(ctx, n, chain, reps);
+    } else if (part == "context") {
+      context_case(ctx, dm, reps, warmup);
     } else {
-      throw std::invalid_argument("bench_grad: --part is block or tape, not " + part);
+      throw std::invalid_argument("bench_grad: --part is block, tape or context, not " + part);
     }
   });
   return 0;

@@ -274,6 +274,28 @@ class Report(unittest.TestCase):
             self.assertIn("| pp_dp | 8 | 12000 | 2.00 | 6.500 -> 1.300 | - | - | send 8 |", md)
             self.assertIn("| interleaved | threads | 4 | 8 | 2 | 64 | 0.174 | 0.158 | +10 % | 1000.0 |", md)
 
+    def test_grad_renders_the_context_parallel_records_in_a_table_of_their_own(self):
+        from contextlib import redirect_stdout
+        from harness import suites
+        block = record(bench="grad", part="block", name="dp 8", devices=8, seconds=0.3, baseline="forward",
+                       baseline_seconds=0.1, ratio=3.0, recorded_forward_seconds=0.12, backward_seconds=0.18,
+                       backward_over_forward=1.5, gflops=10.0, baseline_gflops=11.0, collectives_forward=0,
+                       collectives_recorded_forward=0, collectives_backward=3)
+        cp = record(bench="grad", part="context", name="context parallel (all-to-all)", devices=8, seconds=0.012,
+                    baseline="heads split", baseline_seconds=0.01, ratio=1.2, gflops=5.0, baseline_gflops=6.0,
+                    collective_calls=8, bytes=3 * 2**20, baseline_bytes=0,
+                    shape={"batch": 1, "seq": 1024, "heads": 8, "head_dim": 64})
+        out = io.StringIO()
+        with redirect_stdout(out):
+            suites.grad_table([block, cp])
+        self.assertIn("8 collectives, 3.00 MiB sent per device", out.getvalue())
+        with tempfile.TemporaryDirectory() as d:
+            report.save(d, report.load(d), {"grad": {"status": "ok", "notes": [], "records": [block, cp]}})
+            with redirect_stderr(io.StringIO()):
+                report.render(d, report.load(d), "matplotlib is not installed")
+            md = read(os.path.join(d, "report.md"))
+            self.assertIn("| context parallel (all-to-all) | 8 | 1024 | 12.0 | 10.0 | 1.20 | 3.00 |", md)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=1)

@@ -274,6 +274,10 @@ def grad_cases(args, exes, peers):
         if n > 1 and n % 2 == 0:
             cases.append(Case(f"grad: block, tp, {n} devices", "grad",
                               base + ["--devices", str(n), "--part", "block", "--layout", "tp", "--model", "2"] + extra))
+    if max(args.devs) > 1:  # context parallelism: attention over a sequence split over every device
+        n = max(args.devs)
+        cases.append(Case(f"grad: attention over a split sequence, {n} devices", "grad",
+                          base + ["--devices", str(n), "--part", "context"] + extra))
     # The peer: the same block in JAX, the same shapes, layouts and device counts.
     sizes = ["--seq", "16", "--dmodel", "64", "--heads", "2", "--dff", "256", "--reps", "3"] if args.quick else []
     for flag in ("batch", "seq", "dmodel", "heads", "dff", "reps"):
@@ -298,6 +302,13 @@ def grad_table(records):
             extra_text = f"overhead {r['overhead_us']:.3f} us (target <= 1)"
             ratio = r.get("ratio", float("nan"))
             base_name = "plain" if r["baseline_seconds"] else "none"
+        elif r["part"] == "context":
+            sh = r["shape"]
+            extra_text = (f"causal attention [1, {sh['seq']}, {sh['heads']}, {sh['head_dim']}], fwd+bwd; "
+                          f"{r['gflops']:.1f} GFLOP/s vs {r['baseline_gflops']:.1f} with the heads split; "
+                          f"{r['collective_calls']} collectives, {r['bytes'] / 2**20:.2f} MiB sent per device")
+            ratio = r["ratio"]
+            base_name = "heads"
         else:
             extra_text = (f"recorded fwd {r['recorded_forward_seconds'] * 1e3:.1f} ms + backward "
                           f"{r['backward_seconds'] * 1e3:.1f} ms ({r['backward_over_forward']:.2f}x forward); "
