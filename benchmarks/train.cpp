@@ -9,7 +9,9 @@
 //   bench_train --bubble --devices 4: the pipeline schedules (GPipe, 1F1B, interleaved with 2 chunks)
 //               on every device a stage, m = 2p micro-batches, 4p layers: each stage's idle fraction
 //               measured (1 - its time in forwards and backwards / the step's) beside the ideal bubble
-//               (p - 1) / (v m + p - 1); part "bubble", one record per schedule. The ideal is that of
+//               (p - 1) / (v m + p - 1); part "bubble", one record per schedule, with the first
+//               stage's peak of activation bytes in its last step (activation_peak_bytes, the
+//               memory account's own peak of the role). The ideal is that of
 //               equal stages: benchmarks/run passes --vocab 64, so the last stage's LM head and loss
 //               add little to its work.
 //               `mpirun -np 4 bench_train --bubble --backend mpi`: a process per stage;
@@ -174,11 +176,13 @@ int main(int argc, char** argv) {
       std::printf("{\"bench\": \"train\", \"part\": \"bubble\", \"name\": \"%s\", \"backend\": \"%s\", \"transport\": \"%s\", \"devices\": %d, "
                   "\"seconds\": %.6g, \"baseline\": \"the ideal bubble (p - 1) / (v m + p - 1)\", \"baseline_seconds\": %.6g, "
                   "\"bubble\": %.4g, \"bubble_ideal\": %.4g, \"bubble_table\": %.4g, \"stages\": %d, \"microbatches\": %d, "
-                  "\"chunks\": %d, \"tokens_per_second\": %.6g, \"config\": {\"layers\": %lld, \"batch\": %lld, \"vocab\": %lld}}\n",
+                  "\"chunks\": %d, \"tokens_per_second\": %.6g, \"activation_peak_bytes\": %lld, "
+                  "\"config\": {\"layers\": %lld, \"batch\": %lld, \"vocab\": %lld}}\n",
                   std::string(pp::to_string(k)).c_str(), std::string(sl::to_string(rt.backend())).c_str(),
                   permutes ? "slot_permutes" : "point_to_point", rt.num_devices(), r.seconds, r.seconds * (1 - t.ideal_bubble()) / (1 - r.idle),
                   r.idle, t.ideal_bubble(), t.bubble(), pc.stages, pc.microbatches, pc.chunks,
-                  static_cast<double>(c.batch * c.seq) / r.seconds, (long long)c.layers, (long long)c.batch,
+                  static_cast<double>(c.batch * c.seq) / r.seconds,
+                  (long long)r.report.memory.peak_of(sl::MemoryRole::activations), (long long)c.layers, (long long)c.batch,
                   (long long)c.vocab);
       std::fflush(stdout);
     }

@@ -173,7 +173,10 @@ class Goals(unittest.TestCase):
               record(bench="train", part="recipe", name="dp", devices=8, tokens_per_second=13000.0),
               record(bench="train", part="recipe", name="dp", devices=8, tokens_per_second=8000.0, backend="jax-cpu"),
               record(bench="train", part="recipe", name="zero3", devices=8, tokens_per_second=9500.0, backend="jax-cpu"),
-              record(bench="train", part="bubble", name="1f1b", devices=4, stages=4, bubble=0.29, bubble_ideal=0.2727),
+              record(bench="train", part="bubble", name="1f1b", devices=4, stages=4, bubble=0.29, bubble_ideal=0.2727,
+                     microbatches=8, activation_peak_bytes=2200),
+              record(bench="train", part="bubble", name="gpipe", devices=4, stages=4, bubble=0.28, bubble_ideal=0.2727,
+                     microbatches=8, activation_peak_bytes=4000),
               record(bench="train", part="bubble", name="interleaved", devices=4, stages=4, bubble=0.20,
                      bubble_ideal=0.1579)]
         rows = self.rows({"train": tr})
@@ -183,6 +186,9 @@ class Goals(unittest.TestCase):
         bubble = rows["pipeline bubble over its ideal (every device a stage)"]
         self.assertEqual(bubble[4], "short")
         self.assertIn("worst 1.267 (interleaved 4 stages)", bubble[3])
+        peak = rows["1F1B's activation peak per stage over GPipe's, over p/m"]
+        self.assertEqual(peak[4], "short")  # 2200 / 4000 = 0.55, over p/m = 0.5 by 1.1
+        self.assertIn("1.100 (4 stages, m 8)", peak[3])
         # The bubble records take no part in the JAX comparison of the recipes.
         self.assertIn("(dp 8)", rows["tokens/s of each recipe beside JAX (same model, strategy, devices)"][3])
 

@@ -137,6 +137,14 @@ def evaluate(by_bench):
     rows.append(_at_most("train", "pipeline bubble over its ideal (every device a stage)", "<= 1.10",
                          [(r["bubble"] / r["bubble_ideal"], f"{r['name']} {r['stages']} stages")
                           for r in _ours(tr) if r.get("part") == "bubble" and r["bubble_ideal"] > 0], 1.10))
+    # 1F1B holds p micro-batches' activations where GPipe holds all m: its first stage's peak of
+    # activation bytes over GPipe's, over p / m (<= 1).
+    bub = {(r["name"], r["backend"], r["stages"]): r for r in _ours(tr)
+           if r.get("part") == "bubble" and r.get("activation_peak_bytes")}
+    rows.append(_at_most("train", "1F1B's activation peak per stage over GPipe's, over p/m", "<= 1",
+                         [(f["activation_peak_bytes"] / bub[("gpipe", b, p)]["activation_peak_bytes"]
+                           / (f["stages"] / f["microbatches"]), f"{f['stages']} stages, m {f['microbatches']}")
+                          for (n, b, p), f in bub.items() if n == "1f1b" and ("gpipe", b, p) in bub], 1.0))
     # loops and stencils (issue 15)
     lp = _ours(g("loops"))
     rows.append(_at_least("loops", "parallel_for / parallel_reduce speed of the hand-written loop", ">= 0.95",
