@@ -10,7 +10,8 @@
 // shapes (batch 8, seq 16, dmodel 64, 2 heads, dff 256) and fewer repetitions, a run of seconds.
 // --reps N: repetitions (median; 7, --quick 3), --warmup N: untimed steps first (2, --quick 1),
 // --model N: the "model" axis of tp (2), --size N: the tape's tensors (32), --chain N: the length
-// of the chain of the backward-per-op case (64, --quick 16).
+// of the chain of the backward-per-op case (64, --quick 16), --ring-only: the context part's ring
+// form alone (lengths at which the other forms' [S, S] scores per head do not fit in memory).
 //
 // block: forward + backward of a pre-LN transformer block (x -> layer_norm (gain, bias) -> q, k, v
 //   projections -> attention over 'heads' heads: scores = q k^T / sqrt(head dim) by einsum, softmax
@@ -44,9 +45,12 @@
 //   device: context parallelism (Ulysses' all-to-alls), next to the same attention with the heads
 //   split (`baseline`: the same kernel work per device, nothing moved) and with the sequence
 //   gathered before the op and sliced after (every device computing every head: what a split
-//   sequence cost before the op moved it onto the heads). The collectives' bytes per device.
+//   sequence cost before the op moved it onto the heads; left out above 2048 tokens), and ring
+//   attention (ContextParallel::ring: k and v passed around the devices). The collectives' bytes
+//   per device; `vs_all_to_all`: the case's time over the all-to-all form's.
 #include <shardlib/attention.hpp>
 #include <shardlib/autodiff.hpp>
+#include <shardlib/memory.hpp>
 #include <shardlib/shardlib.hpp>
 
 #include "common.hpp"
@@ -415,7 +419,7 @@ void tape(sl::Context& ctx, std::int64_t n, int len, int reps) {
 }
 
 /// The context part (see the file comment).
-void context_case(sl::Context& ctx, const Dims& dm, int reps, int warmup) {
+void context_case(sl::Context& ctx, const Dims& dm, int reps, int warmup, bool ring_only) {
   using MS = sl::Mesh<"seq">;
   MS mesh(ctx, {ctx.num_devices()});
   const std::int64_t S = 8 * dm.seq, H = dm.heads, K = dm.head_dim();
@@ -441,31 +445,55 @@ void context_case(sl::Context& ctx, const Dims& dm, int reps, int warmup) {
     };
   };
   auto op = [causal](const auto& q, const auto& k, const auto& v) { return sl::attention(q, k, v, causal); };
+  auto ring = [](const auto& q, const auto& k, const auto& v) {
+    return sl::attention(q, k, v, {.causal = true, .context = sl::ContextParallel::ring});
+  };
   auto gathered = [causal](const auto& q, const auto& k, const auto& v) {
     return sl::reshard<Seq>(sl::attention(sl::reshard<Rep>(q), sl::reshard<Rep>(k), sl::reshard<Rep>(v), causal));
   };
-  const std::vector<std::function<void()>> steps = {make(Heads{}, op), make(Seq{}, op), make(Seq{}, gathered)};
+  const bool gather = S <= 2048 && !ring_only;  // (every device holding [H, S, S] scores, 3 copies: 1.5 GiB each at 4k)
+  std::vector<std::function<void()>> steps;
+  std::vector<const char*> labels, names;
+  auto add = [&](std::function<void()> f, const char* label, const char* name) {
+    steps.push_back(std::move(f)), labels.push_back(label), names.push_back(name);
+  };
+  if (!ring_only) add(make(Heads{}, op), "heads split", "heads split"), add(make(Seq{}, op), "sequence split", "context parallel (all-to-all)");
+  add(make(Seq{}, ring), "ring", "context parallel (ring)");
+  if (gather) add(make(Seq{}, gathered), "sequence gathered", "sequence gathered");
   std::vector<sl::coll::CommStats> comm;
+  std::vector<std::int64_t> peaks;  // the step's peak of activation bytes on this device, over what it began with
   for (const auto& f : steps) {
     sl::coll::CommRecorder rec;
+    const std::int64_t before = sl::memory_usage(ctx).activations();
+    sl::reset_peak_memory(ctx);
     f();
     comm.push_back(rec.stats());
+    peaks.push_back(sl::memory_usage(ctx).peak_of(sl::MemoryRole::activations) - before);
   }
   if (ctx.device() == 0)
     std::fprintf(stderr, "  context: causal attention [1, %lld, %lld, %lld] on %d devices, %d repetitions\n",
                  static_cast<long long>(S), static_cast<long long>(H), static_cast<long long>(K), ctx.num_devices(), reps);
-  const auto t = time_rotating(ctx, "context", steps, {"heads split", "sequence split", "sequence gathered"}, reps, warmup, 0.05);
+  const auto t = time_rotating(ctx, "context", steps, labels, reps, warmup, 0.05);
   const double flops = 3 * 2 * 2 * double(S) * double(S) * double(H) * double(K);  // fwd + 2x bwd, both products
   const std::string shape = "\"shape\": {\"batch\": 1, \"seq\": " + std::to_string(S) + ", \"heads\": " + std::to_string(H) +
                             ", \"head_dim\": " + std::to_string(K) + "}, \"dtype\": \"float32\", \"causal\": true";
-  const char* names[] = {"heads split", "context parallel (all-to-all)", "sequence gathered"};
-  for (std::size_t c = 1; c < 3; ++c)
+  const std::string peak = ", \"activation_peak_bytes\": ";
+  if (ring_only) {  // nothing beside it: the other forms' [S, S] scores per head do not fit
+    record(ctx, "\"part\": \"context\", \"name\": \"" + std::string(names[0]) + "\", " + shape + ", \"seconds\": " +
+                    num(t[0]) + ", \"baseline\": null, \"baseline_seconds\": null, \"ratio\": null, \"gflops\": " +
+                    num(flops / t[0] / 1e9) + ", \"baseline_gflops\": null, \"collective_calls\": " +
+                    std::to_string(comm[0].total_calls()) + ", \"bytes\": " + std::to_string(comm[0].total_bytes_sent()) +
+                    ", \"baseline_bytes\": null, \"vs_all_to_all\": null" + peak + std::to_string(peaks[0]));
+    return;
+  }
+  for (std::size_t c = 1; c < steps.size(); ++c)
     record(ctx, "\"part\": \"context\", \"name\": \"" + std::string(names[c]) + "\", " + shape + ", \"seconds\": " +
                     num(t[c]) + ", \"baseline\": \"heads split\", \"baseline_seconds\": " + num(t[0]) + ", \"ratio\": " +
                     num(t[c] / t[0]) + ", \"gflops\": " + num(flops / t[c] / 1e9) + ", \"baseline_gflops\": " +
                     num(flops / t[0] / 1e9) + ", \"collective_calls\": " + std::to_string(comm[c].total_calls()) +
                     ", \"bytes\": " + std::to_string(comm[c].total_bytes_sent()) + ", \"baseline_bytes\": " +
-                    std::to_string(comm[0].total_bytes_sent()));
+                    std::to_string(comm[0].total_bytes_sent()) + ", \"vs_all_to_all\": " + num(t[c] / t[1]) + peak +
+                    std::to_string(peaks[c]));
 }
 
 }  // namespace
@@ -476,6 +504,7 @@ int main(int argc, char** argv) {
   const std::string part = str_arg(argc, argv, "--part", "block");
   const std::string layout = str_arg(argc, argv, "--layout", "dp");
   const bool quick = flag(argc, argv, "--quick");
+  const bool ring_only = flag(argc, argv, "--ring-only");
   Dims dm{bench::arg(argc, argv, "--batch", 8), bench::arg(argc, argv, "--seq", quick ? 16 : 128),
           bench::arg(argc, argv, "--dmodel", quick ? 64 : 512), bench::arg(argc, argv, "--heads", quick ? 2 : 8),
           bench::arg(argc, argv, "--dff", quick ? 256 : 2048)};
@@ -493,7 +522,7 @@ int main(int argc, char** argv) {
     } else if (part == "tape") {
       tape(ctx, n, chain, reps);
     } else if (part == "context") {
-      context_case(ctx, dm, reps, warmup);
+      context_case(ctx, dm, reps, warmup, ring_only);
     } else {
       throw std::invalid_argument("bench_grad: --part is block, tape or context, not " + part);
     }

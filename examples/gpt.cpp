@@ -18,6 +18,7 @@
 namespace {
 
 constexpr const char* usage = R"(usage: gpt [--recipe dp|zero1|zero2|zero3|tp|dp_tp|cp|pp|pp_dp|pp_tp|pp_zero1|pp_zero2|replicated] [--cp N]
+           [--cp-kind all_to_all|ring]
            [--devices N] [--steps N] [--layers N] [--dim N] [--batch N] [--seq N] [--vocab N] [--heads N]
            [--ff N] [--precision f32|bf16|f16] [--check 0|1] [--describe 0|1]
            [--stages P] [--microbatches M] [--schedule gpipe|1f1b|interleaved] [--chunks V] [--recompute 0|1]
@@ -28,6 +29,8 @@ constexpr const char* usage = R"(usage: gpt [--recipe dp|zero1|zero2|zero3|tp|dp
                  devices; cp: context parallelism, the sequence split over a "seq" axis of --cp
                  devices, DP over the rest (docs/14_attention.md)
   --cp N         cp: devices on the "seq" axis, a divisor of the devices (2)
+  --cp-kind K    cp: attention over the split sequence as Ulysses' all-to-alls (all_to_all, the
+                 default) or ring attention (ring: keys and values passed around the "seq" axis)
   --devices N    in-process devices (4); under mpirun each rank is a device: mpirun -np 4 gpt
   --steps N      training steps, 1 or more (20)
   --layers N     blocks, 1 or more (2)
@@ -91,6 +94,8 @@ int main(int argc, char** argv) {
     cfg.seq = args.integer("--seq", cfg.seq, 1, max_tokens);
     cfg.batch = args.integer("--batch", cfg.batch, 1, max_tokens);
     cfg.cp = static_cast<int>(args.integer("--cp", cfg.cp, 1, max_size));
+    cfg.cp_kind = args.choice("--cp-kind", "all_to_all", {"all_to_all", "ring"}) == "ring" ? shardlib::ContextParallel::ring
+                                                                                          : shardlib::ContextParallel::all_to_all;
     const bool check = args.boolean("--check");
     const bool describe = args.boolean("--describe");
     gpt::PipeConfig pc;

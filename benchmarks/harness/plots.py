@@ -339,8 +339,12 @@ def tables_grad(recs):
         if r["backend"] in PEERS:
             continue
         if r["part"] == "context":
+            def fmt(v, spec, scale=1.0):
+                return "-" if v is None else format(v * scale, spec)
+            peak = r.get("activation_peak_bytes")
             context.append([r["name"], r["devices"], r["shape"]["seq"], f"{r['seconds'] * 1e3:.1f}",
-                            f"{r['baseline_seconds'] * 1e3:.1f}", f"{r['ratio']:.2f}", f"{r['bytes'] / 2**20:.2f}"])
+                            fmt(r["baseline_seconds"], ".1f", 1e3), fmt(r["ratio"], ".2f"), fmt(r.get("vs_all_to_all"), ".2f"),
+                            f"{r['bytes'] / 2**20:.2f}", fmt(peak, ".1f", 1 / 2**20)])
             continue
         if r["part"] == "tape":
             rows.append([r["name"], r["devices"], f"{r['seconds'] * 1e6:.2f} us", "-", f"overhead {r['overhead_us']:.3f} us",
@@ -359,7 +363,8 @@ def tables_grad(recs):
     if context:
         tables.append(("causal attention over a sequence split over every device, forward + backward (ms), beside the "
                        "same attention with the heads split (no communication)",
-                       ["case", "devices", "sequence", "fwd+bwd", "heads split", "ratio", "MiB sent per device"], context))
+                       ["case", "devices", "sequence", "fwd+bwd", "heads split", "ratio", "/ all-to-all",
+                        "MiB sent per device", "activation peak MiB"], context))
     return tables
 
 

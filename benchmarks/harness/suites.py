@@ -304,11 +304,15 @@ def grad_table(records):
             base_name = "plain" if r["baseline_seconds"] else "none"
         elif r["part"] == "context":
             sh = r["shape"]
+            alone = r.get("baseline_gflops") is None  # --ring-only: the other forms do not fit
+            vs = r.get("vs_all_to_all")
             extra_text = (f"causal attention [1, {sh['seq']}, {sh['heads']}, {sh['head_dim']}], fwd+bwd; "
-                          f"{r['gflops']:.1f} GFLOP/s vs {r['baseline_gflops']:.1f} with the heads split; "
-                          f"{r['collective_calls']} collectives, {r['bytes'] / 2**20:.2f} MiB sent per device")
-            ratio = r["ratio"]
-            base_name = "heads"
+                          + (f"{r['gflops']:.1f} GFLOP/s alone (the other forms' [S, S] scores do not fit); " if alone else
+                             f"{r['gflops']:.1f} GFLOP/s vs {r['baseline_gflops']:.1f} with the heads split; ")
+                          + (f"{vs:.2f}x the all-to-all form's time; " if vs is not None and "all-to-all" not in r["name"] else "")
+                          + f"{r['collective_calls']} collectives, {r['bytes'] / 2**20:.2f} MiB sent per device")
+            ratio = r["ratio"] if r["ratio"] is not None else float("nan")
+            base_name = "none" if alone else "heads"
         else:
             extra_text = (f"recorded fwd {r['recorded_forward_seconds'] * 1e3:.1f} ms + backward "
                           f"{r['backward_seconds'] * 1e3:.1f} ms ({r['backward_over_forward']:.2f}x forward); "
@@ -318,7 +322,7 @@ def grad_table(records):
             ratio = r["ratio"]
             base_name = r["baseline"]
         print(f"{r['part']:<7}{r['name']:<38}{r['devices']:>4}{r['seconds'] * 1e6:>13.3f}{base_name:>10}"
-              f"{r['baseline_seconds'] * 1e6:>13.3f}{ratio:>8.3f}  {extra_text}")
+              f"{(r['baseline_seconds'] or 0) * 1e6:>13.3f}{ratio:>8.3f}  {extra_text}")
     for backend, who in (("jax-cpu", "jax"), ("dtensor-gloo", "dtensor")):
         peer = {(r["name"], r["devices"]): r for r in records if r["backend"] == backend}
         if not peer:

@@ -40,6 +40,8 @@ struct Config {
   std::int64_t layers = 2;
   std::int64_t batch = 8;    ///< sequences per global batch (split over "data")
   int cp = 2;                ///< devices on the "seq" axis (recipe cp: context parallelism)
+  /// How attention runs over a split sequence (recipe cp): Ulysses' all-to-alls or the ring.
+  sl::ContextParallel cp_kind = sl::ContextParallel::all_to_all;
   std::uint64_t seed = 1;
   double lr = 3e-3;
   double clip = 1.0;         ///< clipping by the global norm (0: off)
@@ -327,7 +329,7 @@ struct Model {
     auto q = sl::einsum<"bsd,dhk->bshk">(a, use<typename R::Qkv>(l.wq));
     auto k = sl::einsum<"bsd,dhk->bshk">(a, use<typename R::Qkv>(l.wk));
     auto v = sl::einsum<"bsd,dhk->bshk">(a, use<typename R::Qkv>(l.wv));
-    auto att = sl::attention(q, k, v, {.causal = true});  // scale 1 / sqrt(head dim)
+    auto att = sl::attention(q, k, v, {.causal = true, .context = cfg.cp_kind});  // scale 1 / sqrt(head dim)
     X x = x0 + sl::reshard<Act>(sl::einsum<"bqhk,hkd->bqd">(att, use<typename R::Wo>(l.wo)));
     auto h = sl::reshard<Full>(sl::layer_norm<2>(x) * use<Vec>(l.g2) + use<Vec>(l.b2));
     auto f = sl::gelu(sl::einsum<"bsd,df->bsf">(h, use<typename R::W1>(l.w1)));

@@ -307,6 +307,24 @@ TEST_CASE("context parallelism (cp): attention's four all_to_alls each way per l
   });
 }
 
+TEST_CASE("context parallelism as ring attention (cp, --cp-kind ring): k and v around the ring, p - 1 permutes each per layer") {
+  gpt::Config cfg = config();
+  cfg.cp_kind = sl::ContextParallel::ring;
+  against_one_device<gpt::DPxCP>(
+      [&](sl::Context& ctx, const gpt::StepReport& s) {
+        const bool dp = ctx.num_devices() / cfg.cp > 1;
+        const std::uint64_t layers = 2, p = static_cast<std::uint64_t>(cfg.cp);
+        CHECK(calls(s.forward, Kind::permute) == 2 * (p - 1) * layers);  // k and v to the next device
+        CHECK(calls(s.forward, Kind::all_to_all) == 0);
+        CHECK(calls(s.forward, Kind::all_gather) == 2);  // the loss's rows, as with Ulysses
+        CHECK(s.forward.total_calls() == 2 * (p - 1) * layers + 2);
+        CHECK(calls(s.backward, Kind::permute) == (2 * (p - 1) + 2 * p) * layers);  // k, v again; dk, dv home
+        CHECK(calls(s.backward, Kind::all_to_all) == 0);
+        CHECK(calls(s.backward, Kind::all_reduce) == (dp ? 2u : 1u));
+      },
+      cfg);
+}
+
 TEST_CASE("mixed precision, bf16 ZeRO-2: 16-bit gradients reduce-scattered, float32 master weights: 2 + 14/N bytes per parameter") {
   const std::int64_t psi = num_params(config());
   against_one_device<gpt::Zero2, sl::bf16>([&](sl::Context& ctx, const gpt::StepReport& s) {

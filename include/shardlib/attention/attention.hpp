@@ -29,6 +29,7 @@
 /// gradients); the mask is a tensor (a constant).
 #pragma once
 
+#include <shardlib/attention/ring.hpp>
 #include <shardlib/autodiff.hpp>
 #include <shardlib/kernels/cudnn_attention.hpp>
 #include <shardlib/sharding/attention.hpp>
@@ -55,16 +56,31 @@ enum class AttentionKernel : std::uint8_t {
   unfused,    ///< the ops: scores, softmax, a product with v
 };
 
+/// The form of context parallelism attention() takes when q's sequence is split.
+enum class ContextParallel {
+  /// DeepSpeed-Ulysses: the sequence's axes move onto the heads (an all-to-all per operand and
+  /// one back), the kernel runs on whole sequences of 1/p of the heads. Needs heads that the
+  /// axes divide to spread the work; holds [B, H/p, S, S] scores (unfused) per device.
+  all_to_all,
+  /// Ring attention (attention/ring.hpp): k and v travel around the ring of the sequence's
+  /// axes, p - 1 permutes each, folded into an online softmax; any head count; scores held one
+  /// [B, H, S/p, S/p] block at a time. Host memory: float and double.
+  ring,
+};
+
 /// Options of attention().
 struct AttentionOptions {
   bool causal = false;  ///< query i attends keys j <= i only (the diagonal from the top left)
   double scale = 0;     ///< multiplies q k^T; 0: 1 / sqrt(head dim)
   AttentionKernel kernel = AttentionKernel::automatic;
+  /// How a split sequence is attended over (context parallelism; no effect otherwise).
+  ContextParallel context = ContextParallel::all_to_all;
 };
 
 /// What this device's attention calls ran, since the Context began.
 struct AttentionStats {
   std::uint64_t fused_forward = 0, fused_backward = 0, unfused_forward = 0, unfused_backward = 0;
+  std::uint64_t ring_forward = 0, ring_backward = 0;  ///< ring attention's (ContextParallel::ring)
   /// Why the last call that could have been fused was not ("" when none fell back).
   std::string fallback;
 };
@@ -284,6 +300,58 @@ void attention_unfused_backward(const QT& q, const KT& k, const VT& v, const Bia
   dk = KT(shardlib::einsum<"bhqs,bqhk->bshk">(ds, q));
 }
 
+/// attention() as ring attention (ContextParallel::ring with q's sequence split by `ring_axes`;
+/// attention/ring.hpp): q, k and v resharded to `RSpec` (ring_attention_rule's; a recorded
+/// reshard for a Var that differs), the result in that layout (q's).
+template <class RSpec, class Q, class K, class V, class Mask>
+auto attention_ring(const Q& q0, const K& k0, const V& v0, const Mask* mask, bool causal, double scale, const AxisList& ring_axes) {
+  using autodiff::detail::tensor_of_t;
+  using T = typename tensor_of_t<Q>::value_type;
+  using MeshT = typename tensor_of_t<Q>::mesh_type;
+  using Mem = typename tensor_of_t<Q>::memory_space;
+  using RT = DistributedTensor<T, MeshT, RSpec, Mem>;
+  if constexpr (host_memory_v<Mem> && !std::is_arithmetic_v<T>)
+    throw std::invalid_argument(std::string("shardlib: attention: ring attention on the host takes float or double, not ") +
+                                element_name<T>() + " (ContextParallel::all_to_all takes it)");
+  const auto q = shardlib::reshard<RSpec>(q0);
+  const auto k = shardlib::reshard<RSpec>(k0);
+  const auto v = shardlib::reshard<RSpec>(v0);
+  const RT& qv = autodiff::detail::value(q);
+  const RT& kv = autodiff::detail::value(k);
+  const RT& vv = autodiff::detail::value(v);
+  using B = DistributedTensor<T, MeshT, Spec<none, none>, Mem>;
+  std::optional<B> replicated_mask;
+  if (mask) replicated_mask.emplace(*mask);
+  const RingShape shape = ring_shape(qv, kv, vv, ring_axes, causal);
+  auto oshape = qv.shape();
+  oshape[3] = vv.shape()[3];
+  RT o(qv.mesh(), oshape);
+  std::shared_ptr<void> lse =
+      ring_attention_forward(qv, kv, vv, replicated_mask ? replicated_mask->local().data() : nullptr, shape, scale, o);
+  ++attention_stats(qv.context()).ring_forward;
+  if constexpr (VarType<Q> || VarType<K> || VarType<V>) {
+    const auto nq = autodiff::detail::node(q);
+    const auto nk = autodiff::detail::node(k);
+    const auto nv = autodiff::detail::node(v);
+    return autodiff::detail::record(
+          "attention (ring)", o,
+          [nq, nk, nv, qv, kv, vv, o, lse, mask_copy = std::move(replicated_mask), shape, scale](const auto& g0,
+                                                                                              autodiff::BackwardPass& p) {
+            const RT g(g0);  // the output's gradient, resolved to its layout
+            RT dq(qv.mesh(), qv.shape()), dk(kv.mesh(), kv.shape()), dv(vv.mesh(), vv.shape());
+            ring_attention_backward(qv, kv, vv, mask_copy ? mask_copy->local().data() : nullptr, shape, scale, o, g, lse.get(),
+                                    dq, dk, dv);
+            ++attention_stats(qv.context()).ring_backward;
+            if (nq) autodiff::detail::give(p, 0, *nq, dq);
+            if (nk) autodiff::detail::give(p, 1, *nk, dk);
+            if (nv) autodiff::detail::give(p, 2, *nv, dv);
+          },
+          nq, nk, nv);
+  } else {
+    return o;
+  }
+}
+
 /// attention() (see the file comment) on operands that are tensors or Vars; `mask` null or a
 /// replicated [Sq, Sk] tensor of q's element type, mesh and memory.
 template <class Q, class K, class V, class Mask>
@@ -311,11 +379,17 @@ auto attention_impl(const Q& q0, const K& k0, const V& v0, const Mask* mask, con
                                   std::to_string(sk) + " keys, so it must be [" + std::to_string(sq) + ", " +
                                   std::to_string(sk) + "]");
   }
+  constexpr bool any_var = VarType<Q> || VarType<K> || VarType<V>;
+  static constexpr OpRule ring = ring_attention_rule(QT0::sharding, tensor_of_t<K>::sharding, tensor_of_t<V>::sharding);
+  if constexpr (!ring.comm.empty()) {
+    using RSpec = spec_from_t<MeshT, decltype([] { return ring.in[0]; })>;
+    static_assert(std::is_same_v<RSpec, OutSpec>, "shardlib: attention: both forms leave q's layout");
+    if (opts.context == ContextParallel::ring) return attention_ring<RSpec>(q0, k0, v0, mask, opts.causal, scale, ring.comm);
+  }
   // The operands in the layout the kernel runs on (a recorded reshard for a Var that differs).
   const auto q = shardlib::reshard<InSpec>(q0);
   const auto k = shardlib::reshard<InSpec>(k0);
   const auto v = shardlib::reshard<InSpec>(v0);
-  constexpr bool any_var = VarType<Q> || VarType<K> || VarType<V>;
   const bool wants_grad = [&] {
     if constexpr (any_var) return (autodiff::detail::node(q) || autodiff::detail::node(k) || autodiff::detail::node(v));
     else return false;

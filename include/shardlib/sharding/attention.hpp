@@ -20,6 +20,11 @@
 ///     replicated). An axis that splits q's batch, sequence or heads dim may not split another
 ///     dim of k or v: those dims are gathered, so nothing is lost.
 ///
+/// `ring_attention_rule` is the other form of context parallelism, ring attention: q, k and v
+/// keep q's sequence split (k and v take q's layout of batch, sequence and heads; the head dim
+/// gathered, partial operands reduced), the kernel passes k and v around the ring of the
+/// sequence's axes (its own communication, not the rule's), and the output has q's layout.
+///
 /// Pure rule: constexpr, no Kokkos, no communicator; never throws for bad input.
 #pragma once
 
@@ -57,6 +62,24 @@ constexpr OpRule attention_rule(const Sharding& q, const Sharding& k, const Shar
   r.out = s;
   r.out.dims[seq] = q.dims[seq];
   r.out.dims[heads] = q.dims[heads];
+  return r;
+}
+
+/// The sharding rule of ring attention (see the file comment): `in` = {q, k, v} in q's layout of
+/// the batch, sequence and heads dims (head dim whole, nothing partial), `out` the same, `comm`
+/// the axes of the ring (q's sequence axes).
+constexpr OpRule ring_attention_rule(const Sharding& q, const Sharding& k, const Sharding& v) {
+  OpRule r = attention_rule(q, k, v);
+  if (r.status != OpRule::ok) return r;
+  using namespace attention_dims;
+  Sharding s;
+  s.rank = 4;
+  s.dims[batch] = q.dims[batch];
+  s.dims[seq] = q.dims[seq];
+  s.dims[heads] = q.dims[heads];
+  r.in = {s, s, s};
+  r.out = s;
+  r.comm = q.dims[seq];  // the ring
   return r;
 }
 

@@ -1,0 +1,197 @@
+// SPDX-License-Identifier: Apache-2.0
+// Ring attention (AttentionOptions::context = ContextParallel::ring): outputs and gradients
+// against one device (everything replicated) for causal and not, a mask, uneven sequences, other
+// query and key lengths, more devices than heads, a ring beside split heads and batch; central
+// differences; the ring's traffic counted (p - 1 permutes of k and of v forward; the backward's
+// p - 1 and p of dk and dv, nothing else); its memory against the all-to-all form's; what ran.
+#include <doctest/doctest.h>
+#include <shardlib/attention.hpp>
+#include <shardlib/memory.hpp>
+
+#include "../autodiff/gradcheck.hpp"
+#include "../collectives/harness.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace sl = shardlib;
+using sl::none;
+
+namespace {
+using M2 = sl::Mesh<"x", "y">;
+template <class S, class T = double>
+using Ten = sl::DistributedTensor<T, M2, S>;
+using Rep4 = sl::Spec<none, none, none, none>;
+using Ring = sl::Spec<none, sl::axes<"x", "y">, none, none>;  // the sequence over every device
+using RingHeads = sl::Spec<none, "x", "y", none>;             // the ring over "x", heads over "y"
+using RingBatch = sl::Spec<"y", "x", none, none>;             // the ring over "x", batch over "y"
+using Mask = sl::Spec<none, none>;
+constexpr sl::AttentionOptions ring_opts(bool causal) {
+  return {.causal = causal, .context = sl::ContextParallel::ring};
+}
+
+M2 mesh_of(sl::Context& ctx) {
+  const int n = ctx.num_devices();
+  return n % 2 == 0 ? M2(ctx, {n / 2, 2}) : M2(ctx, {n, 1});
+}
+
+double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double m = a.size() == b.size() ? 0.0 : std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+// Output and gradients of the ring over spec S against one device, for [B, Sq, H, K] queries and
+// [B, Sk, H, K/Kv] keys and values.
+template <class S>
+void check_against_one_device(sl::Context& ctx, std::int64_t B, std::int64_t Sq, std::int64_t Sk, std::int64_t H,
+                              std::int64_t K, std::int64_t Kv, bool causal, bool masked) {
+  CAPTURE(S::value.to_string());
+  CAPTURE(causal);
+  CAPTURE(masked);
+  CAPTURE(Sq);
+  CAPTURE(Sk);
+  const M2 mesh = mesh_of(ctx);
+  const auto q = Ten<S>::random(mesh, {B, Sq, H, K}, 1, -1.0, 1.0);
+  const auto k = Ten<S>::random(mesh, {B, Sk, H, K}, 2, -1.0, 1.0);
+  const auto v = Ten<S>::random(mesh, {B, Sk, H, Kv}, 3, -1.0, 1.0);
+  const auto w = Ten<S>::random(mesh, {B, Sq, H, Kv}, 4, -1.0, 1.0);
+  const auto m = Ten<Mask>::random(mesh, {Sq, Sk}, 5, -2.0, 2.0);
+  sl::Param<Ten<S>> pq(q), pk(k), pv(v);
+  const auto o = masked ? sl::attention(pq, pk, pv, m, ring_opts(causal)) : sl::attention(pq, pk, pv, ring_opts(causal));
+  static_assert(std::is_same_v<typename decltype(o)::spec_type, S>, "the output keeps q's layout");
+  sl::backward(sl::sum_all(o * w));
+  sl::Param<Ten<Rep4>> rq(q), rk(k), rv(v);
+  const sl::AttentionOptions plain{.causal = causal};
+  const auto ro = masked ? sl::attention(rq, rk, rv, m, plain) : sl::attention(rq, rk, rv, plain);
+  sl::backward(sl::sum_all(ro * Ten<Rep4>(w)));
+  CHECK(max_abs_diff(o.value().to_host(), ro.value().to_host()) < 1e-12);
+  CHECK(max_abs_diff(pq.grad().to_host(), rq.grad().to_host()) < 1e-12);
+  CHECK(max_abs_diff(pk.grad().to_host(), rk.grad().to_host()) < 1e-12);
+  CHECK(max_abs_diff(pv.grad().to_host(), rv.grad().to_host()) < 1e-12);
+}
+}  // namespace
+
+TEST_SUITE("attention") {
+TEST_CASE("ring attention equals one device: causal, masked, uneven, other lengths, more devices than heads") {
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        for (bool causal : {false, true})
+          for (bool masked : {false, true}) {
+            check_against_one_device<Ring>(ctx, 2, 8, 8, 3, 4, 4, causal, masked);
+            check_against_one_device<Ring>(ctx, 1, 9, 9, 1, 3, 2, causal, masked);  // uneven; one head on every device
+            check_against_one_device<RingHeads>(ctx, 2, 7, 7, 4, 2, 3, causal, masked);
+            check_against_one_device<RingBatch>(ctx, 3, 6, 6, 2, 4, 4, causal, masked);
+          }
+        // Other lengths of queries and keys (the causal diagonal from the top left); a ring
+        // longer than the sequence (empty blocks travel).
+        check_against_one_device<Ring>(ctx, 2, 5, 9, 2, 3, 3, false, true);
+        check_against_one_device<Ring>(ctx, 2, 9, 5, 2, 3, 3, true, false);
+        check_against_one_device<Ring>(ctx, 1, 3, 3, 2, 2, 2, true, false);
+        const auto& s = sl::attention_stats(ctx);
+        CHECK(s.ring_forward == 4 * 4 + 3);
+        CHECK(s.ring_backward == s.ring_forward);
+      },
+      {1, 2, 3, 4});
+}
+
+TEST_CASE("ring attention's traffic: p - 1 permutes of k and of v forward, the ring again backward, nothing else") {
+  using Kind = sl::coll::Kind;
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        const M2 mesh = mesh_of(ctx);
+        const int p = ctx.num_devices();
+        const std::int64_t B = 2, S = 8 * p, H = 3, K = 4, Kv = 2;
+        sl::Param<Ten<Ring>> q(Ten<Ring>::random(mesh, {B, S, H, K}, 1)), k(Ten<Ring>::random(mesh, {B, S, H, K}, 2)),
+            v(Ten<Ring>::random(mesh, {B, S, H, Kv}, 3));
+        sl::coll::CommRecorder fwd;
+        auto o = sl::attention(q, k, v, ring_opts(true));
+        const sl::coll::CommStats f = fwd.stats();
+        const auto u = static_cast<std::uint64_t>(p - 1);
+        CHECK(f[Kind::permute].calls == 2 * u);
+        CHECK(f.total_calls() == f[Kind::permute].calls);
+        // Each permute sends one device's block of k or v: B * S/p * H * K elements.
+        const std::uint64_t block = static_cast<std::uint64_t>(B * 8 * H) * sizeof(double);
+        CHECK(f[Kind::permute].bytes_sent == u * block * (K + Kv));
+        sl::coll::CommRecorder bwd;
+        sl::backward(sl::sum_all(o));
+        const sl::coll::CommStats b = bwd.stats();
+        // k and v again (p - 1 each), their gradients' sums p each (the last one home).
+        CHECK(b[Kind::permute].calls == (p > 1 ? 2 * u + 2 * static_cast<std::uint64_t>(p) : 0u));
+        CHECK(b[Kind::permute].bytes_sent == (p > 1 ? (2 * u + 1) * block * (K + Kv) : 0u));
+        CHECK(b.total_calls() == b[Kind::permute].calls);
+      },
+      {1, 2, 4});
+}
+
+TEST_CASE("ring attention against central differences, with the ring beside split heads") {
+  namespace gc = sl::test::grad;
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        auto rng = sl::test::oracle::rng_for(ctx, 6);
+        const M2 mesh = mesh_of(ctx);
+        const auto w = Ten<RingHeads>::random(mesh, {2, 5, 4, 2}, 19, -1.0, 1.0);
+        const auto m = Ten<Mask>::random(mesh, {5, 5}, 10, -1.0, 1.0);
+        for (bool causal : {false, true}) {
+          CAPTURE(causal);
+          CHECK(gc::check([&](const auto& a, const auto& b, const auto& c) { return sl::sum_all(sl::attention(a, b, c, m, ring_opts(causal)) * w); },
+                          rng, "ring attention", 1e-6, 6, Ten<RingHeads>::random(mesh, {2, 5, 4, 3}, 21, -1.0, 1.0),
+                          Ten<RingHeads>::random(mesh, {2, 5, 4, 3}, 22, -1.0, 1.0), Ten<RingHeads>::random(mesh, {2, 5, 4, 2}, 23, -1.0, 1.0)));
+        }
+      },
+      {1, 2, 4});
+}
+
+TEST_CASE("ring attention holds one block of scores: less memory than the all-to-all form, the same result") {
+  // [1, S, 4, 4] over p >= 4 devices: the all-to-all form holds every query's scores of its
+  // head, [1, 4/p, S, S] (and the softmax's output, saved for the backward); the ring one block
+  // of [1, 4, S/p, S/p] at a time, and saves only q, k, v, the output and the rows' lse.
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        const int p = ctx.num_devices();
+        if (p < 4) return;  // (under mpirun -np 2 or 3: the two forms' memory is alike on so few)
+        const M2 mesh = mesh_of(ctx);
+        const std::int64_t S = 128, H = 4, K = 4, block = (S + p - 1) / p;
+        const auto q = Ten<Ring>::random(mesh, {1, S, H, K}, 1);
+        const auto k = Ten<Ring>::random(mesh, {1, S, H, K}, 2);
+        const auto v = Ten<Ring>::random(mesh, {1, S, H, K}, 3);
+        auto peak = [&](sl::ContextParallel form) {
+          sl::Param<Ten<Ring>> pq(q), pk(k), pv(v);
+          const std::int64_t before = sl::memory_usage(ctx).activations();
+          sl::reset_peak_memory(ctx);
+          sl::backward(sl::sum_all(sl::attention(pq, pk, pv, {.causal = true, .context = form})));
+          return sl::memory_usage(ctx).peak_of(sl::MemoryRole::activations) - before;
+        };
+        const std::int64_t ring = peak(sl::ContextParallel::ring), a2a = peak(sl::ContextParallel::all_to_all);
+        MESSAGE("activation peak: ring " << ring << " B, all-to-all " << a2a << " B");
+        // The ring's bound: two blocks of scores (probabilities and their gradient) of S/p x S/p
+        // per head, and a few dozen [S/p, H, K] blocks (operands, outputs, buffers, gradients).
+        const std::int64_t scores = 2 * H * block * block * 8, blocks = 40 * block * H * K * 8;
+        CHECK(ring <= scores + blocks);
+        CHECK(ring * 2 < a2a);
+      },
+      {4, 8});
+}
+
+TEST_CASE("ring attention: bad input named; a ring of one device is plain attention") {
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        const M2 mesh = mesh_of(ctx);
+        const auto q = Ten<Ring>::random(mesh, {2, 6, 2, 4}, 1);
+        const auto k = Ten<Ring>::random(mesh, {2, 6, 2, 3}, 2);
+        CHECK_THROWS_WITH_AS(sl::attention(q, k, q, ring_opts(false)), doctest::Contains("head dim"), std::invalid_argument);
+        // 16-bit on the host: the all-to-all form takes it, the ring says so.
+        using H16 = Ten<Ring, sl::bf16>;
+        const H16 h = H16::random(mesh, {2, 6, 2, 4}, 1);
+        CHECK_THROWS_WITH_AS(sl::attention(h, h, h, ring_opts(true)), doctest::Contains("ring attention on the host takes float or double"),
+                               std::invalid_argument);
+        // Nothing split along the sequence: the option changes nothing.
+        const auto r = Ten<Rep4>(q);
+        CHECK(max_abs_diff(sl::attention(r, r, r, ring_opts(true)).to_host(), sl::attention(r, r, r, {.causal = true}).to_host()) == 0);
+      },
+      {1, 2});
+}
+}
