@@ -313,6 +313,24 @@ class Report(unittest.TestCase):
             self.assertIn("| context parallel (ring) | 8 | 1024 | 9.0 | 10.0 | 0.90 | 0.75 | 3.00 | 8.0 |", md)
             self.assertIn("| context parallel (ring) | 8 | 16384 | 2500.0 | - | - | - | 3.00 | 160.0 |", md)
 
+    def test_grad_renders_the_moe_records_beside_the_dense_mlp(self):
+        from contextlib import redirect_stdout
+        from harness import suites
+        moe = record(bench="grad", part="moe", name="moe top-2, cf 1", devices=8, seconds=0.2, baseline="dense MLP, same FLOPs per token",
+                     baseline_seconds=0.16, ratio=1.25, gflops=30.0, baseline_gflops=37.5, collective_calls=6, bytes=2 * 2**20,
+                     baseline_bytes=0, top_k=2, capacity_factor=1.0, capacity=128, dropped=175, choices=2048,
+                     shape={"tokens": 1024, "dmodel": 512, "experts": 16, "expert_hidden": 1024, "dense_hidden": 2048})
+        out = io.StringIO()
+        with redirect_stdout(out):
+            suites.grad_table([moe])
+        self.assertIn("16 experts of 1024 (top-2, capacity factor 1: 175 of 2048 choices dropped)", out.getvalue())
+        with tempfile.TemporaryDirectory() as d:
+            report.save(d, report.load(d), {"grad": {"status": "ok", "notes": [], "records": [moe]}})
+            with redirect_stderr(io.StringIO()):
+                report.render(d, report.load(d), "matplotlib is not installed")
+            md = read(os.path.join(d, "report.md"))
+            self.assertIn("| moe top-2, cf 1 | 8 | 1024 | 16 | 200.0 | 160.0 | 1.25 | 175 / 2048 | 2.00 |", md)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=1)

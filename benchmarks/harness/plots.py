@@ -334,9 +334,14 @@ def plot_grad(recs, folder):
 
 def tables_grad(recs):
     peers = {(r["backend"], r["name"], r["devices"]): r for r in recs if r["backend"] in PEERS}
-    rows, context = [], []
+    rows, context, experts = [], [], []
     for r in recs:
         if r["backend"] in PEERS:
+            continue
+        if r["part"] == "moe":
+            experts.append([r["name"], r["devices"], r["shape"]["tokens"], r["shape"]["experts"], f"{r['seconds'] * 1e3:.1f}",
+                            f"{r['baseline_seconds'] * 1e3:.1f}", f"{r['ratio']:.2f}", f"{r['dropped']} / {r['choices']}",
+                            f"{r['bytes'] / 2**20:.2f}"])
             continue
         if r["part"] == "context":
             def fmt(v, spec, scale=1.0):
@@ -365,6 +370,11 @@ def tables_grad(recs):
                        "same attention with the heads split (no communication)",
                        ["case", "devices", "sequence", "fwd+bwd", "heads split", "ratio", "/ all-to-all",
                         "MiB sent per device", "activation peak MiB"], context))
+    if experts:
+        tables.append(("a mixture-of-experts layer (sl::moe), forward + backward (ms), beside the dense MLP of the same "
+                       "FLOPs per token on the same tokens (data parallel, no communication); goal: ratio <= 1.3",
+                       ["case", "devices", "tokens", "experts", "fwd+bwd", "dense MLP", "ratio", "dropped",
+                        "MiB sent per device"], experts))
     return tables
 
 

@@ -278,6 +278,9 @@ def grad_cases(args, exes, peers):
         n = max(args.devs)
         cases.append(Case(f"grad: attention over a split sequence, {n} devices", "grad",
                           base + ["--devices", str(n), "--part", "context"] + extra))
+        for k in (1, 2):  # a mixture-of-experts layer beside the dense MLP of the same FLOPs per token
+            cases.append(Case(f"grad: moe top-{k}, {n} devices", "grad",
+                              base + ["--devices", str(n), "--part", "moe", "--top-k", str(k), "--capacity-factor", "1.0"] + extra))
     # The peer: the same block in JAX, the same shapes, layouts and device counts.
     sizes = ["--seq", "16", "--dmodel", "64", "--heads", "2", "--dff", "256", "--reps", "3"] if args.quick else []
     for flag in ("batch", "seq", "dmodel", "heads", "dff", "reps"):
@@ -302,6 +305,14 @@ def grad_table(records):
             extra_text = f"overhead {r['overhead_us']:.3f} us (target <= 1)"
             ratio = r.get("ratio", float("nan"))
             base_name = "plain" if r["baseline_seconds"] else "none"
+        elif r["part"] == "moe":
+            sh = r["shape"]
+            extra_text = (f"{sh['tokens']} tokens, {sh['experts']} experts of {sh['expert_hidden']} (top-{r['top_k']}, "
+                          f"capacity factor {r['capacity_factor']:g}: {r['dropped']} of {r['choices']} choices dropped) "
+                          f"beside the dense MLP of {sh['dense_hidden']}; {r['collective_calls']} collectives, "
+                          f"{r['bytes'] / 2**20:.2f} MiB sent per device (target ratio <= 1.3)")
+            ratio = r["ratio"]
+            base_name = "dense"
         elif r["part"] == "context":
             sh = r["shape"]
             alone = r.get("baseline_gflops") is None  # --ring-only: the other forms do not fit

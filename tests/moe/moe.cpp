@@ -1,0 +1,282 @@
+// SPDX-License-Identifier: Apache-2.0
+// sl::moe: the layer's output and load-balancing loss against GShard's dense form (one-hot
+// dispatch and combine tensors [T, E, C], einsums), computed here in double per group, for E =
+// 2, 4, 8 experts, top-1 and top-2, capacity factors that drop choices and that do not, tokens
+// that the groups do not divide; on 1 to 8 devices with the experts over "expert" and the tokens
+// over ("data", "expert"); gradients against central differences and, with nothing dropped,
+// against one device; the all-to-alls counted (one each way, of the slots' bytes); the drops
+// reported; bad input.
+#include <doctest/doctest.h>
+#include <shardlib/moe.hpp>
+
+#include "../autodiff/gradcheck.hpp"
+#include "../collectives/harness.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace sl = shardlib;
+using sl::none;
+
+namespace {
+using M2 = sl::Mesh<"data", "expert">;
+template <class S>
+using Ten = sl::DistributedTensor<double, M2, S>;
+using TokS = sl::Spec<sl::axes<"data", "expert">, none>;  // tokens over every device
+using WS = sl::Spec<"expert", none, none>;                // experts over "expert"
+using Rep2 = sl::Spec<none, none>;
+using Rep3 = sl::Spec<none, none, none>;
+
+M2 mesh_of(sl::Context& ctx) {
+  const int n = ctx.num_devices();
+  return n % 2 == 0 ? M2(ctx, {2, n / 2}) : M2(ctx, {1, n});
+}
+
+double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double m = a.size() == b.size() ? 0.0 : std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+struct Dense {
+  std::vector<double> y;
+  double aux = 0;
+  std::int64_t dropped = 0;
+};
+
+// GShard's dense form, per group of tokens (the devices' blocks of T), in double: softmax router,
+// top-k (ties to the lower expert), slots filled first choices first in token order, a [T, E, C]
+// dispatch mask and combine weights, the experts' MLPs on the dispatched [E, C, D], the combine.
+Dense dense(const std::vector<double>& x, const std::vector<double>& r, const std::vector<double>& w1, const std::vector<double>& w2,
+            std::int64_t T, std::int64_t D, std::int64_t E, std::int64_t F, int k, double cf, int groups, bool normalize) {
+  Dense out;
+  out.y.assign(static_cast<std::size_t>(T * D), 0.0);
+  std::vector<double> p(static_cast<std::size_t>(T * E));
+  for (std::int64_t t = 0; t < T; ++t) {
+    double mx = -std::numeric_limits<double>::infinity();
+    for (std::int64_t e = 0; e < E; ++e) {
+      double s = 0;
+      for (std::int64_t d = 0; d < D; ++d) s += x[static_cast<std::size_t>(t * D + d)] * r[static_cast<std::size_t>(d * E + e)];
+      p[static_cast<std::size_t>(t * E + e)] = s;
+      mx = std::max(mx, s);
+    }
+    double z = 0;
+    for (std::int64_t e = 0; e < E; ++e) z += (p[static_cast<std::size_t>(t * E + e)] = std::exp(p[static_cast<std::size_t>(t * E + e)] - mx));
+    for (std::int64_t e = 0; e < E; ++e) p[static_cast<std::size_t>(t * E + e)] /= z;
+  }
+  const std::int64_t tg = (T + groups - 1) / groups;  // torch.chunk: the largest group
+  const auto C = static_cast<std::int64_t>(std::max(1.0, std::ceil(k * tg * cf / static_cast<double>(E))));
+  std::vector<std::int64_t> first(static_cast<std::size_t>(E), 0);
+  for (std::int64_t g0 = 0; g0 < T; g0 += tg) {
+    const std::int64_t g1 = std::min(T, g0 + tg), n = g1 - g0;
+    // choices
+    std::vector<std::int64_t> ch(static_cast<std::size_t>(n * k));
+    std::vector<double> gate(static_cast<std::size_t>(n * k));
+    for (std::int64_t t = 0; t < n; ++t) {
+      double total = 0;
+      for (int j = 0; j < k; ++j) {
+        std::int64_t best = -1;
+        for (std::int64_t e = 0; e < E; ++e) {
+          bool used = false;
+          for (int i = 0; i < j; ++i) used = used || ch[static_cast<std::size_t>(t * k + i)] == e;
+          if (!used && (best < 0 || p[static_cast<std::size_t>((g0 + t) * E + e)] > p[static_cast<std::size_t>((g0 + t) * E + best)])) best = e;
+        }
+        ch[static_cast<std::size_t>(t * k + j)] = best;
+        gate[static_cast<std::size_t>(t * k + j)] = p[static_cast<std::size_t>((g0 + t) * E + best)];
+        total += gate[static_cast<std::size_t>(t * k + j)];
+      }
+      if (normalize && k > 1)
+        for (int j = 0; j < k; ++j) gate[static_cast<std::size_t>(t * k + j)] /= total;
+      ++first[static_cast<std::size_t>(ch[static_cast<std::size_t>(t * k)])];
+    }
+    // dispatch [n, E, C] one-hot, combine [n, E, C]
+    std::vector<double> mask(static_cast<std::size_t>(n * E * C), 0.0), comb(static_cast<std::size_t>(n * E * C), 0.0);
+    std::vector<std::int64_t> fill(static_cast<std::size_t>(E), 0);
+    for (int j = 0; j < k; ++j)
+      for (std::int64_t t = 0; t < n; ++t) {
+        const std::int64_t e = ch[static_cast<std::size_t>(t * k + j)];
+        if (fill[static_cast<std::size_t>(e)] >= C) {
+          ++out.dropped;
+          continue;
+        }
+        const std::int64_t c = fill[static_cast<std::size_t>(e)]++;
+        mask[static_cast<std::size_t>((t * E + e) * C + c)] = 1;
+        comb[static_cast<std::size_t>((t * E + e) * C + c)] = gate[static_cast<std::size_t>(t * k + j)];
+      }
+    // experts: in[e, c, :] = sum_t mask x; out = w2^T gelu(w1^T in); y = sum_{e,c} comb out
+    for (std::int64_t e = 0; e < E; ++e)
+      for (std::int64_t c = 0; c < C; ++c) {
+        std::vector<double> in(static_cast<std::size_t>(D), 0.0), h(static_cast<std::size_t>(F), 0.0), o(static_cast<std::size_t>(D), 0.0);
+        for (std::int64_t t = 0; t < n; ++t)
+          for (std::int64_t d = 0; d < D; ++d)
+            in[static_cast<std::size_t>(d)] += mask[static_cast<std::size_t>((t * E + e) * C + c)] * x[static_cast<std::size_t>((g0 + t) * D + d)];
+        for (std::int64_t f = 0; f < F; ++f) {
+          double s = 0;
+          for (std::int64_t d = 0; d < D; ++d) s += in[static_cast<std::size_t>(d)] * w1[static_cast<std::size_t>((e * D + d) * F + f)];
+          h[static_cast<std::size_t>(f)] = 0.5 * s * (1 + std::erf(s / std::sqrt(2.0)));
+        }
+        for (std::int64_t d = 0; d < D; ++d)
+          for (std::int64_t f = 0; f < F; ++f) o[static_cast<std::size_t>(d)] += h[static_cast<std::size_t>(f)] * w2[static_cast<std::size_t>((e * F + f) * D + d)];
+        for (std::int64_t t = 0; t < n; ++t)
+          for (std::int64_t d = 0; d < D; ++d)
+            out.y[static_cast<std::size_t>((g0 + t) * D + d)] += comb[static_cast<std::size_t>((t * E + e) * C + c)] * o[static_cast<std::size_t>(d)];
+      }
+  }
+  for (std::int64_t e = 0; e < E; ++e) {
+    double pe = 0;
+    for (std::int64_t t = 0; t < T; ++t) pe += p[static_cast<std::size_t>(t * E + e)];
+    out.aux += static_cast<double>(E) * (static_cast<double>(first[static_cast<std::size_t>(e)]) / static_cast<double>(T)) * (pe / static_cast<double>(T));
+  }
+  return out;
+}
+
+struct Layer {
+  Ten<TokS> x;
+  Ten<Rep2> r;
+  Ten<WS> w1, w2;
+};
+Layer layer(const M2& mesh, std::int64_t T, std::int64_t D, std::int64_t E, std::int64_t F, double router_amp = 1.0) {
+  return {Ten<TokS>::random(mesh, {T, D}, 1, -1.0, 1.0), Ten<Rep2>::random(mesh, {D, E}, 2, -router_amp, router_amp),
+          Ten<WS>::random(mesh, {E, D, F}, 3, -0.5, 0.5), Ten<WS>::random(mesh, {E, F, D}, 4, -0.5, 0.5)};
+}
+
+void check_against_dense(sl::Context& ctx, std::int64_t T, std::int64_t E, int k, double cf) {
+  CAPTURE(T);
+  CAPTURE(E);
+  CAPTURE(k);
+  CAPTURE(cf);
+  const M2 mesh = mesh_of(ctx);
+  const std::int64_t D = 4, F = 6;
+  const Layer l = layer(mesh, T, D, E, F, 2.0);
+  const auto res = sl::moe(l.x, l.r, l.w1, l.w2, {.top_k = k, .capacity_factor = cf});
+  const Dense want = dense(l.x.to_host(), l.r.to_host(), l.w1.to_host(), l.w2.to_host(), T, D, E, F, k, cf, ctx.num_devices(), true);
+  CHECK(max_abs_diff(res.y.to_host(), want.y) < 1e-12);
+  CHECK(std::abs(res.aux_loss.to_host()[0] - want.aux) < 1e-12);
+  CHECK(res.dropped == want.dropped);
+  const sl::MoeStats& s = sl::moe_stats(ctx);
+  CHECK(s.dropped == want.dropped);
+  CHECK(s.tokens == T);
+  CHECK(s.choices == T * k);
+}
+}  // namespace
+
+TEST_SUITE("moe") {
+TEST_CASE("moe equals GShard's dense form per group: 2, 4, 8 experts, top-1 and top-2, with and without drops") {
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        for (std::int64_t E : {2, 4, 8})
+          for (int k : {1, 2}) {
+            check_against_dense(ctx, 16 * ctx.num_devices(), E, k, 0.5);  // drops
+            check_against_dense(ctx, 16 * ctx.num_devices(), E, k, 8.0);  // none
+          }
+        check_against_dense(ctx, 7 * ctx.num_devices() + 3, 4, 2, 1.0);  // uneven groups
+        check_against_dense(ctx, 3, 2, 1, 1.0);                          // fewer tokens than devices
+      },
+      {1, 2, 4, 8});
+}
+
+TEST_CASE("moe's traffic: one all-to-all each way of the slots' bytes, one all-reduce of the counts") {
+  using Kind = sl::coll::Kind;
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        const M2 mesh = mesh_of(ctx);
+        const int n = ctx.num_devices(), ex = mesh.shape().size(1);
+        const std::int64_t T = 8 * n, D = 4, E = 4, F = 6;
+        const Layer l = layer(mesh, T, D, E, F);
+        sl::Param<Ten<TokS>> x(l.x);
+        sl::Param<Ten<Rep2>> r(l.r);
+        sl::Param<Ten<WS>> w1(l.w1), w2(l.w2);
+        sl::coll::CommRecorder fwd;
+        const auto res = sl::moe(x, r, w1, w2, {.top_k = 2, .capacity_factor = 1.0});
+        const sl::coll::CommStats f = fwd.stats();
+        const std::uint64_t C = sl::moe_stats(ctx).capacity;
+        CHECK(C == 4);  // ceil(2 * 8 * 1.0 / 4)
+        // Out: its [1, E, C, D] block but its own experts' slots; back: the slots of its experts
+        // from the other ex - 1 groups of its expert group. (E / ex experts each when even.)
+        const auto mine = static_cast<std::uint64_t>(sl::block_of(E, ex, mesh.shape().group_rank(ctx.device(), {1})).size);
+        const std::uint64_t slot = C * D * sizeof(double);
+        CHECK(f[Kind::all_to_all].calls == (ex > 1 ? 2u : 0u));
+        CHECK(f[Kind::all_to_all].bytes_sent == (static_cast<std::uint64_t>(E) - mine + static_cast<std::uint64_t>(ex - 1) * mine) * slot);
+        CHECK(f[Kind::all_gather].calls == 0);
+        sl::coll::CommRecorder bwd;
+        sl::backward(sl::sum_all(res.y) + res.aux_loss);
+        CHECK(bwd.stats()[Kind::all_to_all].calls == (ex > 1 ? 2u : 0u));
+        CHECK(bwd.stats()[Kind::all_gather].calls == 0);
+      },
+      {1, 2, 4, 8});
+}
+
+TEST_CASE("moe's gradients: central differences (drops included); with nothing dropped, one device's") {
+  namespace gc = sl::test::grad;
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        auto rng = sl::test::oracle::rng_for(ctx, 5);
+        const M2 mesh = mesh_of(ctx);
+        const std::int64_t T = 6 * ctx.num_devices(), D = 4, E = 4, F = 5;
+        const Layer l = layer(mesh, T, D, E, F);
+        const auto w = Ten<TokS>::random(mesh, {T, D}, 9, -1.0, 1.0);
+        for (int k : {1, 2})
+          for (double cf : {0.75, 4.0}) {
+            CAPTURE(k);
+            CAPTURE(cf);
+            CHECK(gc::check(
+                [&](const auto& x, const auto& r, const auto& a, const auto& b) {
+                  const auto res = sl::moe(x, r, a, b, {.top_k = k, .capacity_factor = cf});
+                  return sl::sum_all(res.y * w) + res.aux_loss;
+                },
+                rng, "moe", 1e-6, 4, l.x, l.r, l.w1, l.w2));
+          }
+        // Nothing dropped: the groups do not matter, and one device gives the same gradients.
+        sl::Param<Ten<TokS>> x(l.x);
+        sl::Param<Ten<Rep2>> r(l.r);
+        sl::Param<Ten<WS>> w1(l.w1), w2(l.w2);
+        const auto res = sl::moe(x, r, w1, w2, {.top_k = 2, .capacity_factor = 8.0});
+        CHECK(res.dropped == 0);
+        sl::backward(sl::sum_all(res.y * w) + res.aux_loss);
+        using RepT = sl::Spec<none, none>;
+        sl::Param<Ten<RepT>> x1(Ten<RepT>(l.x));
+        sl::Param<Ten<Rep2>> r1(l.r);
+        sl::Param<Ten<Rep3>> a1(Ten<Rep3>(l.w1)), b1(Ten<Rep3>(l.w2));
+        const auto one = sl::moe(x1, r1, a1, b1, {.top_k = 2, .capacity_factor = 8.0});
+        sl::backward(sl::sum_all(one.y * Ten<RepT>(w)) + one.aux_loss);
+        CHECK(max_abs_diff(res.y.value().to_host(), one.y.value().to_host()) < 1e-12);
+        CHECK(max_abs_diff(x.grad().to_host(), x1.grad().to_host()) < 1e-12);
+        CHECK(max_abs_diff(r.grad().to_host(), r1.grad().to_host()) < 1e-12);
+        CHECK(max_abs_diff(w1.grad().to_host(), a1.grad().to_host()) < 1e-12);
+        CHECK(max_abs_diff(w2.grad().to_host(), b1.grad().to_host()) < 1e-12);
+      },
+      {1, 2, 4});
+}
+
+TEST_CASE("moe: every token to one expert drops and reports; bad input named; NaN logits an error on every device") {
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        const M2 mesh = mesh_of(ctx);
+        const std::int64_t T = 8 * ctx.num_devices(), D = 4, E = 4, F = 3;
+        Layer l = layer(mesh, T, D, E, F);
+        // A router that sends every token to expert 2: its capacity (2 per group) is all that runs.
+        std::vector<double> rw(static_cast<std::size_t>(D * E), 0.0);
+        for (std::int64_t d = 0; d < D; ++d) rw[static_cast<std::size_t>(d * E + 2)] = 50.0;
+        const auto xs = Ten<TokS>::full(mesh, {T, D}, 1.0);
+        const auto one = sl::moe(xs, Ten<Rep2>::from_host(mesh, {D, E}, rw), l.w1, l.w2, {.top_k = 1, .capacity_factor = 1.0});
+        CHECK(one.dropped == T - 2 * ctx.num_devices());
+        CHECK(sl::moe_stats(ctx).first_choice == std::vector<std::int64_t>{0, 0, T, 0});
+        CHECK(std::abs(one.aux_loss.to_host()[0] - 4.0) < 1e-9);  // E * 1 * ~1: all on one expert
+        // Bad input: named.
+        CHECK_THROWS_WITH_AS(sl::moe(l.x, l.r, l.w1, l.w2, {.top_k = 5}), doctest::Contains("top-k 5 with 4 experts"), std::invalid_argument);
+        CHECK_THROWS_WITH_AS(sl::moe(l.x, l.r, l.w1, l.w2, {.capacity_factor = 0}), doctest::Contains("capacity factor"), std::invalid_argument);
+        CHECK_THROWS_WITH_AS(sl::moe(l.x, l.r, l.w2, l.w1), doctest::Contains("the shapes do not fit"), std::invalid_argument);
+        // NaN router logits: every device throws (no device left waiting in a collective).
+        std::vector<double> bad(static_cast<std::size_t>(T * D), 0.5);
+        bad[3] = std::numeric_limits<double>::quiet_NaN();
+        const auto xn = Ten<TokS>::from_host(mesh, {T, D}, bad);
+        CHECK_THROWS_WITH_AS(sl::moe(xn, l.r, l.w1, l.w2), doctest::Contains("NaN or infinite for 1 of"), std::domain_error);
+        // Still usable after: the next call runs.
+        CHECK(sl::moe(l.x, l.r, l.w1, l.w2).y.shape() == l.x.shape());
+      },
+      {1, 2, 4});
+}
+}
