@@ -18,7 +18,7 @@
 namespace {
 
 constexpr const char* usage = R"(usage: gpt [--recipe dp|zero1|zero2|zero3|tp|dp_tp|cp|pp|pp_dp|pp_tp|pp_zero1|pp_zero2|replicated] [--cp N]
-           [--cp-kind all_to_all|ring]
+           [--cp-kind all_to_all|ring] [--moe E] [--top-k 1|2] [--capacity-factor CF]
            [--devices N] [--steps N] [--layers N] [--dim N] [--batch N] [--seq N] [--vocab N] [--heads N]
            [--ff N] [--precision f32|bf16|f16] [--check 0|1] [--describe 0|1]
            [--stages P] [--microbatches M] [--schedule gpipe|1f1b|interleaved] [--chunks V] [--recompute 0|1]
@@ -31,6 +31,10 @@ constexpr const char* usage = R"(usage: gpt [--recipe dp|zero1|zero2|zero3|tp|dp
   --cp N         cp: devices on the "seq" axis, a divisor of the devices (2)
   --cp-kind K    cp: attention over the split sequence as Ulysses' all-to-alls (all_to_all, the
                  default) or ring attention (ring: keys and values passed around the "seq" axis)
+  --moe E        a mixture of E experts as the MLP of every other block (Switch's placement), the
+                 experts split over "data" (recipe dp; docs/15_experts.md); 0: dense (0)
+  --top-k K      moe: experts per token, 1 (Switch) or 2 (GShard) (1)
+  --capacity-factor CF  moe: slots per expert and device, ceil(K * tokens * CF / E) (1.25)
   --devices N    in-process devices (4); under mpirun each rank is a device: mpirun -np 4 gpt
   --steps N      training steps, 1 or more (20)
   --layers N     blocks, 1 or more (2)
@@ -94,6 +98,9 @@ int main(int argc, char** argv) {
     cfg.seq = args.integer("--seq", cfg.seq, 1, max_tokens);
     cfg.batch = args.integer("--batch", cfg.batch, 1, max_tokens);
     cfg.cp = static_cast<int>(args.integer("--cp", cfg.cp, 1, max_size));
+    cfg.moe = args.integer("--moe", 0, 0, max_size);
+    cfg.top_k = static_cast<int>(args.integer("--top-k", 1, 1, 2));
+    cfg.capacity_factor = args.real("--capacity-factor", 1.25, 1e-6, 1e6);
     cfg.cp_kind = args.choice("--cp-kind", "all_to_all", {"all_to_all", "ring"}) == "ring" ? shardlib::ContextParallel::ring
                                                                                           : shardlib::ContextParallel::all_to_all;
     const bool check = args.boolean("--check");
@@ -144,6 +151,10 @@ int main(int argc, char** argv) {
       args.fail("--dim " + std::to_string(cfg.dim) + " is not a multiple of --heads " + std::to_string(cfg.heads));
     auto rt = args.runtime(/*default_devices=*/4);
     if (recipe == "pp") pc.stages = rt.num_devices();
+    if (cfg.moe > 0 && recipe != "dp" && recipe != "replicated")
+      args.fail("--moe runs with --recipe dp (the experts split over \"data\"), not " + recipe);
+    if (cfg.moe > 0 && cfg.top_k > cfg.moe)
+      args.fail("--top-k " + std::to_string(cfg.top_k) + " is more than the " + std::to_string(cfg.moe) + " experts");
     if (recipe == "cp" && rt.num_devices() % cfg.cp != 0)
       args.fail("--cp " + std::to_string(cfg.cp) + " does not divide the " + std::to_string(rt.num_devices()) + " devices");
     if (pipelined) {  // the counts the pipeline needs, said before any device starts

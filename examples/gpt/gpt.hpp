@@ -10,6 +10,7 @@
 #pragma once
 
 #include <shardlib/attention.hpp>
+#include <shardlib/moe.hpp>
 #include <shardlib/optim.hpp>
 #include <shardlib/pipeline.hpp>
 
@@ -42,6 +43,12 @@ struct Config {
   int cp = 2;                ///< devices on the "seq" axis (recipe cp: context parallelism)
   /// How attention runs over a split sequence (recipe cp): Ulysses' all-to-alls or the ring.
   sl::ContextParallel cp_kind = sl::ContextParallel::all_to_all;
+  /// Experts of the mixture-of-experts MLP in every other block (the odd ones, as Switch); 0:
+  /// every MLP dense. Recipe dp (experts over "data") and replicated.
+  std::int64_t moe = 0;
+  int top_k = 1;                  ///< experts per token (1: Switch, 2: GShard)
+  double capacity_factor = 1.25;  ///< slots per expert and device: ceil(top_k * tokens * cf / moe)
+  double aux_weight = 0.01;       ///< the load-balancing loss's weight in the training loss
   std::uint64_t seed = 1;
   double lr = 3e-3;
   double clip = 1.0;         ///< clipping by the global norm (0: off)
@@ -210,6 +217,10 @@ struct Parts {
 /// The model of recipe R with parameters of element type E: float, or bf16/f16 for mixed
 /// precision (16-bit parameters and gradients, float32 master weights and optimizer state, the
 /// forward and backward computed in float32 from the parameters cast up where they are used).
+/// Recipes whose MoE layers run: dp (the experts split over "data", GShard's placement) and the
+/// replicated reference.
+template <class R>
+inline constexpr bool runs_moe = std::is_same_v<R, DP> || std::is_same_v<R, Replicated>;
 template <class R, class E = float>
 struct Model {
   using Mesh = typename R::Mesh;
@@ -233,6 +244,13 @@ struct Model {
   using Vec = Spec<none>;
   using Pos = Spec<none, none>;
 
+  /// The experts [E, D, F], [E, F, D] of an MoE layer: split over "data" under dp.
+  using ExpertSpec = std::conditional_t<std::is_same_v<R, DP>, Spec<"data", none, none>, Spec<none, none, none>>;
+  /// An MoE layer's router [D, E] and experts (kept as they are used: no FSDP storage).
+  struct Experts {
+    sl::Param<PTen<Pos>> router;
+    sl::Param<PTen<ExpertSpec>> w1, w2;
+  };
   struct Layer {
     P<Vec> g1, b1;
     P<typename R::Qkv> wq, wk, wv;
@@ -240,6 +258,7 @@ struct Model {
     P<Vec> g2, b2;
     P<typename R::W1> w1;
     P<typename R::W2> w2;
+    std::optional<Experts> moe;  ///< its MLP is a mixture of experts (w1, w2 unused)
   };
 
   Config cfg;
@@ -273,7 +292,14 @@ struct Model {
       layers.back().emplace(Layer{vec(1.f), vec(0.f), init<typename R::Qkv>({c.dim, H, K}, s + 1, wd),
                                   init<typename R::Qkv>({c.dim, H, K}, s + 2, wd), init<typename R::Qkv>({c.dim, H, K}, s + 3, wd),
                                   init<typename R::Wo>({H, K, c.dim}, s + 4, wd), vec(1.f), vec(0.f),
-                                  init<typename R::W1>({c.dim, c.ff}, s + 5, wd), init<typename R::W2>({c.ff, c.dim}, s + 6, wf)});
+                                  init<typename R::W1>({c.dim, c.ff}, s + 5, wd), init<typename R::W2>({c.ff, c.dim}, s + 6, wf),
+                                  std::nullopt});
+      if (c.moe > 0 && l % 2 == 1) {
+        const std::uint64_t seed = c.seed * 7919 + s;
+        layers.back()->moe.emplace(Experts{sl::Param(PTen<Pos>::random(mesh, {c.dim, c.moe}, seed + 7, -wd, wd)),
+                                           sl::Param(PTen<ExpertSpec>::random(mesh, {c.moe, c.dim, c.ff}, seed + 8, -wd, wd)),
+                                           sl::Param(PTen<ExpertSpec>::random(mesh, {c.moe, c.ff, c.dim}, seed + 9, -wf, wf))});
+      }
     }
   }
   Model(const Config& c, const Mesh& m) : Model(c, m, Parts::all(c)) {}
@@ -284,6 +310,7 @@ struct Model {
     if (wte) f(*wte), f(*wpe);
     for (auto& l : layers) {
       if (l) f(l->g1), f(l->b1), f(l->wq), f(l->wk), f(l->wv), f(l->wo), f(l->g2), f(l->b2), f(l->w1), f(l->w2);
+      if (l && l->moe) f(l->moe->router), f(l->moe->w1), f(l->moe->w2);
     }
     if (head) f(*gf), f(*bf), f(*head);
   }
@@ -298,6 +325,7 @@ struct Model {
       const std::string p = "layer" + std::to_string(i) + "/";
       f(p + "g1", l->g1), f(p + "b1", l->b1), f(p + "wq", l->wq), f(p + "wk", l->wk), f(p + "wv", l->wv), f(p + "wo", l->wo);
       f(p + "g2", l->g2), f(p + "b2", l->b2), f(p + "w1", l->w1), f(p + "w2", l->w2);
+      if (l->moe) f(p + "router", l->moe->router), f(p + "experts_w1", l->moe->w1), f(p + "experts_w2", l->moe->w2);
     }
     if (head) f(std::string("gf"), *gf), f(std::string("bf"), *bf), f(std::string("head"), *head);
   }
@@ -308,11 +336,20 @@ struct Model {
   }
 
   /// The mean next-token cross-entropy of a batch: `ids` [B, S] predict `targets` [B, S].
+  /// With MoE layers, plus `cfg.aux_weight` times their load-balancing losses.
   template <class Ids>
   auto loss(const Ids& ids, const Ids& targets) const {
     X x = embed(ids);
-    for (const auto& l : layers) x = block(*l, x);
-    return head_loss(x, targets);
+    std::optional<Aux> aux;
+    for (const auto& l : layers) x = block(*l, x, &aux);
+    auto loss = head_loss(x, targets);
+    if constexpr (runs_moe<R>) {
+      if (aux) {  // (in the loss's layout: a partial sum over "data" keeps the value on one device)
+        using LossSpec = typename sl::autodiff::detail::tensor_of_t<decltype(loss)>::spec_type;
+        return loss + sl::reshard<LossSpec>(*aux * static_cast<float>(cfg.aux_weight));
+      }
+    }
+    return loss;
   }
   /// The residual stream of the tokens `ids` [B, S]: their embeddings plus the positions'.
   /// Under TP the table is split over the vocabulary: each device looks up the ids it holds and
@@ -321,8 +358,11 @@ struct Model {
   X embed(const Ids& ids) const {
     return sl::reshard<typename R::Act>(sl::take<0>(use<typename R::Wte>(*wte), ids)) + use<Pos>(*wpe);
   }
-  /// One pre-LN block: causal multi-head attention, then the GELU MLP, each with its residual.
-  X block(const Layer& l, const X& x0) const {
+  /// The sum of the MoE layers' load-balancing losses (a scalar).
+  using Aux = sl::Var<sl::DistributedTensor<float, Mesh, Spec<>>>;
+  /// One pre-LN block: causal multi-head attention, then the GELU MLP (or, in an MoE layer, the
+  /// mixture of experts, its load-balancing loss added to `*aux`), each with its residual.
+  X block(const Layer& l, const X& x0, std::optional<Aux>* aux = nullptr) const {
     using Act = typename R::Act;
     using Full = typename R::Full;
     auto a = sl::reshard<Full>(sl::layer_norm<2>(x0) * use<Vec>(l.g1) + use<Vec>(l.b1));
@@ -332,6 +372,18 @@ struct Model {
     auto att = sl::attention(q, k, v, {.causal = true, .context = cfg.cp_kind});  // scale 1 / sqrt(head dim)
     X x = x0 + sl::reshard<Act>(sl::einsum<"bqhk,hkd->bqd">(att, use<typename R::Wo>(l.wo)));
     auto h = sl::reshard<Full>(sl::layer_norm<2>(x) * use<Vec>(l.g2) + use<Vec>(l.b2));
+    if constexpr (runs_moe<R>) {
+      if (l.moe) {
+        const auto shape = x.value().shape();
+        auto r = sl::moe(sl::reshape<"b s d -> (b s) d">(h), use<Pos>(l.moe->router), cast_up(l.moe->w1), cast_up(l.moe->w2),
+                         {.top_k = cfg.top_k, .capacity_factor = cfg.capacity_factor});
+        if (aux) {
+          Aux a = sl::reshard<Spec<>>(r.aux_loss);  // (summed over the groups: one all_reduce of a scalar)
+          *aux = *aux ? Aux(**aux + a) : a;
+        }
+        return x + sl::reshard<Act>(sl::reshape<"(b s) d -> b s d">(r.y, {shape[0], shape[1], shape[2]}));
+      }
+    }
     auto f = sl::gelu(sl::einsum<"bsd,df->bsf">(h, use<typename R::W1>(l.w1)));
     return x + sl::reshard<Act>(sl::einsum<"bsf,fd->bsd">(f, use<typename R::W2>(l.w2)));
   }
@@ -362,6 +414,12 @@ struct Model {
   /// A parameter as the forward uses it: gathered under FSDP (its gradient reduce-scattered),
   /// and cast to float32 when it is 16-bit (its gradient cast back to 16 bits, so that the
   /// gradient reductions move 16-bit words).
+  /// An expert weight as the forward uses it: cast to float32 when it is 16-bit.
+  template <class Param>
+  static decltype(auto) cast_up(const Param& p) {
+    if constexpr (!std::is_same_v<E, float>) return sl::cast<float>(p);
+    else return (p);
+  }
   template <class S, class Param>
   static decltype(auto) use(const Param& p) {
     if constexpr (!std::is_same_v<E, float>)
