@@ -127,6 +127,12 @@ RingShape ring_shape(const QT& q, const QT& k, const QT& v, const AxisList& axes
   return r;
 }
 
+/// A buffer of `n` (at least one) elements of `size` bytes from this device's block cache in `Mem`.
+template <class Mem>
+std::shared_ptr<void> ring_buffer(Context& ctx, std::int64_t n, std::size_t size) {
+  return block_cache<Mem>(ctx).allocate(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * size);
+}
+
 /// Ring attention's forward on the local blocks (see the file comment): writes o, returns the
 /// rows' log-sum-exp (compute_t<T>, [batch, heads, queries]) for the backward.
 template <class QT, class OT>
@@ -137,8 +143,7 @@ std::shared_ptr<void> ring_attention_forward(const QT& q, const QT& k, const QT&
   using Mem = typename QT::memory_space;
   Context& ctx = q.context();
   const auto& exec = ctx.exec_for<Mem>();
-  auto& cache = block_cache<Mem>(ctx);
-  auto alloc = [&](std::int64_t n, std::size_t size) { return cache.allocate(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * size); };
+  auto alloc = [&ctx](std::int64_t n, std::size_t size) { return ring_buffer<Mem>(ctx, n, size); };
   const std::int64_t rows = r.batch * r.heads * r.queries, out_n = r.batch * r.queries * r.heads * r.dv;
   const std::int64_t kmax = r.max_keys();
   std::shared_ptr<void> kbuf[2] = {alloc(r.batch * kmax * r.heads * r.dk, sizeof(T)), alloc(r.batch * kmax * r.heads * r.dk, sizeof(T))};
@@ -197,8 +202,7 @@ void ring_attention_backward(const QT& q, const QT& k, const QT& v, const typena
   using Mem = typename QT::memory_space;
   Context& ctx = q.context();
   const auto& exec = ctx.exec_for<Mem>();
-  auto& cache = block_cache<Mem>(ctx);
-  auto alloc = [&](std::int64_t n, std::size_t size) { return cache.allocate(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * size); };
+  auto alloc = [&ctx](std::int64_t n, std::size_t size) { return ring_buffer<Mem>(ctx, n, size); };
   const std::int64_t rows = r.batch * r.heads * r.queries, kmax = r.max_keys();
   const std::int64_t kn_max = r.batch * kmax * r.heads * r.dk, vn_max = r.batch * kmax * r.heads * r.dv;
   std::shared_ptr<void> kbuf[2] = {alloc(kn_max, sizeof(T)), alloc(kn_max, sizeof(T))};

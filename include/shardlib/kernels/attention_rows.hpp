@@ -104,6 +104,13 @@ struct OnlineSoftmax {
   }
 };
 
+/// The row (b * heads + h) * queries + i of element e of an output [batch][queries][heads][dv].
+KOKKOS_INLINE_FUNCTION std::int64_t row_of(std::int64_t e, std::int64_t queries, std::int64_t heads, std::int64_t dv) {
+  const std::int64_t t = e / dv;  // (b * queries + i) * heads + h
+  const std::int64_t h = t % heads, bi = t / heads;
+  return (bi / queries * heads + h) * queries + bi % queries;
+}
+
 /// acc = alpha[row] acc + pv over the output's elements [batch][queries][heads][dv].
 template <class T, class A>
 struct Merge {
@@ -112,11 +119,7 @@ struct Merge {
   const A* alpha;
   std::int64_t queries, heads, dv;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t e) const {
-    std::int64_t t = e / dv;
-    const std::int64_t h = t % heads;
-    t /= heads;
-    const std::int64_t i = t % queries, b = t / queries;
-    acc[e] = alpha[(b * heads + h) * queries + i] * acc[e] + static_cast<A>(pv[e]);
+    acc[e] = alpha[row_of(e, queries, heads, dv)] * acc[e] + static_cast<A>(pv[e]);
   }
 };
 
@@ -128,11 +131,7 @@ struct Finish {
   const A* l;
   std::int64_t queries, heads, dv;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t e) const {
-    std::int64_t t = e / dv;
-    const std::int64_t h = t % heads;
-    t /= heads;
-    const std::int64_t i = t % queries, b = t / queries;
-    o[e] = static_cast<T>(acc[e] / l[(b * heads + h) * queries + i]);
+    o[e] = static_cast<T>(acc[e] / l[row_of(e, queries, heads, dv)]);
   }
 };
 

@@ -33,38 +33,24 @@ struct Dispatch {
   }
 };
 
-/// dtokens[t, :] = sum over t's kept choices j of dslots[token_slot[t k + j], :] (dispatch's transpose).
-template <class T>
-struct Gather {
-  T* dtokens;
-  const T* dslots;
-  const std::int64_t* token_slot;
-  std::int64_t k, d;
-  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t e) const {
-    const std::int64_t t = e / d, c = e % d;
-    compute_t<T> sum = 0;
-    for (std::int64_t j = 0; j < k; ++j) {
-      const std::int64_t s = token_slot[t * k + j];
-      if (s >= 0) sum += static_cast<compute_t<T>>(dslots[s * d + c]);
-    }
-    dtokens[e] = static_cast<T>(sum);
-  }
-};
-
-/// y[t, :] = sum over t's kept choices j of gate[t k + j] slots[token_slot[t k + j], :].
+/// y[t, :] = sum over t's kept choices j of gate[t k + j] slots[token_slot[t k + j], :], the gates
+/// 1 when `gate` is null: the combine, and (ungated) the dispatch's transpose, which gathers the
+/// slots' gradients back to their tokens.
 template <class T>
 struct Combine {
   T* y;
   const T* slots;
   const std::int64_t* token_slot;
-  const double* gate;
+  const double* gate;  // null: 1
   std::int64_t k, d;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t e) const {
     const std::int64_t t = e / d, c = e % d;
     compute_t<T> sum = 0;
     for (std::int64_t j = 0; j < k; ++j) {
       const std::int64_t s = token_slot[t * k + j];
-      if (s >= 0) sum += static_cast<compute_t<T>>(gate[t * k + j]) * static_cast<compute_t<T>>(slots[s * d + c]);
+      if (s < 0) continue;
+      const auto x = static_cast<compute_t<T>>(slots[s * d + c]);
+      sum += gate ? static_cast<compute_t<T>>(gate[t * k + j]) * x : x;
     }
     y[e] = static_cast<T>(sum);
   }
@@ -146,7 +132,7 @@ void moe_dispatch(const Exec& exec, T* slots, const T* tokens, const std::int64_
 template <class Exec, class T>
 void moe_gather(const Exec& exec, T* dtokens, const T* dslots, const std::int64_t* token_slot, std::int64_t tokens,
                 std::int64_t k, std::int64_t d) {
-  detail::portable::run(exec, "shardlib::moe::gather", tokens * d, detail::moe_rows::Gather<T>{dtokens, dslots, token_slot, k, d});
+  detail::portable::run(exec, "shardlib::moe::gather", tokens * d, detail::moe_rows::Combine<T>{dtokens, dslots, token_slot, nullptr, k, d});
 }
 /// y = each token's gated sum of its experts' outputs.
 template <class Exec, class T>
