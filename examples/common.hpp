@@ -11,8 +11,8 @@
 // The whole command line is checked before the runtime starts, so that nothing (threads, MPI,
 // Kokkos) starts for a typo and Kokkos 3's own reading of unprefixed flags (`--device`,
 // `--threads`, `--help`) never sees one. The runtime's flags (`--backend`, `--devices`,
-// `--threads-per-device`, which Runtime::from_args takes out of argv, their values checked there)
-// and Kokkos's (`--kokkos-...`, one word each, for Kokkos::initialize) are passed on untouched.
+// `--threads-per-device`, `--simulate-device`, which Runtime::from_args takes out of argv, their
+// values checked there) and Kokkos's (`--kokkos-...`, one word each, for Kokkos::initialize) are passed on untouched.
 #pragma once
 
 #include <shardlib/runtime/runtime.hpp>
@@ -73,7 +73,8 @@ inline std::size_t edit_distance(std::string_view a, std::string_view b) {
 class Args {
  public:
   /// The runtime's flags: Runtime::from_args takes them (and their values) out of argv.
-  static constexpr std::array<std::string_view, 3> runtime_flags = {"--backend", "--devices", "--threads-per-device"};
+  static constexpr std::array<std::string_view, 4> runtime_flags = {"--backend", "--devices", "--threads-per-device",
+                                                                     "--simulate-device"};
   /// Kokkos's flags start so; Kokkos::initialize takes them out of argv.
   static constexpr std::string_view kokkos_prefix = "--kokkos-";
 

@@ -35,7 +35,10 @@ constexpr const char* usage = R"(usage: gpt [--recipe dp|zero1|zero2|zero3|tp|dp
                  experts split over "data" (recipe dp; docs/15_experts.md); 0: dense (0)
   --top-k K      moe: experts per token, 1 (Switch) or 2 (GShard) (1)
   --capacity-factor CF  moe: slots per expert and device, ceil(K * tokens * CF / E) (1.25)
-  --devices N    in-process devices (4); under mpirun each rank is a device: mpirun -np 4 gpt
+  --devices N    in-process devices (4); under mpirun each rank is a device: mpirun -np 4 gpt;
+                 with --backend simulate, the devices of a mesh planned on shapes alone (up to
+                 65536): one of them runs (--simulate-device R, 0), with no tensor storage and no
+                 kernels, and the last step prints its collectives and memory by role (docs/16)
   --steps N      training steps, 1 or more (20)
   --layers N     blocks, 1 or more (2)
   --dim N        the model width D (32), a multiple of --heads
@@ -150,6 +153,11 @@ int main(int argc, char** argv) {
     if (cfg.dim % cfg.heads != 0)
       args.fail("--dim " + std::to_string(cfg.dim) + " is not a multiple of --heads " + std::to_string(cfg.heads));
     auto rt = args.runtime(/*default_devices=*/4);
+    if (rt.backend() == shardlib::Backend::simulate) {  // a plan: shapes, bytes and collectives, no values
+      if (check || sample > 0 || val_below > 0 || !save.empty() || !resume.empty())
+        args.fail("--backend simulate plans a run on shapes alone: it has no values to --check, --sample, "
+                  "--val-below, --save or --resume");
+    }
     if (recipe == "pp") pc.stages = rt.num_devices();
     if (cfg.moe > 0 && recipe != "dp" && recipe != "replicated")
       args.fail("--moe runs with --recipe dp (the experts split over \"data\"), not " + recipe);

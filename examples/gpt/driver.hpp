@@ -169,6 +169,21 @@ std::vector<double> run(shardlib::Context& ctx, const Run& run_, int steps, bool
       if (s > 0 && verbose && ctx.device() == 0) std::printf("resumed from %s after step %d\n", run_.resume.c_str(), s - 1);
     }
     losses.push_back(r.loss);
+    if (shardlib::shape_only()) {  // --backend simulate: a plan, with no values to print
+      if (!verbose || s + 1 != steps) return;
+      std::printf("plan of step %d on device %d of %d (simulated: shapes only, no values, nothing moved)\n", s,
+                  ctx.device(), ctx.num_devices());
+      if constexpr (gpt::Pipelined<R>) {
+        print_stats("pipeline", r.forward);
+      } else {
+        print_stats("forward", r.forward);
+        print_stats("backward", r.backward);
+      }
+      print_stats("step", r.update);
+      std::printf("    memory   %s; activations at most %s\n", r.memory.to_string().c_str(),
+                  sl::MemoryUsage::bytes_text(r.memory.peak_of(sl::MemoryRole::activations)).c_str());
+      return;
+    }
     if (verbose && ctx.device() == 0 && !std::isnan(r.val_loss)) last_val_loss() = r.val_loss;
     if (!verbose || ctx.device() != 0) return;
     const std::string rate = progress.rate(s);
@@ -205,12 +220,12 @@ int main_for(shardlib::Runtime& rt, const Run& run_) {
   const bool check = run_.check, describe = run_.describe;
   int status = 0;
   rt.spmd([&](shardlib::Context& ctx) {
-    if (ctx.device() == 0)
+    if (ctx.device() == rt.first_local_device())
       std::printf("recipe %s, %s parameters, on %d devices (%s): %lld layers, D %lld, %lld heads, FF %lld, V %lld, S %lld, B %lld\n",
                   recipe.c_str(), shardlib::element_name<E>(), ctx.num_devices(), std::string(shardlib::to_string(rt.backend())).c_str(), (long long)cfg.layers, (long long)cfg.dim,
                   (long long)cfg.heads, (long long)cfg.ff, (long long)cfg.vocab, (long long)cfg.seq,
                   (long long)cfg.batch);
-    if (ctx.device() == 0) {
+    if (ctx.device() == rt.first_local_device()) {
       if (const gpt::CorpusStream* c = run_.data.corpus())
         std::printf("data: %s: %lld tokens, %lld to train on, %lld to validate\n", c->corpus().description().c_str(),
                     (long long)c->corpus().size(), (long long)c->train_tokens(), (long long)c->val_tokens());

@@ -602,7 +602,7 @@ void add_params(sl::optim::AdamW& opt, Model<R, E>& model) {
 /// `on_step(step, report)` after each. f16 trains with dynamic loss scaling (a step whose
 /// gradients overflow is skipped: `StepReport::skipped`). Collective: every device runs it.
 /// Returns the final model's parameters gathered on the host (in for_each_param order, as
-/// float), for comparisons.
+/// float), for comparisons; nothing when shape-only (the simulate backend: a plan).
 ///
 /// With a data source `data` (TokenStream, or CorpusStream of gpt/data.hpp: `batch<Ids>(mesh, B,
 /// step)`) in place of the synthetic stream; a source with a validation part (`val_batch`) gives
@@ -659,6 +659,7 @@ std::vector<std::vector<float>> train(sl::Context& ctx, const Config& cfg, const
   }
   hooks.end(model);
   std::vector<std::vector<float>> out;
+  if (sl::shape_only()) return out;  // a plan (the simulate backend) has no values to gather
   model.for_each_param([&](auto& p) {
     const auto v = p.value().to_host();
     out.emplace_back(v.begin(), v.end());

@@ -11,6 +11,7 @@
 /// as gradients, an optimizer tags its state. Free blocks kept by the cache are not counted.
 #pragma once
 
+#include <shardlib/detail/shape_only.hpp>
 #include <shardlib/runtime/runtime.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -190,7 +191,7 @@ class BlockCache : public std::enable_shared_from_this<BlockCache<MemorySpace>> 
     MemoryRole role;
     void operator()(void* p) const noexcept {
       cache->ledger_.add(role, -static_cast<std::int64_t>(requested));
-      cache->release(p, bytes);
+      if (!is_shape_only(p)) cache->release(p, bytes);
     }
   };
 
@@ -212,10 +213,16 @@ class BlockCache : public std::enable_shared_from_this<BlockCache<MemorySpace>> 
     trim();
   }
   /// A block of at least `bytes` (uninitialised), returned to the cache when the last owner goes;
-  /// counted under the thread's current role until then.
+  /// counted under the thread's current role until then. Shape-only (detail/shape_only.hpp): an
+  /// address range with no memory behind it, counted the same.
   std::shared_ptr<void> allocate(std::size_t bytes) {
     if (bytes == 0) return {};
     const std::size_t requested = bytes;
+    if (shape_only()) {
+      ledger_.add(current_memory_role(), static_cast<std::int64_t>(requested));
+      return std::shared_ptr<void>(shape_only_block(bytes),
+                                   Release{this->shared_from_this(), bytes, requested, current_memory_role()});
+    }
     if constexpr (!detail::host_memory_v<MemorySpace>) bytes = (bytes + 511) / 512 * 512;  // small blocks of near sizes reuse each other
     void* p = nullptr;
     if (cached(bytes)) {

@@ -20,6 +20,10 @@
 /// Copies share the block (as Kokkos views do); `clone()` copies it. Every creation function and
 /// every reshard is collective over the mesh's devices when it communicates: all devices call it,
 /// in the same order.
+///
+/// In shape-only mode (detail/shape_only.hpp) blocks are allocated and resharded as always but no
+/// element is written or read: loops run nothing, `parallel_reduce` returns zero, `to_host`,
+/// `item` and `gather_to` give zeros.
 #pragma once
 
 #include <shardlib/collectives/communicator.hpp>
@@ -27,6 +31,7 @@
 #include <shardlib/detail/diagnostics.hpp>
 #include <shardlib/detail/function_ref.hpp>
 #include <shardlib/detail/pack.hpp>
+#include <shardlib/detail/shape_only.hpp>
 #include <shardlib/execute/block.hpp>
 #include <shardlib/execute/reshard.hpp>
 #include <shardlib/half.hpp>
@@ -270,7 +275,8 @@ class DistributedTensor {
     return scatter_from(mesh, checked_shape(shape), global, root);
   }
 
-  /// The global tensor, row-major, on every device (collective: a reshard to replicated).
+  /// The global tensor, row-major, on every device (collective: a reshard to replicated; zeros in
+  /// shape-only mode).
   std::vector<T> to_host() const {
     Sharding all;
     all.rank = static_cast<int>(rank);
@@ -800,6 +806,7 @@ SHARDLIB_DEVICE_FUNCTORS_END
 template <ReduceOp Op, class R, class Mem, std::size_t Rank, class F, class T, class P, std::size_t... I>
 R reduce_block(const Context& ctx, const ShardBox& box, const F& f, const T* a, const P& in, std::index_sequence<I...>) {
   using Idx = Index<Rank>;
+  if (shardlib::shape_only()) return R(0);
   if constexpr (host_memory_v<Mem>) {
     constexpr std::int64_t max_items = 256;
     std::array<R, max_items> partial;
@@ -868,7 +875,7 @@ auto parallel_reduce_impl(const Tensor& t, const Args& args, std::index_sequence
               std::get<I>(args).local().data()...),
           std::index_sequence<I...>{});
     ctx.world().all_reduce(&result, &result, 1, coll::dtype_of<R>(), Op);
-    return result;
+    return shardlib::shape_only() ? R(0) : result;  // (a device without elements holds the identity)
   } else {
     return 0;  // a compile error was reported above
   }
@@ -902,7 +909,7 @@ void parallel_for(DistributedTensor<T, MeshT, SpecT, Mem>& t, Args&&... args) {
 /// returns an arithmetic type (not bool), which is the result's type; a device without elements
 /// contributes the identity (0, 1, lowest, max). Dot products and norms need no temporary:
 /// `parallel_reduce(a, b, [](const Index<1>&, float x, float y) { return double(x) * y; })`.
-/// Collective. Not for partial tensors.
+/// Collective. Not for partial tensors. Zero in shape-only mode (whatever `Op`).
 template <ReduceOp Op = ReduceOp::sum, class T, class MeshT, class SpecT, class Mem, class... Args>
   requires(sizeof...(Args) >= 1)
 auto parallel_reduce(const DistributedTensor<T, MeshT, SpecT, Mem>& t, Args&&... args) {

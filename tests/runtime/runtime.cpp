@@ -61,7 +61,7 @@ TEST_SUITE("runtime") {
     CHECK_THROWS_AS(sl::Runtime::from_args(b.argc, b.ptrs.data()), std::invalid_argument);
     Args c({"prog", "--backend", "carrier-pigeon"});
     CHECK_THROWS_WITH_AS(sl::Runtime::from_args(c.argc, c.ptrs.data()),
-                         "shardlib: unknown backend 'carrier-pigeon'; use threads, mpi or nccl", std::invalid_argument);
+                         "shardlib: unknown backend 'carrier-pigeon'; use threads, mpi, nccl or simulate", std::invalid_argument);
     if (!sl::has_nccl()) {  // this suite's build has no NCCL backend (tests/collectives/nccl checks the one with it)
       Args e({"prog", "--backend", "nccl"});
       CHECK_THROWS_WITH_AS(sl::Runtime::from_args(e.argc, e.ptrs.data()),

@@ -14,9 +14,13 @@
 /// unchanged, which is how the transpose of an all_gather becomes a reduce_scatter.
 ///
 /// Runtime-generic: compiled once per element type and memory space, whatever the specs.
+///
+/// In shape-only mode (detail/shape_only.hpp) gradient blocks are allocated, summed and resharded
+/// as always with no element computed, and every gradient checks finite.
 #pragma once
 
 #include <shardlib/detail/attributes.hpp>
+#include <shardlib/detail/shape_only.hpp>
 #include <shardlib/kernels/exec.hpp>
 #include <shardlib/ops/common.hpp>
 
@@ -286,10 +290,11 @@ void convert_block(const Context& ctx, T* out, const U* in, std::int64_t n) {
 
 /// Whether a block in `Mem` holds a NaN or an infinity: one reduction kernel on the device's
 /// execution space (host memory too, so CI runs the code a GPU runs), which the host waits for.
+/// False (finite) in shape-only mode.
 template <class T, class Mem>
 bool has_non_finite(const Context& ctx, const T* p, std::int64_t n) {
   if constexpr (is_floating_v<T>) {
-    if (n == 0) return false;
+    if (n == 0 || shardlib::shape_only()) return false;
     int bad = 0;
     const auto& exec = ctx.exec_for<Mem>();
     {

@@ -2,9 +2,13 @@
 /// @file
 /// Losses: mean squared error, and cross-entropy over logits whose vocabulary dim may be split
 /// (Megatron's vocab-parallel cross-entropy: no gather of the logits).
+///
+/// In shape-only mode (detail/shape_only.hpp) the losses allocate and communicate as always and
+/// read no logit or target: no target is out of range, and nothing is written.
 #pragma once
 
 #include <shardlib/autodiff/reduce.hpp>
+#include <shardlib/detail/shape_only.hpp>
 #include <shardlib/kernels/layout.hpp>
 #include <shardlib/kernels/reduce.hpp>
 #include <shardlib/kernels/vmath.hpp>
@@ -60,7 +64,8 @@ SHARDLIB_NOINLINE void cross_entropy_run(Context& ctx, const MeshShape& mesh, co
                                          CrossEntropySaved<T>& saved) {
   const std::int64_t rows = z.box.extent[0], cols = z.box.extent[1], col0 = z.box.offset[1];
   const std::int64_t n = shape[0], classes = shape[1];
-  for (std::int64_t r = 0; r < rows; ++r)
+  const bool read = !shardlib::shape_only();  // shape-only: the collectives alone (saved: zeros)
+  for (std::int64_t r = 0; r < rows && read; ++r)
     if (t.data[r] < 0 || t.data[r] >= classes)
       throw std::out_of_range("shardlib: cross_entropy: target " + std::to_string(static_cast<long long>(t.data[r])) +
                               " of row " + std::to_string(z.box.offset[0] + r) + " is outside [0, " +
@@ -68,7 +73,7 @@ SHARDLIB_NOINLINE void cross_entropy_run(Context& ctx, const MeshShape& mesh, co
                               operand_text(targets_info) + ")");
   std::vector<T> m(static_cast<std::size_t>(rows), -std::numeric_limits<T>::infinity());
   constexpr bool vector = kernels::vmath::is_vector_type_v<T>;  // Eigen's packets (kernels/vmath.hpp)
-  for (std::int64_t r = 0; r < rows; ++r) {
+  for (std::int64_t r = 0; r < rows && read; ++r) {
     if constexpr (vector) {
       if (cols > 0) m[static_cast<std::size_t>(r)] = kernels::vmath::ConstRun<T>(z.data + r * cols, cols).maxCoeff();
     } else {
@@ -80,7 +85,7 @@ SHARDLIB_NOINLINE void cross_entropy_run(Context& ctx, const MeshShape& mesh, co
   coll::Communicator* comm = split ? &ctx.group(mesh, vaxes) : nullptr;
   if (comm && rows) comm->all_reduce(m.data(), m.data(), m.size(), coll::dtype_of<T>(), coll::Op::max);
   std::vector<T> s(static_cast<std::size_t>(rows), T(0));
-  for (std::int64_t r = 0; r < rows; ++r) {
+  for (std::int64_t r = 0; r < rows && read; ++r) {
     const T mr = m[static_cast<std::size_t>(r)];
     T acc = 0;
     if constexpr (vector) {
@@ -94,6 +99,7 @@ SHARDLIB_NOINLINE void cross_entropy_run(Context& ctx, const MeshShape& mesh, co
   const bool first = mesh.group_rank(ctx.device(), vaxes) == 0;
   saved.lse.resize(static_cast<std::size_t>(rows));
   saved.target.resize(static_cast<std::size_t>(rows));
+  if (!read) return;
   T total = 0;
   for (std::int64_t r = 0; r < rows; ++r) {
     const auto u = static_cast<std::size_t>(r);
@@ -107,10 +113,12 @@ SHARDLIB_NOINLINE void cross_entropy_run(Context& ctx, const MeshShape& mesh, co
   *out = n > 0 ? total / static_cast<T>(n) : T(0);
 }
 
-/// The gradient of the logits' block: g / n * (softmax - one_hot(target)).
+/// The gradient of the logits' block: g / n * (softmax - one_hot(target)). Nothing in shape-only
+/// mode.
 template <class T>
 SHARDLIB_NOINLINE void cross_entropy_grad(const Block<T>& z, std::int64_t n, const CrossEntropySaved<T>& saved, T g,
                                           T* out) {
+  if (shardlib::shape_only()) return;
   const std::int64_t rows = z.box.extent[0], cols = z.box.extent[1], col0 = z.box.offset[1];
   const T scale = n > 0 ? g / static_cast<T>(n) : T(0);
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -221,7 +229,7 @@ SHARDLIB_NOINLINE void cross_entropy_run_in(Context& ctx, const MeshShape& mesh,
     fill<Mem>(ctx, out, 1, T(0));
     return;
   }
-  {
+  if (!shardlib::shape_only()) {
     auto guard = kernel_guard_for<Mem>(ctx, true);
     Kokkos::parallel_reduce("shardlib::cross_entropy_loss", Kokkos::RangePolicy<exec_space_t<Mem>>(exec, 0, rows),
                             CrossEntropyLossKernel<T, I>{z.data, m, s, t.data, static_cast<T*>(saved.lse.get()),
@@ -302,11 +310,13 @@ auto cross_entropy(const L& logits0, const Targets& targets) {
                       [nz = logits.node(), z, saved](const auto& g, autodiff::BackwardPass& p) {
                         Z gz(z.mesh(), z.shape());
                         const Block<T> zg{nullptr, z.local().data(), z.block()};
-                        if constexpr (host_memory_v<Mem>)
-                          cross_entropy_grad<T>(zg, z.shape()[0], *saved, g.local().data()[0], gz.local().data());
-                        else
+                        if constexpr (host_memory_v<Mem>) {  // g's value read on the host (none when shape-only)
+                          const T gv = shardlib::shape_only() ? T(0) : g.local().data()[0];
+                          cross_entropy_grad<T>(zg, z.shape()[0], *saved, gv, gz.local().data());
+                        } else {
                           cross_entropy_grad_in<T, Mem>(z.context(), zg, z.shape()[0], *saved, g.local().data(),
                                                         gz.local().data());
+                        }
                         give(p, 0, *nz, gz);
                       },
                       logits.node());

@@ -26,6 +26,7 @@
 
 #include <shardlib/collectives/counters.hpp>
 #include <shardlib/collectives/types.hpp>
+#include <shardlib/detail/shape_only.hpp>
 
 #include <algorithm>
 #include <array>
@@ -311,6 +312,11 @@ class Communicator {
   /// Collective: splits the group into sub-groups of equal `color`, ranked by `key` (then by
   /// rank). A negative color leaves this device out (returns nullptr), as MPI_UNDEFINED.
   std::unique_ptr<Communicator> split(int color, int key, std::string name) { return do_split(color, key, std::move(name)); }
+  /// split() where every device knows the size of its sub-group (a mesh group: the product of
+  /// its axes' sizes), which a simulated group (collectives/simulated.hpp) cannot ask the others.
+  std::unique_ptr<Communicator> split(int color, int key, int group_size, std::string name) {
+    return do_split_sized(color, key, group_size, std::move(name));
+  }
 
  protected:
   Communicator(int rank, int size, std::string name) : rank_(rank), size_(size), name_(std::move(name)) {}
@@ -337,17 +343,23 @@ class Communicator {
                           int source, DType t) = 0;
   virtual void do_barrier() = 0;
   virtual std::unique_ptr<Communicator> do_split(int color, int key, std::string name) = 0;
+  /// The default ignores the size (the backend learns it from the others).
+  virtual std::unique_ptr<Communicator> do_split_sized(int color, int key, int /*group_size*/, std::string name) {
+    return do_split(color, key, std::move(name));
+  }
 
   // What a collective leaves in a dry run (see DryRun in counters.hpp): this device's own part.
   // Host memory here; a backend whose buffers live in GPU memory overrides the three.
 
   /// Sets `count` elements at `p` to zero bits.
+  /// (Shape-only blocks, detail/shape_only.hpp, have no memory: a dry fill leaves them alone.)
   virtual void dry_zero(void* p, std::size_t count, DType t) {
-    if (count) std::memset(p, 0, static_cast<std::size_t>(bytes(count, t)));
+    if (count && !is_shape_only(p)) std::memset(p, 0, static_cast<std::size_t>(bytes(count, t)));
   }
   /// Copies `count` elements (the two may overlap).
   virtual void dry_copy(void* dst, const void* src, std::size_t count, DType t) {
-    if (count && dst != src) std::memmove(dst, src, static_cast<std::size_t>(bytes(count, t)));
+    if (count && dst != src && !is_shape_only(dst) && !is_shape_only(src))
+      std::memmove(dst, src, static_cast<std::size_t>(bytes(count, t)));
   }
   /// Calls f(element offset) for each element of `r` in row-major order.
   template <class F>
@@ -371,6 +383,7 @@ class Communicator {
   /// Zeros the receive regions of the other ranks and copies the pair to itself.
   virtual void dry_exchange(const void* send, std::span<const Region> send_regions, void* recv,
                             std::span<const Region> recv_regions, DType t) {
+    if (is_shape_only(send) || is_shape_only(recv)) return;
     const std::size_t e = size_of(t);
     auto* out = static_cast<unsigned char*>(recv);
     for (int p = 0; p < size_; ++p)

@@ -11,10 +11,14 @@
 /// returns; blocks in device memory (Kokkos::CudaSpace) run on the device's own instance
 /// (`Context::exec_for<Mem>()`, its own stream) one element per GPU thread, ordered by the stream
 /// with no host wait. `download` and `upload` move a block between device and host memory.
+///
+/// In shape-only mode (detail/shape_only.hpp) the kernels, copies, fills and transfers here do
+/// nothing: a host buffer a transfer would write keeps what it held.
 #pragma once
 
 #include <shardlib/collectives/communicator.hpp>
 #include <shardlib/detail/attributes.hpp>
+#include <shardlib/detail/shape_only.hpp>
 #include <shardlib/kernels/exec.hpp>
 #include <shardlib/runtime/runtime.hpp>
 #include <shardlib/sharding/block.hpp>
@@ -124,7 +128,7 @@ SHARDLIB_DEVICE_FUNCTORS_END
 template <std::size_t R, class Mem = Kokkos::HostSpace, class Elem>
 void for_each_in_block(const char* label, const Context& ctx, const ShardBox& box, const Elem& elem) {
   BlockWalk<R> walk(box);
-  if (walk.size == 0) return;
+  if (walk.size == 0 || shardlib::shape_only()) return;
   if constexpr (host_memory_v<Mem>) {
     auto guard = kernel_guard(ctx, false);
     Kokkos::parallel_for(label, Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, walk.chunks()),
@@ -143,7 +147,7 @@ void for_each_in_block(const char* label, const Context& ctx, const ShardBox& bo
 /// KOKKOS_INLINE_FUNCTION).
 template <class Mem, class F>
 void for_range(const char* label, const Context& ctx, std::int64_t n, const F& f) {
-  if (n == 0) return;
+  if (n == 0 || shardlib::shape_only()) return;
   [[maybe_unused]] const auto guard = kernel_guard_for<Mem>(ctx, false);
   kernels::detail::portable::run(ctx.exec_for<Mem>(), label, n, f);
 }
@@ -297,7 +301,7 @@ template <class Mem = Kokkos::HostSpace, class T>
 void copy_box(const Context& ctx, const T* src, const ShardBox& src_layout, T* dst, const ShardBox& dst_layout,
               const ShardBox& part) {
   const std::int64_t n = part.num_elements();
-  if (n == 0) return;
+  if (n == 0 || shardlib::shape_only()) return;
   const coll::Region from = region_in(src_layout, part), to = region_in(dst_layout, part);
   const bool one_run = is_contiguous(from) && is_contiguous(to);
   if constexpr (!host_memory_v<Mem>) {
@@ -349,7 +353,7 @@ void copy_box(const Context& ctx, const T* src, const ShardBox& src_layout, T* d
 /// Sets `n` elements of `dst` (in `Mem`) to `value`, as a Kokkos kernel.
 template <class Mem = Kokkos::HostSpace, class T>
 void fill(const Context& ctx, T* dst, std::int64_t n, T value) {
-  if (n == 0) return;
+  if (n == 0 || shardlib::shape_only()) return;
   if constexpr (host_memory_v<Mem>) {
     auto guard = kernel_guard(ctx, false);
     Kokkos::parallel_for(
@@ -385,7 +389,7 @@ inline int gpu_only_memory_device(const void* p) noexcept {
 /// and waits for the copy: on the device's instance for the device memory side, else a host copy.
 template <class From, class To, class T>
 void transfer(const Context& ctx, const T* src, T* dst, std::int64_t n) {
-  if (n == 0) return;
+  if (n == 0 || shardlib::shape_only()) return;
   if constexpr (host_memory_v<From> && host_memory_v<To>) {
     ShardBox b;
     b.rank = 1;

@@ -11,6 +11,7 @@
 /// fences a host instance, as every host kernel does. Knows nothing of tensors or collectives.
 #pragma once
 
+#include <shardlib/detail/shape_only.hpp>
 #include <shardlib/half.hpp>
 #include <shardlib/kernels/exec.hpp>
 
@@ -205,12 +206,14 @@ struct ScoreGradient {
 /// x[0, n) = value.
 template <class Exec, class X>
 void attention_fill(const Exec& exec, X* x, std::int64_t n, X value) {
+  if (shardlib::shape_only()) return;
   detail::portable::run(exec, "shardlib::attention::fill", n, detail::attention_rows::Fill<X>{x, value});
 }
 
 /// Starts the online softmax: acc (the output's elements) = 0, m = -infinity, l = 0 (rows).
 template <class Exec, class A>
 void attention_start(const Exec& exec, A* acc, std::int64_t elements, A* m, A* l, std::int64_t rows) {
+  if (shardlib::shape_only()) return;
   attention_fill(exec, acc, elements, A(0));
   attention_fill(exec, m, rows, detail::attention_rows::neg_inf<A>());
   attention_fill(exec, l, rows, A(0));
@@ -221,6 +224,7 @@ void attention_start(const Exec& exec, A* acc, std::int64_t elements, A* m, A* l
 template <class Exec, class T, class A>
 void attention_online_softmax(const Exec& exec, T* s, const T* mask, A* m, A* l, A* alpha, const AttentionBlock& blk,
                               A scale) {
+  if (shardlib::shape_only()) return;
   detail::portable::run(exec, "shardlib::attention::online_softmax", blk.rows(),
                         detail::attention_rows::OnlineSoftmax<T, A>{s, mask, m, l, alpha, blk, scale, detail::attention_rows::neg_inf<A>()});
 }
@@ -229,6 +233,7 @@ void attention_online_softmax(const Exec& exec, T* s, const T* mask, A* m, A* l,
 template <class Exec, class T, class A>
 void attention_merge(const Exec& exec, A* acc, const T* pv, const A* alpha, std::int64_t batch, std::int64_t queries,
                      std::int64_t heads, std::int64_t dv) {
+  if (shardlib::shape_only()) return;
   detail::portable::run(exec, "shardlib::attention::merge", batch * queries * heads * dv,
                         detail::attention_rows::Merge<T, A>{acc, pv, alpha, queries, heads, dv});
 }
@@ -237,6 +242,7 @@ void attention_merge(const Exec& exec, A* acc, const T* pv, const A* alpha, std:
 template <class Exec, class T, class A>
 void attention_finish(const Exec& exec, T* o, const A* acc, A* m, const A* l, std::int64_t batch, std::int64_t queries,
                       std::int64_t heads, std::int64_t dv) {
+  if (shardlib::shape_only()) return;
   detail::portable::run(exec, "shardlib::attention::finish", batch * queries * heads * dv,
                         detail::attention_rows::Finish<T, A>{o, acc, l, queries, heads, dv});
   detail::portable::run(exec, "shardlib::attention::lse", batch * heads * queries, detail::attention_rows::LogSumExp<A>{m, l});
@@ -246,6 +252,7 @@ void attention_finish(const Exec& exec, T* o, const A* acc, A* m, const A* l, st
 template <class Exec, class T, class A>
 void attention_delta(const Exec& exec, A* delta, const T* g, const T* o, std::int64_t batch, std::int64_t queries,
                      std::int64_t heads, std::int64_t dv) {
+  if (shardlib::shape_only()) return;
   detail::portable::run(exec, "shardlib::attention::delta", batch * heads * queries,
                         detail::attention_rows::Delta<T, A>{delta, g, o, queries, heads, dv});
 }
@@ -253,6 +260,7 @@ void attention_delta(const Exec& exec, A* delta, const T* g, const T* o, std::in
 /// The block's probabilities from its raw scores (in place) and the rows' log-sum-exp.
 template <class Exec, class T, class A>
 void attention_probabilities(const Exec& exec, T* s, const T* mask, const A* lse, const AttentionBlock& blk, A scale) {
+  if (shardlib::shape_only()) return;
   detail::portable::run(exec, "shardlib::attention::probabilities", blk.rows(),
                         detail::attention_rows::Probabilities<T, A>{s, mask, lse, blk, scale});
 }
@@ -260,6 +268,7 @@ void attention_probabilities(const Exec& exec, T* s, const T* mask, const A* lse
 /// The scores' gradient from the probabilities' (in place in `dp`): scale p (dp - delta).
 template <class Exec, class T, class A>
 void attention_score_gradient(const Exec& exec, T* dp, const T* p, const A* delta, const AttentionBlock& blk, A scale) {
+  if (shardlib::shape_only()) return;
   detail::portable::run(exec, "shardlib::attention::score_gradient", blk.rows(),
                         detail::attention_rows::ScoreGradient<T, A>{dp, p, delta, blk.keys, scale});
 }

@@ -17,6 +17,8 @@
 /// products of several in-process devices on one GPU run on their own streams. Link with
 /// `-lcublas` (Meson's `cuda` dependency with the `cublas` module; CMake's `CUDA::cublas`).
 ///
+/// In shape-only mode (detail/shape_only.hpp) a product checks its operands and queues nothing.
+///
 /// Knows nothing of tensors or collectives: device pointers, extents, strides, a stream.
 #pragma once
 
@@ -29,6 +31,7 @@
 #include <cublas_v2.h>
 #include <library_types.h>
 
+#include <shardlib/detail/shape_only.hpp>
 #include <shardlib/half.hpp>
 #include <shardlib/kernels/gemm.hpp>
 
@@ -128,6 +131,7 @@ inline constexpr bool cublas_gemm_type_v =
 /// A[b] is rows x K, B[b] K x cols. As in BLAS, beta = 0 never reads C. Throws
 /// std::invalid_argument (shapes, an operand without a unit stride, an extent past cuBLAS's int)
 /// before anything is queued, std::runtime_error naming the cuBLAS call when cuBLAS refuses.
+/// Shape-only mode: the checks only.
 template <class T>
 void cublas_gemm(const CublasHandle& handle, std::int64_t batch, std::type_identity_t<MatrixBatch<const T>> a,
                  std::type_identity_t<MatrixBatch<const T>> b, MatrixBatch<T> c,
@@ -143,6 +147,7 @@ void cublas_gemm(const CublasHandle& handle, std::int64_t batch, std::type_ident
   const auto la = detail::cublas_operand("A", a.rows, a.cols, a.row_stride, a.col_stride);
   const auto lb = detail::cublas_operand("B", b.rows, b.cols, b.row_stride, b.col_stride);
   const auto lc = detail::cublas_operand("C", c.rows, c.cols, c.row_stride, c.col_stride);
+  if (shardlib::shape_only()) return;
   using Types = detail::CublasTypes<T>;
   const auto i = [](std::int64_t v) { return static_cast<int>(v); };
   const bool a_row = la.layout == detail::GemmLayout::row_major, b_row = lb.layout == detail::GemmLayout::row_major;

@@ -16,6 +16,9 @@
 /// that). Tensors are [b, h, s, d] as cuDNN names them, at any strides: shardlib's [B, S, H, K]
 /// blocks are passed without a copy.
 ///
+/// In shape-only mode (detail/shape_only.hpp) `forward` and `backward` build their graph and
+/// allocate its workspace (the memory account counts it) but queue nothing.
+///
 /// Knows pointers, strides and streams only: no tensors, no communicator.
 #pragma once
 
@@ -42,6 +45,8 @@
 #endif
 #include <cuda_runtime.h>
 #include <dlfcn.h>
+
+#include <shardlib/detail/shape_only.hpp>
 
 #include <array>
 #include <cstdint>
@@ -135,8 +140,9 @@ class Sdpa {
   }
 
   /// o = softmax(scale q k^T [+ bias] [causal]) v, and (with shape.stats) the statistics
-  /// [b, h, sq, 1] (float32, contiguous) for backward(). "" when it ran (queued on `stream`),
-  /// else why not (nothing was queued): the caller computes it another way.
+  /// [b, h, sq, 1] (float32, contiguous) for backward(). "" when it ran (queued on `stream`;
+  /// shape-only mode: when it would have), else why not (nothing was queued): the caller computes
+  /// it another way.
   std::string forward(cudaStream_t stream, const SdpaShape& s, const void* q, const void* k, const void* v,
                       const void* bias, void* o, float* stats, const WorkspaceAllocator& workspace) {
     Built* g = graph(s, false);
@@ -183,6 +189,7 @@ class Sdpa {
       if (const auto st = cudnn_frontend::detail::set_stream(handle_, stream); st != CUDNN_STATUS_SUCCESS)
         return std::string("cudnnSetStream: ") + cudnn_frontend::detail::get_error_string(st);
       std::shared_ptr<void> ws = g.workspace > 0 ? workspace(static_cast<std::size_t>(g.workspace)) : nullptr;
+      if (shardlib::shape_only()) return {};  // the workspace counted, nothing queued
       const auto e = g.graph->execute(handle_, pack, ws.get());
       if (!e.is_good()) return "cuDNN could not run its attention graph: " + detail::text(e);
       return {};

@@ -17,6 +17,7 @@ SHARDLIB_SIMD_WARNINGS_OFF  // (g++ 12 under -march=native: detail/attributes.hp
 
 #include <shardlib/detail/attributes.hpp>
 #include <shardlib/detail/pack.hpp>
+#include <shardlib/detail/shape_only.hpp>
 #include <shardlib/kernels/vmath.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -276,6 +277,7 @@ void elementwise_strided(const Exec& exec, Out* out, const std::array<std::int64
 template <class Exec, class Out, std::size_t R, class F, class... In>
 void elementwise(const Exec& exec, Out* out, const std::array<std::int64_t, R>& extent, F f,
                  const Strided<In, R>&... in) {
+  if (shardlib::shape_only()) return;
   std::int64_t n = 1;
   for (auto e : extent) n *= e;
   if (n == 0) return;

@@ -22,6 +22,8 @@
 /// should define `EIGEN_DONT_PARALLELIZE` (or call `Eigen::setNbThreads(1)`), or each call
 /// splits its product over an OpenMP team.
 ///
+/// In shape-only mode (detail/shape_only.hpp) a product checks its shapes and computes nothing.
+///
 /// Knows nothing of tensors or collectives: raw pointers, extents, strides.
 #pragma once
 
@@ -31,6 +33,7 @@ SHARDLIB_SIMD_WARNINGS_OFF  // (g++ 12 under -march=native: detail/attributes.hp
 #include <Eigen/Core>
 #include <Kokkos_Core.hpp>
 
+#include <shardlib/detail/shape_only.hpp>
 #include <shardlib/detail/text.hpp>
 #include <shardlib/kernels/blas.hpp>
 #include <shardlib/kernels/exec.hpp>
@@ -348,7 +351,8 @@ void gemm_blas_batches(int threads, std::int64_t batch, const MatrixBatch<const 
 /// its own, each product on one BLAS thread (detail::batch_threads: up to 3x on attention's
 /// products). As in BLAS, beta = 0 never reads C (NaN there is overwritten) and alpha = 0 or K = 0 never reads A and B. C's elements must not overlap A's or B's.
 /// Throws std::invalid_argument, naming the shapes, when A, B and C do not fit together, an
-/// extent or the batch is negative, or an operand with elements has no data.
+/// extent or the batch is negative, or an operand with elements has no data. Shape-only mode:
+/// the checks only.
 template <class T>
 void gemm(std::int64_t batch, std::type_identity_t<MatrixBatch<const T>> a,
           std::type_identity_t<MatrixBatch<const T>> b, MatrixBatch<T> c, std::type_identity_t<T> alpha = T(1),
@@ -356,7 +360,7 @@ void gemm(std::int64_t batch, std::type_identity_t<MatrixBatch<const T>> a,
   static_assert(std::is_arithmetic_v<T> && !std::is_same_v<T, bool>,
                 "shardlib: kernels::gemm: the element type must be an arithmetic type other than bool");
   detail::gemm_check(batch, a, b, c);
-  if (batch == 0 || c.rows == 0 || c.cols == 0) return;
+  if (batch == 0 || c.rows == 0 || c.cols == 0 || shardlib::shape_only()) return;
   if (alpha == T(0) || a.cols == 0) {  // C = beta C: A and B are not read
     for (std::int64_t i = 0; i < batch; ++i)
       detail::scale_matrix(c.data + i * c.batch_stride, c.rows, c.cols, c.row_stride, c.col_stride, T(beta));
@@ -419,7 +423,7 @@ void gemm(std::int64_t batch, std::type_identity_t<MatrixBatch<const T>> a,
 
 /// gemm on an execution-space instance's stream of work: waits for the work already queued on
 /// `exec` (which may be writing A or B), computes on the calling thread, fences `exec` at the end.
-/// The memory must be host-accessible.
+/// The memory must be host-accessible. Shape-only mode: the checks only, no wait.
 template <class ExecSpace, class T>
   requires Kokkos::is_execution_space<ExecSpace>::value
 void gemm(const ExecSpace& exec, std::int64_t batch, std::type_identity_t<MatrixBatch<const T>> a,
@@ -427,6 +431,7 @@ void gemm(const ExecSpace& exec, std::int64_t batch, std::type_identity_t<Matrix
           std::type_identity_t<T> beta = T(0)) {
   static_assert(Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible,
                 "shardlib: kernels::gemm: the host GEMM needs an execution space whose memory the host can access");
+  if (shardlib::shape_only()) return gemm<T>(batch, a, b, c, alpha, beta);
   kernels::fence(exec);
   gemm<T>(batch, a, b, c, alpha, beta);
   kernels::fence(exec);

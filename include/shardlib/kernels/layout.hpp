@@ -23,6 +23,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <shardlib/detail/shape_only.hpp>
 #include <shardlib/kernels/exec.hpp>
 
 #include <cstdint>
@@ -217,11 +218,13 @@ void index_add(const Exec& exec, T* out, std::int64_t outer, std::int64_t n_loca
   run(exec, "shardlib::kernels::index_add", outer * inner, IndexAddKernel<T, I>{out, ids, values, n_local, inner, n_ids, row_offset});
 }
 /// The position and value of the first id outside [0, extent), or position n_ids: one reduction,
-/// which the host waits for (the ids may be in device memory).
+/// which the host waits for (the ids may be in device memory). Position n_ids (no bad id) in
+/// shape-only mode.
 template <class Exec, class I>
 Kokkos::ValLocScalar<std::int64_t, std::int64_t> first_bad_id(const Exec& exec, const I* ids, std::int64_t n_ids,
                                                              std::int64_t extent) {
   Kokkos::ValLocScalar<std::int64_t, std::int64_t> first{n_ids, 0};
+  if (shardlib::shape_only()) return first;
   if (n_ids > 0)
     Kokkos::parallel_reduce("shardlib::kernels::check_ids", Kokkos::RangePolicy<Exec>(exec, 0, n_ids),
                             FirstBadIdKernel<I>{ids, extent}, Kokkos::MinLoc<std::int64_t, std::int64_t>(first));
@@ -372,6 +375,7 @@ void check_ids(const Exec& exec, const char* kernel, const I* ids, std::int64_t 
 /// std::invalid_argument for a bad rank, a negative extent, or a perm that is not a permutation.
 template <class Exec, class T>
 void permute(const Exec& exec, const T* in, T* out, int rank, const std::int64_t* in_extent, const int* perm) {
+  if (shardlib::shape_only()) return;
   detail::check_rank("permute", rank);
   std::int64_t in_stride[max_layout_rank];
   bool seen[max_layout_rank] = {};
@@ -405,6 +409,7 @@ void permute(const Exec& exec, const T* in, T* out, int rank, const std::int64_t
 template <class Exec, class T>
 void copy_sub_box(const Exec& exec, const T* in, int rank, const std::int64_t* in_extent, const std::int64_t* start,
                   const std::int64_t* count, T* out) {
+  if (shardlib::shape_only()) return;
   detail::check_rank("copy_sub_box", rank);
   detail::StridedView v;
   v.rank = rank;
@@ -440,6 +445,7 @@ void take(const Exec& exec, const T* table, std::int64_t outer, std::int64_t n_l
           std::int64_t row_offset, std::int64_t extent, const I* ids, std::int64_t n_ids, T* out, bool check) {
   static_assert(std::is_integral_v<I> && !std::is_same_v<I, bool>, "shardlib::kernels::take: ids must be integers");
   static_assert(std::is_trivially_copyable_v<T>, "shardlib::kernels::take: elements must be trivially copyable");
+  if (shardlib::shape_only()) return;
   if (outer < 0 || n_local < 0 || inner < 0 || n_ids < 0)
     throw std::invalid_argument("shardlib::kernels::take: negative extent in outer = " + std::to_string(outer) +
                                 ", n_local = " + std::to_string(n_local) + ", inner = " + std::to_string(inner) +
@@ -485,6 +491,7 @@ void index_add(const Exec& exec, T* out, std::int64_t outer, std::int64_t n_loca
                std::int64_t row_offset, std::int64_t extent, const I* ids, std::int64_t n_ids, const T* values,
                bool check) {
   static_assert(std::is_integral_v<I> && !std::is_same_v<I, bool>, "shardlib::kernels::index_add: ids must be integers");
+  if (shardlib::shape_only()) return;
   if (check) detail::check_ids(exec, "index_add", ids, n_ids, extent);
   if constexpr (!is_host_exec_v<Exec>) {
     detail::portable::index_add(exec, out, outer, n_local, inner, row_offset, ids, n_ids, values);
@@ -515,6 +522,7 @@ template <class Exec, class T>
 void copy_strided(const Exec& exec, const char* label, const T* in, const detail::StridedView& in_view, T* out,
                   const detail::StridedView& out_view) {
   static_assert(std::is_trivially_copyable_v<T>, "shardlib::kernels: layout kernels copy trivially copyable elements");
+  if (shardlib::shape_only()) return;
   detail::check_rank("copy_strided", in_view.rank);
   if (in_view.rank != out_view.rank)
     throw std::invalid_argument("shardlib::kernels::copy_strided: views of rank " + std::to_string(in_view.rank) + " and " +
@@ -564,6 +572,7 @@ void copy_strided(const Exec& exec, const char* label, const T* in, const detail
 /// instance, one thread per element, the value carried in the kernel.
 template <class Exec, class T>
 void fill_strided(const Exec& exec, const char* label, const T& value, T* out, const detail::StridedView& out_view) {
+  if (shardlib::shape_only()) return;
   detail::check_rank("fill_strided", out_view.rank);
   if constexpr (!is_host_exec_v<Exec>) {
     detail::portable::fill_strided(exec, label, value, out, out_view);

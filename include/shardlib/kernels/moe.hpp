@@ -10,6 +10,7 @@
 /// nothing of tensors or collectives.
 #pragma once
 
+#include <shardlib/detail/shape_only.hpp>
 #include <shardlib/half.hpp>
 #include <shardlib/kernels/exec.hpp>
 
@@ -126,18 +127,21 @@ struct ProbGradient {
 template <class Exec, class T>
 void moe_dispatch(const Exec& exec, T* slots, const T* tokens, const std::int64_t* slot_token, std::int64_t experts_capacity,
                   std::int64_t d) {
+  if (shardlib::shape_only()) return;
   detail::portable::run(exec, "shardlib::moe::dispatch", experts_capacity * d, detail::moe_rows::Dispatch<T>{slots, tokens, slot_token, d});
 }
 /// dtokens = the slots' gradients gathered back to their tokens (dispatch's transpose).
 template <class Exec, class T>
 void moe_gather(const Exec& exec, T* dtokens, const T* dslots, const std::int64_t* token_slot, std::int64_t tokens,
                 std::int64_t k, std::int64_t d) {
+  if (shardlib::shape_only()) return;
   detail::portable::run(exec, "shardlib::moe::gather", tokens * d, detail::moe_rows::Combine<T>{dtokens, dslots, token_slot, nullptr, k, d});
 }
 /// y = each token's gated sum of its experts' outputs.
 template <class Exec, class T>
 void moe_combine(const Exec& exec, T* y, const T* slots, const std::int64_t* token_slot, const double* gate, std::int64_t tokens,
                  std::int64_t k, std::int64_t d) {
+  if (shardlib::shape_only()) return;
   detail::portable::run(exec, "shardlib::moe::combine", tokens * d, detail::moe_rows::Combine<T>{y, slots, token_slot, gate, k, d});
 }
 /// combine's backward: the slots' gradient, the gates' (a), and the router probabilities' (dp).
@@ -147,6 +151,7 @@ void moe_combine_backward(const Exec& exec, const T* dy, const T* slots, const s
                           const double* prob, const std::int64_t* choice_expert, std::int64_t tokens, std::int64_t k,
                           std::int64_t experts_capacity, std::int64_t experts, std::int64_t d, bool normalized, T* dslots,
                           double* a, T* dp) {
+  if (shardlib::shape_only()) return;
   detail::portable::run(exec, "shardlib::moe::combine_slots", experts_capacity * d,
                         detail::moe_rows::CombineSlots<T>{dslots, dy, slot_token, slot_choice, gate, d});
   detail::portable::run(exec, "shardlib::moe::gate_gradient", tokens * k,

@@ -14,6 +14,7 @@
 #include <shardlib/detail/attributes.hpp>
 SHARDLIB_SIMD_WARNINGS_OFF  // (g++ 12 under -march=native: detail/attributes.hpp)
 
+#include <shardlib/detail/shape_only.hpp>
 #include <shardlib/half.hpp>
 #include <shardlib/kernels/exec.hpp>
 
@@ -56,6 +57,7 @@ struct SgdKernel {
 /// queued on the instance's stream.
 template <class Exec, class T, class G>
 void sgd_update(const Exec& exec, std::int64_t n, T* p, const G* g, T* buf, const SgdStep& s) {
+  if (shardlib::shape_only()) return;
   detail::portable::run(exec, buf == nullptr ? "shardlib::sgd" : "shardlib::sgd_momentum", n,
                         SgdKernel<T, G>{p, g, buf, static_cast<T>(s.lr), static_cast<T>(s.momentum),
                                         static_cast<T>(s.weight_decay), static_cast<T>(s.grad_scale), s.nesterov});
@@ -91,6 +93,7 @@ struct AdamWKernel {
 /// host instance it returns when done; on a device one it is queued on the instance's stream.
 template <class Exec, class T, class G>
 void adamw_update(const Exec& exec, std::int64_t n, T* p, const G* g, T* m, T* v, const AdamWStep& s) {
+  if (shardlib::shape_only()) return;
   const double t = static_cast<double>(s.step);
   detail::portable::run(exec, "shardlib::adamw", n,
                         AdamWKernel<T, G>{p, g, m, v, static_cast<T>(1 - s.lr * s.weight_decay), static_cast<T>(s.beta1),
@@ -109,11 +112,12 @@ struct SumOfSquaresKernel {
   }
 };
 
-/// The sum of squares of `g[0..n)` in double (waits for it: the host needs the value).
+/// The sum of squares of `g[0..n)` in double (waits for it: the host needs the value; zero in
+/// shape-only mode).
 template <class Exec, class T>
 double sum_of_squares(const Exec& exec, std::int64_t n, const T* g) {
   double s = 0;
-  if (n == 0) return s;
+  if (n == 0 || shardlib::shape_only()) return s;
   Kokkos::parallel_reduce("shardlib::sum_of_squares", Kokkos::RangePolicy<Exec>(exec, 0, n), SumOfSquaresKernel<T>{g}, s);
   kernels::fence(exec);
   return s;

@@ -28,6 +28,7 @@
 #include <shardlib/detail/attributes.hpp>
 SHARDLIB_SIMD_WARNINGS_OFF  // (g++ 12 under -march=native: detail/attributes.hpp)
 
+#include <shardlib/detail/shape_only.hpp>
 #include <shardlib/half.hpp>
 #include <shardlib/kernels/row_groups.hpp>
 #include <shardlib/kernels/vmath.hpp>
@@ -416,6 +417,7 @@ void row_sums(const Exec& exec, const T* in, Acc* out, std::int64_t rows, std::i
 template <class Exec, class T, class Acc>
 void reduce_dim(const Exec& exec, const T* in, Acc* out, std::int64_t outer, std::int64_t n, std::int64_t inner,
                 ReduceKind k) {
+  if (shardlib::shape_only()) return;
   const char* label = "shardlib::kernels::reduce_dim";
   switch (k) {
     case ReduceKind::sum:
@@ -433,6 +435,7 @@ void reduce_dim(const Exec& exec, const T* in, Acc* out, std::int64_t outer, std
 template <class Exec, class T>
 void exp_sum(const Exec& exec, const T* in, const T* row_max, T* row_sum, std::int64_t outer, std::int64_t n,
              std::int64_t inner) {
+  if (shardlib::shape_only()) return;
   run(exec, "shardlib::kernels::exp_sum", outer * inner, ExpSumKernel<T>{in, row_max, row_sum, n, inner});
 }
 
@@ -569,7 +572,7 @@ struct RowsKernel {
 template <class Exec, class T>
 void rows_fused(const Exec& exec, RowOp op, const T* in, T* out, std::int64_t rows, std::int64_t n, T scale, double eps,
                 RowGroups groups = {}, std::int64_t causal = 0) {
-  if (rows <= 0) return;
+  if (rows <= 0 || shardlib::shape_only()) return;
   if (causal < 0 || (causal > 0 && op != RowOp::softmax && op != RowOp::log_softmax))
     throw std::invalid_argument("shardlib::kernels::rows_fused: causal " + std::to_string(causal) +
                                 " (a causal mask is softmax's and log_softmax's, over rows of > 0 queries)");
@@ -601,6 +604,7 @@ void rows_fused(const Exec& exec, RowOp op, const T* in, T* out, std::int64_t ro
 template <class Exec, class T, class Acc = T>
 void reduce_dim(const Exec& exec, const T* in, Acc* out, std::int64_t outer, std::int64_t n, std::int64_t inner,
                 ReduceKind k) {
+  if (shardlib::shape_only()) return;
   detail::check_shape("reduce_dim", outer, n, inner);
   if constexpr (!is_host_exec_v<Exec>) {
     detail::portable::reduce_dim(exec, in, out, outer, n, inner, k);
@@ -630,6 +634,7 @@ void reduce_dim(const Exec& exec, const T* in, Acc* out, std::int64_t outer, std
 template <class Exec, class T>
 void argmax_dim(const Exec& exec, const T* in, T* best, std::int64_t* index, std::int64_t outer, std::int64_t n,
                 std::int64_t inner, std::int64_t index_offset) {
+  if (shardlib::shape_only()) return;
   if constexpr (!is_host_exec_v<Exec>) {
     detail::check_shape("argmax_dim", outer, n, inner);
     detail::portable::arg_dim<Exec, T, true>(exec, in, best, index, outer, n, inner, index_offset);
@@ -643,6 +648,7 @@ void argmax_dim(const Exec& exec, const T* in, T* best, std::int64_t* index, std
 template <class Exec, class T>
 void argmin_dim(const Exec& exec, const T* in, T* best, std::int64_t* index, std::int64_t outer, std::int64_t n,
                 std::int64_t inner, std::int64_t index_offset) {
+  if (shardlib::shape_only()) return;
   if constexpr (!is_host_exec_v<Exec>) {
     detail::check_shape("argmin_dim", outer, n, inner);
     detail::portable::arg_dim<Exec, T, false>(exec, in, best, index, outer, n, inner, index_offset);
@@ -668,6 +674,7 @@ template <class Exec, class T>
 void exp_sum(const Exec& exec, const T* in, const T* row_max, T* row_sum, std::int64_t outer, std::int64_t n,
              std::int64_t inner) {
   static_assert(std::is_floating_point_v<T>, "shardlib::kernels::exp_sum: T must be a floating-point type");
+  if (shardlib::shape_only()) return;
   detail::check_shape("exp_sum", outer, n, inner);
   if constexpr (!is_host_exec_v<Exec>) {
     detail::portable::exp_sum(exec, in, row_max, row_sum, outer, n, inner);
@@ -708,6 +715,7 @@ template <class Exec, class T>
 void softmax_apply(const Exec& exec, const T* in, T* out, const T* row_max, const T* row_sum, std::int64_t outer,
                    std::int64_t n, std::int64_t inner, bool log) {
   static_assert(std::is_floating_point_v<T>, "shardlib::kernels::softmax_apply: T must be a floating-point type");
+  if (shardlib::shape_only()) return;
   detail::check_shape("softmax_apply", outer, n, inner);
   if constexpr (!is_host_exec_v<Exec>) {
     detail::portable::softmax_apply(exec, in, out, row_max, row_sum, outer, n, inner, log);
@@ -750,6 +758,7 @@ void softmax_apply(const Exec& exec, const T* in, T* out, const T* row_max, cons
 template <class Exec, class T>
 void moments(const Exec& exec, const T* in, acc_t<T>* sum, acc_t<T>* sumsq, std::int64_t outer, std::int64_t n,
              std::int64_t inner) {
+  if (shardlib::shape_only()) return;
   detail::check_shape("moments", outer, n, inner);
   if constexpr (!is_host_exec_v<Exec>) {
     detail::portable::moments(exec, in, sum, sumsq, outer, n, inner);
@@ -797,6 +806,7 @@ inline void check_count(const char* kernel, std::int64_t n, std::int64_t count, 
 template <class Exec, class T>
 void layer_norm_apply(const Exec& exec, const T* in, T* out, const acc_t<T>* sum, const acc_t<T>* sumsq,
                       std::int64_t outer, std::int64_t n, std::int64_t inner, std::int64_t count, double eps) {
+  if (shardlib::shape_only()) return;
   detail::check_shape("layer_norm_apply", outer, n, inner);
   detail::check_count("layer_norm_apply", n, count, eps);
   if constexpr (!is_host_exec_v<Exec>) {
@@ -825,6 +835,7 @@ void layer_norm_apply(const Exec& exec, const T* in, T* out, const acc_t<T>* sum
 template <class Exec, class T>
 void rms_norm_apply(const Exec& exec, const T* in, T* out, const acc_t<T>* sumsq, std::int64_t outer, std::int64_t n,
                     std::int64_t inner, std::int64_t count, double eps) {
+  if (shardlib::shape_only()) return;
   detail::check_shape("rms_norm_apply", outer, n, inner);
   detail::check_count("rms_norm_apply", n, count, eps);
   if constexpr (!is_host_exec_v<Exec>) {
@@ -846,6 +857,7 @@ void rms_norm_apply(const Exec& exec, const T* in, T* out, const acc_t<T>* sumsq
 /// queued on its stream; on a host one, fenced.
 template <class Exec, class T>
 void scale(const Exec& exec, T* data, std::int64_t n, T factor) {
+  if (shardlib::shape_only()) return;
   if (n < 0) throw std::invalid_argument("shardlib::kernels::scale: negative count " + std::to_string(n));
   constexpr std::int64_t chunk = 4096;
   if constexpr (!is_host_exec_v<Exec>) {

@@ -21,6 +21,7 @@
 /// its row in order, so its sums are sequential ones, as the host kernels'.
 #pragma once
 
+#include <shardlib/detail/shape_only.hpp>
 #include <shardlib/half.hpp>
 #include <shardlib/kernels/exec.hpp>
 
@@ -179,7 +180,7 @@ bool rows_aligned(const T* p, std::int64_t n) noexcept {
 template <class Exec, class Kernel>
 void launch_row_groups(const Exec& exec, const char* label, std::int64_t rows, const RowGroups& g, std::size_t scratch,
                        const Kernel& k) {
-  if (rows <= 0) return;
+  if (rows <= 0 || shardlib::shape_only()) return;
   const std::int64_t per_team = g.team / g.group;
   const std::int64_t league = (rows + per_team - 1) / per_team;
   Kokkos::TeamPolicy<Exec, Kokkos::LaunchBounds<1024, 1>> policy(exec, static_cast<int>(league), g.team);

@@ -21,6 +21,7 @@
 #include <shardlib/detail/attributes.hpp>
 SHARDLIB_SIMD_WARNINGS_OFF  // (g++ 12 under -march=native: detail/attributes.hpp)
 
+#include <shardlib/detail/shape_only.hpp>
 #include <shardlib/kernels/vmath.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -135,6 +136,7 @@ template <class Exec, class T>
 void softmax_rows(const Exec& exec, const T* in, T* out, std::int64_t rows, std::int64_t n, bool log, T scale = T(1)) {
   static_assert(is_host_exec_v<Exec> && vmath::is_vector_type_v<T>,
                 "shardlib::kernels::softmax_rows: host execution spaces, float or double");
+  if (shardlib::shape_only()) return;
   detail::check_rows("softmax_rows", rows, n, 0);
   detail::for_rows(exec, "shardlib::kernels::softmax_rows", rows, n,
                    [=](std::int64_t r) {
@@ -151,6 +153,7 @@ void layer_norm_rows(const Exec& exec, const T* in, T* out, std::int64_t rows, s
                      const T* gain = nullptr, const T* bias = nullptr) {
   static_assert(is_host_exec_v<Exec> && vmath::is_vector_type_v<T>,
                 "shardlib::kernels::layer_norm_rows: host execution spaces, float or double");
+  if (shardlib::shape_only()) return;
   detail::check_rows("layer_norm_rows", rows, n, eps);
   detail::for_rows(exec, "shardlib::kernels::layer_norm_rows", rows, n, [=](std::int64_t r) {
     const T* x = in + r * n;
@@ -180,6 +183,7 @@ template <class Exec, class T>
 void rms_norm_rows(const Exec& exec, const T* in, T* out, std::int64_t rows, std::int64_t n, double eps) {
   static_assert(is_host_exec_v<Exec> && vmath::is_vector_type_v<T>,
                 "shardlib::kernels::rms_norm_rows: host execution spaces, float or double");
+  if (shardlib::shape_only()) return;
   detail::check_rows("rms_norm_rows", rows, n, eps);
   detail::for_rows(exec, "shardlib::kernels::rms_norm_rows", rows, n, [=](std::int64_t r) {
     const T* x = in + r * n;

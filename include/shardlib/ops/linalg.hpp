@@ -10,8 +10,12 @@
 /// in GPU memory kernels/cublas.hpp's cuBLAS GEMM on the device's stream): an operand whose dims
 /// are already [batch..., rows..., contracted...] (or transposed) is mapped with no copy; any
 /// other order is permuted into that layout first.
+///
+/// In shape-only mode (detail/shape_only.hpp) a contraction reshards its operands and allocates
+/// its packed operands and output as always, and permutes, sums and multiplies nothing.
 #pragma once
 
+#include <shardlib/detail/shape_only.hpp>
 #include <shardlib/kernels/gemm.hpp>
 #include <shardlib/kernels/layout.hpp>
 #include <shardlib/kernels/reduce.hpp>
@@ -155,13 +159,15 @@ kernels::MatrixBatch<const T> einsum_operand(const Exec& exec, const T* data, co
   for (int i = 0; i < rank; ++i) in_ext[static_cast<std::size_t>(i)] = box.extent[static_cast<std::size_t>(i)];
   const std::int64_t total = nb * ns * rows * cols;
   std::shared_ptr<void> packed = alloc(static_cast<std::size_t>(total) * sizeof(T));
-  kernels::permute(exec, data, static_cast<T*>(packed.get()), rank, in_ext.data(), perm.data());
+  const bool compute = !shardlib::shape_only();  // shape-only: the allocations alone
+  if (compute) kernels::permute(exec, data, static_cast<T*>(packed.get()), rank, in_ext.data(), perm.data());
   if (n_sum == 0) {
     keep = packed;
     return {static_cast<const T*>(packed.get()), rows, cols, cols, 1, rows * cols};
   }
   keep = alloc(static_cast<std::size_t>(nb * rows * cols) * sizeof(T));
   T* summed = static_cast<T*>(keep.get());
+  if (!compute) return {summed, rows, cols, cols, 1, rows * cols};
   if (sum_first) kernels::reduce_dim(exec, static_cast<const T*>(packed.get()), summed, nb, ns, rows * cols, kernels::ReduceKind::sum);
   else kernels::reduce_dim(exec, static_cast<const T*>(packed.get()), summed, nb * rows, ns, cols, kernels::ReduceKind::sum);
   return {summed, rows, cols, cols, 1, rows * cols};
@@ -322,9 +328,10 @@ inline bool einsum_in_place(const EinsumSubscripts& s, const EinsumLayout& L, co
 }
 
 /// Runs an in-place plan: a GEMM call per outer index (kernels::gemm on the host, cuBLAS in GPU
-/// memory), each over the plan's strided batch.
+/// memory), each over the plan's strided batch. Nothing in shape-only mode.
 template <class T, class Mem>
 void einsum_run_in_place(Context& ctx, const EinsumInPlace& plan, const T* a, const T* b, T* c, bool accumulate) {
+  if (shardlib::shape_only()) return;
   const std::int64_t count = plan.outer_count();
   for (std::int64_t o = 0; o < count; ++o) {
     std::int64_t rest = o, oa = 0, ob = 0, oc = 0;
@@ -397,6 +404,7 @@ SHARDLIB_NOINLINE void einsum_run(const char* name, const EinsumSubscripts& s, c
                                                : kernels::MatrixBatch<T>{c, m, n, n, 1, mn};
   const kernels::MatrixBatch<const T> a_batch{ma.data, m, ma.cols, ma.row_stride, ma.col_stride, nb > 1 ? ma.batch_stride : 0};
   const kernels::MatrixBatch<const T> b_batch{mb.data, mb.rows, n, mb.row_stride, mb.col_stride, nb > 1 ? mb.batch_stride : 0};
+  if (shardlib::shape_only()) return;  // the blocks allocated: no product, no permute
   if constexpr (host_memory_v<Mem>) kernels::gemm<T>(nb, a_batch, b_batch, mc, T(1), accumulate ? T(1) : T(0));
   else device_gemm<T, Mem>(ctx, nb, a_batch, b_batch, mc, accumulate);
   if (keep_c) {  // canonical [batch, free_a, free_b] -> the output's order

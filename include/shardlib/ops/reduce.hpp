@@ -11,8 +11,12 @@
 /// the input's spec and communicate only when their dim is split: per-row statistics are
 /// all-reduced over the dim's axes (softmax: the row max, then the sum of exponentials; the norms:
 /// one all_reduce of the row sums in double).
+///
+/// In shape-only mode (detail/shape_only.hpp) the kernels do nothing; the statistics' and
+/// argmax's collectives are counted as always.
 #pragma once
 
+#include <shardlib/detail/shape_only.hpp>
 #include <shardlib/kernels/reduce.hpp>
 #include <shardlib/kernels/rows.hpp>
 #include <shardlib/ops/common.hpp>
@@ -104,8 +108,9 @@ SHARDLIB_NOINLINE void reduce_run(const OpRule& rule, int dim, const OperandRef<
           if (v != v) v = std::numeric_limits<T>::infinity();
       std::vector<T> top(rows);
       g->all_reduce(best.data(), top.data(), rows, coll::dtype_of<T>(), coll::Op::max);
-      for (std::size_t i = 0; i < rows; ++i)
-        if (!(best[i] == top[i]) || idx[i] < 0) idx[i] = std::numeric_limits<std::int64_t>::max();
+      if (!shardlib::shape_only())  // (idx may be the output block: shape-only, no memory)
+        for (std::size_t i = 0; i < rows; ++i)
+          if (!(best[i] == top[i]) || idx[i] < 0) idx[i] = std::numeric_limits<std::int64_t>::max();
       g->all_reduce(idx, idx, rows, coll::dtype_of<std::int64_t>(), coll::Op::min);
       if constexpr (!host_memory_v<Mem>) upload<Mem>(ctx, static_cast<const std::int64_t*>(idx), out, static_cast<std::int64_t>(rows));
     }

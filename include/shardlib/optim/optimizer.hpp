@@ -27,9 +27,14 @@
 /// reduced in 16 bits (half the bytes), read as float32 by the update. With AdamW that is the
 /// ZeRO paper's 16 bytes per parameter: 2 (parameter) + 2 (gradient) + 12 (master, two moments).
 /// f16 gradients need loss scaling (`step(LossScaler&)`, optim/loss_scaler.hpp); bf16 ones do not.
+///
+/// In shape-only mode (detail/shape_only.hpp) a step allocates what a real one does and computes
+/// nothing: the gradients' norm is zero (finite: the step is taken, the loss scaler counts a good
+/// step, clipping scales by 1).
 #pragma once
 
 #include <shardlib/autodiff/var.hpp>
+#include <shardlib/detail/shape_only.hpp>
 #include <shardlib/kernels/exec.hpp>
 #include <shardlib/kernels/optim.hpp>
 #include <shardlib/detail/diagnostics.hpp>
@@ -257,9 +262,11 @@ class TypedSlot final : public Slot<Rule> {
         return;
       }
       const Tensor back(*values_);  // one all_gather for a replicated parameter (16-bit: half the bytes)
-      const auto& exec = context().template exec_for<Mem>();
-      Kokkos::deep_copy(exec, param_.value().local(), back.local());
-      if constexpr (shardlib::detail::host_memory_v<Mem>) kernels::fence(exec);
+      if (!shardlib::shape_only()) {  // (shape-only mode: no values to copy)
+        const auto& exec = context().template exec_for<Mem>();
+        Kokkos::deep_copy(exec, param_.value().local(), back.local());
+        if constexpr (shardlib::detail::host_memory_v<Mem>) kernels::fence(exec);
+      }
       values_.reset();
     }
     grad_.reset();

@@ -11,6 +11,11 @@
 /// - `mpi`: one device per MPI process (`mpirun -np N prog`), on one host or many.
 /// - `nccl`: as mpi, one GPU per process (local rank % GPUs on its node), and the reshards of
 ///   tensors in GPU memory run on NCCL, on the device's stream (builds with SHARDLIB_HAVE_NCCL).
+/// - `simulate`: one device of N (up to 65,536) that need not exist, shape-only
+///   (detail/shape_only.hpp: tensors have shapes and bytes, no storage; kernels do nothing) with
+///   collectives counted and not performed (collectives/simulated.hpp): the program's memory
+///   account and collectives on a mesh it does not have. Device 0, or `--simulate-device R`
+///   (SHARDLIB_SIMULATE_DEVICE). Only the backend picks it.
 /// The backend is `--backend threads|mpi|nccl`, else `SHARDLIB_BACKEND`, else mpi when the
 /// program was started by mpirun (and shardlib was built with MPI), else threads.
 ///
@@ -25,6 +30,7 @@
 #pragma once
 
 #include <shardlib/collectives/communicator.hpp>
+#include <shardlib/collectives/simulated.hpp>
 #include <shardlib/collectives/threads.hpp>
 #include <Kokkos_Core.hpp>  // (KOKKOS_ENABLE_CUDA, before the test below)
 #if defined(KOKKOS_ENABLE_CUDA)
@@ -68,10 +74,10 @@
 namespace shardlib {
 
 /// Which backend runs the devices.
-enum class Backend { threads, mpi, nccl };
+enum class Backend { threads, mpi, nccl, simulate };
 
 constexpr std::string_view to_string(Backend b) noexcept {
-  return b == Backend::threads ? "threads" : b == Backend::mpi ? "mpi" : "nccl";
+  return b == Backend::threads ? "threads" : b == Backend::mpi ? "mpi" : b == Backend::nccl ? "nccl" : "simulate";
 }
 
 /// Whether this build of shardlib has the nccl backend (SHARDLIB_HAVE_NCCL: the shardlib-nccl
@@ -121,7 +127,8 @@ class Context {
   /// This device, 0 <= device() < num_devices().
   int device() const noexcept { return device_; }
   int num_devices() const noexcept { return devices_; }
-  /// "threads" or "mpi" (the nccl backend's host collectives are mpi's: see device_world()).
+  /// "threads", "mpi" or "simulate" (the nccl backend's host collectives are mpi's: see
+  /// device_world()).
   std::string_view backend() const noexcept { return world_->backend(); }
   /// All devices of the run.
   coll::Communicator& world() noexcept { return *world_; }
@@ -179,7 +186,7 @@ class Context {
     std::string name = "group {";
     for (int i = 0; i < axes.size(); ++i) name += (i ? ", " : "") + mesh.name(axes[i]).str();
     name += "} of mesh " + mesh.to_string();
-    cache.push_back({mesh, axes, parent.split(color, key, std::move(name))});
+    cache.push_back({mesh, axes, parent.split(color, key, mesh.group_size(axes), std::move(name))});
     return *cache.back().comm;
   }
 
@@ -405,6 +412,11 @@ class Runtime {
     return threads(devices, timeout, nullptr, nullptr, {});
   }
 
+  /// Device `device` of a simulated run of `devices` (1 to 65,536; see the file comment): spmd()
+  /// runs the body once, on the calling thread, shape-only, its collectives counted and not
+  /// performed. Throws std::invalid_argument for a device count or index out of range.
+  static Runtime simulate(int devices, int device = 0) { return simulate(devices, device, nullptr, nullptr); }
+
  private:
   /// A threads-per-device override: its value and where it came from (for messages).
   struct ThreadsOverride {
@@ -415,6 +427,16 @@ class Runtime {
   static ThreadsOverride threads_override(std::optional<std::string> cli) {
     if (cli) return {std::move(cli), "--threads-per-device"};
     return {host::threads_override_from_env(), host::threads_per_device_variable};
+  }
+
+  static Runtime simulate(int devices, int device, int* argc, char** argv) {
+    coll::SimulatedCommunicator::world(devices, device);  // checks both (the spmd body gets its own)
+    Runtime rt(Backend::simulate);
+    rt.devices_ = devices;
+    rt.mpi_rank_ = device;
+    rt.share_ = host::thread_share(host::cores_available(), 1, std::nullopt, host::threads_per_device_variable);
+    rt.start_kokkos(argc, argv, 1);
+    return rt;
   }
 
   static Runtime threads(int devices, std::chrono::milliseconds timeout, int* argc, char** argv,
@@ -522,6 +544,15 @@ class Runtime {
     if (!devices)
       if (const char* s = std::getenv("SHARDLIB_DEVICES")) devices = s, devices_from = "SHARDLIB_DEVICES";
     if (!backend) backend = has_mpi() && launched_by_mpirun() ? "mpi" : "threads";
+    if (*backend == "simulate") {
+      std::optional<std::string> device = take_arg(argc, argv, "--simulate-device");
+      const char* device_from = "--simulate-device";
+      if (!device)
+        if (const char* s = std::getenv("SHARDLIB_SIMULATE_DEVICE")) device = s, device_from = "SHARDLIB_SIMULATE_DEVICE";
+      const int n = devices ? parse_int(*devices, devices_from, coll::max_simulated_devices) : default_devices;
+      const int d = device ? parse_int(*device, device_from, n - 1, 0) : 0;
+      return simulate(n, d, &argc, argv);
+    }
     if (*backend == "threads")
       return threads(devices ? parse_int(*devices, devices_from) : default_devices, default_timeout(), &argc, argv,
                      std::move(threads_arg));
@@ -552,7 +583,7 @@ class Runtime {
                                   "shardlib::nccl, which define SHARDLIB_HAVE_NCCL)");
 #endif
     }
-    throw std::invalid_argument("shardlib: unknown backend '" + *backend + "'; use threads, mpi or nccl");
+    throw std::invalid_argument("shardlib: unknown backend '" + *backend + "'; use threads, mpi, nccl or simulate");
   }
 
   Runtime(Runtime&& o) noexcept
@@ -590,6 +621,10 @@ class Runtime {
   std::string describe() const {
     std::string s = backend_ == Backend::threads
                         ? "threads backend, " + std::to_string(devices_) + " in-process device" + (devices_ == 1 ? "" : "s")
+                    : backend_ == Backend::simulate
+                        ? "simulate backend: device " + std::to_string(mpi_rank_) + " of " + std::to_string(devices_) +
+                              " simulated devices, shape-only (no tensor storage, kernels skipped, collectives "
+                              "counted and not performed)"
                         : std::string(to_string(backend_)) + " backend, " + std::to_string(devices_) + " process" +
                               (devices_ == 1 ? "" : "es") + (backend_ == Backend::nccl ? " (one GPU each)" : "");
     const int t = share_.per_device;
@@ -627,6 +662,13 @@ class Runtime {
     kernels::set_blas_threads(share_.per_device);  // the BLAS's count is the process's: set it for this run
     if (backend_ == Backend::threads) {
       run_threads(body);
+      return;
+    }
+    if (backend_ == Backend::simulate) {
+      const ShapeOnlyScope shape_only;
+      const coll::DryRun dry;
+      Context ctx(mpi_rank_, devices_, coll::SimulatedCommunicator::world(devices_, mpi_rank_));
+      body(ctx);
       return;
     }
 #if defined(SHARDLIB_HAVE_MPI)
@@ -789,11 +831,12 @@ class Runtime {
     }
     return std::nullopt;
   }
-  static int parse_int(const std::string& s, const char* what, long max = 65536) {
+  static int parse_int(const std::string& s, const char* what, long max = 65536, long min = 1) {
     char* end = nullptr;
     long v = std::strtol(s.c_str(), &end, 10);
-    if (s.empty() || *end != '\0' || v < 1 || v > max)
-      throw std::invalid_argument(std::string("shardlib: ") + what + " must be a whole number from 1 to " +
+    if (s.empty() || *end != '\0' || v < min || v > max)
+      throw std::invalid_argument(std::string("shardlib: ") + what + " must be a whole number from " +
+                                  std::to_string(min) + " to " +
                                   std::to_string(max) + ", got '" + s + "'");
     return static_cast<int>(v);
   }

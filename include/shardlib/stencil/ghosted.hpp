@@ -16,8 +16,12 @@
 /// runs on the device world where the backend has one (threads over GPU memory: device-to-device
 /// copies; nccl: grouped sends and receives), queued with no host wait. Under a backend without
 /// one (mpi), the ghost cells (only they) are packed on the GPU and go through host memory.
+///
+/// In shape-only mode (detail/shape_only.hpp) the exchange is the collectives' dry run, its
+/// packing, unpacking and copies (kernels) do nothing, and `at` reads zero.
 #pragma once
 
+#include <shardlib/detail/shape_only.hpp>
 #include <shardlib/execute/block.hpp>
 #include <shardlib/kernels/layout.hpp>
 #include <shardlib/ops/common.hpp>
@@ -184,6 +188,7 @@ class GhostExchange {
     std::int64_t k = 0;
     for (int d = 0; d < R; ++d) k = k * e[static_cast<std::size_t>(d)] + q[static_cast<std::size_t>(d)];
     const T* p = r == halo::centre_region(R) ? block + k : ghosts_.data() + region_offset_[static_cast<std::size_t>(r)] + k;
+    if (shardlib::shape_only()) return T{};
     if constexpr (host_memory_v<Mem>) {
       return *p;
     } else {
@@ -379,8 +384,8 @@ class Ghosted {
   std::int64_t cells_sent() const noexcept { return x_.cells_sent(); }
 
   /// The cell at `global`, in this device's block or its ghost layers (current after an
-  /// exchange); in GPU memory a copy of one cell and a wait (for tests, not loops). Throws
-  /// std::out_of_range naming the index and the widened block otherwise.
+  /// exchange); in GPU memory a copy of one cell and a wait (for tests, not loops); zero in
+  /// shape-only mode. Throws std::out_of_range naming the index and the widened block otherwise.
   T at(const Index<rank>& global) const { return x_.at(global.i, t_->local().data()); }
 
   /// Internal (stencil_for): the ghost regions' storage (in Mem) and where each region starts in it.

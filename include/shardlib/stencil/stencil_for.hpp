@@ -20,8 +20,12 @@
 /// `stencil_for<sl::Check::on>(...)` checks every read against the ghost widths and throws
 /// std::out_of_range naming the offset, the index, the device and the widths (after the loop, on
 /// every device: the first device that read out of bounds tells the others).
+///
+/// In shape-only mode (detail/shape_only.hpp) stencil_for refreshes the ghosts as it would (the
+/// exchange is counted) and runs no kernel; Check::on finds no read out of bounds.
 #pragma once
 
+#include <shardlib/detail/shape_only.hpp>
 #include <shardlib/execute/block.hpp>
 #include <shardlib/kernels/exec.hpp>
 #include <shardlib/stencil/ghosted.hpp>
@@ -623,6 +627,15 @@ void run_stencil(DistributedTensor<U, MeshT, OutSpec, Mem>& out, Ghosted<T, Mesh
   if (in.in_flight())
     throw std::logic_error("shardlib: stencil_for: the input (" + in.describe() +
                            ") has an exchange in flight; finish() it first");
+  if (shardlib::shape_only()) {  // the ghosts' exchange only: no kernel, no fault to read back
+    if (refresh == GhostRefresh::overlap) {
+      in.start();
+      in.finish();
+    } else if (refresh == GhostRefresh::blocking) {
+      in.exchange();
+    }
+    return;
+  }
   std::int64_t* fault = nullptr;
   if constexpr (Checked) fault = in.reset_fault(StencilFault::size);
   const auto g = stencil_geometry(in, fault);
