@@ -20,7 +20,8 @@ namespace {
 constexpr const char* usage = R"(usage: gpt [--recipe dp|zero1|zero2|zero3|tp|dp_tp|cp|pp|pp_dp|pp_tp|pp_zero1|pp_zero2|replicated] [--cp N]
            [--cp-kind all_to_all|ring] [--moe E] [--top-k 1|2] [--capacity-factor CF]
            [--devices N] [--steps N] [--layers N] [--dim N] [--batch N] [--seq N] [--vocab N] [--heads N]
-           [--ff N] [--precision f32|bf16|f16] [--check 0|1] [--describe 0|1]
+           [--ff N] [--precision f32|bf16|f16] [--check 0|1] [--describe 0|1] [--tp N]
+           [--plan 0|1] [--device-memory GIB]
            [--stages P] [--microbatches M] [--schedule gpipe|1f1b|interleaved] [--chunks V] [--recompute 0|1]
            [--data PATH|synthetic] [--eval-every N] [--sample N] [--temperature T] [--log-every N] [--val-below L]
            [--save DIR] [--every K] [--resume DIR]
@@ -29,6 +30,13 @@ constexpr const char* usage = R"(usage: gpt [--recipe dp|zero1|zero2|zero3|tp|dp
                  devices; cp: context parallelism, the sequence split over a "seq" axis of --cp
                  devices, DP over the rest (docs/14_attention.md)
   --cp N         cp: devices on the "seq" axis, a divisor of the devices (2)
+  --tp N         dp_tp: devices on the "model" axis, a divisor of the devices (2 when they are even)
+  --plan 1       with --backend simulate: plan every recipe on the --devices given (dp, zero1-3,
+                 tp, dp_tp with 2, 4 and 8 on "model", cp with 2, 4 and 8 on "seq", pp_dp and
+                 pp_zero1 with 2 to 16 stages) on shapes alone, each as its first and its last
+                 device, and print one table: memory per device by role, bytes sent and GEMM
+                 FLOPs per step, those that fit first (docs/16_planning.md)
+  --device-memory G  --plan: each device's memory in GiB (80: an H100's)
   --cp-kind K    cp: attention over the split sequence as Ulysses' all-to-alls (all_to_all, the
                  default) or ring attention (ring: keys and values passed around the "seq" axis)
   --moe E        a mixture of E experts as the MLP of every other block (Switch's placement), the
@@ -84,6 +92,71 @@ its range: a one-line message and exit status 2.
 /// elements, where its size would overflow.
 constexpr long long max_size = 65536, max_tokens = 8192, max_steps = 1000000000;
 
+/// --plan 1: every recipe that can run on the devices, each planned on shapes alone by
+/// `start(runtime, run)` as the first and the last device (the first holds the larger blocks of
+/// an uneven split, the last a pipeline's last stage, with the head; the larger peak is shown),
+/// as one table for devices of `device_memory_gib` GiB.
+template <class Start>
+int plan_all(shardlib::Runtime& rt, gpt::driver::Run& run, const Start& start, double device_memory_gib) {
+  const int n = rt.num_devices();
+  const gpt::Config base = run.cfg;
+  std::vector<shardlib::plan::Candidate> all;
+  auto add = [&](const std::string& recipe, gpt::Config cfg, gpt::PipeConfig pc, const std::string& label) {
+    shardlib::plan::Candidate c;
+    c.name = label;
+    c.mesh = "-";
+    run.recipe = recipe;
+    run.cfg = cfg;
+    run.pc = pc;
+    run.plan = &c;
+    try {
+      start(rt, run);
+      if (n > 1) {
+        shardlib::plan::Candidate last = c;
+        run.plan = &last;
+        shardlib::Runtime other = shardlib::Runtime::simulate(n, n - 1);
+        start(other, run);
+        if (last.memory.peak > c.memory.peak) c = last;
+      }
+    } catch (const std::exception& e) {
+      c.failed = e.what();
+    }
+    all.push_back(std::move(c));
+  };
+  for (const char* r : {"dp", "zero1", "zero2", "zero3", "tp"}) add(r, base, run.pc, r);
+  for (int m : {2, 4, 8})
+    if (m < n && n % m == 0) {
+      gpt::Config cfg = base;
+      cfg.tp = m;
+      add("dp_tp", cfg, run.pc, "dp_tp");
+    }
+  for (int s : {2, 4, 8})
+    if (s < n && n % s == 0) {
+      gpt::Config cfg = base;
+      cfg.cp = s;
+      add("cp", cfg, run.pc, "cp");
+    }
+  for (int st : {2, 4, 8, 16})
+    if (st <= n && n % st == 0 && st <= base.layers) {
+      // 1F1B with 2 micro-batches per stage (the bubble (p-1)/(m+p-1)), else 1, else as many as
+      // the batch has sequences per "data" device: a micro-batch smaller than "data" would leave
+      // devices idle and give device 0 more than its share.
+      gpt::PipeConfig pc;
+      pc.stages = st;
+      const std::int64_t data = n / st, per = base.batch % data == 0 ? base.batch / data : 0;
+      pc.microbatches = per % (2 * st) == 0 ? 2 * st : per % st == 0 ? st : static_cast<int>(per);
+      if (pc.microbatches == 0) continue;
+      for (const char* r : {"pp_dp", "pp_zero1"})
+        add(r, base, pc, std::string(r) + " m=" + std::to_string(pc.microbatches));
+    }
+  std::printf("planned on %d simulated devices (the first and the last of each, the larger peak shown; shapes only): %lld layers, D %lld, %lld heads, FF %lld, "
+              "V %lld, S %lld, B %lld\n%s",
+              n, (long long)base.layers, (long long)base.dim, (long long)base.heads, (long long)base.ff,
+              (long long)base.vocab, (long long)base.seq, (long long)base.batch,
+              shardlib::plan::table(all, static_cast<std::int64_t>(device_memory_gib * 1073741824.0)).c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -108,6 +181,9 @@ int main(int argc, char** argv) {
                                                                                           : shardlib::ContextParallel::all_to_all;
     const bool check = args.boolean("--check");
     const bool describe = args.boolean("--describe");
+    cfg.tp = static_cast<int>(args.integer("--tp", 0, 1, max_size));
+    const bool plan = args.boolean("--plan");
+    const double device_memory = args.real("--device-memory", 80, 1e-6, 1e9);
     gpt::PipeConfig pc;
     const bool pipelined = recipe.rfind("pp", 0) == 0;
     pc.stages = static_cast<int>(args.integer("--stages", 2, 1, max_size));
@@ -157,6 +233,8 @@ int main(int argc, char** argv) {
       if (check || sample > 0 || val_below > 0 || !save.empty() || !resume.empty())
         args.fail("--backend simulate plans a run on shapes alone: it has no values to --check, --sample, "
                   "--val-below, --save or --resume");
+    } else if (plan) {
+      args.fail("--plan 1 plans on shapes alone: give --backend simulate --devices N (the devices to plan for)");
     }
     if (recipe == "pp") pc.stages = rt.num_devices();
     if (cfg.moe > 0 && recipe != "dp" && recipe != "replicated")
@@ -177,7 +255,7 @@ int main(int argc, char** argv) {
       }
     }
     namespace d = gpt::driver;
-    const d::Run run{recipe,
+    d::Run run{recipe,
                      cfg,
                      pc,
                      steps,
@@ -191,13 +269,17 @@ int main(int argc, char** argv) {
                      save,
                      resume,
                      save_every};
-    if (pipelined) {
-      if (precision == "bf16") return d::pipelined<shardlib::bf16>(rt, run);
-      if (precision == "f16") return d::pipelined<shardlib::f16>(rt, run);
-      return d::pipelined<float>(rt, run);
-    }
-    if (precision == "bf16") return d::dense<shardlib::bf16>(rt, run);
-    if (precision == "f16") return d::dense<shardlib::f16>(rt, run);
-    return d::dense<float>(rt, run);
+    auto start = [&](shardlib::Runtime& on, const d::Run& r) {
+      if (r.recipe.rfind("pp", 0) == 0) {
+        if (precision == "bf16") return d::pipelined<shardlib::bf16>(on, r);
+        if (precision == "f16") return d::pipelined<shardlib::f16>(on, r);
+        return d::pipelined<float>(on, r);
+      }
+      if (precision == "bf16") return d::dense<shardlib::bf16>(on, r);
+      if (precision == "f16") return d::dense<shardlib::f16>(on, r);
+      return d::dense<float>(on, r);
+    };
+    if (plan) return plan_all(rt, run, start, device_memory);
+    return start(rt, run);
   });
 }

@@ -10,6 +10,8 @@
 #endif
 #include "gpt.hpp"
 
+#include <shardlib/plan.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <limits>
@@ -35,6 +37,9 @@ struct Run {
   double val_below = 0;      ///< --val-below: exit 1 unless the last validation loss is below it (0: no check)
   std::string save, resume;  ///< --save DIR, --resume DIR (gpt/checkpoint.hpp)
   int save_every = 0;        ///< --every K: a checkpoint every K steps (and after the last)
+  /// --plan: when set, main_for plans the recipe on the simulate backend quietly (two steps: the
+  /// first makes the optimizer's state) and writes the second step on device 0 here.
+  shardlib::plan::Candidate* plan = nullptr;
 };
 
 /// Device 0's last validation loss of the run (NaN: none).
@@ -110,6 +115,20 @@ inline std::string as_text(const gpt::Corpus& c, const std::vector<std::int64_t>
   return out;
 }
 
+/// A step's collectives by phase and its memory by role, one line each (`where`: after the memory).
+template <class R>
+void print_step(const gpt::StepReport& r, const char* where) {
+  if constexpr (gpt::Pipelined<R>) {
+    print_stats("pipeline", r.forward);
+  } else {
+    print_stats("forward", r.forward);
+    print_stats("backward", r.backward);
+  }
+  print_stats("step", r.update);
+  std::printf("    memory   %s; activations at most %s%s\n", r.memory.to_string().c_str(),
+              shardlib::MemoryUsage::bytes_text(r.memory.peak_of(shardlib::MemoryRole::activations)).c_str(), where);
+}
+
 template <class R, class E>
 std::vector<double> run(shardlib::Context& ctx, const Run& run_, int steps, bool verbose, bool describe) {
   const gpt::Config& cfg = run_.cfg;
@@ -173,15 +192,8 @@ std::vector<double> run(shardlib::Context& ctx, const Run& run_, int steps, bool
       if (!verbose || s + 1 != steps) return;
       std::printf("plan of step %d on device %d of %d (simulated: shapes only, no values, nothing moved)\n", s,
                   ctx.device(), ctx.num_devices());
-      if constexpr (gpt::Pipelined<R>) {
-        print_stats("pipeline", r.forward);
-      } else {
-        print_stats("forward", r.forward);
-        print_stats("backward", r.backward);
-      }
-      print_stats("step", r.update);
-      std::printf("    memory   %s; activations at most %s\n", r.memory.to_string().c_str(),
-                  sl::MemoryUsage::bytes_text(r.memory.peak_of(sl::MemoryRole::activations)).c_str());
+      print_step<R>(r, "");
+      std::printf("    compute  %.4g TFLOP of GEMMs (2 M N K per product) on this device\n", r.gemm_flops * 1e-12);
       return;
     }
     if (verbose && ctx.device() == 0 && !std::isnan(r.val_loss)) last_val_loss() = r.val_loss;
@@ -192,17 +204,7 @@ std::vector<double> run(shardlib::Context& ctx, const Run& run_, int steps, bool
     if constexpr (gpt::Pipelined<R>) std::snprintf(idle, sizeof idle, "  stage 0 idle %.1f%%", 100 * r.pipeline.idle_fraction());
     std::printf("step %3d/%d  loss %.6f%s  grad norm %.4f%s%s%s\n", s, steps, r.loss, val_text(r).c_str(), r.grad_norm, idle,
                 rate.c_str(), r.skipped ? "  (skipped: the f16 gradients overflowed; loss scale halved)" : "");
-    if (s == 0 || s == steps - 1) {
-      if constexpr (gpt::Pipelined<R>) {
-        print_stats("pipeline", r.forward);
-      } else {
-        print_stats("forward", r.forward);
-        print_stats("backward", r.backward);
-      }
-      print_stats("step", r.update);
-      std::printf("    memory   %s; activations at most %s (device 0)\n", r.memory.to_string().c_str(),
-                  sl::MemoryUsage::bytes_text(r.memory.peak_of(sl::MemoryRole::activations)).c_str());
-    }
+    if (s == 0 || s == steps - 1) print_step<R>(r, " (device 0)");
   };
   if constexpr (gpt::Pipelined<R>)
     gpt::train_pipelined<R, E>(ctx, cfg, pc, data, steps, on_step, hooks);
@@ -219,6 +221,24 @@ int main_for(shardlib::Runtime& rt, const Run& run_) {
   const int steps = run_.steps;
   const bool check = run_.check, describe = run_.describe;
   int status = 0;
+  if (shardlib::plan::Candidate* c = run_.plan) {  // --plan: one candidate of the table, quietly
+    rt.spmd([&](shardlib::Context& ctx) {
+      gpt::StepReport last;
+      auto keep = [&](int, const gpt::StepReport& r) { last = r; };
+      c->device = ctx.device();
+      if constexpr (gpt::Pipelined<R>) {
+        c->mesh = R::mesh(ctx, pc.stages).shape().to_string();
+        gpt::train_pipelined<R, E>(ctx, cfg, pc, run_.data, 2, keep);
+      } else {
+        c->mesh = gpt::mesh_of<R>(ctx, cfg).shape().to_string();
+        gpt::train<R, E>(ctx, cfg, run_.data, 2, keep);
+      }
+      c->memory = last.memory;
+      c->comm = last.trace.totals;
+      c->gemm_flops = last.gemm_flops;
+    });
+    return 0;
+  }
   rt.spmd([&](shardlib::Context& ctx) {
     if (ctx.device() == rt.first_local_device())
       std::printf("recipe %s, %s parameters, on %d devices (%s): %lld layers, D %lld, %lld heads, FF %lld, V %lld, S %lld, B %lld\n",

@@ -41,6 +41,7 @@ struct Config {
   std::int64_t layers = 2;
   std::int64_t batch = 8;    ///< sequences per global batch (split over "data")
   int cp = 2;                ///< devices on the "seq" axis (recipe cp: context parallelism)
+  int tp = 0;                ///< devices on the "model" axis of dp_tp, a divisor of the devices (0: 2 if they are even)
   /// How attention runs over a split sequence (recipe cp): Ulysses' all-to-alls or the ring.
   sl::ContextParallel cp_kind = sl::ContextParallel::all_to_all;
   /// Experts of the mixture-of-experts MLP in every other block (the odd ones, as Switch); 0:
@@ -125,6 +126,14 @@ struct DPxTP : TP {
   static Mesh mesh(sl::Context& ctx) {
     const int m = model_size(ctx.num_devices());
     return Mesh(ctx, {ctx.num_devices() / m, m});
+  }
+  /// cfg.tp devices on "model" when given.
+  static Mesh mesh(sl::Context& ctx, const Config& cfg) {
+    if (cfg.tp == 0) return mesh(ctx);
+    if (cfg.tp < 0 || ctx.num_devices() % cfg.tp != 0)
+      throw std::invalid_argument("gpt: --tp " + std::to_string(cfg.tp) + " does not divide the " +
+                                  std::to_string(ctx.num_devices()) + " devices");
+    return Mesh(ctx, {ctx.num_devices() / cfg.tp, cfg.tp});
   }
   using Act = Spec<"data", "model", none>;
   using Full = Spec<"data", none, none>;
@@ -496,6 +505,7 @@ struct StepReport {
   sl::coll::CommStats forward, backward, update;  // collectives of each phase
   sl::coll::CommTrace trace;  // the whole step's collectives in order (the loss's read-back included)
   sl::MemoryUsage memory;  // after the update; its peak: the step's high point
+  std::uint64_t gemm_flops = 0;  // this device's GEMM FLOPs in the step (2 M N K per product; recomputation included)
   sl::pipeline::StepStats pipeline;  // pipelined recipes: the step's forwards and backwards (`forward` counts their collectives)
 };
 
@@ -625,6 +635,7 @@ std::vector<std::vector<float>> train(sl::Context& ctx, const Config& cfg, const
     const Ids& targets = batch.second;
     opt.zero_grad();
     sl::reset_peak_memory(ctx);  // r.memory.peak: this step's high point
+    const std::uint64_t flops0 = sl::kernels::flop_count().gemm;
     auto loss = [&] {
       sl::coll::CommRecorder rec;
       auto l = model.loss(ids, targets);
@@ -648,6 +659,7 @@ std::vector<std::vector<float>> train(sl::Context& ctx, const Config& cfg, const
       r.update = rec.stats();
     }
     r.memory = sl::memory_usage(ctx);
+    r.gemm_flops = sl::kernels::flop_count().gemm - flops0;
     r.grad_norm = opt.last_grad_norm();
     r.loss = loss.value().item();  // the pending sum over the batch's devices: one all_reduce
     r.trace = {whole.stats(), whole.calls()};
@@ -763,6 +775,7 @@ void train_pipelined(sl::Context& ctx, const Config& cfg, const PipeConfig& pc, 
     sl::coll::CommRecorder whole(sl::coll::keep_calls);
     opt.zero_grad();
     sl::reset_peak_memory(ctx);
+    const std::uint64_t flops0 = sl::kernels::flop_count().gemm;
     {
       sl::coll::CommRecorder rec;
       auto batch = [&](int mb) { return stream.template batch<Ids>(mesh, b, s * pc.microbatches + mb); };
@@ -784,6 +797,7 @@ void train_pipelined(sl::Context& ctx, const Config& cfg, const PipeConfig& pc, 
       r.update = rec.stats();
     }
     r.memory = sl::memory_usage(ctx);
+    r.gemm_flops = sl::kernels::flop_count().gemm - flops0;
     r.grad_norm = opt.last_grad_norm();
     r.loss = r.pipeline.loss;
     r.trace = {whole.stats(), whole.calls()};

@@ -10,6 +10,8 @@
 #include "../../examples/gpt/gpt.hpp"
 #include "../collectives/harness.hpp"
 
+#include <shardlib/plan.hpp>
+
 #include <chrono>
 #include <cstdint>
 #include <mutex>
@@ -28,14 +30,25 @@ gpt::Config plan_config() {
   return c;
 }
 
+/// Two steps of recipe R (a pipelined one with `pc`), `on_step(step, report)` after each.
+template <class R>
+auto trainer(const gpt::Config& cfg, gpt::PipeConfig pc = {}) {
+  return [cfg, pc](sl::Context& ctx, const auto& on_step) {
+    if constexpr (gpt::Pipelined<R>)
+      gpt::train_pipelined<R>(ctx, cfg, pc, 2, on_step);
+    else
+      gpt::train<R>(ctx, cfg, 2, on_step);
+  };
+}
+
 /// The second step's report of each device of a real run (the first step makes the optimizer's
 /// state): on `devices` threads devices, or under mpirun on the MPI run (this process's device).
-template <class R>
-std::vector<std::pair<int, gpt::StepReport>> real_reports(int devices, const gpt::Config& cfg) {
+template <class Train>
+std::vector<std::pair<int, gpt::StepReport>> real_reports(int devices, const Train& train) {
   std::vector<std::pair<int, gpt::StepReport>> out;
   std::mutex m;
   auto body = [&](sl::Context& ctx) {
-    gpt::train<R>(ctx, cfg, 2, [&](int s, const gpt::StepReport& r) {
+    train(ctx, [&](int s, const gpt::StepReport& r) {
       std::lock_guard<std::mutex> lock(m);
       if (s == 1) out.emplace_back(ctx.device(), r);
     });
@@ -47,15 +60,15 @@ std::vector<std::pair<int, gpt::StepReport>> real_reports(int devices, const gpt
   return out;
 }
 
-template <class R>
-gpt::StepReport simulated_report(int devices, int device, const gpt::Config& cfg) {
+template <class Train>
+gpt::StepReport simulated_report(int devices, int device, const Train& train) {
   gpt::StepReport out;
   sl::Runtime::simulate(devices, device).spmd([&](sl::Context& ctx) {
     CHECK(sl::shape_only());
     CHECK(ctx.backend() == "simulate");
     CHECK(ctx.num_devices() == devices);
     CHECK(ctx.device() == device);
-    gpt::train<R>(ctx, cfg, 2, [&](int s, const gpt::StepReport& r) {
+    train(ctx, [&](int s, const gpt::StepReport& r) {
       if (s == 1) out = r;
     });
   });
@@ -64,16 +77,21 @@ gpt::StepReport simulated_report(int devices, int device, const gpt::Config& cfg
 }
 
 /// Recipe R on `devices` threads devices (under mpirun: on the MPI run's) against each device
-/// simulated alone.
+/// simulated alone: memory account, collectives and GEMM FLOPs.
 template <class R>
-void simulated_equals_real(int devices, const gpt::Config& cfg = plan_config()) {
-  for (const auto& [d, want] : real_reports<R>(devices, cfg)) {
-    const gpt::StepReport sim = simulated_report<R>(sl::test::mpi_runtime() ? sl::test::mpi_runtime()->num_devices() : devices, d, cfg);
-    INFO(R::name << " on " << devices << " devices, device " << d);
+void simulated_equals_real(int devices, const gpt::Config& cfg = plan_config(), gpt::PipeConfig pc = {}) {
+  const auto train = trainer<R>(cfg, pc);
+  const int n = sl::test::mpi_runtime() ? sl::test::mpi_runtime()->num_devices() : devices;
+  if (gpt::Pipelined<R> && n % pc.stages != 0) return;  // (mpirun -np 2: the 4-stage cases)
+  for (const auto& [d, want] : real_reports(devices, train)) {
+    const gpt::StepReport sim = simulated_report(n, d, train);
+    INFO(R::name << " on " << n << " devices, device " << d);
     CHECK(sim.memory.bytes == want.memory.bytes);
     CHECK(sim.memory.peaks == want.memory.peaks);
     CHECK(sim.memory.peak == want.memory.peak);
     CHECK(want.memory.peak > 0);
+    CHECK(sim.gemm_flops == want.gemm_flops);
+    if (d == 0) CHECK(want.gemm_flops > 0);  // (a device past a short batch's blocks may compute nothing)
     CHECK_MESSAGE(sim.trace.to_string() == want.trace.to_string(),
                   "simulated\n" << sim.trace.to_string() << "real\n" << want.trace.to_string());
   }
@@ -94,6 +112,37 @@ TEST_CASE("simulate: a step's memory account and collectives, shape-only, equal 
   simulated_equals_real<gpt::Zero3>(3);
 }
 
+TEST_CASE("simulate: pipelined recipes (1F1B, GPipe recomputed, interleaved; with DP, TP, ZeRO) equal a real run's too") {
+  namespace pp = sl::pipeline;
+  gpt::Config cfg = plan_config();
+  cfg.layers = 4;
+  simulated_equals_real<gpt::PPxDP>(4, cfg, {.stages = 2, .microbatches = 4, .schedule = pp::Schedule::one_f_one_b});
+  simulated_equals_real<gpt::PPxDP>(4, cfg, {.stages = 4, .microbatches = 2, .schedule = pp::Schedule::gpipe, .recompute = true});
+  simulated_equals_real<gpt::PPxTP>(4, cfg, {.stages = 2, .microbatches = 2, .schedule = pp::Schedule::one_f_one_b});
+  simulated_equals_real<gpt::PPxZero2>(4, cfg, {.stages = 2, .microbatches = 4, .schedule = pp::Schedule::one_f_one_b});
+  simulated_equals_real<gpt::PPxDP>(4, cfg, {.stages = 2, .microbatches = 4, .schedule = pp::Schedule::interleaved, .chunks = 2});
+}
+
+TEST_CASE("simulate: GEMM FLOPs are counted per device, 2 M N K per product, the same shape-only") {
+  auto step = [](sl::Context& ctx) {
+    using Mesh = sl::Mesh<"data", "model">;
+    Mesh mesh(ctx, {2, 2});
+    using X = sl::DistributedTensor<float, Mesh, sl::Spec<"data", sl::none>>;
+    using W = sl::DistributedTensor<float, Mesh, sl::Spec<sl::none, "model">>;
+    sl::Param w(W::random(mesh, {64, 96}, 1));
+    const X x = X::random(mesh, {32, 64}, 2);
+    const std::uint64_t f0 = sl::kernels::flop_count().gemm;
+    sl::backward(sl::sum_all(sl::matmul(x, w)));
+    return sl::kernels::flop_count().gemm - f0;
+  };
+  // Each device: its [16, 64] rows of x times its [64, 48] columns of w forward, and the
+  // gradient of w, [64, 16] x [16, 48], backward (x is no Param: no gradient of x).
+  const std::uint64_t want = 2ull * 16 * 48 * 64 + 2ull * 64 * 48 * 16;
+  if (!sl::test::mpi_runtime())
+    sl::Runtime::threads(4).spmd([&](sl::Context& ctx) { CHECK(step(ctx) == want); });
+  sl::Runtime::simulate(4, 3).spmd([&](sl::Context& ctx) { CHECK(step(ctx) == want); });
+}
+
 TEST_CASE("simulate: a 3.5-billion-parameter step planned on 1,024 and on 256 simulated devices, without its memory") {
   if (sl::test::mpi_runtime()) return;  // one process's work: the threads run covers it
   gpt::Config c;
@@ -102,21 +151,26 @@ TEST_CASE("simulate: a 3.5-billion-parameter step planned on 1,024 and on 256 si
   const std::int64_t psi = c.vocab * c.dim + c.seq * c.dim +
                            c.layers * (4 * c.dim + 4 * c.dim * hk + 2 * c.dim * c.ff) + 2 * c.dim + c.dim * c.vocab;
   const auto t0 = std::chrono::steady_clock::now();
-  const gpt::StepReport r = simulated_report<gpt::Zero3>(1024, 5, c);
+  const gpt::StepReport r = simulated_report(1024, 5, trainer<gpt::Zero3>(c));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   MESSAGE("planned a step of " << psi << " parameters on device 5 of 1,024 in " << seconds
-                               << " s: " << r.memory.to_string());
+                               << " s: " << r.memory.to_string() << "; " << r.gemm_flops << " GEMM FLOPs");
   // f32 ZeRO-3 with AdamW: a device's gradients are its parameters' shard, its state twice that.
   CHECK(r.memory.gradients() == r.memory.parameters());
   CHECK(r.memory.optimizer_state() == 2 * r.memory.parameters());
   CHECK(r.memory.peak > 16 * psi / 1024);  // gathered weights and activations come on top
   CHECK(r.trace.totals.total_calls() > 0);
+  // A step's GEMMs are about 6 FLOPs per parameter and token (2 forward, 4 backward; Kaplan et
+  // al.): this device's one sequence of 1,024 tokens, less the embedding's lookup, plus attention.
+  const double six_nt = 6.0 * static_cast<double>(psi) * 1024;
+  CHECK(static_cast<double>(r.gemm_flops) > 0.9 * six_nt);
+  CHECK(static_cast<double>(r.gemm_flops) < 1.1 * six_nt);
   // Every device of 256 simulated in turn: ZeRO-3 keeps each parameter once over the mesh, so
   // their shards add up to the model, 4 bytes per parameter, whatever the uneven blocks (the
   // heads split over 256 devices: devices past the 32nd hold no attention weights).
   std::int64_t params = 0, grads = 0, state = 0;
   for (int d = 0; d < 256; ++d) {
-    const gpt::StepReport rd = simulated_report<gpt::Zero3>(256, d, c);
+    const gpt::StepReport rd = simulated_report(256, d, trainer<gpt::Zero3>(c));
     params += rd.memory.parameters(), grads += rd.memory.gradients(), state += rd.memory.optimizer_state();
   }
   CHECK(params == 4 * psi);
@@ -158,5 +212,33 @@ TEST_CASE("simulate: bad meshes and devices are refused by name") {
   CHECK_THROWS_WITH_AS(from({"prog", "--backend", "simulate", "--devices", "8", "--simulate-device", "8"}),
                        doctest::Contains("--simulate-device must be a whole number from 0 to 7, got '8'"),
                        std::invalid_argument);
+}
+
+TEST_CASE("plan::table: those that fit first, least traffic first; the others with why; nothing fits says the smallest") {
+  namespace plan = sl::plan;
+  auto cand = [](const char* name, std::int64_t peak, std::uint64_t sent, const char* failed = "") {
+    plan::Candidate c;
+    c.name = name;
+    c.mesh = "{data: 8}";
+    c.memory.peak = peak;
+    c.memory.bytes[0] = peak / 4;
+    c.comm.kinds[static_cast<std::size_t>(sl::coll::Kind::all_reduce)] = {1, sent, sent};
+    c.failed = failed;
+    return c;
+  };
+  const std::int64_t gib = std::int64_t{1} << 30;
+  const std::string t = plan::table({cand("big", 100 * gib, 1), cand("chatty", 10 * gib, 900), cand("quiet", 20 * gib, 5),
+                                     cand("broken", 0, 0, "gpt: --tp 3 does not divide the 8 devices")},
+                                    80 * gib);
+  INFO(t);
+  CHECK(t.find("1.   quiet") != std::string::npos);
+  CHECK(t.find("2.   chatty") != std::string::npos);
+  CHECK(t.find("--   big") != std::string::npos);
+  CHECK(t.find("quiet") < t.find("chatty"));
+  CHECK(t.find("excluded: big on {data: 8}: needs 100 GiB at its peak, more than the 80 GiB") != std::string::npos);
+  CHECK(t.find("excluded: broken on {data: 8}: gpt: --tp 3 does not divide the 8 devices") != std::string::npos);
+  const std::string none = plan::table({cand("big", 100 * gib, 1), cand("bigger", 200 * gib, 1)}, 80 * gib);
+  CHECK(none.find("nothing fits: the smallest peak is 100 GiB per device") != std::string::npos);
+  CHECK_THROWS_WITH_AS(plan::table({}, 0), doctest::Contains("a device memory of 0 bytes"), std::invalid_argument);
 }
 }

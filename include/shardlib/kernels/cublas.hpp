@@ -147,6 +147,7 @@ void cublas_gemm(const CublasHandle& handle, std::int64_t batch, std::type_ident
   const auto la = detail::cublas_operand("A", a.rows, a.cols, a.row_stride, a.col_stride);
   const auto lb = detail::cublas_operand("B", b.rows, b.cols, b.row_stride, b.col_stride);
   const auto lc = detail::cublas_operand("C", c.rows, c.cols, c.row_stride, c.col_stride);
+  count_gemm(batch, m, n, k);
   if (shardlib::shape_only()) return;
   using Types = detail::CublasTypes<T>;
   const auto i = [](std::int64_t v) { return static_cast<int>(v); };

@@ -38,6 +38,31 @@ inline SyncCount& sync_count() noexcept {
   return count;
 }
 
+/// The floating-point operations this thread's kernels were asked for (each in-process device runs
+/// on a thread of its own, so these are that device's), by kind: `gemm`, 2·M·N·K per product of
+/// every GEMM (host BLAS or Eigen, cuBLAS), `gemm_calls` the GEMM calls (a batch counts once).
+/// Counted after a GEMM's shape checks and before it runs, so a shape-only step
+/// (detail/shape_only.hpp) counts what the real step computes. Read it before and after a step;
+/// a test or a planner may reset it. The fused attention of cuDNN is not counted yet.
+struct FlopCount {
+  std::uint64_t gemm = 0;
+  std::uint64_t gemm_calls = 0;
+};
+
+/// This thread's FlopCount (see above).
+inline FlopCount& flop_count() noexcept {
+  thread_local FlopCount count;
+  return count;
+}
+
+/// Counts a batch of `batch` products of [m, k] by [k, n] in flop_count().
+inline void count_gemm(std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k) noexcept {
+  FlopCount& f = flop_count();
+  f.gemm += 2 * static_cast<std::uint64_t>(batch) * static_cast<std::uint64_t>(m) * static_cast<std::uint64_t>(n) *
+            static_cast<std::uint64_t>(k);
+  ++f.gemm_calls;
+}
+
 /// Waits until the work queued on `exec` has finished (`exec.fence()`), counted in sync_count().
 template <class Exec>
 void fence(const Exec& exec) {

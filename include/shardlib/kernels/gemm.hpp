@@ -360,6 +360,7 @@ void gemm(std::int64_t batch, std::type_identity_t<MatrixBatch<const T>> a,
   static_assert(std::is_arithmetic_v<T> && !std::is_same_v<T, bool>,
                 "shardlib: kernels::gemm: the element type must be an arithmetic type other than bool");
   detail::gemm_check(batch, a, b, c);
+  count_gemm(batch, c.rows, c.cols, a.cols);
   if (batch == 0 || c.rows == 0 || c.cols == 0 || shardlib::shape_only()) return;
   if (alpha == T(0) || a.cols == 0) {  // C = beta C: A and B are not read
     for (std::int64_t i = 0; i < batch; ++i)

@@ -12,7 +12,8 @@
 /// other order is permuted into that layout first.
 ///
 /// In shape-only mode (detail/shape_only.hpp) a contraction reshards its operands and allocates
-/// its packed operands and output as always, and permutes, sums and multiplies nothing.
+/// its packed operands and output as always, and permutes, sums and multiplies nothing (the GEMM
+/// kernels still count the FLOPs they were asked for: kernels/exec.hpp's flop_count).
 #pragma once
 
 #include <shardlib/detail/shape_only.hpp>
@@ -328,10 +329,10 @@ inline bool einsum_in_place(const EinsumSubscripts& s, const EinsumLayout& L, co
 }
 
 /// Runs an in-place plan: a GEMM call per outer index (kernels::gemm on the host, cuBLAS in GPU
-/// memory), each over the plan's strided batch. Nothing in shape-only mode.
+/// memory), each over the plan's strided batch (in shape-only mode each call checks and counts
+/// its FLOPs, kernels/exec.hpp, and computes nothing).
 template <class T, class Mem>
 void einsum_run_in_place(Context& ctx, const EinsumInPlace& plan, const T* a, const T* b, T* c, bool accumulate) {
-  if (shardlib::shape_only()) return;
   const std::int64_t count = plan.outer_count();
   for (std::int64_t o = 0; o < count; ++o) {
     std::int64_t rest = o, oa = 0, ob = 0, oc = 0;
@@ -404,7 +405,6 @@ SHARDLIB_NOINLINE void einsum_run(const char* name, const EinsumSubscripts& s, c
                                                : kernels::MatrixBatch<T>{c, m, n, n, 1, mn};
   const kernels::MatrixBatch<const T> a_batch{ma.data, m, ma.cols, ma.row_stride, ma.col_stride, nb > 1 ? ma.batch_stride : 0};
   const kernels::MatrixBatch<const T> b_batch{mb.data, mb.rows, n, mb.row_stride, mb.col_stride, nb > 1 ? mb.batch_stride : 0};
-  if (shardlib::shape_only()) return;  // the blocks allocated: no product, no permute
   if constexpr (host_memory_v<Mem>) kernels::gemm<T>(nb, a_batch, b_batch, mc, T(1), accumulate ? T(1) : T(0));
   else device_gemm<T, Mem>(ctx, nb, a_batch, b_batch, mc, accumulate);
   if (keep_c) {  // canonical [batch, free_a, free_b] -> the output's order
