@@ -5,7 +5,14 @@
 // alone as
 //   bench_train --devices 8 --recipe dp,zero1,zero2,zero3,tp,dp_tp,pp_dp,pp_zero1,pp_zero2,pp_tp [--steps 10]
 //               [--warmup 2] [--vocab 512 --seq 128 --dim 256 --heads 8 --ff 1024 --layers 2 --batch 16]
-//               [--stages 2 --microbatches 8]
+//               [--stages 2 --microbatches 8] [--profile FILE]
+//   bench_train --published [--profile F]: GPT-3 175B on 1,024 simulated A100s as Megatron-LM ran it
+//               (TP 8, micro-batches of 1, recomputation; PP 16 x DP 8), planned on shapes alone as
+//               its first and last device, its TFLOP/s per GPU predicted (the a100 preset, or F)
+//               beside the published 140 (part "published")
+//   --profile F: each recipe's step also planned on shapes alone (device 0 of as many simulated
+//               devices) and its time predicted by the cost model on F's devices (bench_calibrate
+//               writes F): predicted_seconds and prediction_ratio (predicted / measured) in its record
 //   bench_train --bubble --devices 4: the pipeline schedules (GPipe, 1F1B, interleaved with 2 chunks)
 //               on every device a stage, m = 2p micro-batches, 4p layers: each stage's idle fraction
 //               measured (1 - its time in forwards and backwards / the step's) beside the ideal bubble
@@ -26,11 +33,14 @@
 #include "../examples/gpt/gpt.hpp"
 #include "common.hpp"
 
+#include <shardlib/plan/cost.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -110,6 +120,21 @@ std::string stats_json(const sl::coll::CommStats& s) {
   return o.str() + "}";
 }
 
+/// Recipe R's second step (the first makes the optimizer's state) planned as device 0 of
+/// `devices` simulated devices (--profile: the cost model's prediction beside the measured step).
+template <class R>
+gpt::StepReport planned(int devices, const gpt::Config& cfg, const gpt::PipeConfig& pc) {
+  gpt::StepReport out;
+  sl::Runtime::simulate(devices, 0).spmd([&](sl::Context& ctx) {
+    auto keep = [&](int s, const gpt::StepReport& r) {
+      if (s == 1) out = r;
+    };
+    if constexpr (gpt::Pipelined<R>) gpt::train_pipelined<R>(ctx, cfg, pc, 2, keep);
+    else gpt::train<R>(ctx, cfg, 2, keep);
+  });
+  return out;
+}
+
 sl::coll::CommStats sum(const gpt::StepReport& r) {
   sl::coll::CommStats s;
   for (int k = 0; k < sl::coll::num_kinds; ++k) {
@@ -139,9 +164,66 @@ int main(int argc, char** argv) {
   const int steps = static_cast<int>(bench::arg(argc, argv, "--steps", 10));
   const int warmup = static_cast<int>(bench::arg(argc, argv, "--warmup", 2));
   std::string recipes = "dp,zero1,zero2,zero3,tp,dp_tp";
+  std::string profile_file;  // --profile F: each record also has the cost model's prediction on F's devices
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], "--profile") == 0) profile_file = argv[i + 1];
+  std::optional<sl::plan::Profile> profile;
+  if (!profile_file.empty()) {
+    try {
+      profile = sl::plan::Profile::load(profile_file);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bench_train: %s\n", e.what());
+      return 2;
+    }
+  }
   for (int i = 1; i + 1 < argc; ++i)
     if (std::strcmp(argv[i], "--recipe") == 0) recipes = argv[i + 1];
 
+  bool published = false;
+  for (int i = 1; i < argc; ++i) published = published || std::strcmp(argv[i], "--published") == 0;
+  if (published) {  // GPT-3 175B on 1,024 A100s, as Megatron-LM reported it, planned on shapes alone
+    // Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
+    // Megatron-LM" (SC'21, arXiv 2104.04473): GPT-3 175B (96 layers, hidden 12288, 96 heads,
+    // sequence 2048, vocabulary 51200) on 1,024 A100s with a batch of 1,536 at 140 TFLOP/s per GPU
+    // (about 34 days for 300 billion tokens). The configuration is PTD-P with tensor parallelism 8
+    // within a node, micro-batches of 1 and full activation recomputation (the paper's FLOP count
+    // includes it); pipeline 16 x data 8 is ours (the paper gives no 1,024-GPU split for it).
+    gpt::Config c;
+    c.layers = 96, c.dim = 12288, c.heads = 96, c.ff = 4 * 12288, c.vocab = 51200, c.seq = 2048, c.batch = 1536;
+    c.tp = 8;
+    const int n = 1024, stages = 16, data = n / stages / c.tp;
+    gpt::PipeConfig pc{stages, static_cast<int>(c.batch / data), sl::pipeline::Schedule::one_f_one_b, 1, true};
+    const sl::plan::Profile a100 = profile ? *profile : sl::plan::Profile::preset("a100");
+    const double published_tflops = 140;
+    for (int device : {0, n - 1}) {  // the first stage (embedding) and the last (LM head, loss)
+      std::fprintf(stderr, "train: GPT-3 175B on %d simulated A100s, device %d (shapes only) ...\n", n, device);
+      gpt::StepReport r;
+      const auto t0 = bench::Clock::now();
+      sl::Runtime::simulate(n, device).spmd([&](sl::Context& ctx) {
+        gpt::train_pipelined<gpt::PPxDPxTP, sl::bf16>(ctx, c, pc, 2, [&](int s, const gpt::StepReport& rep) {
+          if (s == 1) r = rep;
+        });
+      });
+      const double plan_seconds = std::chrono::duration<double>(bench::Clock::now() - t0).count();
+      const sl::plan::StepTime t = sl::plan::predict(r.work, a100);
+      const double tflops = static_cast<double>(r.work.gemm_flops) / t.total() * 1e-12;
+      const double published_seconds = static_cast<double>(r.work.gemm_flops) / (published_tflops * 1e12);
+      std::printf("{\"bench\": \"train\", \"part\": \"published\", \"name\": \"gpt3-175b megatron ptd-p\", "
+                  "\"backend\": \"simulate\", \"devices\": %d, \"device\": %d, \"seconds\": %.6g, "
+                  "\"baseline\": \"Megatron-LM, 140 TFLOP/s per A100 (Narayanan et al. 2021)\", \"baseline_seconds\": %.6g, "
+                  "\"tflops_per_gpu\": %.4g, \"published_tflops_per_gpu\": %.4g, \"prediction_ratio\": %.4g, "
+                  "\"tokens_per_second\": %.6g, \"gemm_flops\": %.6g, \"peak_bytes\": %lld, \"plan_seconds\": %.3g, "
+                  "\"predicted\": {\"gemm\": %.6g, \"kernels\": %.6g, \"bubble\": %.6g, \"intra_node\": %.6g, "
+                  "\"inter_node\": %.6g}, \"profile\": \"%s\", \"config\": {\"tp\": %d, \"stages\": %d, \"data\": %d, "
+                  "\"microbatches\": %d, \"recompute\": true, \"precision\": \"bf16\"}}\n",
+                  n, device, t.total(), published_seconds, tflops, published_tflops, tflops / published_tflops,
+                  static_cast<double>(c.batch * c.seq) / t.total(), static_cast<double>(r.work.gemm_flops),
+                  (long long)r.memory.peak, plan_seconds, t.gemm, t.kernels, t.bubble, t.intra_node, t.inter_node,
+                  a100.name.c_str(), c.tp, stages, data, pc.microbatches);
+      std::fflush(stdout);
+    }
+    return 0;
+  }
   bool bubble = false;
   for (int i = 1; i < argc; ++i) bubble = bubble || std::strcmp(argv[i], "--bubble") == 0;
   if (bubble) {  // the schedules' bubbles, measured, on every device a stage
@@ -200,6 +282,19 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "train: %s on %d devices ...\n", name.c_str(), devices);
     Result r;
     const gpt::PipeConfig pc{stages, microbatches, sl::pipeline::Schedule::one_f_one_b, 1, false};
+    gpt::StepReport plan;
+    if (profile) {
+      if (name == "pp_dp") plan = planned<gpt::PPxDP>(devices, cfg, pc);
+      else if (name == "pp_zero1") plan = planned<gpt::PPxZero1>(devices, cfg, pc);
+      else if (name == "pp_zero2") plan = planned<gpt::PPxZero2>(devices, cfg, pc);
+      else if (name == "pp_tp") plan = planned<gpt::PPxTP>(devices, cfg, pc);
+      else if (name == "dp") plan = planned<gpt::DP>(devices, cfg, pc);
+      else if (name == "zero1") plan = planned<gpt::Zero1>(devices, cfg, pc);
+      else if (name == "zero2") plan = planned<gpt::Zero2>(devices, cfg, pc);
+      else if (name == "zero3") plan = planned<gpt::Zero3>(devices, cfg, pc);
+      else if (name == "tp") plan = planned<gpt::TP>(devices, cfg, pc);
+      else if (name == "dp_tp") plan = planned<gpt::DPxTP>(devices, cfg, pc);
+    }
     if (name == "pp_dp") r = measure_pipelined<gpt::PPxDP>(rt, cfg, pc, warmup, steps);
     else if (name == "pp_zero1") r = measure_pipelined<gpt::PPxZero1>(rt, cfg, pc, warmup, steps);
     else if (name == "pp_zero2") r = measure_pipelined<gpt::PPxZero2>(rt, cfg, pc, warmup, steps);
@@ -216,15 +311,26 @@ int main(int argc, char** argv) {
       return 2;
     }
     const sl::MemoryUsage& m = r.report.memory;
+    std::string predicted;
+    if (profile) {
+      const sl::plan::StepTime t = sl::plan::predict(plan.work, *profile);
+      char buf[512];
+      std::snprintf(buf, sizeof buf,
+                    "\"predicted_seconds\": %.6g, \"prediction_ratio\": %.4g, \"predicted\": {\"gemm\": %.6g, "
+                    "\"kernels\": %.6g, \"bubble\": %.6g, \"intra_node\": %.6g, \"inter_node\": %.6g}, \"profile\": \"%s\", ",
+                    t.total(), t.total() / r.seconds, t.gemm, t.kernels, t.bubble, t.intra_node, t.inter_node,
+                    profile_file.c_str());
+      predicted = buf;
+    }
     std::printf(
         "{\"bench\": \"train\", \"part\": \"recipe\", \"name\": \"%s\", \"backend\": \"threads\", \"devices\": %d, "
         "\"seconds\": %.6g, \"baseline\": \"one device\", \"baseline_seconds\": %.6g, \"ratio_to_baseline\": %.4g, "
         "\"tokens_per_second\": %.6g, \"baseline_tokens_per_second\": %.6g, \"steps\": %d, \"first_loss\": %.6g, "
-        "\"last_loss\": %.6g, \"collectives\": %s, \"parameters_bytes\": %lld, \"gradients_bytes\": %lld, "
+        "\"last_loss\": %.6g, %s\"collectives\": %s, \"parameters_bytes\": %lld, \"gradients_bytes\": %lld, "
         "\"optimizer_state_bytes\": %lld, \"activations_bytes\": %lld, \"config\": {\"vocab\": %lld, \"seq\": %lld, "
         "\"dim\": %lld, \"heads\": %lld, \"ff\": %lld, \"layers\": %lld, \"batch\": %lld}}\n",
         name.c_str(), devices, r.seconds, base.seconds, r.seconds / base.seconds, tokens / r.seconds,
-        tokens / base.seconds, steps, r.first_loss, r.last_loss, stats_json(sum(r.report)).c_str(),
+        tokens / base.seconds, steps, r.first_loss, r.last_loss, predicted.c_str(), stats_json(sum(r.report)).c_str(),
         (long long)m.parameters(), (long long)m.gradients(), (long long)m.optimizer_state(),
         (long long)m.activations(), (long long)cfg.vocab, (long long)cfg.seq, (long long)cfg.dim,
         (long long)cfg.heads, (long long)cfg.ff, (long long)cfg.layers, (long long)cfg.batch);

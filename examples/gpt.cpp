@@ -17,11 +17,11 @@
 
 namespace {
 
-constexpr const char* usage = R"(usage: gpt [--recipe dp|zero1|zero2|zero3|tp|dp_tp|cp|pp|pp_dp|pp_tp|pp_zero1|pp_zero2|replicated] [--cp N]
+constexpr const char* usage = R"(usage: gpt [--recipe dp|zero1|zero2|zero3|tp|dp_tp|cp|pp|pp_dp|pp_tp|pp_dp_tp|pp_zero1|pp_zero2|replicated] [--cp N]
            [--cp-kind all_to_all|ring] [--moe E] [--top-k 1|2] [--capacity-factor CF]
            [--devices N] [--steps N] [--layers N] [--dim N] [--batch N] [--seq N] [--vocab N] [--heads N]
            [--ff N] [--precision f32|bf16|f16] [--check 0|1] [--describe 0|1] [--tp N]
-           [--plan 0|1] [--device-memory GIB]
+           [--plan 0|1] [--gpu h100|h200|a100] [--profile FILE] [--node N] [--device-memory GIB] [--model NAME]
            [--stages P] [--microbatches M] [--schedule gpipe|1f1b|interleaved] [--chunks V] [--recompute 0|1]
            [--data PATH|synthetic] [--eval-every N] [--sample N] [--temperature T] [--log-every N] [--val-below L]
            [--save DIR] [--every K] [--resume DIR]
@@ -30,13 +30,25 @@ constexpr const char* usage = R"(usage: gpt [--recipe dp|zero1|zero2|zero3|tp|dp
                  devices; cp: context parallelism, the sequence split over a "seq" axis of --cp
                  devices, DP over the rest (docs/14_attention.md)
   --cp N         cp: devices on the "seq" axis, a divisor of the devices (2)
-  --tp N         dp_tp: devices on the "model" axis, a divisor of the devices (2 when they are even)
+  --tp N         dp_tp, pp_dp_tp: devices on the "model" axis, a divisor of the devices (of each
+                 stage's) (2 when they are even)
   --plan 1       with --backend simulate: plan every recipe on the --devices given (dp, zero1-3,
-                 tp, dp_tp with 2, 4 and 8 on "model", cp with 2, 4 and 8 on "seq", pp_dp and
-                 pp_zero1 with 2 to 16 stages) on shapes alone, each as its first and its last
-                 device, and print one table: memory per device by role, bytes sent and GEMM
-                 FLOPs per step, those that fit first (docs/16_planning.md)
-  --device-memory G  --plan: each device's memory in GiB (80: an H100's)
+                 tp, dp_tp with 2, 4 and 8 on "model", cp with 2, 4 and 8 on "seq"; pp_dp,
+                 pp_zero1 and pp_dp_tp with 2 to 16 stages, micro-batches of one sequence per
+                 "data" device, --schedule and --recompute as given) on shapes alone, each as its
+                 first and its last device, and print one table: memory per device by role,
+                 bytes per step within and across nodes, the predicted step time, tokens/s and
+                 fraction of the peak; those that fit first, fastest first (docs/16_planning.md)
+  --gpu G        with --backend simulate: predict the step's time on these devices (h100, the
+                 default; h200, a100: figures with their sources, docs/16)
+  --profile F    ... or on the devices a profile file describes (benchmarks/run calibrate writes one)
+  --node N       devices per node (the profile's: 8 for the GPUs); groups within a node use its
+                 links, the others the links between nodes
+  --device-memory G  each device's memory in GiB (the profile's: 80 for an H100)
+  --model NAME   a model's sizes (the other flags may change them): gpt2 (124M: 12 layers, D 768,
+                 12 heads, FF 3072, V 50304, S 1024, B 512), 7b (GPT-3 6.7B: 32, 4096, 32, 16384,
+                 V 51200, S 2048, B 1024), 175b (GPT-3: 96, 12288, 96, 49152, V 51200, S 2048,
+                 B 1536)
   --cp-kind K    cp: attention over the split sequence as Ulysses' all-to-alls (all_to_all, the
                  default) or ring attention (ring: keys and values passed around the "seq" axis)
   --moe E        a mixture of E experts as the MLP of every other block (Switch's placement), the
@@ -95,11 +107,12 @@ constexpr long long max_size = 65536, max_tokens = 8192, max_steps = 1000000000;
 /// --plan 1: every recipe that can run on the devices, each planned on shapes alone by
 /// `start(runtime, run)` as the first and the last device (the first holds the larger blocks of
 /// an uneven split, the last a pipeline's last stage, with the head; the larger peak is shown),
-/// as one table for devices of `device_memory_gib` GiB.
+/// as one table for devices of `profile`.
 template <class Start>
-int plan_all(shardlib::Runtime& rt, gpt::driver::Run& run, const Start& start, double device_memory_gib) {
+int plan_all(shardlib::Runtime& rt, gpt::driver::Run& run, const Start& start, const shardlib::plan::Profile& profile) {
   const int n = rt.num_devices();
   const gpt::Config base = run.cfg;
+  const gpt::PipeConfig given = run.pc;
   std::vector<shardlib::plan::Candidate> all;
   auto add = [&](const std::string& recipe, gpt::Config cfg, gpt::PipeConfig pc, const std::string& label) {
     shardlib::plan::Candidate c;
@@ -136,24 +149,33 @@ int plan_all(shardlib::Runtime& rt, gpt::driver::Run& run, const Start& start, d
       cfg.cp = s;
       add("cp", cfg, run.pc, "cp");
     }
+  // Pipelines: micro-batches of one sequence per "data" device (Megatron-LM's micro-batch size 1:
+  // the most micro-batches, the smallest bubble), the schedule and recomputation as given.
+  auto pipe = [&](const char* recipe, int stages, int tp) {
+    const int data = n / stages / std::max(1, tp);
+    if (base.batch % data != 0) return;
+    gpt::PipeConfig pc = given;
+    pc.stages = stages;
+    pc.microbatches = static_cast<int>(base.batch / data);
+    if (pc.schedule == shardlib::pipeline::Schedule::interleaved &&
+        (pc.microbatches % stages != 0 || base.layers % (stages * pc.chunks) != 0))
+      return;
+    gpt::Config cfg = base;
+    cfg.tp = tp;
+    std::string label = std::string(recipe) + " m=" + std::to_string(pc.microbatches);
+    add(recipe, cfg, pc, label);
+  };
   for (int st : {2, 4, 8, 16})
     if (st <= n && n % st == 0 && st <= base.layers) {
-      // 1F1B with 2 micro-batches per stage (the bubble (p-1)/(m+p-1)), else 1, else as many as
-      // the batch has sequences per "data" device: a micro-batch smaller than "data" would leave
-      // devices idle and give device 0 more than its share.
-      gpt::PipeConfig pc;
-      pc.stages = st;
-      const std::int64_t data = n / st, per = base.batch % data == 0 ? base.batch / data : 0;
-      pc.microbatches = per % (2 * st) == 0 ? 2 * st : per % st == 0 ? st : static_cast<int>(per);
-      if (pc.microbatches == 0) continue;
-      for (const char* r : {"pp_dp", "pp_zero1"})
-        add(r, base, pc, std::string(r) + " m=" + std::to_string(pc.microbatches));
+      for (const char* r : {"pp_dp", "pp_zero1"}) pipe(r, st, 0);
+      for (int m : {2, 4, 8})
+        if (st * m <= n && n % (st * m) == 0) pipe("pp_dp_tp", st, m);
     }
   std::printf("planned on %d simulated devices (the first and the last of each, the larger peak shown; shapes only): %lld layers, D %lld, %lld heads, FF %lld, "
               "V %lld, S %lld, B %lld\n%s",
               n, (long long)base.layers, (long long)base.dim, (long long)base.heads, (long long)base.ff,
               (long long)base.vocab, (long long)base.seq, (long long)base.batch,
-              shardlib::plan::table(all, static_cast<std::int64_t>(device_memory_gib * 1073741824.0)).c_str());
+              shardlib::plan::table(all, profile, base.batch * base.seq).c_str());
   return 0;
 }
 
@@ -163,14 +185,26 @@ int main(int argc, char** argv) {
   return example::main(argc, argv, "gpt", usage, [](example::Args& args) {
     gpt::Config cfg;
     const std::string recipe =
-        args.choice("--recipe", "dp", {"dp", "zero1", "zero2", "zero3", "tp", "dp_tp", "cp", "pp", "pp_dp", "pp_tp", "pp_zero1", "pp_zero2", "replicated"});
+        args.choice("--recipe", "dp", {"dp", "zero1", "zero2", "zero3", "tp", "dp_tp", "cp", "pp", "pp_dp", "pp_tp", "pp_dp_tp", "pp_zero1", "pp_zero2", "replicated"});
     const std::string precision = args.choice("--precision", "f32", {"f32", "bf16", "f16"});
     const int steps = static_cast<int>(args.integer("--steps", 20, 1, max_steps));
+    const std::string model = args.choice("--model", "", {"", "gpt2", "7b", "175b"});
+    long long model_vocab = -1;
+    if (!model.empty()) {  // GPT-2 small; GPT-3 6.7B and 175B (Brown et al. 2020, Table 2.1; V as Megatron pads it)
+      struct Sizes {
+        long long layers, dim, heads, ff, vocab, seq, batch;
+      };
+      const Sizes z = model == "gpt2"  ? Sizes{12, 768, 12, 3072, 50304, 1024, 512}
+                      : model == "7b" ? Sizes{32, 4096, 32, 16384, 51200, 2048, 1024}
+                                      : Sizes{96, 12288, 96, 49152, 51200, 2048, 1536};
+      cfg.layers = z.layers, cfg.dim = z.dim, cfg.heads = z.heads, cfg.ff = z.ff, cfg.seq = z.seq, cfg.batch = z.batch;
+      model_vocab = z.vocab;
+    }
     cfg.layers = args.integer("--layers", cfg.layers, 1, max_size);
     cfg.dim = args.integer("--dim", cfg.dim, 1, max_size);
     cfg.heads = args.integer("--heads", cfg.heads, 1, max_size);
     cfg.ff = args.integer("--ff", cfg.ff, 1, max_size);
-    const long long vocab = args.integer("--vocab", -1, 2, max_size);  // one token: nothing to predict, a loss of 0
+    const long long vocab = args.integer("--vocab", model_vocab, 2, max_size);  // one token: nothing to predict, a loss of 0
     cfg.seq = args.integer("--seq", cfg.seq, 1, max_tokens);
     cfg.batch = args.integer("--batch", cfg.batch, 1, max_tokens);
     cfg.cp = static_cast<int>(args.integer("--cp", cfg.cp, 1, max_size));
@@ -183,7 +217,10 @@ int main(int argc, char** argv) {
     const bool describe = args.boolean("--describe");
     cfg.tp = static_cast<int>(args.integer("--tp", 0, 1, max_size));
     const bool plan = args.boolean("--plan");
-    const double device_memory = args.real("--device-memory", 80, 1e-6, 1e9);
+    const std::string gpu = args.choice("--gpu", "h100", {"h100", "h200", "a100"});
+    const std::string profile_file = args.text("--profile", "");
+    const long long node = args.integer("--node", 0, 1, 65536);
+    const double device_memory = args.real("--device-memory", 0, 1e-6, 1e9);
     gpt::PipeConfig pc;
     const bool pipelined = recipe.rfind("pp", 0) == 0;
     pc.stages = static_cast<int>(args.integer("--stages", 2, 1, max_size));
@@ -229,12 +266,22 @@ int main(int argc, char** argv) {
     if (cfg.dim % cfg.heads != 0)
       args.fail("--dim " + std::to_string(cfg.dim) + " is not a multiple of --heads " + std::to_string(cfg.heads));
     auto rt = args.runtime(/*default_devices=*/4);
+    std::optional<shardlib::plan::Profile> profile;
     if (rt.backend() == shardlib::Backend::simulate) {  // a plan: shapes, bytes and collectives, no values
       if (check || sample > 0 || val_below > 0 || !save.empty() || !resume.empty())
         args.fail("--backend simulate plans a run on shapes alone: it has no values to --check, --sample, "
                   "--val-below, --save or --resume");
+      try {
+        profile = profile_file.empty() ? shardlib::plan::Profile::preset(gpu) : shardlib::plan::Profile::load(profile_file, gpu);
+      } catch (const std::exception& e) {
+        args.fail(std::string(e.what()).substr(std::string("shardlib: ").size()));
+      }
+      if (node > 0) profile->node_size = static_cast<int>(node);
+      if (device_memory > 0) profile->memory = static_cast<std::int64_t>(device_memory * 1073741824.0);
     } else if (plan) {
       args.fail("--plan 1 plans on shapes alone: give --backend simulate --devices N (the devices to plan for)");
+    } else if (!profile_file.empty() || node > 0 || device_memory > 0) {
+      args.fail("--profile, --node and --device-memory describe the devices of a plan: give --backend simulate");
     }
     if (recipe == "pp") pc.stages = rt.num_devices();
     if (cfg.moe > 0 && recipe != "dp" && recipe != "replicated")
@@ -253,6 +300,9 @@ int main(int argc, char** argv) {
       } catch (const std::exception& e) {
         args.fail(std::string(e.what()).substr(std::string("shardlib: ").size()) + " (--stages, --microbatches, --chunks, --layers)");
       }
+      if (recipe == "pp_dp_tp" && cfg.tp > 0 && (rt.num_devices() / pc.stages) % cfg.tp != 0)
+        args.fail("--tp " + std::to_string(cfg.tp) + " does not divide the " + std::to_string(rt.num_devices() / pc.stages) +
+                  " devices of each stage");
     }
     namespace d = gpt::driver;
     d::Run run{recipe,
@@ -279,7 +329,8 @@ int main(int argc, char** argv) {
       if (precision == "f16") return d::dense<shardlib::f16>(on, r);
       return d::dense<float>(on, r);
     };
-    if (plan) return plan_all(rt, run, start, device_memory);
+    if (profile) run.profile = &*profile;
+    if (plan) return plan_all(rt, run, start, *profile);
     return start(rt, run);
   });
 }

@@ -10,6 +10,7 @@ int pipelined(shardlib::Runtime& rt, const Run& run) {
   if (r == "pp") return main_for<PP, E>(rt, run);
   if (r == "pp_dp") return main_for<PPxDP, E>(rt, run);
   if (r == "pp_tp") return main_for<PPxTP, E>(rt, run);
+  if (r == "pp_dp_tp") return main_for<PPxDPxTP, E>(rt, run);
   if (r == "pp_zero1") return main_for<PPxZero1, E>(rt, run);
   return main_for<PPxZero2, E>(rt, run);
 }

@@ -219,6 +219,16 @@ def evaluate(by_bench):
                          [(r["allocations_per_step"] + r["frees_per_step"] + r["waits_per_step"],
                            f"{r['name']} {r['dtype']} {r['devices']} dev") for r in gp if r["part"] == "block"], 0.0,
                          fmt=lambda v: f"{v:g}"))
+    # plan (issue 44): the cost model's step time beside the measured one, each recipe and device count
+    pr = [r for r in g("plan") if r.get("part") == "prediction"]
+    rows.append(_at_most("plan", "predicted / measured step time, every recipe on 1-8 in-process devices (|ratio - 1|)",
+                         "<= 0.25", [(abs(r["prediction_ratio"] - 1), f"{r['name']} {r['devices']} dev, ratio "
+                                      f"{r['prediction_ratio']:.2f}") for r in pr], 0.25))
+    pub = [r for r in g("plan") if r.get("part") == "published"]
+    rows.append(_at_most("plan", "GPT-3 175B on 1,024 A100s: predicted TFLOP/s per GPU beside Megatron-LM's published 140 "
+                                 "(|ratio - 1|)", "<= 0.25",
+                         [(abs(r["prediction_ratio"] - 1), f"device {r['device']}, {r['tflops_per_gpu']:.0f} TFLOP/s")
+                          for r in pub], 0.25))
     # compile (issue 10)
     cp = g("compile")
     rows.append(_at_most("compile", "quickstart.cpp at -O2 (CPU seconds of the compiler)", "<= 10 s",

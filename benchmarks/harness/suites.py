@@ -488,6 +488,79 @@ def train_table(records):
                   f"{(r['bubble'] / r['bubble_ideal'] - 1) * 100:>+6.0f}%{r['seconds'] * 1e3:>10.1f}")
 
 
+# ---- calibrate, plan ----------------------------------------------------------------------------
+
+def profile_path(args, n):
+    """Where `benchmarks/run calibrate` writes the profile of n devices (--out DIR, else the report folder)."""
+    folder = getattr(args, "profile_dir", None) or os.path.join(args.report, "profiles")
+    os.makedirs(folder, exist_ok=True)
+    return os.path.join(folder, f"host-{n}.json")
+
+
+def calibrate_cases(args, exes, peers):
+    quick = ["--quick"] if args.quick else []
+    return [Case(f"calibrate: {n} device(s)", "calibrate",
+                 [exes["bench_calibrate"], "--devices", str(n), "--out", profile_path(args, n)] + quick)
+            for n in args.devs]
+
+
+def calibrate_table(records):
+    fits = [r for r in records if r.get("part") == "profile"]
+    print(f"{'dev':>4}{'GEMM GFLOP/s':>14}{'us/GEMM':>9}{'kernels GB/s':>14}{'us/kernel':>11}"
+          f"{'link us/step':>14}{'link GB/s':>11}")
+    for r in fits:
+        print(f"{r['devices']:>4}{r['gemm_rate'] * 1e-9:>14.3g}{r['gemm_call'] * 1e6:>9.3g}"
+              f"{r['memory_bandwidth'] * 1e-9:>14.3g}{r['kernel_call'] * 1e6:>11.3g}"
+              f"{r['intra_latency'] * 1e6:>14.3g}{r['intra_bandwidth'] * 1e-9:>11.3g}")
+
+
+PLAN_RECIPES = "dp,zero2,zero3,tp,dp_tp,pp_dp"
+
+
+def plan_cases(args, exes, peers):
+    """Each device count: calibrate (bench_calibrate writes the profile), then the training
+    benchmark's recipes measured beside the cost model's prediction from that profile."""
+    sizes = []
+    for k, v in TRAIN_SIZES.items():
+        sizes += ["--" + k, str(getattr(args, "train_" + k, None) or v)]
+    cases = []
+    for n in args.devs:
+        prof = profile_path(args, n)
+        cases.append(Case(f"plan: calibrate {n} device(s)", "calibrate",
+                          [exes["bench_calibrate"], "--devices", str(n), "--out", prof]))
+        recipes = ",".join(r for r in (args.recipe or PLAN_RECIPES).split(",") if not r.startswith("pp") or n % 2 == 0)
+        cases.append(Case(f"plan: {recipes}, {n} device(s), predicted and measured", "train",
+                          [exes["bench_train"], "--devices", str(n), "--recipe", recipes, "--steps",
+                           str(args.steps or 10), "--profile", prof] + sizes, post=_prediction))
+    cases.append(Case("plan: GPT-3 175B on 1,024 simulated A100s beside Megatron-LM's published figure", "train",
+                      [exes["bench_train"], "--published"]))
+    return cases
+
+
+def _prediction(r):
+    if r.get("bench") == "train":
+        r["part"] = "prediction"
+    return r
+
+
+def plan_table(records):
+    rows = [r for r in records if r.get("part") == "prediction"]
+    print(f"{'recipe':<8}{'dev':>4}{'measured ms':>13}{'predicted ms':>14}{'ratio':>7}"
+          f"{'GEMMs':>8}{'kernels':>9}{'bubble':>8}{'comm':>8}")
+    for r in rows:
+        p = r["predicted"]
+        print(f"{r['name']:<8}{r['devices']:>4}{r['seconds'] * 1e3:>13.2f}{r['predicted_seconds'] * 1e3:>14.2f}"
+              f"{r['prediction_ratio']:>7.2f}{p['gemm'] * 1e3:>8.2f}{p['kernels'] * 1e3:>9.2f}{p['bubble'] * 1e3:>8.2f}"
+              f"{(p['intra_node'] + p['inter_node']) * 1e3:>8.2f}")
+    for r in (r for r in records if r.get("part") == "published"):
+        p = r["predicted"]
+        print(f"\n{r['name']}, device {r['device']} of {r['devices']} ({r['config']}): predicted "
+              f"{r['tflops_per_gpu']:.0f} TFLOP/s per GPU beside the published {r['published_tflops_per_gpu']:.0f} "
+              f"(ratio {r['prediction_ratio']:.2f}); step {r['seconds']:.1f} s: GEMMs {p['gemm']:.1f}, kernels "
+              f"{p['kernels']:.1f}, bubble {p['bubble']:.1f}, intra-node {p['intra_node']:.1f}, inter-node "
+              f"{p['inter_node']:.1f} s; planned in {r['plan_seconds']:.1f} s")
+
+
 # ---- gpu ---------------------------------------------------------------------------------------
 
 class Skipped(Exception):
@@ -807,6 +880,8 @@ SUITES = [
     Suite("loops", ["bench_loops"], loops_cases, loops_table, "1,8"),
     Suite("stencil", ["bench_stencil"], stencil_cases, stencil_table, "1,2,4,8", "1,8"),
     Suite("train", ["bench_train"], train_cases, train_table, "8"),
+    Suite("calibrate", ["bench_calibrate"], calibrate_cases, calibrate_table, "1,2,4,8", "8"),
+    Suite("plan", ["bench_calibrate", "bench_train"], plan_cases, plan_table, "1,2,4,8", "1,8"),
     Suite("gpu", [], gpu_cases, gpu_table, "1,2,4,8", "1,8", meson_build=False),
     Suite("compile", [], compile_cases, compile_table, "1", finish=compile_finish),
 ]

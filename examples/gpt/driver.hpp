@@ -40,6 +40,8 @@ struct Run {
   /// --plan: when set, main_for plans the recipe on the simulate backend quietly (two steps: the
   /// first makes the optimizer's state) and writes the second step on device 0 here.
   shardlib::plan::Candidate* plan = nullptr;
+  /// --backend simulate: the devices the step's time is predicted for (--gpu, --profile, --node).
+  const shardlib::plan::Profile* profile = nullptr;
 };
 
 /// Device 0's last validation loss of the run (NaN: none).
@@ -193,7 +195,14 @@ std::vector<double> run(shardlib::Context& ctx, const Run& run_, int steps, bool
       std::printf("plan of step %d on device %d of %d (simulated: shapes only, no values, nothing moved)\n", s,
                   ctx.device(), ctx.num_devices());
       print_step<R>(r, "");
-      std::printf("    compute  %.4g TFLOP of GEMMs (2 M N K per product) on this device\n", r.gemm_flops * 1e-12);
+      std::printf("    compute  %.4g TFLOP in %llu GEMMs (2 M N K per product), %s in %llu other kernels\n",
+                  r.work.gemm_flops * 1e-12, (unsigned long long)r.work.gemm_calls,
+                  shardlib::coll::bytes_text(r.work.kernel_bytes).c_str(), (unsigned long long)r.work.kernel_calls);
+      if (const shardlib::plan::Profile* p = run_.profile) {
+        const shardlib::plan::StepTime t = shardlib::plan::predict(r.work, *p);
+        std::printf("    time     on %s devices, %d to a node: %s; %.4g tokens/s\n", p->name.c_str(), p->node_size,
+                    shardlib::plan::breakdown(t).c_str(), static_cast<double>(cfg.batch * cfg.seq) / t.total());
+      }
       return;
     }
     if (verbose && ctx.device() == 0 && !std::isnan(r.val_loss)) last_val_loss() = r.val_loss;
@@ -227,7 +236,7 @@ int main_for(shardlib::Runtime& rt, const Run& run_) {
       auto keep = [&](int, const gpt::StepReport& r) { last = r; };
       c->device = ctx.device();
       if constexpr (gpt::Pipelined<R>) {
-        c->mesh = R::mesh(ctx, pc.stages).shape().to_string();
+        c->mesh = R::mesh(ctx, pc.stages, cfg.tp).shape().to_string();
         gpt::train_pipelined<R, E>(ctx, cfg, pc, run_.data, 2, keep);
       } else {
         c->mesh = gpt::mesh_of<R>(ctx, cfg).shape().to_string();
@@ -235,7 +244,7 @@ int main_for(shardlib::Runtime& rt, const Run& run_) {
       }
       c->memory = last.memory;
       c->comm = last.trace.totals;
-      c->gemm_flops = last.gemm_flops;
+      c->work = last.work;
     });
     return 0;
   }

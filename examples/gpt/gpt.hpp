@@ -13,6 +13,7 @@
 #include <shardlib/moe.hpp>
 #include <shardlib/optim.hpp>
 #include <shardlib/pipeline.hpp>
+#include <shardlib/plan/cost.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -182,12 +183,22 @@ template <class Inner, int DataShare, int ModelShare>
 struct PPOf : Inner {
   using Mesh = sl::Mesh<"stage", "data", "model">;
   static constexpr bool pipelined = true;
-  /// `stages` devices on "stage", the rest on "data" (DataShare) or "model" (ModelShare).
-  static Mesh mesh(sl::Context& ctx, int stages) {
+  /// `stages` devices on "stage", the rest on "data" (DataShare) or "model" (ModelShare); with
+  /// both, `tp` of them on "model" (2 when 0 and they are even).
+  static Mesh mesh(sl::Context& ctx, int stages, int tp = 0) {
     const int n = ctx.num_devices();
     if (stages < 1 || n % stages != 0)
       throw std::invalid_argument("gpt: " + std::to_string(stages) + " stages do not divide the " + std::to_string(n) + " devices");
-    return Mesh(ctx, {stages, DataShare ? n / stages : 1, ModelShare ? n / stages : 1});
+    const int per = n / stages;
+    if constexpr (DataShare && ModelShare) {
+      const int m = tp > 0 ? tp : per % 2 == 0 ? 2 : 1;
+      if (per % m != 0)
+        throw std::invalid_argument("gpt: --tp " + std::to_string(m) + " does not divide the " + std::to_string(per) +
+                                    " devices of each stage");
+      return Mesh(ctx, {stages, per / m, m});
+    } else {
+      return Mesh(ctx, {stages, DataShare ? per : 1, ModelShare ? per : 1});
+    }
   }
 };
 struct PPxDP : PPOf<DP, 1, 0> {
@@ -208,6 +219,10 @@ struct PPxZero2 : PPOf<DP, 1, 0> {
 };
 struct PPxTP : PPOf<TP, 0, 1> {
   static constexpr const char* name = "pp_tp";
+};
+/// 3-D: pipeline stages, each a DP x TP + SP mesh (dp_tp's specs; Megatron-LM's PTD-P).
+struct PPxDPxTP : PPOf<DPxTP, 1, 1> {
+  static constexpr const char* name = "pp_dp_tp";
 };
 
 template <class R>
@@ -505,9 +520,22 @@ struct StepReport {
   sl::coll::CommStats forward, backward, update;  // collectives of each phase
   sl::coll::CommTrace trace;  // the whole step's collectives in order (the loss's read-back included)
   sl::MemoryUsage memory;  // after the update; its peak: the step's high point
-  std::uint64_t gemm_flops = 0;  // this device's GEMM FLOPs in the step (2 M N K per product; recomputation included)
+  sl::plan::Work work;  // this device's GEMMs, other kernels and collectives in the step (recomputation included)
   sl::pipeline::StepStats pipeline;  // pipelined recipes: the step's forwards and backwards (`forward` counts their collectives)
 };
+
+/// What this device computed and sent since `before` (kernels::flop_count() then) and what
+/// `calls` recorded: the cost model's input (plan/cost.hpp).
+inline sl::plan::Work work_since(const sl::kernels::FlopCount& before, const sl::coll::CommRecorder& calls) {
+  const sl::kernels::FlopCount& now = sl::kernels::flop_count();
+  sl::plan::Work w;
+  w.gemm_flops = now.gemm - before.gemm;
+  w.gemm_calls = now.gemm_calls - before.gemm_calls;
+  w.kernel_bytes = now.kernel_bytes - before.kernel_bytes;
+  w.kernel_calls = now.kernel_calls - before.kernel_calls;
+  w.calls = calls.calls();
+  return w;
+}
 
 /// A pipelined run's shape: stages, micro-batches per global batch, schedule, chunks per stage
 /// (interleaved), recomputation.
@@ -635,7 +663,7 @@ std::vector<std::vector<float>> train(sl::Context& ctx, const Config& cfg, const
     const Ids& targets = batch.second;
     opt.zero_grad();
     sl::reset_peak_memory(ctx);  // r.memory.peak: this step's high point
-    const std::uint64_t flops0 = sl::kernels::flop_count().gemm;
+    const sl::kernels::FlopCount flops0 = sl::kernels::flop_count();
     auto loss = [&] {
       sl::coll::CommRecorder rec;
       auto l = model.loss(ids, targets);
@@ -659,7 +687,7 @@ std::vector<std::vector<float>> train(sl::Context& ctx, const Config& cfg, const
       r.update = rec.stats();
     }
     r.memory = sl::memory_usage(ctx);
-    r.gemm_flops = sl::kernels::flop_count().gemm - flops0;
+    r.work = work_since(flops0, whole);
     r.grad_norm = opt.last_grad_norm();
     r.loss = loss.value().item();  // the pending sum over the batch's devices: one all_reduce
     r.trace = {whole.stats(), whole.calls()};
@@ -754,7 +782,7 @@ void train_pipelined(sl::Context& ctx, const Config& cfg, const PipeConfig& pc, 
     throw std::invalid_argument("gpt: " + std::to_string(pc.microbatches) + " micro-batches do not divide the batch of " +
                                 std::to_string(cfg.batch) + " sequences");
   const pp::Table table = pc.table();
-  auto mesh = R::mesh(ctx, pc.stages);
+  auto mesh = R::mesh(ctx, pc.stages, cfg.tp);
   pp::StageScope scope(mesh);  // from here, this device runs its stage's code
   const int me = mesh.shape().coords(ctx.device())[0];
   Parts parts{std::vector<bool>(static_cast<std::size_t>(cfg.layers), false), me == 0, me == pc.stages - 1};
@@ -775,7 +803,7 @@ void train_pipelined(sl::Context& ctx, const Config& cfg, const PipeConfig& pc, 
     sl::coll::CommRecorder whole(sl::coll::keep_calls);
     opt.zero_grad();
     sl::reset_peak_memory(ctx);
-    const std::uint64_t flops0 = sl::kernels::flop_count().gemm;
+    const sl::kernels::FlopCount flops0 = sl::kernels::flop_count();
     {
       sl::coll::CommRecorder rec;
       auto batch = [&](int mb) { return stream.template batch<Ids>(mesh, b, s * pc.microbatches + mb); };
@@ -797,9 +825,10 @@ void train_pipelined(sl::Context& ctx, const Config& cfg, const PipeConfig& pc, 
       r.update = rec.stats();
     }
     r.memory = sl::memory_usage(ctx);
-    r.gemm_flops = sl::kernels::flop_count().gemm - flops0;
+    r.work = work_since(flops0, whole);
     r.grad_norm = opt.last_grad_norm();
     r.loss = r.pipeline.loss;
+    r.work.bubble = table.bubble();  // every stage runs as many forwards and backwards: the same idle fraction
     r.trace = {whole.stats(), whole.calls()};
     if constexpr (requires { stream.val_batches(cfg.batch); })
       if (cfg.eval_every > 0 && stream.val_batches(cfg.batch) > 0 && ((s + 1) % cfg.eval_every == 0 || s + 1 == steps))

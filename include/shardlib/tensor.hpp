@@ -426,7 +426,7 @@ class DistributedTensor {
   /// elements (detail::BlockWalk). Replicas each run it; partial tensors too (their addends).
   template <class F>
   void for_each_local(F f) const {
-    detail::for_each_in_block<rank, MemorySpace>("shardlib::parallel_for", context(), box_, f);
+    detail::for_each_in_block<rank, MemorySpace>("shardlib::parallel_for", context(), box_, f, sizeof(T));
   }
 
   /// Internal: an uninitialised tensor of `shape` on `mesh`.

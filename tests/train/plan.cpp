@@ -12,6 +12,7 @@
 
 #include <shardlib/plan.hpp>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <mutex>
@@ -90,8 +91,18 @@ void simulated_equals_real(int devices, const gpt::Config& cfg = plan_config(), 
     CHECK(sim.memory.peaks == want.memory.peaks);
     CHECK(sim.memory.peak == want.memory.peak);
     CHECK(want.memory.peak > 0);
-    CHECK(sim.gemm_flops == want.gemm_flops);
-    if (d == 0) CHECK(want.gemm_flops > 0);  // (a device past a short batch's blocks may compute nothing)
+    CHECK(sim.work.gemm_flops == want.work.gemm_flops);
+    CHECK(sim.work.gemm_calls == want.work.gemm_calls);
+    CHECK(sim.work.kernel_bytes == want.work.kernel_bytes);
+    CHECK(sim.work.kernel_calls == want.work.kernel_calls);
+    CHECK(sim.work.bubble == want.work.bubble);
+    if (d == 0) CHECK(want.work.gemm_flops > 0);  // (a device past a short batch's blocks may compute nothing)
+    if (d == 0) CHECK(want.work.kernel_calls > 0);
+    REQUIRE(sim.work.calls.size() == want.work.calls.size());
+    for (std::size_t i = 0; i < sim.work.calls.size(); ++i) {  // the devices each call joins: the cost model's links
+      CHECK(sim.work.calls[i].first_device == want.work.calls[i].first_device);
+      CHECK(sim.work.calls[i].last_device == want.work.calls[i].last_device);
+    }
     CHECK_MESSAGE(sim.trace.to_string() == want.trace.to_string(),
                   "simulated\n" << sim.trace.to_string() << "real\n" << want.trace.to_string());
   }
@@ -121,6 +132,69 @@ TEST_CASE("simulate: pipelined recipes (1F1B, GPipe recomputed, interleaved; wit
   simulated_equals_real<gpt::PPxTP>(4, cfg, {.stages = 2, .microbatches = 2, .schedule = pp::Schedule::one_f_one_b});
   simulated_equals_real<gpt::PPxZero2>(4, cfg, {.stages = 2, .microbatches = 4, .schedule = pp::Schedule::one_f_one_b});
   simulated_equals_real<gpt::PPxDP>(4, cfg, {.stages = 2, .microbatches = 4, .schedule = pp::Schedule::interleaved, .chunks = 2});
+  simulated_equals_real<gpt::PPxDPxTP>(8, cfg, {.stages = 2, .microbatches = 2, .schedule = pp::Schedule::one_f_one_b});
+}
+
+TEST_CASE("simulate: each collective carries the devices it joins (a mesh group's members; a send's two ends)") {
+  if (sl::test::mpi_runtime()) return;
+  auto check = [](sl::Context& ctx) {
+    using Mesh = sl::Mesh<"data", "model">;
+    Mesh mesh(ctx, {4, 2});  // device = 2 data + model
+    const auto t = sl::coll::trace([&] {
+      std::vector<float> x(8, 1.f);
+      ctx.group(mesh, {0}).all_reduce(x.data(), x.data(), 8, sl::coll::DType::f32, sl::coll::Op::sum);  // over "data"
+      ctx.group(mesh, {1}).all_reduce(x.data(), x.data(), 8, sl::coll::DType::f32, sl::coll::Op::sum);  // over "model"
+      ctx.world().all_reduce(x.data(), x.data(), 8, sl::coll::DType::f32, sl::coll::Op::sum);
+    });
+    REQUIRE(t.calls.size() == 3);
+    const int d = ctx.device(), model = d % 2, data = d / 2;
+    CHECK(t.calls[0].first_device == model);
+    CHECK(t.calls[0].last_device == 6 + model);
+    CHECK(t.calls[1].first_device == 2 * data);
+    CHECK(t.calls[1].last_device == 2 * data + 1);
+    CHECK(t.calls[2].first_device == 0);
+    CHECK(t.calls[2].last_device == 7);
+    // the cost model: "model" pairs stay in a node of 2 or 4; "data" spans nodes of 4
+    CHECK(sl::plan::link_of(t.calls[1], 2) == sl::plan::LinkKind::intra_node);
+    CHECK(sl::plan::link_of(t.calls[0], 4) == sl::plan::LinkKind::inter_node);
+    CHECK(sl::plan::link_of(t.calls[2], 8) == sl::plan::LinkKind::intra_node);
+  };
+  sl::Runtime::threads(8).spmd(check);
+  sl::Runtime::simulate(8, 5).spmd(check);
+}
+
+TEST_CASE("simulate: the ZeRO paper's memory per device (Rajbhandari et al. 2020, Table 1: 16 bytes per parameter "
+          "in mixed precision with Adam), summed over every device of the mesh, exactly") {
+  if (sl::test::mpi_runtime()) return;
+  // bf16 parameters and gradients (2 + 2 bytes), float32 master weights and Adam's two moments
+  // (K = 12): DP keeps all on every device; ZeRO-1 shards the 12, ZeRO-2 also the gradients,
+  // ZeRO-3 everything. Summed over N devices, whatever the uneven blocks:
+  gpt::Config c = plan_config();
+  c.vocab = 96, c.dim = 48, c.heads = 4, c.ff = 80, c.layers = 3, c.seq = 12;
+  const std::int64_t hk = c.heads * c.head_dim();
+  const std::int64_t psi = c.vocab * c.dim + c.seq * c.dim +
+                           c.layers * (4 * c.dim + 4 * c.dim * hk + 2 * c.dim * c.ff) + 2 * c.dim + c.dim * c.vocab;
+  const int n = 7;
+  auto sums = [&](auto recipe) {
+    using R = decltype(recipe);
+    std::int64_t p = 0, g = 0, s = 0;
+    for (int d = 0; d < n; ++d) {
+      gpt::StepReport r;
+      sl::Runtime::simulate(n, d).spmd([&](sl::Context& ctx) {
+        gpt::train<R, sl::bf16>(ctx, c, 2, [&](int step, const gpt::StepReport& rep) {
+          if (step == 1) r = rep;
+        });
+      });
+      p += r.memory.parameters(), g += r.memory.gradients(), s += r.memory.optimizer_state();
+    }
+    return std::array<std::int64_t, 3>{p, g, s};
+  };
+  const std::array<std::int64_t, 3> dp{2 * psi * n, 2 * psi * n, 12 * psi * n}, z1{2 * psi * n, 2 * psi * n, 12 * psi},
+      z2{2 * psi * n, 2 * psi, 12 * psi}, z3{2 * psi, 2 * psi, 12 * psi};
+  CHECK(sums(gpt::DP{}) == dp);
+  CHECK(sums(gpt::Zero1{}) == z1);
+  CHECK(sums(gpt::Zero2{}) == z2);
+  CHECK(sums(gpt::Zero3{}) == z3);
 }
 
 TEST_CASE("simulate: GEMM FLOPs are counted per device, 2 M N K per product, the same shape-only") {
@@ -154,7 +228,7 @@ TEST_CASE("simulate: a 3.5-billion-parameter step planned on 1,024 and on 256 si
   const gpt::StepReport r = simulated_report(1024, 5, trainer<gpt::Zero3>(c));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   MESSAGE("planned a step of " << psi << " parameters on device 5 of 1,024 in " << seconds
-                               << " s: " << r.memory.to_string() << "; " << r.gemm_flops << " GEMM FLOPs");
+                               << " s: " << r.memory.to_string() << "; " << r.work.gemm_flops << " GEMM FLOPs");
   // f32 ZeRO-3 with AdamW: a device's gradients are its parameters' shard, its state twice that.
   CHECK(r.memory.gradients() == r.memory.parameters());
   CHECK(r.memory.optimizer_state() == 2 * r.memory.parameters());
@@ -163,8 +237,8 @@ TEST_CASE("simulate: a 3.5-billion-parameter step planned on 1,024 and on 256 si
   // A step's GEMMs are about 6 FLOPs per parameter and token (2 forward, 4 backward; Kaplan et
   // al.): this device's one sequence of 1,024 tokens, less the embedding's lookup, plus attention.
   const double six_nt = 6.0 * static_cast<double>(psi) * 1024;
-  CHECK(static_cast<double>(r.gemm_flops) > 0.9 * six_nt);
-  CHECK(static_cast<double>(r.gemm_flops) < 1.1 * six_nt);
+  CHECK(static_cast<double>(r.work.gemm_flops) > 0.9 * six_nt);
+  CHECK(static_cast<double>(r.work.gemm_flops) < 1.1 * six_nt);
   // Every device of 256 simulated in turn: ZeRO-3 keeps each parameter once over the mesh, so
   // their shards add up to the model, 4 bytes per parameter, whatever the uneven blocks (the
   // heads split over 256 devices: devices past the 32nd hold no attention weights).
@@ -214,31 +288,40 @@ TEST_CASE("simulate: bad meshes and devices are refused by name") {
                        std::invalid_argument);
 }
 
-TEST_CASE("plan::table: those that fit first, least traffic first; the others with why; nothing fits says the smallest") {
+TEST_CASE("plan::table: those that fit first, fastest first by the cost model; the others with why; nothing fits says the smallest") {
   namespace plan = sl::plan;
-  auto cand = [](const char* name, std::int64_t peak, std::uint64_t sent, const char* failed = "") {
+  auto cand = [](const char* name, std::int64_t peak, std::uint64_t flops, const char* failed = "") {
     plan::Candidate c;
     c.name = name;
     c.mesh = "{data: 8}";
     c.memory.peak = peak;
     c.memory.bytes[0] = peak / 4;
-    c.comm.kinds[static_cast<std::size_t>(sl::coll::Kind::all_reduce)] = {1, sent, sent};
+    c.work.gemm_flops = flops;
+    c.work.calls = {sl::coll::CallRecord{sl::coll::Kind::all_reduce, "world", 8, 1000, 1000, 0, 7}};
     c.failed = failed;
     return c;
   };
   const std::int64_t gib = std::int64_t{1} << 30;
-  const std::string t = plan::table({cand("big", 100 * gib, 1), cand("chatty", 10 * gib, 900), cand("quiet", 20 * gib, 5),
+  plan::Profile p = plan::Profile::preset("h100");
+  p.memory = 80 * gib;
+  const std::string t = plan::table({cand("big", 100 * gib, 1), cand("slow", 10 * gib, 900'000'000'000'000),
+                                     cand("fast", 20 * gib, 5'000'000'000),
                                      cand("broken", 0, 0, "gpt: --tp 3 does not divide the 8 devices")},
-                                    80 * gib);
+                                    p, 1000);
   INFO(t);
-  CHECK(t.find("1.   quiet") != std::string::npos);
-  CHECK(t.find("2.   chatty") != std::string::npos);
+  CHECK(t.find("1.   fast") != std::string::npos);
+  CHECK(t.find("2.   slow") != std::string::npos);
   CHECK(t.find("--   big") != std::string::npos);
-  CHECK(t.find("quiet") < t.find("chatty"));
+  CHECK(t.find("plans for h100 devices of 80 GiB, 8 to a node") != std::string::npos);
   CHECK(t.find("excluded: big on {data: 8}: needs 100 GiB at its peak, more than the 80 GiB") != std::string::npos);
   CHECK(t.find("excluded: broken on {data: 8}: gpt: --tp 3 does not divide the 8 devices") != std::string::npos);
-  const std::string none = plan::table({cand("big", 100 * gib, 1), cand("bigger", 200 * gib, 1)}, 80 * gib);
+  const std::string none = plan::table({cand("big", 100 * gib, 1), cand("bigger", 200 * gib, 1)}, p, 1000);
   CHECK(none.find("nothing fits: the smallest peak is 100 GiB per device") != std::string::npos);
-  CHECK_THROWS_WITH_AS(plan::table({}, 0), doctest::Contains("a device memory of 0 bytes"), std::invalid_argument);
+  p.memory = 0;
+  CHECK_THROWS_WITH_AS(plan::table({}, p, 1), doctest::Contains("a device memory of 0 bytes"), std::invalid_argument);
+  // a profile's fallbacks are said under the table
+  plan::Profile q = plan::Profile::preset("a100");
+  q.notes = {"inter_node: not in f.json; the a100 default instead"};
+  CHECK(plan::table({cand("fast", gib, 1)}, q, 1).find("profile: inter_node: not in f.json") != std::string::npos);
 }
 }

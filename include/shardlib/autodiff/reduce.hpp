@@ -160,6 +160,8 @@ struct SoftmaxBackwardRows {
 template <class Exec, class T>
 void softmax_backward_rows(const Exec& exec, const T* y, const T* g, T* out, std::int64_t rows, std::int64_t n,
                            double scale, kernels::RowGroups groups = {}) {
+  if (rows > 0 && n > 0)  // reads y and g, writes out
+    kernels::count_kernel(3 * static_cast<std::uint64_t>(rows) * static_cast<std::uint64_t>(n) * sizeof(T));
   if (groups.team == 0) groups = kernels::row_groups<Exec>(n);
   const bool aligned = kernels::rows_aligned(y, n) && kernels::rows_aligned(g, n) && kernels::rows_aligned(static_cast<const T*>(out), n);
   kernels::with_row_tile(kernels::RowGroups{groups.team, groups.group, 8}, n, [&](auto, auto chunked) {
@@ -332,6 +334,8 @@ struct NormBackwardRows {
 template <class Exec, class T>
 void norm_backward_rows(const Exec& exec, const T* x, const T* y, const T* g, T* out, std::int64_t rows, std::int64_t n,
                         double count, double eps, bool layer, kernels::RowGroups groups = {}) {
+  if (rows > 0 && n > 0)  // reads x, y and g, writes out
+    kernels::count_kernel(4 * static_cast<std::uint64_t>(rows) * static_cast<std::uint64_t>(n) * sizeof(T));
   if (groups.team == 0) groups = kernels::row_groups<Exec>(n);
   const bool aligned = kernels::rows_aligned(x, n) && kernels::rows_aligned(y, n) && kernels::rows_aligned(g, n) &&
                        kernels::rows_aligned(static_cast<const T*>(out), n);

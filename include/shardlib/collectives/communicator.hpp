@@ -160,6 +160,26 @@ class Communicator {
   const std::string& name() const noexcept { return name_; }
   /// "threads", "mpi" or "nccl".
   virtual std::string_view backend() const noexcept = 0;
+
+  /// The devices of the run (world ranks) that rank `r` of this group is: `r` itself for a world,
+  /// the mesh's members for a group that Context::group made (set_world_devices); -1 when unknown
+  /// (a group split otherwise). A planner tells links within a node from links between nodes by
+  /// them (plan/cost.hpp).
+  int world_device(int r) const noexcept {
+    if (devices_.empty()) return world_ ? r : -1;
+    return devices_[static_cast<std::size_t>(r)];
+  }
+  /// The lowest and the highest world device of the group ({-1, -1}: unknown).
+  std::pair<int, int> world_span() const noexcept { return {lowest_, highest_}; }
+  /// Internal (Context::group): the world device of each rank, size() of them.
+  void set_world_devices(std::vector<int> devices) {
+    if (static_cast<int>(devices.size()) != size_)
+      throw std::invalid_argument("shardlib: set_world_devices of " + name_ + ": " + std::to_string(devices.size()) +
+                                  " devices for a group of " + std::to_string(size_));
+    devices_ = std::move(devices);
+    lowest_ = *std::min_element(devices_.begin(), devices_.end());
+    highest_ = *std::max_element(devices_.begin(), devices_.end());
+  }
   /// Whether buffers may live in GPU memory (otherwise they must be host-accessible).
   virtual bool accepts_device_memory() const noexcept { return false; }
   /// Whether `send` is buffered: it returns once the message is copied, whether or not the peer
@@ -189,7 +209,7 @@ class Communicator {
   void all_reduce(const void* send, void* recv, std::size_t count, DType t, Op op) {
     check_buffers("all_reduce", send, recv, count, count);
     std::uint64_t b = bytes(count, t), moved = size_ > 1 ? 2 * b * static_cast<std::uint64_t>(size_ - 1) / static_cast<std::uint64_t>(size_) : 0;
-    CommRecorder::record(Kind::all_reduce, moved, moved, name_, size_);
+    CommRecorder::record(Kind::all_reduce, moved, moved, name_, size_, lowest_, highest_);
     if (DryRun::active()) return dry_copy(recv, send, count, t);
     do_all_reduce(send, recv, count, t, op);
   }
@@ -240,7 +260,7 @@ class Communicator {
     check_buffers("broadcast", buf, buf, count, count);
     std::uint64_t b = bytes(count, t);
     CommRecorder::record(Kind::broadcast, rank_ == root ? b * static_cast<std::uint64_t>(size_ - 1) : 0,
-                         rank_ == root ? 0 : b, name_, size_);
+                         rank_ == root ? 0 : b, name_, size_, lowest_, highest_);
     if (DryRun::active()) return rank_ == root ? void() : dry_zero(buf, count, t);
     do_broadcast(buf, count, t, root);
   }
@@ -251,14 +271,14 @@ class Communicator {
   void send(const void* buf, std::size_t count, DType t, int peer, int tag = 0) {
     check_rank("send", "peer", peer);
     check_buffers("send", buf, buf, count, 0);
-    CommRecorder::record(Kind::send, peer == rank_ ? 0 : bytes(count, t), 0, name_, size_);
+    record_pair(Kind::send, peer == rank_ ? 0 : bytes(count, t), 0, peer);
     if (DryRun::active()) return;
     do_send(buf, count, t, peer, tag);
   }
   void recv(void* buf, std::size_t count, DType t, int peer, int tag = 0) {
     check_rank("recv", "peer", peer);
     check_buffers("recv", buf, buf, 0, count);
-    CommRecorder::record(Kind::recv, 0, peer == rank_ ? 0 : bytes(count, t), name_, size_);
+    record_pair(Kind::recv, 0, peer == rank_ ? 0 : bytes(count, t), peer);
     if (DryRun::active()) return dry_zero(buf, count, t);
     do_recv(buf, count, t, peer, tag);
   }
@@ -271,8 +291,8 @@ class Communicator {
     if (dest != -1) check_rank("permute", "dest", dest);
     if (source != -1) check_rank("permute", "source", source);
     check_buffers("permute", send, recv, dest == -1 ? 0 : send_count, source == -1 ? 0 : recv_count);
-    CommRecorder::record(Kind::permute, dest != -1 && dest != rank_ ? bytes(send_count, t) : 0,
-                         source != -1 && source != rank_ ? bytes(recv_count, t) : 0, name_, size_);
+    record_pair(Kind::permute, dest != -1 && dest != rank_ ? bytes(send_count, t) : 0,
+                source != -1 && source != rank_ ? bytes(recv_count, t) : 0, dest, source);
     if (DryRun::active()) {
       if (source == -1) return;
       if (source == rank_ && dest == rank_) return dry_copy(recv, send, std::min(send_count, recv_count), t);
@@ -304,7 +324,7 @@ class Communicator {
 
   /// Returns once every rank of the group has called it.
   void barrier() {
-    CommRecorder::record(Kind::barrier, 0, 0, name_, size_);
+    CommRecorder::record(Kind::barrier, 0, 0, name_, size_, lowest_, highest_);
     if (DryRun::active()) return;
     do_barrier();
   }
@@ -319,7 +339,25 @@ class Communicator {
   }
 
  protected:
-  Communicator(int rank, int size, std::string name) : rank_(rank), size_(size), name_(std::move(name)) {}
+  Communicator(int rank, int size, std::string name)
+      : rank_(rank), size_(size), name_(std::move(name)), world_(name_ == "world"), lowest_(world_ ? 0 : -1),
+        highest_(world_ ? size - 1 : -1) {}
+
+  /// Records a point-to-point call with this device and its peers (-1: none) as the span.
+  void record_pair(Kind k, std::uint64_t sent, std::uint64_t received, int peer, int other = -1) const noexcept {
+    int lo = world_device(rank_), hi = lo;
+    for (int p : {peer, other}) {
+      if (p < 0) continue;
+      const int d = world_device(p);
+      if (d < 0 || lo < 0) {
+        lo = hi = -1;
+        break;
+      }
+      lo = std::min(lo, d);
+      hi = std::max(hi, d);
+    }
+    CommRecorder::record(k, sent, received, name_, size_, lo, hi);
+  }
 
   virtual void do_all_gather(const void* send, void* recv, const Blocks& blocks, DType t) = 0;
   virtual void do_reduce_scatter(const void* send, void* recv, const Blocks& blocks, DType t, Op op) = 0;
@@ -455,7 +493,7 @@ class Communicator {
     if (sb.first < sb.second && rb.first < rb.second && s0 + sb.first < r0 + rb.second && r0 + rb.first < s0 + sb.second)
       throw CollectiveError("shardlib: " + where(call) + ": the send and receive buffers overlap; " + std::string(call) +
                             " cannot run in place");
-    CommRecorder::record(counted_as, bytes(send_total - send_own, t), bytes(recv_total - recv_own, t), name_, size_);
+    CommRecorder::record(counted_as, bytes(send_total - send_own, t), bytes(recv_total - recv_own, t), name_, size_, lowest_, highest_);
   }
 
   void check_regions(std::string_view call, std::string_view side, std::span<const Region> regions) const {
@@ -498,7 +536,7 @@ class Communicator {
     check_blocks("all_gather", blocks);
     check_buffers("all_gather", send, recv, blocks.count(rank_), blocks.total());
     std::uint64_t own = bytes(blocks.count(rank_), t);
-    CommRecorder::record(Kind::all_gather, own * static_cast<std::uint64_t>(size_ - 1), bytes(blocks.total(), t) - own, name_, size_);
+    CommRecorder::record(Kind::all_gather, own * static_cast<std::uint64_t>(size_ - 1), bytes(blocks.total(), t) - own, name_, size_, lowest_, highest_);
     if (DryRun::active()) {  // zeros around its own block (which `send` may already be: in place)
       auto* out = static_cast<unsigned char*>(recv);
       const std::size_t at = blocks.offset(rank_), n = blocks.count(rank_);
@@ -513,7 +551,7 @@ class Communicator {
     check_buffers("reduce_scatter", send, recv, blocks.total(), blocks.count(rank_));
     check_disjoint("reduce_scatter", send, blocks.total(), recv, blocks.count(rank_), t);
     std::uint64_t own = bytes(blocks.count(rank_), t);
-    CommRecorder::record(Kind::reduce_scatter, bytes(blocks.total(), t) - own, own * static_cast<std::uint64_t>(size_ - 1), name_, size_);
+    CommRecorder::record(Kind::reduce_scatter, bytes(blocks.total(), t) - own, own * static_cast<std::uint64_t>(size_ - 1), name_, size_, lowest_, highest_);
     if (DryRun::active())
       return dry_copy(recv, static_cast<const unsigned char*>(send) + bytes(blocks.offset(rank_), t), blocks.count(rank_), t);
     do_reduce_scatter(send, recv, blocks, t, op);
@@ -523,7 +561,7 @@ class Communicator {
     check_blocks("all_to_all", rb);
     check_buffers("all_to_all", send, recv, sb.total(), rb.total());
     check_disjoint("all_to_all", send, sb.total(), recv, rb.total(), t);
-    CommRecorder::record(Kind::all_to_all, bytes(sb.total() - sb.count(rank_), t), bytes(rb.total() - rb.count(rank_), t), name_, size_);
+    CommRecorder::record(Kind::all_to_all, bytes(sb.total() - sb.count(rank_), t), bytes(rb.total() - rb.count(rank_), t), name_, size_, lowest_, highest_);
     if (DryRun::active()) {
       dry_zero(recv, rb.total(), t);
       return dry_copy(static_cast<unsigned char*>(recv) + bytes(rb.offset(rank_), t),
@@ -536,6 +574,9 @@ class Communicator {
   int rank_;
   int size_;
   std::string name_;
+  bool world_;                // named "world": every backend's world, whose ranks are the run's devices
+  int lowest_, highest_;      // world_span()
+  std::vector<int> devices_;  // world_device() of each rank (empty: the world's own, or unknown)
 };
 
 }  // namespace shardlib::coll

@@ -92,6 +92,10 @@ struct CallRecord {
   int group_size = 0;  ///< devices in the group
   std::uint64_t bytes_sent = 0;
   std::uint64_t bytes_received = 0;
+  /// The lowest and highest device of the run (world rank) the call joins: the group's members,
+  /// or for send, recv and permute this device and its peers; -1 when unknown (a group not made
+  /// by Context::group). Whether a call stays within a node follows from them (plan/cost.hpp).
+  int first_device = -1, last_device = -1;
 
   /// "all_gather over group {data} of mesh {data: 4} (4 devices): 384 KiB sent, 384 KiB received".
   std::string to_string() const {
@@ -172,7 +176,7 @@ class CommRecorder {
   /// thread (called by Communicator). A recorder that keeps calls and cannot grow its list drops
   /// the call from the list (it is still counted).
   static void record(Kind k, std::uint64_t sent, std::uint64_t received, std::string_view group = {},
-                     int group_size = 0) noexcept {
+                     int group_size = 0, int first_device = -1, int last_device = -1) noexcept {
     for (CommRecorder* r = top(); r; r = r->prev_) {
       auto& st = r->stats_[k];
       ++st.calls;
@@ -180,7 +184,7 @@ class CommRecorder {
       st.bytes_received += received;
       if (r->keep_) {
         try {
-          r->calls_.push_back(CallRecord{k, std::string(group), group_size, sent, received});
+          r->calls_.push_back(CallRecord{k, std::string(group), group_size, sent, received, first_device, last_device});
         } catch (...) {  // out of memory: the counts stay right
         }
       }

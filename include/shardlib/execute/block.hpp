@@ -13,7 +13,8 @@
 /// with no host wait. `download` and `upload` move a block between device and host memory.
 ///
 /// In shape-only mode (detail/shape_only.hpp) the kernels, copies, fills and transfers here do
-/// nothing: a host buffer a transfer would write keeps what it held.
+/// nothing: a host buffer a transfer would write keeps what it held. In both modes each is
+/// counted as a memory-bound kernel (kernels::count_kernel) before it would run.
 #pragma once
 
 #include <shardlib/collectives/communicator.hpp>
@@ -124,11 +125,15 @@ SHARDLIB_DEVICE_FUNCTORS_END
 /// Runs `elem(const Index<R>& global, std::int64_t k)` on every element of block `box` (k: its
 /// row-major position in the block) as a Kokkos kernel on the device's execution space instance
 /// for `Mem` (in device memory `elem` runs on the GPU: a KOKKOS_LAMBDA or a functor whose
-/// operator() is KOKKOS_INLINE_FUNCTION).
+/// operator() is KOKKOS_INLINE_FUNCTION). Counted as a kernel that writes `elem_bytes` per
+/// element (the element size of the tensor it writes): what `elem` reads is unknown here.
 template <std::size_t R, class Mem = Kokkos::HostSpace, class Elem>
-void for_each_in_block(const char* label, const Context& ctx, const ShardBox& box, const Elem& elem) {
+void for_each_in_block(const char* label, const Context& ctx, const ShardBox& box, const Elem& elem,
+                       std::size_t elem_bytes = 0) {
   BlockWalk<R> walk(box);
-  if (walk.size == 0 || shardlib::shape_only()) return;
+  if (walk.size == 0) return;
+  kernels::count_kernel(static_cast<std::uint64_t>(walk.size) * elem_bytes);
+  if (shardlib::shape_only()) return;
   if constexpr (host_memory_v<Mem>) {
     auto guard = kernel_guard(ctx, false);
     Kokkos::parallel_for(label, Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, walk.chunks()),
@@ -144,10 +149,13 @@ void for_each_in_block(const char* label, const Context& ctx, const ShardBox& bo
 /// Runs `f(k)` for k in [0, n) as a Kokkos kernel on the device's execution space instance for
 /// `Mem` (kernels::detail::portable::run there): on the host, under the kernel guard and fenced;
 /// in device memory, queued on the device's stream (`f` a functor whose operator() is
-/// KOKKOS_INLINE_FUNCTION).
+/// KOKKOS_INLINE_FUNCTION). Counted as a kernel of `bytes` (what `f` reads and writes, which only
+/// the caller knows: k need not be an element).
 template <class Mem, class F>
-void for_range(const char* label, const Context& ctx, std::int64_t n, const F& f) {
-  if (n == 0 || shardlib::shape_only()) return;
+void for_range(const char* label, const Context& ctx, std::int64_t n, const F& f, std::uint64_t bytes = 0) {
+  if (n == 0) return;
+  kernels::count_kernel(bytes);
+  if (shardlib::shape_only()) return;
   [[maybe_unused]] const auto guard = kernel_guard_for<Mem>(ctx, false);
   kernels::detail::portable::run(ctx.exec_for<Mem>(), label, n, f);
 }
@@ -301,7 +309,9 @@ template <class Mem = Kokkos::HostSpace, class T>
 void copy_box(const Context& ctx, const T* src, const ShardBox& src_layout, T* dst, const ShardBox& dst_layout,
               const ShardBox& part) {
   const std::int64_t n = part.num_elements();
-  if (n == 0 || shardlib::shape_only()) return;
+  if (n == 0) return;
+  kernels::count_kernel(2 * static_cast<std::uint64_t>(n) * sizeof(T));  // the part read and written
+  if (shardlib::shape_only()) return;
   const coll::Region from = region_in(src_layout, part), to = region_in(dst_layout, part);
   const bool one_run = is_contiguous(from) && is_contiguous(to);
   if constexpr (!host_memory_v<Mem>) {
@@ -353,7 +363,9 @@ void copy_box(const Context& ctx, const T* src, const ShardBox& src_layout, T* d
 /// Sets `n` elements of `dst` (in `Mem`) to `value`, as a Kokkos kernel.
 template <class Mem = Kokkos::HostSpace, class T>
 void fill(const Context& ctx, T* dst, std::int64_t n, T value) {
-  if (n == 0 || shardlib::shape_only()) return;
+  if (n == 0) return;
+  kernels::count_kernel(static_cast<std::uint64_t>(n) * sizeof(T));  // dst written
+  if (shardlib::shape_only()) return;
   if constexpr (host_memory_v<Mem>) {
     auto guard = kernel_guard(ctx, false);
     Kokkos::parallel_for(
@@ -389,13 +401,15 @@ inline int gpu_only_memory_device(const void* p) noexcept {
 /// and waits for the copy: on the device's instance for the device memory side, else a host copy.
 template <class From, class To, class T>
 void transfer(const Context& ctx, const T* src, T* dst, std::int64_t n) {
-  if (n == 0 || shardlib::shape_only()) return;
+  if (n == 0) return;
   if constexpr (host_memory_v<From> && host_memory_v<To>) {
     ShardBox b;
     b.rank = 1;
     b.extent[0] = n;
-    copy_box(ctx, src, b, dst, b, b);
+    copy_box(ctx, src, b, dst, b, b);  // (counted there, and nothing else in shape-only mode)
   } else {
+    kernels::count_kernel(2 * static_cast<std::uint64_t>(n) * sizeof(T));  // src read, dst written
+    if (shardlib::shape_only()) return;
     using Device = std::conditional_t<host_memory_v<From>, To, From>;
     const auto& exec = ctx.exec_for<Device>();
     Kokkos::deep_copy(exec, Kokkos::View<T*, To, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(dst, static_cast<std::size_t>(n)),
@@ -455,7 +469,7 @@ template <std::size_t R, class Mem = Kokkos::HostSpace, class T, class G>
 SHARDLIB_NOINLINE void generate_block(const Context& ctx, T* data, const ShardBox& box, const std::int64_t* shape, G value) {
   ShapeOf<R> gshape;
   for (std::size_t d = 0; d != R; ++d) gshape.s[d] = shape[d];
-  for_each_in_block<R, Mem>("shardlib::generate", ctx, box, GenerateKernel<R, T, G>{data, gshape, value});
+  for_each_in_block<R, Mem>("shardlib::generate", ctx, box, GenerateKernel<R, T, G>{data, gshape, value}, sizeof(T));
 }
 
 }  // namespace detail

@@ -206,6 +206,7 @@ struct ScoreGradient {
 /// x[0, n) = value.
 template <class Exec, class X>
 void attention_fill(const Exec& exec, X* x, std::int64_t n, X value) {
+  if (n > 0) count_kernel(static_cast<std::uint64_t>(n) * sizeof(X));  // x written
   if (shardlib::shape_only()) return;
   detail::portable::run(exec, "shardlib::attention::fill", n, detail::attention_rows::Fill<X>{x, value});
 }
@@ -213,7 +214,7 @@ void attention_fill(const Exec& exec, X* x, std::int64_t n, X value) {
 /// Starts the online softmax: acc (the output's elements) = 0, m = -infinity, l = 0 (rows).
 template <class Exec, class A>
 void attention_start(const Exec& exec, A* acc, std::int64_t elements, A* m, A* l, std::int64_t rows) {
-  if (shardlib::shape_only()) return;
+  // (three attention_fill calls, each counted, and nothing else in shape-only mode)
   attention_fill(exec, acc, elements, A(0));
   attention_fill(exec, m, rows, detail::attention_rows::neg_inf<A>());
   attention_fill(exec, l, rows, A(0));
@@ -224,6 +225,11 @@ void attention_start(const Exec& exec, A* acc, std::int64_t elements, A* m, A* l
 template <class Exec, class T, class A>
 void attention_online_softmax(const Exec& exec, T* s, const T* mask, A* m, A* l, A* alpha, const AttentionBlock& blk,
                               A scale) {
+  if (blk.rows() > 0) {  // s read and written; the block's mask read; m, l read and written, alpha written
+    const std::uint64_t scores = static_cast<std::uint64_t>(blk.rows() * blk.keys);
+    const std::uint64_t masked = mask != nullptr ? static_cast<std::uint64_t>(blk.queries * blk.keys) : 0;
+    count_kernel((2 * scores + masked) * sizeof(T) + 5 * static_cast<std::uint64_t>(blk.rows()) * sizeof(A));
+  }
   if (shardlib::shape_only()) return;
   detail::portable::run(exec, "shardlib::attention::online_softmax", blk.rows(),
                         detail::attention_rows::OnlineSoftmax<T, A>{s, mask, m, l, alpha, blk, scale, detail::attention_rows::neg_inf<A>()});
@@ -233,6 +239,11 @@ void attention_online_softmax(const Exec& exec, T* s, const T* mask, A* m, A* l,
 template <class Exec, class T, class A>
 void attention_merge(const Exec& exec, A* acc, const T* pv, const A* alpha, std::int64_t batch, std::int64_t queries,
                      std::int64_t heads, std::int64_t dv) {
+  if (batch * queries * heads * dv > 0) {  // acc read and written, pv read; alpha read
+    const std::uint64_t elements = static_cast<std::uint64_t>(batch * queries * heads * dv);
+    const std::uint64_t rows = static_cast<std::uint64_t>(batch * heads * queries);
+    count_kernel(elements * (2 * sizeof(A) + sizeof(T)) + rows * sizeof(A));
+  }
   if (shardlib::shape_only()) return;
   detail::portable::run(exec, "shardlib::attention::merge", batch * queries * heads * dv,
                         detail::attention_rows::Merge<T, A>{acc, pv, alpha, queries, heads, dv});
@@ -242,6 +253,11 @@ void attention_merge(const Exec& exec, A* acc, const T* pv, const A* alpha, std:
 template <class Exec, class T, class A>
 void attention_finish(const Exec& exec, T* o, const A* acc, A* m, const A* l, std::int64_t batch, std::int64_t queries,
                       std::int64_t heads, std::int64_t dv) {
+  if (batch * queries * heads > 0) {  // o written, acc read; l read, m read and written (its two kernels)
+    const std::uint64_t elements = static_cast<std::uint64_t>(batch * queries * heads * dv);
+    const std::uint64_t rows = static_cast<std::uint64_t>(batch * heads * queries);
+    count_kernel(elements * (sizeof(T) + sizeof(A)) + 3 * rows * sizeof(A));
+  }
   if (shardlib::shape_only()) return;
   detail::portable::run(exec, "shardlib::attention::finish", batch * queries * heads * dv,
                         detail::attention_rows::Finish<T, A>{o, acc, l, queries, heads, dv});
@@ -252,6 +268,10 @@ void attention_finish(const Exec& exec, T* o, const A* acc, A* m, const A* l, st
 template <class Exec, class T, class A>
 void attention_delta(const Exec& exec, A* delta, const T* g, const T* o, std::int64_t batch, std::int64_t queries,
                      std::int64_t heads, std::int64_t dv) {
+  if (batch * heads * queries > 0) {  // g, o read; delta written
+    const std::uint64_t rows = static_cast<std::uint64_t>(batch * heads * queries);
+    count_kernel(rows * (2 * static_cast<std::uint64_t>(dv) * sizeof(T) + sizeof(A)));
+  }
   if (shardlib::shape_only()) return;
   detail::portable::run(exec, "shardlib::attention::delta", batch * heads * queries,
                         detail::attention_rows::Delta<T, A>{delta, g, o, queries, heads, dv});
@@ -260,6 +280,11 @@ void attention_delta(const Exec& exec, A* delta, const T* g, const T* o, std::in
 /// The block's probabilities from its raw scores (in place) and the rows' log-sum-exp.
 template <class Exec, class T, class A>
 void attention_probabilities(const Exec& exec, T* s, const T* mask, const A* lse, const AttentionBlock& blk, A scale) {
+  if (blk.rows() > 0) {  // s read and written; the block's mask read; lse read
+    const std::uint64_t scores = static_cast<std::uint64_t>(blk.rows() * blk.keys);
+    const std::uint64_t masked = mask != nullptr ? static_cast<std::uint64_t>(blk.queries * blk.keys) : 0;
+    count_kernel((2 * scores + masked) * sizeof(T) + static_cast<std::uint64_t>(blk.rows()) * sizeof(A));
+  }
   if (shardlib::shape_only()) return;
   detail::portable::run(exec, "shardlib::attention::probabilities", blk.rows(),
                         detail::attention_rows::Probabilities<T, A>{s, mask, lse, blk, scale});
@@ -268,6 +293,10 @@ void attention_probabilities(const Exec& exec, T* s, const T* mask, const A* lse
 /// The scores' gradient from the probabilities' (in place in `dp`): scale p (dp - delta).
 template <class Exec, class T, class A>
 void attention_score_gradient(const Exec& exec, T* dp, const T* p, const A* delta, const AttentionBlock& blk, A scale) {
+  if (blk.rows() > 0) {  // dp read and written, p read; delta read
+    const std::uint64_t scores = static_cast<std::uint64_t>(blk.rows() * blk.keys);
+    count_kernel(3 * scores * sizeof(T) + static_cast<std::uint64_t>(blk.rows()) * sizeof(A));
+  }
   if (shardlib::shape_only()) return;
   detail::portable::run(exec, "shardlib::attention::score_gradient", blk.rows(),
                         detail::attention_rows::ScoreGradient<T, A>{dp, p, delta, blk.keys, scale});

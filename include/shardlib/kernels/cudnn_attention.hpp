@@ -19,6 +19,9 @@
 /// In shape-only mode (detail/shape_only.hpp) `forward` and `backward` build their graph and
 /// allocate its workspace (the memory account counts it) but queue nothing.
 ///
+/// Each run is counted as a memory-bound kernel (kernels::count_kernel: the bytes of its operands,
+/// each read or written once), in shape-only mode too; its FLOPs are not counted yet.
+///
 /// Knows pointers, strides and streams only: no tensors, no communicator.
 #pragma once
 
@@ -47,6 +50,7 @@
 #include <dlfcn.h>
 
 #include <shardlib/detail/shape_only.hpp>
+#include <shardlib/kernels/exec.hpp>
 
 #include <array>
 #include <cstdint>
@@ -153,7 +157,7 @@ class Sdpa {
                                                     {uid_o, o}};
     if (s.bias) pack[uid_bias] = const_cast<void*>(bias);
     if (s.stats) pack[uid_stats] = stats;
-    return run(stream, *g, pack, workspace);
+    return run(stream, *g, pack, workspace, run_bytes(s, 1, 1, s.stats ? 1 : 0));
   }
 
   /// dq, dk, dv of forward()'s output from do_ (the output's gradient, laid out as o), the
@@ -168,7 +172,7 @@ class Sdpa {
         {uid_o, const_cast<void*>(o)},   {uid_do, const_cast<void*>(do_)},
         {uid_stats, const_cast<float*>(stats)}, {uid_dq, dq}, {uid_dk, dk}, {uid_dv, dv}};
     if (s.bias) pack[uid_bias] = const_cast<void*>(bias);
-    return run(stream, *g, pack, workspace);
+    return run(stream, *g, pack, workspace, run_bytes(s, 2, 2, 1));  // q, k, v read, dq, dk, dv written; o, do_ read
   }
 
   /// Graphs built so far (forward and backward), for tests and benchmarks.
@@ -183,15 +187,30 @@ class Sdpa {
     std::string why;  // not "" when cuDNN cannot run this graph
   };
 
+  /// The bytes of a run on `s` that reads or writes q, k and v `qkv` times each and o `o` times
+  /// (16-bit elements), the bias (when given) once and the statistics `stats` times (float32).
+  static std::uint64_t run_bytes(const SdpaShape& s, std::uint64_t qkv, std::uint64_t o, std::uint64_t stats) {
+    auto n = [](std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d) {
+      return static_cast<std::uint64_t>(a * b * c * d);
+    };
+    const std::uint64_t q = n(s.b, s.h, s.sq, s.dqk), k = n(s.b, s.h, s.sk, s.dqk), v = n(s.b, s.h, s.sk, s.dv);
+    const std::uint64_t elements = qkv * (q + k + v) + o * n(s.b, s.h, s.sq, s.dv) + (s.bias ? n(1, 1, s.sq, s.sk) : 0);
+    return elements * 2 + stats * n(s.b, s.h, s.sq, 1) * sizeof(float);  // (f16 and bf16: 2 bytes an element)
+  }
+
+  /// Runs graph `g`, counted as a kernel of `bytes` (kernels::count_kernel) once it ran, or would
+  /// have (shape-only mode): a run that fails is not counted (its caller computes it another way).
   std::string run(cudaStream_t stream, Built& g, std::unordered_map<std::int64_t, void*>& pack,
-                  const WorkspaceAllocator& workspace) {
+                  const WorkspaceAllocator& workspace, std::uint64_t bytes) {
     try {
       if (const auto st = cudnn_frontend::detail::set_stream(handle_, stream); st != CUDNN_STATUS_SUCCESS)
         return std::string("cudnnSetStream: ") + cudnn_frontend::detail::get_error_string(st);
       std::shared_ptr<void> ws = g.workspace > 0 ? workspace(static_cast<std::size_t>(g.workspace)) : nullptr;
-      if (shardlib::shape_only()) return {};  // the workspace counted, nothing queued
-      const auto e = g.graph->execute(handle_, pack, ws.get());
-      if (!e.is_good()) return "cuDNN could not run its attention graph: " + detail::text(e);
+      if (!shardlib::shape_only()) {  // (shape-only: the workspace counted, nothing queued)
+        const auto e = g.graph->execute(handle_, pack, ws.get());
+        if (!e.is_good()) return "cuDNN could not run its attention graph: " + detail::text(e);
+      }
+      kernels::count_kernel(bytes);
       return {};
     } catch (const std::exception& x) {
       return std::string("cuDNN's attention failed: ") + x.what();

@@ -267,6 +267,16 @@ void elementwise_strided(const Exec& exec, Out* out, const std::array<std::int64
   }
   Kokkos::parallel_for("shardlib::elementwise_strided", Kokkos::RangePolicy<Exec>(exec, 0, rows), k);
 }
+
+/// The bytes of input `in` an elementwise kernel over `extent` reads, each element once: a
+/// broadcast (stride-0) dim reads one.
+template <class In, std::size_t R>
+std::uint64_t read_bytes(const Strided<In, R>& in, const std::array<std::int64_t, R>& extent) noexcept {
+  std::uint64_t bytes = sizeof(In);
+  for (std::size_t d = 0; d != R; ++d)  // != R: nvcc warns of d < 0 for R = 0
+    if (in.stride[d] != 0) bytes *= static_cast<std::uint64_t>(extent[d]);
+  return bytes;
+}
 }  // namespace detail
 
 /// `out` (row-major over `extent`) = `f(inputs...)` elementwise. Inputs laid out exactly as the
@@ -277,10 +287,12 @@ void elementwise_strided(const Exec& exec, Out* out, const std::array<std::int64
 template <class Exec, class Out, std::size_t R, class F, class... In>
 void elementwise(const Exec& exec, Out* out, const std::array<std::int64_t, R>& extent, F f,
                  const Strided<In, R>&... in) {
-  if (shardlib::shape_only()) return;
   std::int64_t n = 1;
   for (auto e : extent) n *= e;
   if (n == 0) return;
+  count_kernel(static_cast<std::uint64_t>(n) * sizeof(Out) +
+               (std::uint64_t{0} + ... + detail::read_bytes(in, extent)));  // out written, each input read once
+  if (shardlib::shape_only()) return;
   const auto dense = row_major_strides(extent);
   if constexpr (is_host_exec_v<Exec> && vmath::Vectorizable<F, Out, In...>) {
     if (((in.stride == dense) && ...)) {

@@ -38,15 +38,21 @@ inline SyncCount& sync_count() noexcept {
   return count;
 }
 
-/// The floating-point operations this thread's kernels were asked for (each in-process device runs
-/// on a thread of its own, so these are that device's), by kind: `gemm`, 2·M·N·K per product of
-/// every GEMM (host BLAS or Eigen, cuBLAS), `gemm_calls` the GEMM calls (a batch counts once).
-/// Counted after a GEMM's shape checks and before it runs, so a shape-only step
-/// (detail/shape_only.hpp) counts what the real step computes. Read it before and after a step;
-/// a test or a planner may reset it. The fused attention of cuDNN is not counted yet.
+/// The work this thread's kernels were asked for (each in-process device runs on a thread of its
+/// own, so these are that device's), by kind: `gemm`, 2·M·N·K floating-point operations per
+/// product of every GEMM (host BLAS or Eigen, cuBLAS), `gemm_calls` the GEMM calls (a batch counts
+/// once); the memory-bound kernels as calls and the bytes they move, which a cost model turns into
+/// time with a memory bandwidth and a per-call overhead. Counted before a kernel runs (a GEMM after
+/// its shape checks), in shape-only mode too, so a shape-only step (detail/shape_only.hpp) counts
+/// what the real step does. Read it before and after a step; a test or a planner may reset it.
+/// The FLOPs of cuDNN's fused attention are not counted yet (its bytes are, as a kernel's).
 struct FlopCount {
   std::uint64_t gemm = 0;
   std::uint64_t gemm_calls = 0;
+  /// Calls of the other (memory-bound) kernels: elementwise, layout, reductions, rows, optimizer,
+  /// attention rows, moe, and the block copies, fills and loops of execute/block.hpp.
+  std::uint64_t kernel_calls = 0;
+  std::uint64_t kernel_bytes = 0;  ///< bytes those kernels read and write (each input and output element once)
 };
 
 /// This thread's FlopCount (see above).
@@ -61,6 +67,13 @@ inline void count_gemm(std::int64_t batch, std::int64_t m, std::int64_t n, std::
   f.gemm += 2 * static_cast<std::uint64_t>(batch) * static_cast<std::uint64_t>(m) * static_cast<std::uint64_t>(n) *
             static_cast<std::uint64_t>(k);
   ++f.gemm_calls;
+}
+
+/// Counts a call of a memory-bound kernel that reads and writes `bytes` in flop_count().
+inline void count_kernel(std::uint64_t bytes) noexcept {
+  FlopCount& f = flop_count();
+  ++f.kernel_calls;
+  f.kernel_bytes += bytes;
 }
 
 /// Waits until the work queued on `exec` has finished (`exec.fence()`), counted in sync_count().

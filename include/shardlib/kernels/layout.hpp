@@ -366,6 +366,25 @@ void check_ids(const Exec& exec, const char* kernel, const I* ids, std::int64_t 
   }
 }
 
+/// The elements of a box of `rank` extents, for counting a kernel before its checks: 0 for a rank
+/// outside [0, max_layout_rank] or a negative extent (the kernel throws).
+inline std::int64_t box_elements(int rank, const std::int64_t* extent) noexcept {
+  if (rank < 0 || rank > max_layout_rank) return 0;
+  std::int64_t n = 1;
+  for (int d = 0; d < rank; ++d) {
+    if (extent[d] < 0) return 0;
+    n *= extent[d];
+  }
+  return n;
+}
+
+/// Counts a layout kernel that reads `read` and writes `written` elements of T (count_kernel),
+/// when it writes any.
+template <class T>
+void count_layout(std::int64_t read, std::int64_t written) noexcept {
+  if (written > 0) count_kernel((static_cast<std::uint64_t>(read) + static_cast<std::uint64_t>(written)) * sizeof(T));
+}
+
 }  // namespace detail
 
 /// out = in with its dims permuted: out dim k is in dim perm[k] (numpy.transpose's axes), so
@@ -375,6 +394,8 @@ void check_ids(const Exec& exec, const char* kernel, const I* ids, std::int64_t 
 /// std::invalid_argument for a bad rank, a negative extent, or a perm that is not a permutation.
 template <class Exec, class T>
 void permute(const Exec& exec, const T* in, T* out, int rank, const std::int64_t* in_extent, const int* perm) {
+  const std::int64_t elements = detail::box_elements(rank, in_extent);
+  detail::count_layout<T>(elements, elements);
   if (shardlib::shape_only()) return;
   detail::check_rank("permute", rank);
   std::int64_t in_stride[max_layout_rank];
@@ -409,6 +430,8 @@ void permute(const Exec& exec, const T* in, T* out, int rank, const std::int64_t
 template <class Exec, class T>
 void copy_sub_box(const Exec& exec, const T* in, int rank, const std::int64_t* in_extent, const std::int64_t* start,
                   const std::int64_t* count, T* out) {
+  const std::int64_t elements = detail::box_elements(rank, count);
+  detail::count_layout<T>(elements, elements);
   if (shardlib::shape_only()) return;
   detail::check_rank("copy_sub_box", rank);
   detail::StridedView v;
@@ -445,6 +468,13 @@ void take(const Exec& exec, const T* table, std::int64_t outer, std::int64_t n_l
           std::int64_t row_offset, std::int64_t extent, const I* ids, std::int64_t n_ids, T* out, bool check) {
   static_assert(std::is_integral_v<I> && !std::is_same_v<I, bool>, "shardlib::kernels::take: ids must be integers");
   static_assert(std::is_trivially_copyable_v<T>, "shardlib::kernels::take: elements must be trivially copyable");
+  if (outer > 0 && n_ids > 0 && inner > 0 && n_local >= 0) {
+    // out written; the ids read; table elements read: one per output element, at most the block
+    const std::int64_t written = outer * n_ids * inner, block = outer * n_local * inner;
+    const std::int64_t read = block < written ? block : written;
+    count_kernel(static_cast<std::uint64_t>(written + read) * sizeof(T) +
+                 static_cast<std::uint64_t>(n_ids) * sizeof(I));
+  }
   if (shardlib::shape_only()) return;
   if (outer < 0 || n_local < 0 || inner < 0 || n_ids < 0)
     throw std::invalid_argument("shardlib::kernels::take: negative extent in outer = " + std::to_string(outer) +
@@ -491,6 +521,13 @@ void index_add(const Exec& exec, T* out, std::int64_t outer, std::int64_t n_loca
                std::int64_t row_offset, std::int64_t extent, const I* ids, std::int64_t n_ids, const T* values,
                bool check) {
   static_assert(std::is_integral_v<I> && !std::is_same_v<I, bool>, "shardlib::kernels::index_add: ids must be integers");
+  if (outer > 0 && inner > 0 && n_ids > 0 && n_local > 0) {
+    // the ids read; the values of ids in the block read (at most all); out's rows they hit read and written (at
+    // most one per id, at most the block)
+    const std::int64_t read = outer * n_ids * inner, hit = outer * (n_local < n_ids ? n_local : n_ids) * inner;
+    count_kernel(static_cast<std::uint64_t>(read + 2 * hit) * sizeof(T) +
+                 static_cast<std::uint64_t>(n_ids) * sizeof(I));
+  }
   if (shardlib::shape_only()) return;
   if (check) detail::check_ids(exec, "index_add", ids, n_ids, extent);
   if constexpr (!is_host_exec_v<Exec>) {
@@ -512,17 +549,13 @@ void index_add(const Exec& exec, T* out, std::int64_t outer, std::int64_t n_loca
   }
 }
 
-/// out[out_view] = in[in_view], element by element in row-major order of their common extents:
-/// both sides strided (strides may be negative or zero on the input side: a mirror image, a
-/// repeated element), so a box of one array lands in a box of another with no packing. The two
-/// views must have the same rank and extents (std::invalid_argument otherwise) and must not
-/// overlap. One row (the last dim) per work item; rows contiguous on both sides are memcpys.
-/// Fences before returning.
+namespace detail {
+/// copy_strided's checks and copy, not counted (copy_strided counts it; fill_strided copies from
+/// its value with it on a host instance).
 template <class Exec, class T>
-void copy_strided(const Exec& exec, const char* label, const T* in, const detail::StridedView& in_view, T* out,
-                  const detail::StridedView& out_view) {
+void copy_strided_run(const Exec& exec, const char* label, const T* in, const StridedView& in_view, T* out,
+                      const StridedView& out_view) {
   static_assert(std::is_trivially_copyable_v<T>, "shardlib::kernels: layout kernels copy trivially copyable elements");
-  if (shardlib::shape_only()) return;
   detail::check_rank("copy_strided", in_view.rank);
   if (in_view.rank != out_view.rank)
     throw std::invalid_argument("shardlib::kernels::copy_strided: views of rank " + std::to_string(in_view.rank) + " and " +
@@ -566,12 +599,29 @@ void copy_strided(const Exec& exec, const char* label, const T* in, const detail
     kernels::fence(exec);
   }
 }
+}  // namespace detail
+
+/// out[out_view] = in[in_view], element by element in row-major order of their common extents:
+/// both sides strided (strides may be negative or zero on the input side: a mirror image, a
+/// repeated element), so a box of one array lands in a box of another with no packing. The two
+/// views must have the same rank and extents (std::invalid_argument otherwise) and must not
+/// overlap. One row (the last dim) per work item; rows contiguous on both sides are memcpys.
+/// Fences before returning.
+template <class Exec, class T>
+void copy_strided(const Exec& exec, const char* label, const T* in, const detail::StridedView& in_view, T* out,
+                  const detail::StridedView& out_view) {
+  const std::int64_t elements = detail::box_elements(in_view.rank, in_view.extent);
+  detail::count_layout<T>(elements, elements);
+  if (shardlib::shape_only()) return;
+  detail::copy_strided_run(exec, label, in, in_view, out, out_view);
+}
 
 /// out[out_view] = value: a box of a row-major array (a constant boundary, a shift's vacated
 /// cells). On a host instance, copy_strided from the value (stride 0) and a fence; on a device
 /// instance, one thread per element, the value carried in the kernel.
 template <class Exec, class T>
 void fill_strided(const Exec& exec, const char* label, const T& value, T* out, const detail::StridedView& out_view) {
+  detail::count_layout<T>(0, detail::box_elements(out_view.rank, out_view.extent));
   if (shardlib::shape_only()) return;
   detail::check_rank("fill_strided", out_view.rank);
   if constexpr (!is_host_exec_v<Exec>) {
@@ -580,7 +630,7 @@ void fill_strided(const Exec& exec, const char* label, const T& value, T* out, c
     detail::StridedView in = out_view;
     in.offset = 0;
     for (int d = 0; d < in.rank; ++d) in.stride[d] = 0;
-    copy_strided(exec, label, &value, in, out, out_view);
+    detail::copy_strided_run(exec, label, &value, in, out, out_view);  // (counted above, not again)
   }
 }
 

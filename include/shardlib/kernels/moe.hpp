@@ -127,6 +127,10 @@ struct ProbGradient {
 template <class Exec, class T>
 void moe_dispatch(const Exec& exec, T* slots, const T* tokens, const std::int64_t* slot_token, std::int64_t experts_capacity,
                   std::int64_t d) {
+  if (experts_capacity > 0 && d > 0) {  // slots written; slot_token read; a token row read per slot (at most)
+    const std::uint64_t rows = static_cast<std::uint64_t>(experts_capacity);
+    count_kernel(rows * (2 * static_cast<std::uint64_t>(d) * sizeof(T) + sizeof(std::int64_t)));
+  }
   if (shardlib::shape_only()) return;
   detail::portable::run(exec, "shardlib::moe::dispatch", experts_capacity * d, detail::moe_rows::Dispatch<T>{slots, tokens, slot_token, d});
 }
@@ -134,6 +138,11 @@ void moe_dispatch(const Exec& exec, T* slots, const T* tokens, const std::int64_
 template <class Exec, class T>
 void moe_gather(const Exec& exec, T* dtokens, const T* dslots, const std::int64_t* token_slot, std::int64_t tokens,
                 std::int64_t k, std::int64_t d) {
+  if (tokens > 0 && d > 0) {  // dtokens written; token_slot read; a slot row read per kept choice (at most k a token)
+    const std::uint64_t choices = static_cast<std::uint64_t>(tokens * k);
+    count_kernel((static_cast<std::uint64_t>(tokens) + choices) * static_cast<std::uint64_t>(d) * sizeof(T) +
+                 choices * sizeof(std::int64_t));
+  }
   if (shardlib::shape_only()) return;
   detail::portable::run(exec, "shardlib::moe::gather", tokens * d, detail::moe_rows::Combine<T>{dtokens, dslots, token_slot, nullptr, k, d});
 }
@@ -141,6 +150,11 @@ void moe_gather(const Exec& exec, T* dtokens, const T* dslots, const std::int64_
 template <class Exec, class T>
 void moe_combine(const Exec& exec, T* y, const T* slots, const std::int64_t* token_slot, const double* gate, std::int64_t tokens,
                  std::int64_t k, std::int64_t d) {
+  if (tokens > 0 && d > 0) {  // y written; token_slot, gate read; a slot row read per kept choice (at most k a token)
+    const std::uint64_t choices = static_cast<std::uint64_t>(tokens * k);
+    count_kernel((static_cast<std::uint64_t>(tokens) + choices) * static_cast<std::uint64_t>(d) * sizeof(T) +
+                 choices * (sizeof(std::int64_t) + sizeof(double)));
+  }
   if (shardlib::shape_only()) return;
   detail::portable::run(exec, "shardlib::moe::combine", tokens * d, detail::moe_rows::Combine<T>{y, slots, token_slot, gate, k, d});
 }
@@ -151,6 +165,17 @@ void moe_combine_backward(const Exec& exec, const T* dy, const T* slots, const s
                           const double* prob, const std::int64_t* choice_expert, std::int64_t tokens, std::int64_t k,
                           std::int64_t experts_capacity, std::int64_t experts, std::int64_t d, bool normalized, T* dslots,
                           double* a, T* dp) {
+  if (tokens > 0 || experts_capacity > 0) {  // its three kernels': each input read once, each output written once
+    const std::uint64_t choices = static_cast<std::uint64_t>(tokens * k);
+    const std::uint64_t row = static_cast<std::uint64_t>(d) * sizeof(T);
+    // dslots written, slot_token and slot_choice read
+    std::uint64_t bytes = static_cast<std::uint64_t>(experts_capacity) * (row + 2 * sizeof(std::int64_t));
+    // dy read, dp written
+    bytes += static_cast<std::uint64_t>(tokens) * (row + static_cast<std::uint64_t>(experts) * sizeof(T));
+    // the kept choices' slot rows, token_slot, choice_expert, gate and prob read, a written
+    bytes += choices * (row + 2 * sizeof(std::int64_t) + 3 * sizeof(double));
+    count_kernel(bytes);
+  }
   if (shardlib::shape_only()) return;
   detail::portable::run(exec, "shardlib::moe::combine_slots", experts_capacity * d,
                         detail::moe_rows::CombineSlots<T>{dslots, dy, slot_token, slot_choice, gate, d});

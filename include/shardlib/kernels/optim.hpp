@@ -57,6 +57,8 @@ struct SgdKernel {
 /// queued on the instance's stream.
 template <class Exec, class T, class G>
 void sgd_update(const Exec& exec, std::int64_t n, T* p, const G* g, T* buf, const SgdStep& s) {
+  if (n > 0)  // p and buf (when given) read and written, g read
+    count_kernel(static_cast<std::uint64_t>(n) * ((buf != nullptr ? 4u : 2u) * sizeof(T) + sizeof(G)));
   if (shardlib::shape_only()) return;
   detail::portable::run(exec, buf == nullptr ? "shardlib::sgd" : "shardlib::sgd_momentum", n,
                         SgdKernel<T, G>{p, g, buf, static_cast<T>(s.lr), static_cast<T>(s.momentum),
@@ -93,6 +95,7 @@ struct AdamWKernel {
 /// host instance it returns when done; on a device one it is queued on the instance's stream.
 template <class Exec, class T, class G>
 void adamw_update(const Exec& exec, std::int64_t n, T* p, const G* g, T* m, T* v, const AdamWStep& s) {
+  if (n > 0) count_kernel(static_cast<std::uint64_t>(n) * (6 * sizeof(T) + sizeof(G)));  // p, m, v read, written; g read
   if (shardlib::shape_only()) return;
   const double t = static_cast<double>(s.step);
   detail::portable::run(exec, "shardlib::adamw", n,
@@ -117,7 +120,9 @@ struct SumOfSquaresKernel {
 template <class Exec, class T>
 double sum_of_squares(const Exec& exec, std::int64_t n, const T* g) {
   double s = 0;
-  if (n == 0 || shardlib::shape_only()) return s;
+  if (n == 0) return s;
+  count_kernel(static_cast<std::uint64_t>(n) * sizeof(T));  // g read
+  if (shardlib::shape_only()) return s;
   Kokkos::parallel_reduce("shardlib::sum_of_squares", Kokkos::RangePolicy<Exec>(exec, 0, n), SumOfSquaresKernel<T>{g}, s);
   kernels::fence(exec);
   return s;

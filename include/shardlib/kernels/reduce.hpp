@@ -65,6 +65,16 @@ inline void check_shape(const char* kernel, std::int64_t outer, std::int64_t n, 
                                 std::to_string(outer) + ", " + std::to_string(n) + ", " + std::to_string(inner) + "]");
 }
 
+/// Counts a kernel on a block [outer, n, inner] (count_kernel) that reads or writes `per_element`
+/// bytes for each element and `per_row` for each row (o, i), when there are rows; not for a
+/// negative extent (the kernel throws).
+inline void count_rows(std::int64_t outer, std::int64_t n, std::int64_t inner, std::uint64_t per_element,
+                       std::uint64_t per_row) noexcept {
+  if (outer <= 0 || inner <= 0 || n < 0) return;
+  count_kernel(static_cast<std::uint64_t>(outer) * static_cast<std::uint64_t>(inner) *
+               (static_cast<std::uint64_t>(n) * per_element + per_row));
+}
+
 template <class T>
 constexpr bool is_nan(const T& x) noexcept {
   if constexpr (std::is_floating_point_v<T>) return x != x;
@@ -417,6 +427,7 @@ void row_sums(const Exec& exec, const T* in, Acc* out, std::int64_t rows, std::i
 template <class Exec, class T, class Acc>
 void reduce_dim(const Exec& exec, const T* in, Acc* out, std::int64_t outer, std::int64_t n, std::int64_t inner,
                 ReduceKind k) {
+  count_rows(outer, n, inner, sizeof(T), sizeof(Acc));  // here, not in kernels::reduce_dim: losses call this one
   if (shardlib::shape_only()) return;
   const char* label = "shardlib::kernels::reduce_dim";
   switch (k) {
@@ -435,6 +446,7 @@ void reduce_dim(const Exec& exec, const T* in, Acc* out, std::int64_t outer, std
 template <class Exec, class T>
 void exp_sum(const Exec& exec, const T* in, const T* row_max, T* row_sum, std::int64_t outer, std::int64_t n,
              std::int64_t inner) {
+  count_rows(outer, n, inner, sizeof(T), 2 * sizeof(T));  // here, not in kernels::exp_sum: losses call this one
   if (shardlib::shape_only()) return;
   run(exec, "shardlib::kernels::exp_sum", outer * inner, ExpSumKernel<T>{in, row_max, row_sum, n, inner});
 }
@@ -572,7 +584,15 @@ struct RowsKernel {
 template <class Exec, class T>
 void rows_fused(const Exec& exec, RowOp op, const T* in, T* out, std::int64_t rows, std::int64_t n, T scale, double eps,
                 RowGroups groups = {}, std::int64_t causal = 0) {
-  if (rows <= 0 || shardlib::shape_only()) return;
+  if (rows <= 0) return;
+  // in read (under `causal` the elements up to each row's diagonal), out written
+  std::int64_t read = rows * n;
+  if (causal > 0 && (op == RowOp::softmax || op == RowOp::log_softmax)) {
+    const std::int64_t c = causal, full = c < n ? c : n;  // a matrix's rows read 1, 2, ..., full, then n each
+    read = rows / c * (full * (full + 1) / 2 + (c - full) * n);
+  }
+  if (n > 0) count_kernel(static_cast<std::uint64_t>(read + rows * n) * sizeof(T));
+  if (shardlib::shape_only()) return;
   if (causal < 0 || (causal > 0 && op != RowOp::softmax && op != RowOp::log_softmax))
     throw std::invalid_argument("shardlib::kernels::rows_fused: causal " + std::to_string(causal) +
                                 " (a causal mask is softmax's and log_softmax's, over rows of > 0 queries)");
@@ -604,11 +624,13 @@ void rows_fused(const Exec& exec, RowOp op, const T* in, T* out, std::int64_t ro
 template <class Exec, class T, class Acc = T>
 void reduce_dim(const Exec& exec, const T* in, Acc* out, std::int64_t outer, std::int64_t n, std::int64_t inner,
                 ReduceKind k) {
-  if (shardlib::shape_only()) return;
-  detail::check_shape("reduce_dim", outer, n, inner);
-  if constexpr (!is_host_exec_v<Exec>) {
+  if constexpr (!is_host_exec_v<Exec>) {  // counted in portable::reduce_dim, which does nothing else in shape-only mode
+    if (!shardlib::shape_only()) detail::check_shape("reduce_dim", outer, n, inner);
     detail::portable::reduce_dim(exec, in, out, outer, n, inner, k);
   } else {
+    detail::count_rows(outer, n, inner, sizeof(T), sizeof(Acc));
+    if (shardlib::shape_only()) return;
+    detail::check_shape("reduce_dim", outer, n, inner);
     switch (k) {
       case ReduceKind::sum:
         detail::fold_rows(exec, "shardlib::kernels::reduce_dim(sum)", in, outer, n, inner,
@@ -634,6 +656,7 @@ void reduce_dim(const Exec& exec, const T* in, Acc* out, std::int64_t outer, std
 template <class Exec, class T>
 void argmax_dim(const Exec& exec, const T* in, T* best, std::int64_t* index, std::int64_t outer, std::int64_t n,
                 std::int64_t inner, std::int64_t index_offset) {
+  detail::count_rows(outer, n, inner, sizeof(T), sizeof(T) + sizeof(std::int64_t));
   if (shardlib::shape_only()) return;
   if constexpr (!is_host_exec_v<Exec>) {
     detail::check_shape("argmax_dim", outer, n, inner);
@@ -648,6 +671,7 @@ void argmax_dim(const Exec& exec, const T* in, T* best, std::int64_t* index, std
 template <class Exec, class T>
 void argmin_dim(const Exec& exec, const T* in, T* best, std::int64_t* index, std::int64_t outer, std::int64_t n,
                 std::int64_t inner, std::int64_t index_offset) {
+  detail::count_rows(outer, n, inner, sizeof(T), sizeof(T) + sizeof(std::int64_t));
   if (shardlib::shape_only()) return;
   if constexpr (!is_host_exec_v<Exec>) {
     detail::check_shape("argmin_dim", outer, n, inner);
@@ -674,11 +698,13 @@ template <class Exec, class T>
 void exp_sum(const Exec& exec, const T* in, const T* row_max, T* row_sum, std::int64_t outer, std::int64_t n,
              std::int64_t inner) {
   static_assert(std::is_floating_point_v<T>, "shardlib::kernels::exp_sum: T must be a floating-point type");
-  if (shardlib::shape_only()) return;
-  detail::check_shape("exp_sum", outer, n, inner);
-  if constexpr (!is_host_exec_v<Exec>) {
+  if constexpr (!is_host_exec_v<Exec>) {  // counted in portable::exp_sum, which does nothing else in shape-only mode
+    if (!shardlib::shape_only()) detail::check_shape("exp_sum", outer, n, inner);
     detail::portable::exp_sum(exec, in, row_max, row_sum, outer, n, inner);
   } else {
+    detail::count_rows(outer, n, inner, sizeof(T), 2 * sizeof(T));  // in read; row_max read, row_sum written
+    if (shardlib::shape_only()) return;
+    detail::check_shape("exp_sum", outer, n, inner);
     if constexpr (vmath::is_vector_type_v<T>) {
       if (inner == 1) {  // contiguous rows: Eigen's packet exp, float sums per chunk, double across
         Kokkos::parallel_for("shardlib::kernels::exp_sum(vector)", Kokkos::RangePolicy<Exec>(exec, 0, outer), [=](std::int64_t r) {
@@ -715,6 +741,7 @@ template <class Exec, class T>
 void softmax_apply(const Exec& exec, const T* in, T* out, const T* row_max, const T* row_sum, std::int64_t outer,
                    std::int64_t n, std::int64_t inner, bool log) {
   static_assert(std::is_floating_point_v<T>, "shardlib::kernels::softmax_apply: T must be a floating-point type");
+  if (n > 0) detail::count_rows(outer, n, inner, 2 * sizeof(T), 2 * sizeof(T));  // in read, out written; the stats read
   if (shardlib::shape_only()) return;
   detail::check_shape("softmax_apply", outer, n, inner);
   if constexpr (!is_host_exec_v<Exec>) {
@@ -758,6 +785,7 @@ void softmax_apply(const Exec& exec, const T* in, T* out, const T* row_max, cons
 template <class Exec, class T>
 void moments(const Exec& exec, const T* in, acc_t<T>* sum, acc_t<T>* sumsq, std::int64_t outer, std::int64_t n,
              std::int64_t inner) {
+  detail::count_rows(outer, n, inner, sizeof(T), (sum != nullptr ? 2u : 1u) * sizeof(acc_t<T>));  // in; sum, sumsq
   if (shardlib::shape_only()) return;
   detail::check_shape("moments", outer, n, inner);
   if constexpr (!is_host_exec_v<Exec>) {
@@ -806,6 +834,7 @@ inline void check_count(const char* kernel, std::int64_t n, std::int64_t count, 
 template <class Exec, class T>
 void layer_norm_apply(const Exec& exec, const T* in, T* out, const acc_t<T>* sum, const acc_t<T>* sumsq,
                       std::int64_t outer, std::int64_t n, std::int64_t inner, std::int64_t count, double eps) {
+  if (n > 0) detail::count_rows(outer, n, inner, 2 * sizeof(T), 2 * sizeof(acc_t<T>));  // in, out; sum, sumsq
   if (shardlib::shape_only()) return;
   detail::check_shape("layer_norm_apply", outer, n, inner);
   detail::check_count("layer_norm_apply", n, count, eps);
@@ -835,6 +864,7 @@ void layer_norm_apply(const Exec& exec, const T* in, T* out, const acc_t<T>* sum
 template <class Exec, class T>
 void rms_norm_apply(const Exec& exec, const T* in, T* out, const acc_t<T>* sumsq, std::int64_t outer, std::int64_t n,
                     std::int64_t inner, std::int64_t count, double eps) {
+  if (n > 0) detail::count_rows(outer, n, inner, 2 * sizeof(T), sizeof(acc_t<T>));  // in, out; sumsq
   if (shardlib::shape_only()) return;
   detail::check_shape("rms_norm_apply", outer, n, inner);
   detail::check_count("rms_norm_apply", n, count, eps);
@@ -857,6 +887,7 @@ void rms_norm_apply(const Exec& exec, const T* in, T* out, const acc_t<T>* sumsq
 /// queued on its stream; on a host one, fenced.
 template <class Exec, class T>
 void scale(const Exec& exec, T* data, std::int64_t n, T factor) {
+  if (n > 0) count_kernel(2 * static_cast<std::uint64_t>(n) * sizeof(T));  // data read and written
   if (shardlib::shape_only()) return;
   if (n < 0) throw std::invalid_argument("shardlib::kernels::scale: negative count " + std::to_string(n));
   constexpr std::int64_t chunk = 4096;

@@ -136,6 +136,7 @@ template <class Exec, class T>
 void softmax_rows(const Exec& exec, const T* in, T* out, std::int64_t rows, std::int64_t n, bool log, T scale = T(1)) {
   static_assert(is_host_exec_v<Exec> && vmath::is_vector_type_v<T>,
                 "shardlib::kernels::softmax_rows: host execution spaces, float or double");
+  if (rows > 0 && n > 0) count_kernel(2 * static_cast<std::uint64_t>(rows * n) * sizeof(T));  // in read, out written
   if (shardlib::shape_only()) return;
   detail::check_rows("softmax_rows", rows, n, 0);
   detail::for_rows(exec, "shardlib::kernels::softmax_rows", rows, n,
@@ -153,6 +154,10 @@ void layer_norm_rows(const Exec& exec, const T* in, T* out, std::int64_t rows, s
                      const T* gain = nullptr, const T* bias = nullptr) {
   static_assert(is_host_exec_v<Exec> && vmath::is_vector_type_v<T>,
                 "shardlib::kernels::layer_norm_rows: host execution spaces, float or double");
+  if (rows > 0 && n > 0) {  // in read, out written; gain and bias read when given
+    const std::uint64_t vectors = (gain != nullptr ? 1u : 0u) + (bias != nullptr ? 1u : 0u);
+    count_kernel((2 * static_cast<std::uint64_t>(rows) + vectors) * static_cast<std::uint64_t>(n) * sizeof(T));
+  }
   if (shardlib::shape_only()) return;
   detail::check_rows("layer_norm_rows", rows, n, eps);
   detail::for_rows(exec, "shardlib::kernels::layer_norm_rows", rows, n, [=](std::int64_t r) {
@@ -183,6 +188,7 @@ template <class Exec, class T>
 void rms_norm_rows(const Exec& exec, const T* in, T* out, std::int64_t rows, std::int64_t n, double eps) {
   static_assert(is_host_exec_v<Exec> && vmath::is_vector_type_v<T>,
                 "shardlib::kernels::rms_norm_rows: host execution spaces, float or double");
+  if (rows > 0 && n > 0) count_kernel(2 * static_cast<std::uint64_t>(rows * n) * sizeof(T));  // in read, out written
   if (shardlib::shape_only()) return;
   detail::check_rows("rms_norm_rows", rows, n, eps);
   detail::for_rows(exec, "shardlib::kernels::rms_norm_rows", rows, n, [=](std::int64_t r) {

@@ -160,15 +160,14 @@ kernels::MatrixBatch<const T> einsum_operand(const Exec& exec, const T* data, co
   for (int i = 0; i < rank; ++i) in_ext[static_cast<std::size_t>(i)] = box.extent[static_cast<std::size_t>(i)];
   const std::int64_t total = nb * ns * rows * cols;
   std::shared_ptr<void> packed = alloc(static_cast<std::size_t>(total) * sizeof(T));
-  const bool compute = !shardlib::shape_only();  // shape-only: the allocations alone
-  if (compute) kernels::permute(exec, data, static_cast<T*>(packed.get()), rank, in_ext.data(), perm.data());
+  // (shape-only: the kernels count their work and return; the allocations are real)
+  kernels::permute(exec, data, static_cast<T*>(packed.get()), rank, in_ext.data(), perm.data());
   if (n_sum == 0) {
     keep = packed;
     return {static_cast<const T*>(packed.get()), rows, cols, cols, 1, rows * cols};
   }
   keep = alloc(static_cast<std::size_t>(nb * rows * cols) * sizeof(T));
   T* summed = static_cast<T*>(keep.get());
-  if (!compute) return {summed, rows, cols, cols, 1, rows * cols};
   if (sum_first) kernels::reduce_dim(exec, static_cast<const T*>(packed.get()), summed, nb, ns, rows * cols, kernels::ReduceKind::sum);
   else kernels::reduce_dim(exec, static_cast<const T*>(packed.get()), summed, nb * rows, ns, cols, kernels::ReduceKind::sum);
   return {summed, rows, cols, cols, 1, rows * cols};

@@ -2,16 +2,15 @@
 /// @file
 /// Comparing plans: the candidates (a recipe on a mesh) a program planned on shapes alone (the
 /// simulate backend, docs/16_planning.md), each with what one device holds, sends and computes
-/// in a step, as one table for devices of a given memory: those that fit first, the others after
-/// with why they do not.
-///
-/// The ranking of those that fit is by bytes sent per device and step, least first: a proxy for
-/// the step's time until the cost model (issue "planning at scale", item 3) turns bytes and FLOPs
-/// into seconds; the table says so in its header.
+/// in a step, as one table for devices of a profile (plan/profile.hpp): those that fit in the
+/// device's memory first, fastest first by the cost model's step time (plan/cost.hpp), with
+/// tokens per second and the fraction of the device's peak; the others after, with why they do
+/// not fit.
 #pragma once
 
 #include <shardlib/collectives/counters.hpp>
 #include <shardlib/memory.hpp>
+#include <shardlib/plan/cost.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -24,50 +23,67 @@ namespace shardlib::plan {
 
 /// One candidate's plan: a recipe on a mesh, and one step on one device of it.
 struct Candidate {
-  std::string name;            ///< "zero3", "dp_tp"
-  std::string mesh;            ///< its mesh, "{data: 128, model: 8}"
-  int device = 0;              ///< the device planned
-  MemoryUsage memory;          ///< the step's memory account (its `peak`: the step's high point)
-  coll::CommStats comm;        ///< the step's collectives on that device
-  std::uint64_t gemm_flops = 0;  ///< the step's GEMM FLOPs on that device (kernels::flop_count)
-  std::string failed;          ///< why it could not be planned (an exception's message); empty when planned
+  std::string name;      ///< "zero3", "dp_tp"
+  std::string mesh;      ///< its mesh, "{data: 128, model: 8}"
+  int device = 0;        ///< the device planned
+  MemoryUsage memory;    ///< the step's memory account (its `peak`: the step's high point)
+  coll::CommStats comm;  ///< the step's collectives on that device
+  Work work;             ///< what the device computes and sends in the step (the cost model's input)
+  std::string failed;    ///< why it could not be planned (an exception's message); empty when planned
+
+  /// The cost model's step time on devices of `profile`.
+  StepTime time(const Profile& profile) const { return predict(work, profile); }
 };
 
-/// The table of `candidates` for devices of `device_memory` bytes each (see the file comment).
-/// Throws std::invalid_argument for a device memory of 0 or less.
-inline std::string table(std::vector<Candidate> candidates, std::int64_t device_memory) {
+/// The table of `candidates` on devices of `profile`, each step `tokens_per_step` tokens of the
+/// whole mesh (see the file comment). Throws std::invalid_argument for a profile whose memory is
+/// 0 or less.
+inline std::string table(std::vector<Candidate> candidates, const Profile& profile, std::int64_t tokens_per_step) {
+  const std::int64_t device_memory = profile.memory;
   if (device_memory <= 0)
     throw std::invalid_argument("shardlib: plan::table: a device memory of " + std::to_string(device_memory) +
                                 " bytes; give the devices' memory in bytes, more than 0");
   const auto fits = [&](const Candidate& c) { return c.failed.empty() && c.memory.peak <= device_memory; };
-  std::stable_sort(candidates.begin(), candidates.end(), [&](const Candidate& a, const Candidate& b) {
-    if (fits(a) != fits(b)) return fits(a);
-    if (fits(a)) return a.comm.total_bytes_sent() < b.comm.total_bytes_sent();
-    if (a.failed.empty() != b.failed.empty()) return a.failed.empty();
-    return a.memory.peak < b.memory.peak;
+  std::vector<std::pair<Candidate, StepTime>> rows;
+  for (Candidate& c : candidates) {
+    const StepTime t = c.failed.empty() ? c.time(profile) : StepTime{};
+    rows.emplace_back(std::move(c), t);
+  }
+  std::stable_sort(rows.begin(), rows.end(), [&](const auto& a, const auto& b) {
+    if (fits(a.first) != fits(b.first)) return fits(a.first);
+    if (fits(a.first)) return a.second.total() < b.second.total();
+    if (a.first.failed.empty() != b.first.failed.empty()) return a.first.failed.empty();
+    return a.first.memory.peak < b.first.memory.peak;
   });
   const auto text = [](std::int64_t b) { return MemoryUsage::bytes_text(b); };
-  char line[512];
-  std::string s = "plans for devices of " + text(device_memory) +
-                  " (one step on one device; those that fit first, least traffic first: time is not predicted yet)\n";
-  std::snprintf(line, sizeof line, "  %-4s %-13s %-30s %6s %10s %10s %10s %10s %10s %12s %10s\n", "", "recipe", "mesh",
-                "device", "params", "grads", "state", "act. peak", "peak", "sent/step", "GEMM TF");
+  char line[640];
+  std::string s = "plans for " + profile.name + " devices of " + text(device_memory) + ", " +
+                  std::to_string(profile.node_size) +
+                  " to a node (one step on one device; those that fit first, fastest first)\n";
+  std::snprintf(line, sizeof line, "  %-4s %-15s %-32s %6s %9s %9s %9s %9s %9s %10s %10s %10s %9s %7s\n", "", "recipe",
+                "mesh", "device", "params", "grads", "state", "act. peak", "peak", "intra/step", "inter/step",
+                "step (ms)", "tok/s", "of peak");
   s += line;
   int rank = 0;
   std::int64_t smallest = -1;
-  for (const Candidate& c : candidates) {
+  for (const auto& [c, t] : rows) {
     if (!c.failed.empty()) continue;
     if (smallest < 0 || c.memory.peak < smallest) smallest = c.memory.peak;
     const std::string flag = fits(c) ? std::to_string(++rank) + "." : "--";
-    std::snprintf(line, sizeof line, "  %-4s %-13s %-30s %6d %10s %10s %10s %10s %10s %12s %10.4g\n", flag.c_str(),
-                  c.name.c_str(), c.mesh.c_str(), c.device, text(c.memory.parameters()).c_str(),
-                  text(c.memory.gradients()).c_str(),
-                  text(c.memory.optimizer_state()).c_str(), text(c.memory.peak_of(MemoryRole::activations)).c_str(),
-                  text(c.memory.peak).c_str(), coll::bytes_text(c.comm.total_bytes_sent()).c_str(),
-                  static_cast<double>(c.gemm_flops) * 1e-12);
+    const double secs = t.total();
+    const double tok = secs > 0 ? static_cast<double>(tokens_per_step) / secs : 0;
+    const double of_peak = secs > 0 && profile.peak_flops > 0
+                               ? static_cast<double>(c.work.gemm_flops) / secs / profile.peak_flops
+                               : 0;
+    std::snprintf(line, sizeof line, "  %-4s %-15s %-32s %6d %9s %9s %9s %9s %9s %10s %10s %10.4g %9.3g %6.1f%%\n",
+                  flag.c_str(), c.name.c_str(), c.mesh.c_str(), c.device, text(c.memory.parameters()).c_str(),
+                  text(c.memory.gradients()).c_str(), text(c.memory.optimizer_state()).c_str(),
+                  text(c.memory.peak_of(MemoryRole::activations)).c_str(), text(c.memory.peak).c_str(),
+                  coll::bytes_text(t.intra_bytes).c_str(), coll::bytes_text(t.inter_bytes).c_str(), secs * 1e3, tok,
+                  100 * of_peak);
     s += line;
   }
-  for (const Candidate& c : candidates) {
+  for (const auto& [c, t] : rows) {
     if (fits(c)) continue;
     s += "  excluded: " + c.name + " on " + c.mesh + ": ";
     s += c.failed.empty() ? "needs " + text(c.memory.peak) + " at its peak, more than the " + text(device_memory)
@@ -78,7 +94,23 @@ inline std::string table(std::vector<Candidate> candidates, std::int64_t device_
     s += smallest >= 0 ? "  nothing fits: the smallest peak is " + text(smallest) + " per device (more devices, or "
                                                                                        "devices with that much memory)\n"
                        : "  nothing could be planned\n";
+  s += "  step: GEMMs + other kernels + the pipeline's bubble + collectives (nothing overlapped; plan/cost.hpp); "
+       "of peak: the GEMM FLOPs counted (recomputation included) per second, over the device's peak\n";
+  for (const std::string& n : profile.notes) s += "  profile: " + n + "\n";
   return s;
+}
+
+/// Each part of `t` in milliseconds, one line: "GEMMs 12.1 ms, kernels 3.0 ms, bubble 0 ms, intra-node 2.2 ms
+/// (1.5 GiB), inter-node 0 ms (0 B): 17.3 ms".
+inline std::string breakdown(const StepTime& t) {
+  char b[320];
+  std::snprintf(b, sizeof b,
+                "GEMMs %.4g ms, other kernels %.4g ms, bubble %.4g ms, intra-node %.4g ms (%s sent), inter-node "
+                "%.4g ms (%s sent): %.4g ms",
+                t.gemm * 1e3, t.kernels * 1e3, t.bubble * 1e3, t.intra_node * 1e3,
+                coll::bytes_text(t.intra_bytes).c_str(), t.inter_node * 1e3, coll::bytes_text(t.inter_bytes).c_str(),
+                t.total() * 1e3);
+  return b;
 }
 
 }  // namespace shardlib::plan

@@ -186,7 +186,11 @@ class Context {
     std::string name = "group {";
     for (int i = 0; i < axes.size(); ++i) name += (i ? ", " : "") + mesh.name(axes[i]).str();
     name += "} of mesh " + mesh.to_string();
-    cache.push_back({mesh, axes, parent.split(color, key, mesh.group_size(axes), std::move(name))});
+    auto comm = parent.split(color, key, mesh.group_size(axes), std::move(name));
+    std::vector<int> members = mesh.group_devices(device_, axes);  // ranked as `key` ranks them
+    for (int& m : members) m = parent.world_device(m);
+    comm->set_world_devices(std::move(members));
+    cache.push_back({mesh, axes, std::move(comm)});
     return *cache.back().comm;
   }
 

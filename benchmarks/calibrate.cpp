@@ -1,0 +1,261 @@
+// SPDX-License-Identifier: Apache-2.0
+// Calibration: measures what the cost model (include/shardlib/plan/cost.hpp) needs of the devices
+// at hand and writes it as a profile (plan/profile.hpp) that `gpt --backend simulate --profile F`
+// and sl::plan::Profile::load read (docs/16_planning.md, "Calibrating"):
+//   bench_calibrate [--devices N] [--backend threads|mpi] [--node K] [--out FILE] [--name NAME] [--quick]
+//   mpirun -np 16 bench_calibrate --backend mpi --node 8 --out cluster.json
+// Every device measures at once, as in a training step (on a host, in-process devices share its
+// cores); each figure is the slowest device's median of --reps (5) repetitions.
+// - GEMMs: float32 matmul of replicated [m, k] x [k, n] tensors (each device its own, no
+//   collective) at 64^3, 192^3, 384^3 (--quick: 32^3, 96^3, 192^3): gemm_rate and gemm_call,
+//   a least-squares fit of seconds = FLOPs / rate + call.
+// - Memory-bound kernels: a + b, gelu(a), softmax<1>(a) on float32 tensors of 4 Ki and 4 Mi
+//   elements (--quick: 1 Mi), each call's bytes and count from kernels::flop_count():
+//   memory_bandwidth and kernel_call, the same fit.
+// - Links: all_reduce and all_gather of 8 B to 16 MiB (--quick: 4 MiB) over the devices of one
+//   node (intra_node) and over one device of each node (inter_node, when there are 2 nodes or
+//   more; --node K devices to a node, all of them by default): latency, the median seconds per
+//   algorithm step of the calls of 1 KiB or less; bandwidth, the median bytes per second of
+//   the calls of 1 MiB or more, after their latency.
+// One JSON record per figure on stdout (bench "calibrate"), progress and the profile's path on
+// stderr. A link kind not measured (one node) is left out of the file: the planner then takes
+// the named default and says so.
+#include "common.hpp"
+
+#include <shardlib/ops.hpp>
+#include <shardlib/plan/cost.hpp>
+#include <shardlib/runtime/runtime.hpp>
+#include <shardlib/tensor.hpp>
+
+#include <unistd.h>
+
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace sl = shardlib;
+
+namespace {
+
+/// The slowest device's median of `reps` timings of `f()` (collective: every device calls it).
+template <class F>
+double timed(sl::Context& ctx, int reps, F&& f) {
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    ctx.world().barrier();
+    const auto t0 = bench::Clock::now();
+    f();
+    t.push_back(std::chrono::duration<double>(bench::Clock::now() - t0).count());
+  }
+  double mine = bench::median(t), worst = 0;
+  ctx.world().all_reduce(&mine, &worst, 1, sl::coll::DType::f64, sl::coll::Op::max);
+  return worst;
+}
+
+/// Least squares of y = a x + b c over points (x, c, y): {a, b} (b >= 0 and a > 0 kept).
+std::pair<double, double> fit(const std::vector<std::array<double, 3>>& pts) {
+  double sxx = 0, sxc = 0, scc = 0, sxy = 0, scy = 0;
+  for (const auto& [x, c, y] : pts) sxx += x * x, sxc += x * c, scc += c * c, sxy += x * y, scy += c * y;
+  const double det = sxx * scc - sxc * sxc;
+  double a = det != 0 ? (sxy * scc - scy * sxc) / det : sxy / sxx;
+  double b = det != 0 ? (sxx * scy - sxc * sxy) / det : 0;
+  if (b < 0 || !(a > 0)) {  // no per-call cost visible: the rate alone
+    b = 0;
+    a = sxy / sxx;
+  }
+  return {a, b};
+}
+
+void record(sl::Context& ctx, const char* part, const std::string& name, double seconds, const std::string& fields) {
+  if (ctx.device() != 0) return;
+  std::printf("{\"bench\": \"calibrate\", \"part\": \"%s\", \"name\": \"%s\", \"backend\": \"%s\", \"devices\": %d, "
+              "\"seconds\": %.6g, \"baseline\": null, \"baseline_seconds\": null, %s}\n",
+              part, name.c_str(), std::string(ctx.backend()).c_str(), ctx.num_devices(), seconds, fields.c_str());
+  std::fflush(stdout);
+}
+
+/// {latency, bandwidth} of `comm`'s all_reduce and all_gather, measured (see the file comment).
+sl::plan::Link measure_link(sl::Context& ctx, sl::coll::Communicator& comm, const char* which, std::int64_t max_bytes,
+                            int reps) {
+  struct Point {
+    double bytes_sent, seconds;
+    int steps;
+  };
+  std::vector<double> alphas;
+  std::vector<Point> large;
+  const int n = comm.size();
+  std::vector<float> in, out;
+  for (std::int64_t bytes = 8; bytes <= max_bytes; bytes *= 8) {
+    const std::size_t count = static_cast<std::size_t>(std::max<std::int64_t>(1, bytes / 4));
+    in.assign(count * static_cast<std::size_t>(n), 1.f);
+    out.assign(count * static_cast<std::size_t>(n), 0.f);
+    for (sl::coll::Kind kind : {sl::coll::Kind::all_reduce, sl::coll::Kind::all_gather}) {
+      auto call = [&] {
+        if (kind == sl::coll::Kind::all_reduce)
+          comm.all_reduce(in.data(), out.data(), count, sl::coll::DType::f32, sl::coll::Op::sum);
+        else
+          comm.all_gather(in.data(), out.data(), count, sl::coll::DType::f32);
+      };
+      const sl::coll::CommTrace tr = sl::coll::trace(call);
+      const sl::coll::CallRecord& rec = tr.calls.at(0);
+      const double t = timed(ctx, reps, call);
+      const int steps = sl::plan::steps_of(rec);
+      if (bytes <= 1024 && steps > 0) alphas.push_back(t / steps);
+      if (bytes >= (1 << 20)) large.push_back({static_cast<double>(rec.bytes_sent), t, steps});
+      record(ctx, "link", std::string(which) + " " + std::string(sl::coll::name(kind)), t,
+             "\"bytes\": " + std::to_string(bytes) + ", \"bytes_sent\": " + std::to_string(rec.bytes_sent) +
+                 ", \"group\": " + std::to_string(n) + ", \"steps\": " + std::to_string(steps));
+    }
+  }
+  sl::plan::Link l;
+  l.latency = alphas.empty() ? 0 : bench::median(alphas);
+  std::vector<double> bw;  // bytes over the time left after the latency (at least half the call's)
+  for (const Point& q : large) bw.push_back(q.bytes_sent / std::max(q.seconds * 0.5, q.seconds - q.steps * l.latency));
+  l.bandwidth = bw.empty() ? 0 : bench::median(bw);
+  return l;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (bench::answered_backends_query(argc, argv, true)) return 0;
+  bool quick = false;
+  std::string out = "profile.json", name = "host";
+  for (int i = 1; i < argc; ++i) {
+    quick = quick || std::strcmp(argv[i], "--quick") == 0;
+    if (i + 1 < argc && std::strcmp(argv[i], "--out") == 0) out = argv[i + 1];
+    if (i + 1 < argc && std::strcmp(argv[i], "--name") == 0) name = argv[i + 1];
+  }
+  const int reps = static_cast<int>(bench::arg(argc, argv, "--reps", 5));
+  const long long node_arg = bench::arg(argc, argv, "--node", 0);
+  std::vector<char*> rest;  // the runtime's flags
+  for (int i = 0; i < argc; ++i) {
+    const bool ours = std::strcmp(argv[i], "--out") == 0 || std::strcmp(argv[i], "--name") == 0 ||
+                      std::strcmp(argv[i], "--reps") == 0 || std::strcmp(argv[i], "--node") == 0;
+    if (ours) {
+      ++i;
+      continue;
+    }
+    if (std::strcmp(argv[i], "--quick") != 0) rest.push_back(argv[i]);
+  }
+  int rest_argc = static_cast<int>(rest.size());
+  rest.push_back(nullptr);
+  auto rt = sl::Runtime::from_args(rest_argc, rest.data(), 1);
+  const int n = rt.num_devices();
+  const int node = node_arg > 0 ? static_cast<int>(node_arg) : n;
+  if (node > n || n % node != 0) {
+    std::fprintf(stderr, "bench_calibrate: --node %d does not divide the %d devices\n", node, n);
+    return 2;
+  }
+  sl::plan::Profile p;
+  p.name = name;
+  p.node_size = node;
+  p.memory = static_cast<std::int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) / std::max(1, node);
+  bool have_inter = false;
+  rt.spmd([&](sl::Context& ctx) {
+    using Mesh = sl::Mesh<"node", "local">;
+    Mesh mesh(ctx, {n / node, node});
+    using M = sl::DistributedTensor<float, Mesh, sl::Spec<sl::none, sl::none>>;
+    if (ctx.device() == 0) std::fprintf(stderr, "calibrate: GEMMs on %d devices ...\n", n);
+    std::vector<std::array<double, 3>> gemm_pts;
+    for (std::int64_t s : quick ? std::vector<std::int64_t>{32, 96, 192} : std::vector<std::int64_t>{64, 192, 384}) {
+      const M a = M::random(mesh, {s, s}, 1), b = M::random(mesh, {s, s}, 2);
+      const auto f0 = sl::kernels::flop_count();
+      (void)sl::matmul(a, b);
+      const auto f1 = sl::kernels::flop_count();
+      const double flops = static_cast<double>(f1.gemm - f0.gemm), calls = static_cast<double>(f1.gemm_calls - f0.gemm_calls);
+      const double t = timed(ctx, reps, [&] { (void)sl::matmul(a, b); });
+      gemm_pts.push_back({flops, calls, t});
+      record(ctx, "gemm", "matmul " + std::to_string(s) + "^3", t,
+             "\"flops\": " + std::to_string(flops) + ", \"gflops\": " + std::to_string(flops / t * 1e-9));
+    }
+    const auto [inv_rate, gemm_call] = fit(gemm_pts);
+    if (ctx.device() == 0) std::fprintf(stderr, "calibrate: memory-bound kernels ...\n");
+    std::vector<std::array<double, 3>> mem_pts;
+    for (std::int64_t elems : {std::int64_t{4096}, quick ? std::int64_t{1} << 20 : std::int64_t{4} << 20}) {
+      const M a = M::random(mesh, {elems / 256, 256}, 3), b = M::random(mesh, {elems / 256, 256}, 4);
+      auto one = [&](int which) {
+        if (which == 0) (void)(a + b);
+        else if (which == 1) (void)sl::gelu(a);
+        else (void)sl::softmax<1>(a);
+      };
+      for (int which = 0; which < 3; ++which) {
+        const auto f0 = sl::kernels::flop_count();
+        (void)one(which);
+        const auto f1 = sl::kernels::flop_count();
+        const double bytes = static_cast<double>(f1.kernel_bytes - f0.kernel_bytes);
+        const double calls = static_cast<double>(f1.kernel_calls - f0.kernel_calls);
+        const double t = timed(ctx, reps, [&] { (void)one(which); });
+        mem_pts.push_back({bytes, calls, t});
+        const char* op = which == 0 ? "a + b" : which == 1 ? "gelu" : "softmax<1>";
+        record(ctx, "kernels", std::string(op) + " " + std::to_string(elems), t,
+               "\"bytes\": " + std::to_string(bytes) + ", \"calls\": " + std::to_string(calls) +
+                   ", \"GBps\": " + std::to_string(bytes / t * 1e-9));
+      }
+    }
+    const auto [inv_bw, kernel_call] = fit(mem_pts);
+    const std::int64_t max_bytes = quick ? std::int64_t{4} << 20 : std::int64_t{16} << 20;
+    sl::plan::Link intra, inter;
+    if (node > 1) {
+      if (ctx.device() == 0) std::fprintf(stderr, "calibrate: collectives within a node (%d devices) ...\n", node);
+      intra = measure_link(ctx, ctx.group(mesh, {1}), "intra_node", max_bytes, reps);
+    }
+    if (n / node > 1) {
+      if (ctx.device() == 0) std::fprintf(stderr, "calibrate: collectives across %d nodes ...\n", n / node);
+      inter = measure_link(ctx, ctx.group(mesh, {0}), "inter_node", max_bytes, reps);
+    }
+    record(ctx, "profile", "fit", 0,
+           "\"gemm_rate\": " + std::to_string(1 / inv_rate) + ", \"gemm_call\": " + std::to_string(gemm_call) +
+               ", \"memory_bandwidth\": " + std::to_string(1 / inv_bw) + ", \"kernel_call\": " +
+               std::to_string(kernel_call) + ", \"intra_latency\": " + std::to_string(intra.latency) +
+               ", \"intra_bandwidth\": " + std::to_string(intra.bandwidth) + ", \"inter_latency\": " +
+               std::to_string(inter.latency) + ", \"inter_bandwidth\": " + std::to_string(inter.bandwidth));
+    if (ctx.device() != 0) return;
+    p.gemm_rate = 1 / inv_rate;
+    p.gemm_call = gemm_call;
+    p.memory_bandwidth = 1 / inv_bw;
+    p.kernel_call = kernel_call;
+    const std::string how = std::string("measured by bench_calibrate on ") + std::to_string(n) + " " +
+                            std::string(ctx.backend()) + " devices, " + std::to_string(node) + " to a node";
+    p.source = how + " (float32 matmul, a + b, gelu, softmax<1>; kernels/" + sl::kernels::blas_info().kernel() + ")";
+    if (node > 1) {
+      p.intra_node = intra;
+      p.intra_node.source = how + " (all_reduce, all_gather within a node)";
+    }
+    if (n / node > 1) {
+      p.inter_node = inter;
+      p.inter_node.source = how + " (all_reduce, all_gather across nodes)";
+      have_inter = true;
+    }
+  });
+  std::string json = p.to_json();
+  // A link kind this run could not measure is left out: the planner takes its named default.
+  auto drop = [&](const char* key) {
+    const std::size_t at = json.find(std::string("  \"") + key + "\"");
+    if (at == std::string::npos) return;
+    const std::size_t end = json.find('\n', at);
+    json.erase(at, end - at + 1);
+  };
+  if (node == 1) drop("intra_node");
+  if (!have_inter) drop("inter_node");
+  // (the last member may now end in a comma)
+  const std::size_t close = json.rfind('}');
+  const std::size_t comma = json.find_last_of(',', close);
+  if (comma != std::string::npos && json.find_first_not_of(" \n", comma + 1) == close) json.erase(comma, 1);
+  if (rt.first_local_device() == 0) {
+    std::ofstream f(out);
+    f << json;
+    if (!f) {
+      std::fprintf(stderr, "bench_calibrate: cannot write %s\n", out.c_str());
+      return 1;
+    }
+    std::fprintf(stderr,
+                 "calibrate: GEMMs %.3g GFLOP/s + %.3g us a call; kernels %.3g GB/s + %.3g us a call; the profile: %s\n",
+                 p.gemm_rate * 1e-9, p.gemm_call * 1e6, p.memory_bandwidth * 1e-9, p.kernel_call * 1e6, out.c_str());
+  }
+  return 0;
+}
