@@ -5,13 +5,16 @@
 //   bench_calibrate [--devices N] [--backend threads|mpi] [--node K] [--out FILE] [--name NAME] [--quick]
 //   mpirun -np 16 bench_calibrate --backend mpi --node 8 --out cluster.json
 // Every device measures at once, as in a training step (on a host, in-process devices share its
-// cores); each figure is the slowest device's median of --reps (5) repetitions.
+// cores): each figure is timed from a barrier before to a barrier after every device's calls,
+// the median of --reps (5) repetitions.
 // - GEMMs: float32 matmul of replicated [m, k] x [k, n] tensors (each device its own, no
 //   collective) at 64^3, 192^3, 384^3 (--quick: 32^3, 96^3, 192^3): gemm_rate and gemm_call,
-//   a least-squares fit of seconds = FLOPs / rate + call.
+//   seconds = FLOPs / rate + calls x call.
 // - Memory-bound kernels: a + b, gelu(a), softmax<1>(a) on float32 tensors of 4 Ki and 4 Mi
 //   elements (--quick: 1 Mi), each call's bytes and count from kernels::flop_count():
 //   memory_bandwidth and kernel_call, the same fit.
+//   The fit (`fit` below): the rate from the larger sizes, the per-call cost from what the smaller
+//   ones take beyond their work at that rate.
 // - Links: all_reduce and all_gather of 8 B to 16 MiB (--quick: 4 MiB) over the devices of one
 //   node (intra_node) and over one device of each node (inter_node, when there are 2 nodes or
 //   more; --node K devices to a node, all of them by default): latency, the median seconds per
@@ -29,6 +32,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -41,33 +45,42 @@ namespace sl = shardlib;
 
 namespace {
 
-/// The slowest device's median of `reps` timings of `f()` (collective: every device calls it).
+/// Seconds per call of `f()` with every device calling it at once, as in a training step: from a
+/// barrier before to a barrier after the last device's call (so devices that share cores are
+/// timed as they share them), `inner` calls between the barriers (as many as take about 2 ms,
+/// 1 to 200, the same on every device), the median of `reps` (collective).
 template <class F>
 double timed(sl::Context& ctx, int reps, F&& f) {
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
+  auto block = [&](int inner) {
     ctx.world().barrier();
     const auto t0 = bench::Clock::now();
-    f();
-    t.push_back(std::chrono::duration<double>(bench::Clock::now() - t0).count());
-  }
-  double mine = bench::median(t), worst = 0;
-  ctx.world().all_reduce(&mine, &worst, 1, sl::coll::DType::f64, sl::coll::Op::max);
-  return worst;
+    for (int k = 0; k < inner; ++k) f();
+    ctx.world().barrier();
+    double t = std::chrono::duration<double>(bench::Clock::now() - t0).count(), slowest = 0;
+    ctx.world().all_reduce(&t, &slowest, 1, sl::coll::DType::f64, sl::coll::Op::max);
+    return slowest;
+  };
+  const double first = block(1);
+  const int inner = static_cast<int>(std::clamp(2e-3 / std::max(first, 1e-9), 1.0, 200.0));
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) t.push_back(block(inner) / inner);
+  return bench::median(t);
 }
 
-/// Least squares of y = a x + b c over points (x, c, y): {a, b} (b >= 0 and a > 0 kept).
+/// The rate and the per-call cost of work points (amount x, calls c, seconds y), y = x / rate +
+/// c × call: the rate from the points of the larger amounts (the median of x / y over those at
+/// least half the largest: there the per-call cost is small), the per-call cost from the others
+/// (the median of what their time leaves after x / rate, per call, 0 at least). Returns {rate, call}.
 std::pair<double, double> fit(const std::vector<std::array<double, 3>>& pts) {
-  double sxx = 0, sxc = 0, scc = 0, sxy = 0, scy = 0;
-  for (const auto& [x, c, y] : pts) sxx += x * x, sxc += x * c, scc += c * c, sxy += x * y, scy += c * y;
-  const double det = sxx * scc - sxc * sxc;
-  double a = det != 0 ? (sxy * scc - scy * sxc) / det : sxy / sxx;
-  double b = det != 0 ? (sxx * scy - sxc * sxy) / det : 0;
-  if (b < 0 || !(a > 0)) {  // no per-call cost visible: the rate alone
-    b = 0;
-    a = sxy / sxx;
-  }
-  return {a, b};
+  double largest = 0;
+  for (const auto& p : pts) largest = std::max(largest, p[0]);
+  std::vector<double> rates, calls;
+  for (const auto& [x, c, y] : pts)
+    if (x >= largest / 2) rates.push_back(x / y);
+  const double rate = bench::median(rates);
+  for (const auto& [x, c, y] : pts)
+    if (x < largest / 2 && c > 0) calls.push_back(std::max(0.0, (y - x / rate) / c));
+  return {rate, calls.empty() ? 0.0 : bench::median(calls)};
 }
 
 void record(sl::Context& ctx, const char* part, const std::string& name, double seconds, const std::string& fields) {
@@ -162,7 +175,7 @@ int main(int argc, char** argv) {
     using M = sl::DistributedTensor<float, Mesh, sl::Spec<sl::none, sl::none>>;
     if (ctx.device() == 0) std::fprintf(stderr, "calibrate: GEMMs on %d devices ...\n", n);
     std::vector<std::array<double, 3>> gemm_pts;
-    for (std::int64_t s : quick ? std::vector<std::int64_t>{32, 96, 192} : std::vector<std::int64_t>{64, 192, 384}) {
+    for (std::int64_t s : quick ? std::vector<std::int64_t>{32, 96, 192} : std::vector<std::int64_t>{64, 256, 512}) {
       const M a = M::random(mesh, {s, s}, 1), b = M::random(mesh, {s, s}, 2);
       const auto f0 = sl::kernels::flop_count();
       (void)sl::matmul(a, b);
@@ -173,7 +186,7 @@ int main(int argc, char** argv) {
       record(ctx, "gemm", "matmul " + std::to_string(s) + "^3", t,
              "\"flops\": " + std::to_string(flops) + ", \"gflops\": " + std::to_string(flops / t * 1e-9));
     }
-    const auto [inv_rate, gemm_call] = fit(gemm_pts);
+    const auto [gemm_rate, gemm_call] = fit(gemm_pts);
     if (ctx.device() == 0) std::fprintf(stderr, "calibrate: memory-bound kernels ...\n");
     std::vector<std::array<double, 3>> mem_pts;
     for (std::int64_t elems : {std::int64_t{4096}, quick ? std::int64_t{1} << 20 : std::int64_t{4} << 20}) {
@@ -197,7 +210,7 @@ int main(int argc, char** argv) {
                    ", \"GBps\": " + std::to_string(bytes / t * 1e-9));
       }
     }
-    const auto [inv_bw, kernel_call] = fit(mem_pts);
+    const auto [memory_bandwidth, kernel_call] = fit(mem_pts);
     const std::int64_t max_bytes = quick ? std::int64_t{4} << 20 : std::int64_t{16} << 20;
     sl::plan::Link intra, inter;
     if (node > 1) {
@@ -209,15 +222,15 @@ int main(int argc, char** argv) {
       inter = measure_link(ctx, ctx.group(mesh, {0}), "inter_node", max_bytes, reps);
     }
     record(ctx, "profile", "fit", 0,
-           "\"gemm_rate\": " + std::to_string(1 / inv_rate) + ", \"gemm_call\": " + std::to_string(gemm_call) +
-               ", \"memory_bandwidth\": " + std::to_string(1 / inv_bw) + ", \"kernel_call\": " +
+           "\"gemm_rate\": " + std::to_string(gemm_rate) + ", \"gemm_call\": " + std::to_string(gemm_call) +
+               ", \"memory_bandwidth\": " + std::to_string(memory_bandwidth) + ", \"kernel_call\": " +
                std::to_string(kernel_call) + ", \"intra_latency\": " + std::to_string(intra.latency) +
                ", \"intra_bandwidth\": " + std::to_string(intra.bandwidth) + ", \"inter_latency\": " +
                std::to_string(inter.latency) + ", \"inter_bandwidth\": " + std::to_string(inter.bandwidth));
     if (ctx.device() != 0) return;
-    p.gemm_rate = 1 / inv_rate;
+    p.gemm_rate = gemm_rate;
     p.gemm_call = gemm_call;
-    p.memory_bandwidth = 1 / inv_bw;
+    p.memory_bandwidth = memory_bandwidth;
     p.kernel_call = kernel_call;
     const std::string how = std::string("measured by bench_calibrate on ") + std::to_string(n) + " " +
                             std::string(ctx.backend()) + " devices, " + std::to_string(node) + " to a node";

@@ -505,7 +505,7 @@ def calibrate_cases(args, exes, peers):
 
 
 def calibrate_table(records):
-    fits = [r for r in records if r.get("part") == "profile"]
+    fits = [r for r in records if r.get("part") == "profile" and r.get("name") == "fit"]
     print(f"{'dev':>4}{'GEMM GFLOP/s':>14}{'us/GEMM':>9}{'kernels GB/s':>14}{'us/kernel':>11}"
           f"{'link us/step':>14}{'link GB/s':>11}")
     for r in fits:
@@ -526,24 +526,29 @@ def plan_cases(args, exes, peers):
     cases = []
     for n in args.devs:
         prof = profile_path(args, n)
-        cases.append(Case(f"plan: calibrate {n} device(s)", "calibrate",
-                          [exes["bench_calibrate"], "--devices", str(n), "--out", prof]))
+        cases.append(Case(f"plan: calibrate {n} device(s)", "plan",
+                          [exes["bench_calibrate"], "--devices", str(n), "--out", prof], post=_to_plan))
         recipes = ",".join(r for r in (args.recipe or PLAN_RECIPES).split(",") if not r.startswith("pp") or n % 2 == 0)
-        cases.append(Case(f"plan: {recipes}, {n} device(s), predicted and measured", "train",
+        cases.append(Case(f"plan: {recipes}, {n} device(s), predicted and measured", "plan",
                           [exes["bench_train"], "--devices", str(n), "--recipe", recipes, "--steps",
-                           str(args.steps or 10), "--profile", prof] + sizes, post=_prediction))
-    cases.append(Case("plan: GPT-3 175B on 1,024 simulated A100s beside Megatron-LM's published figure", "train",
-                      [exes["bench_train"], "--published"]))
+                           str(args.steps or 10), "--profile", prof] + sizes, post=_to_plan))
+    cases.append(Case("plan: GPT-3 175B on 1,024 simulated A100s beside Megatron-LM's published figure", "plan",
+                      [exes["bench_train"], "--published"], post=_to_plan))
     return cases
 
 
-def _prediction(r):
-    if r.get("bench") == "train":
+def _to_plan(r):
+    """A record of the plan suite's cases (bench_calibrate's, bench_train's) into its section; a
+    recipe's measured-and-predicted record is part "prediction"."""
+    if r.get("bench") == "train" and r.get("part") == "recipe":
         r["part"] = "prediction"
+    r["bench"] = "plan"
     return r
 
 
 def plan_table(records):
+    calibrate_table(records)
+    print()
     rows = [r for r in records if r.get("part") == "prediction"]
     print(f"{'recipe':<8}{'dev':>4}{'measured ms':>13}{'predicted ms':>14}{'ratio':>7}"
           f"{'GEMMs':>8}{'kernels':>9}{'bubble':>8}{'comm':>8}")

@@ -130,6 +130,11 @@ TEST_CASE("profile JSON: to_json and parse round trip; a missing link kind falls
   REQUIRE(h.notes.size() == 1);
   CHECK(h.notes[0].find("inter_node: not in host.json; the a100 default instead") == 0);
   CHECK(h.peak_flops == 0);
+  // per-call costs and latencies may be 0 (a calibration that saw none); rates may not
+  std::string free_calls = one_link;
+  const std::string one_us = "\"gemm_call\": 1e-6";
+  free_calls.replace(free_calls.find(one_us), one_us.size(), "\"gemm_call\": 0");
+  CHECK(plan::Profile::parse(free_calls, "f.json").gemm_call == 0);
 
   CHECK_THROWS_WITH_AS(plan::Profile::parse(R"({"gemm_rate": 1})", "x.json"),
                        doctest::Contains("profile x.json: no \"gemm_call\" (a number)"), std::invalid_argument);

@@ -149,12 +149,17 @@ struct Profile {
     Json j(text, what);
     const Json::Object top = j.object_top();
     auto fail = [&](const std::string& m) -> void { throw std::invalid_argument("shardlib: profile " + what + ": " + m); };
-    auto number = [&](const Json::Object& o, const std::string& k, const std::string& in) {
+    // Rates, sizes and bandwidths must be more than 0; per-call costs and latencies 0 or more.
+    auto number = [&](const Json::Object& o, const std::string& k, const std::string& in, bool zero_ok = false) {
       auto it = o.numbers.find(k);
       if (it == o.numbers.end()) fail("no \"" + k + "\"" + in + " (a number)");
-      if (!(it->second > 0) || !std::isfinite(it->second))
-        fail("\"" + k + "\"" + in + " is " + std::to_string(it->second) + "; it must be more than 0");
-      return it->second;
+      const double v = it->second;
+      if (!std::isfinite(v) || v < 0 || (v == 0 && !zero_ok)) {
+        char b[64];
+        std::snprintf(b, sizeof b, "%g", v);
+        fail("\"" + k + "\"" + in + " is " + b + "; it must be " + (zero_ok ? "0 or more" : "more than 0"));
+      }
+      return v;
     };
     auto text_of = [&](const Json::Object& o, const std::string& k) {
       auto it = o.strings.find(k);
@@ -165,9 +170,9 @@ struct Profile {
     if (p.name.empty()) p.name = what;
     p.source = text_of(top, "source");
     p.gemm_rate = number(top, "gemm_rate", "");
-    p.gemm_call = number(top, "gemm_call", "");
+    p.gemm_call = number(top, "gemm_call", "", true);
     p.memory_bandwidth = number(top, "memory_bandwidth", "");
-    p.kernel_call = number(top, "kernel_call", "");
+    p.kernel_call = number(top, "kernel_call", "", true);
     auto peak = top.numbers.find("peak_flops");
     p.peak_flops = peak == top.numbers.end() ? 0 : peak->second;
     p.memory = static_cast<std::int64_t>(number(top, "memory", ""));
@@ -183,7 +188,7 @@ struct Profile {
                           l.source + ")");
         continue;
       }
-      l.latency = number(it->second, "latency", " of \"" + key + "\"");
+      l.latency = number(it->second, "latency", " of \"" + key + "\"", true);
       l.bandwidth = number(it->second, "bandwidth", " of \"" + key + "\"");
       l.source = text_of(it->second, "source");
     }
