@@ -120,6 +120,12 @@ TEST_CASE("profile JSON: to_json and parse round trip; a missing link kind falls
   CHECK(q.inter_node.latency == doctest::Approx(1e-5));
   CHECK(q.inter_node.source == "b");
   CHECK(q.notes.empty());
+  plan::Profile unmeasured = simple();  // a link of no bandwidth (not measured) is left out of the file
+  unmeasured.inter_node = {};
+  CHECK(unmeasured.to_json().find("inter_node") == std::string::npos);
+  const plan::Profile u = plan::Profile::parse(unmeasured.to_json(), "u.json");
+  CHECK(u.inter_node.bandwidth == doctest::Approx(plan::Profile::preset("h100").inter_node.bandwidth));
+  CHECK(u.notes.size() == 1);
 
   const std::string one_link = R"({"name": "host", "gemm_rate": 5e10, "gemm_call": 1e-6, "memory_bandwidth": 1e10,
     "kernel_call": 1e-6, "memory": 1e9, "node_size": 8,

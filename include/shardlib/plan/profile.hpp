@@ -112,7 +112,8 @@ struct Profile {
                                 "; or a file that benchmarks/run calibrate wrote)");
   }
 
-  /// The profile as JSON (what benchmarks/run calibrate writes, what load() reads).
+  /// The profile as JSON (what benchmarks/run calibrate writes, what load() reads). A link of no
+  /// bandwidth (not measured) is left out: load() then takes the named default and says so.
   std::string to_json() const {
     std::string s = "{\n";
     auto str = [&](const char* k, const std::string& v, bool more = true) {
@@ -123,10 +124,11 @@ struct Profile {
       std::snprintf(b, sizeof b, "%.9g", v);
       s += std::string("  \"") + k + "\": " + b + ",\n";
     };
-    auto link = [&](const char* k, const Link& l, bool more) {
+    auto link = [&](const char* k, const Link& l) {
+      if (!(l.bandwidth > 0)) return;
       char b[128];
       std::snprintf(b, sizeof b, "{\"latency\": %.9g, \"bandwidth\": %.9g, \"source\": ", l.latency, l.bandwidth);
-      s += std::string("  \"") + k + "\": " + b + "\"" + escape(l.source) + "\"}" + (more ? ",\n" : "\n");
+      s += std::string("  \"") + k + "\": " + b + "\"" + escape(l.source) + "\"},\n";
     };
     str("name", name);
     str("source", source);
@@ -136,10 +138,9 @@ struct Profile {
     num("kernel_call", kernel_call);
     num("peak_flops", peak_flops);
     s += "  \"memory\": " + std::to_string(memory) + ",\n";
-    s += "  \"node_size\": " + std::to_string(node_size) + ",\n";
-    link("intra_node", intra_node, true);
-    link("inter_node", inter_node, false);
-    return s + "}\n";
+    link("intra_node", intra_node);
+    link("inter_node", inter_node);
+    return s + "  \"node_size\": " + std::to_string(node_size) + "\n}\n";
   }
 
   /// Reads a profile from JSON text (`what`: its name in messages). A link kind it lacks comes
