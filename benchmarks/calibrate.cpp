@@ -4,17 +4,24 @@
 // and sl::plan::Profile::load read (docs/16_planning.md, "Calibrating"):
 //   bench_calibrate [--devices N] [--backend threads|mpi] [--node K] [--out FILE] [--name NAME] [--quick]
 //   mpirun -np 16 bench_calibrate --backend mpi --node 8 --out cluster.json
-// Every device measures at once, as in a training step (on a host, in-process devices share its
-// cores): each figure is timed from a barrier before to a barrier after every device's calls,
-// the median of --reps (5) repetitions.
-// - GEMMs: float32 matmul of replicated [m, k] x [k, n] tensors (each device its own, no
-//   collective) at 64^3, 192^3, 384^3 (--quick: 32^3, 96^3, 192^3): gemm_rate and gemm_call,
-//   seconds = FLOPs / rate + calls x call.
+// Each compute figure is timed twice, from a barrier before to a barrier after the calls (less
+// the barriers' own time; the median of --reps (7) repetitions of about 10 ms): on device 0 alone
+// (the others wait asleep) and on every device at once. GEMMs are bound by the cores: when
+// every device works at once, as in a step, devices that share a host's cores share their time,
+// so the profile's GEMM rate is device 0's alone over the host's oversubscription (its devices'
+// threads over its cores, runtime/host.hpp's share; 1 at least) and its per-call cost times it
+// (GEMMs timed in lockstep ran 30-50 % slower than the same devices' training steps do).
+// Memory-bound kernels are bound by the host's memory, shared whatever the cores: their figures
+// are those of every device at once.
+// - GEMMs: float32 products of replicated tensors (each device its own, no collective): squares
+//   of 64, 256, 512; a transformer's linear layers 2048x256x1024 and 2048x1024x256 and their
+//   backward products (dY W^T, X^T dY); attention's scores bshk,bthk->bhst and values
+//   bhst,bthk->bshk on [4, 128, 8, 32] (--quick: half the rows, squares and batch):
+//   gemm_rate and gemm_call, seconds = FLOPs / rate + calls x call.
 // - Memory-bound kernels: a + b, gelu(a), softmax<1>(a) on float32 tensors of 4 Ki and 4 Mi
 //   elements (--quick: 1 Mi), each call's bytes and count from kernels::flop_count():
 //   memory_bandwidth and kernel_call, the same fit.
-//   The fit (`fit` below): the rate from the larger sizes, the per-call cost from what the smaller
-//   ones take beyond their work at that rate.
+//   The fit (`fit` below): least squares over every point on the relative error.
 // - Links: all_reduce and all_gather of 8 B to 16 MiB (--quick: 4 MiB) over the devices of one
 //   node (intra_node) and over one device of each node (inter_node, when there are 2 nodes or
 //   more; --node K devices to a node, all of them by default): latency, the median seconds per
@@ -47,8 +54,9 @@ namespace {
 
 /// Seconds per call of `f()` with every device calling it at once, as in a training step: from a
 /// barrier before to a barrier after the last device's call (so devices that share cores are
-/// timed as they share them), `inner` calls between the barriers (as many as take about 2 ms,
-/// 1 to 200, the same on every device), the median of `reps` (collective).
+/// timed as they share them), less the time of the barriers alone, `inner` calls between the
+/// barriers (as many as take about 10 ms, 1 to 1000, the same on every device), the median of
+/// `reps` (collective).
 template <class F>
 double timed(sl::Context& ctx, int reps, F&& f) {
   auto block = [&](int inner) {
@@ -60,27 +68,47 @@ double timed(sl::Context& ctx, int reps, F&& f) {
     ctx.world().all_reduce(&t, &slowest, 1, sl::coll::DType::f64, sl::coll::Op::max);
     return slowest;
   };
-  const double first = block(1);
-  const int inner = static_cast<int>(std::clamp(2e-3 / std::max(first, 1e-9), 1.0, 200.0));
   std::vector<double> t;
-  for (int r = 0; r < reps; ++r) t.push_back(block(inner) / inner);
+  for (int r = 0; r < 5; ++r) t.push_back(block(0));
+  const double barriers = bench::median(t);  // (waking devices that share cores is not free)
+  const double first = std::max(block(1) - barriers, 1e-7);
+  const int inner = static_cast<int>(std::clamp(10e-3 / first, 1.0, 1000.0));
+  t.clear();
+  for (int r = 0; r < reps; ++r) t.push_back(std::max(block(inner) - barriers, 1e-9) / inner);
   return bench::median(t);
 }
 
+/// Seconds per call of `f()` on device 0 alone, the others waiting at the barrier after it (asleep:
+/// the threads backend's waits yield their cores), as timed() otherwise (collective).
+template <class F>
+double timed_alone(sl::Context& ctx, int reps, F&& f) {
+  const bool me = ctx.device() == 0;
+  return timed(ctx, reps, [&] {
+    if (me) f();
+  });
+}
+
 /// The rate and the per-call cost of work points (amount x, calls c, seconds y), y = x / rate +
-/// c × call: the rate from the points of the larger amounts (the median of x / y over those at
-/// least half the largest: there the per-call cost is small), the per-call cost from the others
-/// (the median of what their time leaves after x / rate, per call, 0 at least). Returns {rate, call}.
+/// c × call, fitted to every point at once: least squares on the relative error (each point's
+/// residual over its y, so a small call counts as much as a large one), the per-call cost 0 at
+/// least (then the rate alone is fitted). Returns {rate, call}.
 std::pair<double, double> fit(const std::vector<std::array<double, 3>>& pts) {
-  double largest = 0;
-  for (const auto& p : pts) largest = std::max(largest, p[0]);
-  std::vector<double> rates, calls;
-  for (const auto& [x, c, y] : pts)
-    if (x >= largest / 2) rates.push_back(x / y);
-  const double rate = bench::median(rates);
-  for (const auto& [x, c, y] : pts)
-    if (x < largest / 2 && c > 0) calls.push_back(std::max(0.0, (y - x / rate) / c));
-  return {rate, calls.empty() ? 0.0 : bench::median(calls)};
+  // minimise sum ((a x + b c - y) / y)^2 over a = 1 / rate >= 0, b = call >= 0
+  double xx = 0, xc = 0, cc = 0, x1 = 0, c1 = 0;
+  for (const auto& [x, c, y] : pts) {
+    xx += x * x / (y * y), xc += x * c / (y * y), cc += c * c / (y * y), x1 += x / y, c1 += c / y;
+  }
+  const double det = xx * cc - xc * xc;
+  double a = 0, b = 0;
+  if (det > 0) {
+    a = (x1 * cc - c1 * xc) / det;
+    b = (xx * c1 - xc * x1) / det;
+  }
+  if (det <= 0 || b < 0 || a <= 0) {
+    b = 0;
+    a = xx > 0 ? x1 / xx : 0;
+  }
+  return {a > 0 ? 1 / a : 0, b};
 }
 
 void record(sl::Context& ctx, const char* part, const std::string& name, double seconds, const std::string& fields) {
@@ -143,7 +171,7 @@ int main(int argc, char** argv) {
     if (i + 1 < argc && std::strcmp(argv[i], "--out") == 0) out = argv[i + 1];
     if (i + 1 < argc && std::strcmp(argv[i], "--name") == 0) name = argv[i + 1];
   }
-  const int reps = static_cast<int>(bench::arg(argc, argv, "--reps", 5));
+  const int reps = static_cast<int>(bench::arg(argc, argv, "--reps", 7));
   const long long node_arg = bench::arg(argc, argv, "--node", 0);
   std::vector<char*> rest;  // the runtime's flags
   for (int i = 0; i < argc; ++i) {
@@ -172,44 +200,77 @@ int main(int argc, char** argv) {
     using Mesh = sl::Mesh<"node", "local">;
     Mesh mesh(ctx, {n / node, node});
     using M = sl::DistributedTensor<float, Mesh, sl::Spec<sl::none, sl::none>>;
-    if (ctx.device() == 0) std::fprintf(stderr, "calibrate: GEMMs on %d devices ...\n", n);
-    std::vector<std::array<double, 3>> gemm_pts;
-    for (std::int64_t s : quick ? std::vector<std::int64_t>{32, 96, 192} : std::vector<std::int64_t>{64, 256, 512}) {
-      const M a = M::random(mesh, {s, s}, 1), b = M::random(mesh, {s, s}, 2);
+    // Each point timed on device 0 alone and with every device at once (see the file comment):
+    // [0] alone, [1] all at once.
+    std::vector<std::array<double, 3>> gemm_pts[2], mem_pts[2];
+    auto point = [&](std::vector<std::array<double, 3>>* pts, const char* part, const std::string& what, auto&& f) {
       const auto f0 = sl::kernels::flop_count();
-      (void)sl::matmul(a, b);
+      f();
       const auto f1 = sl::kernels::flop_count();
-      const double flops = static_cast<double>(f1.gemm - f0.gemm), calls = static_cast<double>(f1.gemm_calls - f0.gemm_calls);
-      const double t = timed(ctx, reps, [&] { (void)sl::matmul(a, b); });
-      gemm_pts.push_back({flops, calls, t});
-      record(ctx, "gemm", "matmul " + std::to_string(s) + "^3", t,
-             "\"flops\": " + std::to_string(flops) + ", \"gflops\": " + std::to_string(flops / t * 1e-9));
+      const bool gemm = pts == gemm_pts;
+      const double amount = static_cast<double>(gemm ? f1.gemm - f0.gemm : f1.kernel_bytes - f0.kernel_bytes);
+      const double calls = static_cast<double>(gemm ? f1.gemm_calls - f0.gemm_calls : f1.kernel_calls - f0.kernel_calls);
+      const double alone = timed_alone(ctx, reps, f), all = timed(ctx, reps, f);
+      pts[0].push_back({amount, calls, alone});
+      pts[1].push_back({amount, calls, all});
+      const std::string rate = gemm ? "gflops" : "GBps";
+      record(ctx, part, what, alone,
+             std::string(gemm ? "\"flops\": " : "\"bytes\": ") + std::to_string(amount) + ", \"calls\": " +
+                 std::to_string(calls) + ", \"" + rate + "\": " + std::to_string(amount / alone * 1e-9) +
+                 ", \"all_at_once_seconds\": " + std::to_string(all) + ", \"all_at_once_" + rate +
+                 "\": " + std::to_string(amount / all * 1e-9));
+    };
+    if (ctx.device() == 0) std::fprintf(stderr, "calibrate: GEMMs on %d devices ...\n", n);
+    // Squares, a transformer's linear layers ([tokens, d] x [d, 4d] and back) and its attention
+    // products (a batch of heads of [S, K] x [K, S] per sequence, read in place).
+    const std::int64_t q = quick ? 2 : 1;
+    for (std::int64_t e : {64 / q, 256 / q, 512 / q}) {
+      const M a = M::random(mesh, {e, e}, 1), b = M::random(mesh, {e, e}, 2);
+      point(gemm_pts, "gemm", "matmul " + std::to_string(e) + "^3", [&] { (void)sl::matmul(a, b); });
     }
-    const auto [gemm_rate, gemm_call] = fit(gemm_pts);
+    for (auto [m, k, nn] : {std::array<std::int64_t, 3>{2048 / q, 256, 1024}, std::array<std::int64_t, 3>{2048 / q, 1024, 256}}) {
+      const M a = M::random(mesh, {m, k}, 1), b = M::random(mesh, {k, nn}, 2);
+      point(gemm_pts, "gemm", "matmul " + std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(nn),
+            [&] { (void)sl::matmul(a, b); });
+    }
+    {  // the linear layer's backward products: dX = dY W^T (NT), dW = X^T dY (TN)
+      const std::int64_t t = 2048 / q;
+      const M x = M::random(mesh, {t, 256}, 1), dy = M::random(mesh, {t, 1024}, 2), w = M::random(mesh, {256, 1024}, 3);
+      point(gemm_pts, "gemm", "linear dX tn,kn->tk " + std::to_string(t) + "x1024x256",
+            [&] { (void)sl::einsum<"tn,kn->tk">(dy, w); });
+      point(gemm_pts, "gemm", "linear dW tk,tn->kn 256x" + std::to_string(t) + "x1024",
+            [&] { (void)sl::einsum<"tk,tn->kn">(x, dy); });
+    }
+    {  // attention's products, per sequence a batch of heads read in place
+      using Q = sl::DistributedTensor<float, Mesh, sl::Spec<sl::none, sl::none, sl::none, sl::none>>;
+      const std::int64_t bs = 4 / q, seq = 128, heads = 8, hd = 32;
+      const Q qq = Q::random(mesh, {bs, seq, heads, hd}, 5), kk = Q::random(mesh, {bs, seq, heads, hd}, 6);
+      const Q pp = Q::random(mesh, {bs, heads, seq, seq}, 7);
+      point(gemm_pts, "gemm", "attention scores bshk,bthk->bhst " + std::to_string(bs) + "x128x8x32",
+            [&] { (void)sl::einsum<"bshk,bthk->bhst">(qq, kk); });
+      point(gemm_pts, "gemm", "attention values bhst,bthk->bshk " + std::to_string(bs) + "x8x128x128",
+            [&] { (void)sl::einsum<"bhst,bthk->bshk">(pp, kk); });
+    }
+    const auto [alone_rate, alone_call] = fit(gemm_pts[0]);
     if (ctx.device() == 0) std::fprintf(stderr, "calibrate: memory-bound kernels ...\n");
-    std::vector<std::array<double, 3>> mem_pts;
     for (std::int64_t elems : {std::int64_t{4096}, quick ? std::int64_t{1} << 20 : std::int64_t{4} << 20}) {
       const M a = M::random(mesh, {elems / 256, 256}, 3), b = M::random(mesh, {elems / 256, 256}, 4);
-      auto one = [&](int which) {
-        if (which == 0) (void)(a + b);
-        else if (which == 1) (void)sl::gelu(a);
-        else (void)sl::softmax<1>(a);
-      };
-      for (int which = 0; which < 3; ++which) {
-        const auto f0 = sl::kernels::flop_count();
-        (void)one(which);
-        const auto f1 = sl::kernels::flop_count();
-        const double bytes = static_cast<double>(f1.kernel_bytes - f0.kernel_bytes);
-        const double calls = static_cast<double>(f1.kernel_calls - f0.kernel_calls);
-        const double t = timed(ctx, reps, [&] { (void)one(which); });
-        mem_pts.push_back({bytes, calls, t});
-        const char* op = which == 0 ? "a + b" : which == 1 ? "gelu" : "softmax<1>";
-        record(ctx, "kernels", std::string(op) + " " + std::to_string(elems), t,
-               "\"bytes\": " + std::to_string(bytes) + ", \"calls\": " + std::to_string(calls) +
-                   ", \"GBps\": " + std::to_string(bytes / t * 1e-9));
-      }
+      const std::string size = " " + std::to_string(elems);
+      point(mem_pts, "kernels", "a + b" + size, [&] { (void)(a + b); });
+      point(mem_pts, "kernels", "gelu" + size, [&] { (void)sl::gelu(a); });
+      point(mem_pts, "kernels", "softmax<1>" + size, [&] { (void)sl::softmax<1>(a); });
     }
-    const auto [memory_bandwidth, kernel_call] = fit(mem_pts);
+    const auto [alone_bandwidth, alone_kernel_call] = fit(mem_pts[0]);
+    // GEMMs are bound by the cores: when every device works at once, as in a step, devices that
+    // share cores share their time, so a device's GEMM rate is its own alone over the host's
+    // oversubscription (its devices' threads over its cores, 1 at least) and its per-call cost
+    // times it. Memory-bound kernels are bound by the host's memory, which its devices share
+    // whatever their cores: timed all at once.
+    const sl::host::ThreadShare& share = rt.thread_share();
+    const double shared =
+        std::max(1.0, static_cast<double>(share.devices_on_host) * share.per_device / std::max(1, share.cores));
+    const double gemm_rate = alone_rate / shared, gemm_call = alone_call * shared;
+    const auto [memory_bandwidth, kernel_call] = fit(mem_pts[1]);
     const std::int64_t max_bytes = quick ? std::int64_t{4} << 20 : std::int64_t{16} << 20;
     sl::plan::Link intra, inter;
     if (node > 1) {
@@ -222,6 +283,9 @@ int main(int argc, char** argv) {
     }
     record(ctx, "profile", "fit", 0,
            "\"gemm_rate\": " + std::to_string(gemm_rate) + ", \"gemm_call\": " + std::to_string(gemm_call) +
+               ", \"shared\": " + std::to_string(shared) + ", \"alone_rate\": " + std::to_string(alone_rate) +
+               ", \"alone_call\": " + std::to_string(alone_call) + ", \"alone_bandwidth\": " +
+               std::to_string(alone_bandwidth) + ", \"alone_kernel_call\": " + std::to_string(alone_kernel_call) +
                ", \"memory_bandwidth\": " + std::to_string(memory_bandwidth) + ", \"kernel_call\": " +
                std::to_string(kernel_call) + ", \"intra_latency\": " + std::to_string(intra.latency) +
                ", \"intra_bandwidth\": " + std::to_string(intra.bandwidth) + ", \"inter_latency\": " +
@@ -233,7 +297,10 @@ int main(int argc, char** argv) {
     p.kernel_call = kernel_call;
     const std::string how = std::string("measured by bench_calibrate on ") + std::to_string(n) + " " +
                             std::string(ctx.backend()) + " devices, " + std::to_string(node) + " to a node";
-    p.source = how + " (float32 matmul, a + b, gelu, softmax<1>; kernels/" + sl::kernels::blas_info().kernel() + ")";
+    p.source = how + " (float32 matmul, linear-layer and attention GEMMs on device 0 alone, " +
+               (shared > 1 ? "over " + std::to_string(shared).substr(0, 4) + " devices to a core set (" + share.source + ")"
+                           : "one device to a core set") +
+               "; a + b, gelu, softmax<1> on every device at once; kernels/" + sl::kernels::blas_info().kernel() + ")";
     if (node > 1) {
       p.intra_node = intra;
       p.intra_node.source = how + " (all_reduce, all_gather within a node)";

@@ -151,7 +151,7 @@ sl::coll::CommStats sum(const gpt::StepReport& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (bench::answered_backends_query(argc, argv, false)) return 0;
+  if (bench::answered_backends_query(argc, argv, true)) return 0;
   gpt::Config cfg;
   cfg.vocab = bench::arg(argc, argv, "--vocab", 512);
   cfg.seq = bench::arg(argc, argv, "--seq", 128);
@@ -272,28 +272,39 @@ int main(int argc, char** argv) {
   }
   const int stages = static_cast<int>(bench::arg(argc, argv, "--stages", 2));
   const int microbatches = static_cast<int>(bench::arg(argc, argv, "--microbatches", 8));
-  auto one = sl::Runtime::threads(1);
-  std::fprintf(stderr, "train: one device (the baseline) ...\n");
-  const Result base = measure<gpt::Replicated>(one, cfg, warmup, steps);
-  auto rt = sl::Runtime::threads(devices);
+  // threads devices, or with --backend mpi under mpirun a process per device (the baseline then
+  // measured by the process of device 0 before the others start: they wait at a barrier).
+  bool from_args = false;
+  for (int i = 1; i < argc; ++i) from_args = from_args || std::strcmp(argv[i], "--backend") == 0;
+  auto rt = from_args ? sl::Runtime::from_args(argc, argv, devices) : sl::Runtime::threads(devices);
+  const bool first = rt.first_local_device() == 0;
+  Result base;
+  if (first) {
+    auto one = sl::Runtime::threads(1);
+    std::fprintf(stderr, "train: one device (the baseline) ...\n");
+    base = measure<gpt::Replicated>(one, cfg, warmup, steps);
+  }
+  rt.spmd([](sl::Context& ctx) { ctx.world().barrier(); });
   const double tokens = static_cast<double>(cfg.batch * cfg.seq);
   std::stringstream list(recipes);
   for (std::string name; std::getline(list, name, ',');) {
-    std::fprintf(stderr, "train: %s on %d devices ...\n", name.c_str(), devices);
+    if (first) std::fprintf(stderr, "train: %s on %d %s devices ...\n", name.c_str(), rt.num_devices(),
+                            std::string(sl::to_string(rt.backend())).c_str());
     Result r;
     const gpt::PipeConfig pc{stages, microbatches, sl::pipeline::Schedule::one_f_one_b, 1, false};
     gpt::StepReport plan;
-    if (profile) {
-      if (name == "pp_dp") plan = planned<gpt::PPxDP>(devices, cfg, pc);
-      else if (name == "pp_zero1") plan = planned<gpt::PPxZero1>(devices, cfg, pc);
-      else if (name == "pp_zero2") plan = planned<gpt::PPxZero2>(devices, cfg, pc);
-      else if (name == "pp_tp") plan = planned<gpt::PPxTP>(devices, cfg, pc);
-      else if (name == "dp") plan = planned<gpt::DP>(devices, cfg, pc);
-      else if (name == "zero1") plan = planned<gpt::Zero1>(devices, cfg, pc);
-      else if (name == "zero2") plan = planned<gpt::Zero2>(devices, cfg, pc);
-      else if (name == "zero3") plan = planned<gpt::Zero3>(devices, cfg, pc);
-      else if (name == "tp") plan = planned<gpt::TP>(devices, cfg, pc);
-      else if (name == "dp_tp") plan = planned<gpt::DPxTP>(devices, cfg, pc);
+    const int n = rt.num_devices();
+    if (profile && first) {
+      if (name == "pp_dp") plan = planned<gpt::PPxDP>(n, cfg, pc);
+      else if (name == "pp_zero1") plan = planned<gpt::PPxZero1>(n, cfg, pc);
+      else if (name == "pp_zero2") plan = planned<gpt::PPxZero2>(n, cfg, pc);
+      else if (name == "pp_tp") plan = planned<gpt::PPxTP>(n, cfg, pc);
+      else if (name == "dp") plan = planned<gpt::DP>(n, cfg, pc);
+      else if (name == "zero1") plan = planned<gpt::Zero1>(n, cfg, pc);
+      else if (name == "zero2") plan = planned<gpt::Zero2>(n, cfg, pc);
+      else if (name == "zero3") plan = planned<gpt::Zero3>(n, cfg, pc);
+      else if (name == "tp") plan = planned<gpt::TP>(n, cfg, pc);
+      else if (name == "dp_tp") plan = planned<gpt::DPxTP>(n, cfg, pc);
     }
     if (name == "pp_dp") r = measure_pipelined<gpt::PPxDP>(rt, cfg, pc, warmup, steps);
     else if (name == "pp_zero1") r = measure_pipelined<gpt::PPxZero1>(rt, cfg, pc, warmup, steps);
@@ -310,26 +321,32 @@ int main(int argc, char** argv) {
                    name.c_str());
       return 2;
     }
+    if (!first) continue;  // (under mpi, the process of device 0 writes the records)
     const sl::MemoryUsage& m = r.report.memory;
     std::string predicted;
     if (profile) {
       const sl::plan::StepTime t = sl::plan::predict(plan.work, *profile);
-      char buf[512];
+      char buf[1024];
+      const sl::plan::Work& w = plan.work;
       std::snprintf(buf, sizeof buf,
                     "\"predicted_seconds\": %.6g, \"prediction_ratio\": %.4g, \"predicted\": {\"gemm\": %.6g, "
-                    "\"kernels\": %.6g, \"bubble\": %.6g, \"intra_node\": %.6g, \"inter_node\": %.6g}, \"profile\": \"%s\", ",
+                    "\"kernels\": %.6g, \"bubble\": %.6g, \"intra_node\": %.6g, \"inter_node\": %.6g}, "
+                    "\"work\": {\"gemm_flops\": %llu, \"gemm_calls\": %llu, \"kernel_bytes\": %llu, \"kernel_calls\": %llu, "
+                    "\"collective_calls\": %zu, \"bubble\": %.4g}, \"profile\": \"%s\", ",
                     t.total(), t.total() / r.seconds, t.gemm, t.kernels, t.bubble, t.intra_node, t.inter_node,
+                    (unsigned long long)w.gemm_flops, (unsigned long long)w.gemm_calls,
+                    (unsigned long long)w.kernel_bytes, (unsigned long long)w.kernel_calls, w.calls.size(), w.bubble,
                     profile_file.c_str());
       predicted = buf;
     }
     std::printf(
-        "{\"bench\": \"train\", \"part\": \"recipe\", \"name\": \"%s\", \"backend\": \"threads\", \"devices\": %d, "
+        "{\"bench\": \"train\", \"part\": \"recipe\", \"name\": \"%s\", \"backend\": \"%s\", \"devices\": %d, "
         "\"seconds\": %.6g, \"baseline\": \"one device\", \"baseline_seconds\": %.6g, \"ratio_to_baseline\": %.4g, "
         "\"tokens_per_second\": %.6g, \"baseline_tokens_per_second\": %.6g, \"steps\": %d, \"first_loss\": %.6g, "
         "\"last_loss\": %.6g, %s\"collectives\": %s, \"parameters_bytes\": %lld, \"gradients_bytes\": %lld, "
         "\"optimizer_state_bytes\": %lld, \"activations_bytes\": %lld, \"config\": {\"vocab\": %lld, \"seq\": %lld, "
         "\"dim\": %lld, \"heads\": %lld, \"ff\": %lld, \"layers\": %lld, \"batch\": %lld}}\n",
-        name.c_str(), devices, r.seconds, base.seconds, r.seconds / base.seconds, tokens / r.seconds,
+        name.c_str(), std::string(sl::to_string(rt.backend())).c_str(), n, r.seconds, base.seconds, r.seconds / base.seconds, tokens / r.seconds,
         tokens / base.seconds, steps, r.first_loss, r.last_loss, predicted.c_str(), stats_json(sum(r.report)).c_str(),
         (long long)m.parameters(), (long long)m.gradients(), (long long)m.optimizer_state(),
         (long long)m.activations(), (long long)cfg.vocab, (long long)cfg.seq, (long long)cfg.dim,

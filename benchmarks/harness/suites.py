@@ -490,11 +490,12 @@ def train_table(records):
 
 # ---- calibrate, plan ----------------------------------------------------------------------------
 
-def profile_path(args, n):
-    """Where `benchmarks/run calibrate` writes the profile of n devices (--out DIR, else the report folder)."""
+def profile_path(args, n, backend="threads"):
+    """Where `benchmarks/run calibrate` writes the profile of n devices (--out DIR, else the report
+    folder): host-N.json for in-process devices, host-mpi-N.json for N processes."""
     folder = getattr(args, "profile_dir", None) or os.path.join(args.report, "profiles")
     os.makedirs(folder, exist_ok=True)
-    return os.path.join(folder, f"host-{n}.json")
+    return os.path.join(folder, f"host-{n}.json" if backend == "threads" else f"host-{backend}-{n}.json")
 
 
 def calibrate_cases(args, exes, peers):
@@ -506,10 +507,11 @@ def calibrate_cases(args, exes, peers):
 
 def calibrate_table(records):
     fits = [r for r in records if r.get("part") == "profile" and r.get("name") == "fit"]
-    print(f"{'dev':>4}{'GEMM GFLOP/s':>14}{'us/GEMM':>9}{'kernels GB/s':>14}{'us/kernel':>11}"
+    print(f"{'backend':>8}{'dev':>4}{'shared':>7}{'GEMM GFLOP/s':>14}{'us/GEMM':>9}{'kernels GB/s':>14}{'us/kernel':>11}"
           f"{'link us/step':>14}{'link GB/s':>11}")
     for r in fits:
-        print(f"{r['devices']:>4}{r['gemm_rate'] * 1e-9:>14.3g}{r['gemm_call'] * 1e6:>9.3g}"
+        print(f"{r.get('backend', 'threads'):>8}{r['devices']:>4}{r.get('shared', 1):>7.3g}"
+              f"{r['gemm_rate'] * 1e-9:>14.3g}{r['gemm_call'] * 1e6:>9.3g}"
               f"{r['memory_bandwidth'] * 1e-9:>14.3g}{r['kernel_call'] * 1e6:>11.3g}"
               f"{r['intra_latency'] * 1e6:>14.3g}{r['intra_bandwidth'] * 1e-9:>11.3g}")
 
@@ -519,19 +521,28 @@ PLAN_RECIPES = "dp,zero2,zero3,tp,dp_tp,pp_dp"
 
 def plan_cases(args, exes, peers):
     """Each device count: calibrate (bench_calibrate writes the profile), then the training
-    benchmark's recipes measured beside the cost model's prediction from that profile."""
+    benchmark's recipes measured beside the cost model's prediction from that profile; in-process
+    devices, then (2 devices or more) as many processes under mpirun."""
     sizes = []
     for k, v in TRAIN_SIZES.items():
         sizes += ["--" + k, str(getattr(args, "train_" + k, None) or v)]
+    mpi = not args.no_mpi and has_mpi(exes["bench_train"]) and has_mpi(exes["bench_calibrate"])
     cases = []
     for n in args.devs:
-        prof = profile_path(args, n)
-        cases.append(Case(f"plan: calibrate {n} device(s)", "plan",
-                          [exes["bench_calibrate"], "--devices", str(n), "--out", prof], post=_to_plan))
         recipes = ",".join(r for r in (args.recipe or PLAN_RECIPES).split(",") if not r.startswith("pp") or n % 2 == 0)
-        cases.append(Case(f"plan: {recipes}, {n} device(s), predicted and measured", "plan",
-                          [exes["bench_train"], "--devices", str(n), "--recipe", recipes, "--steps",
-                           str(args.steps or 10), "--profile", prof] + sizes, post=_to_plan))
+        for backend in ["threads"] + (["mpi"] if mpi and n >= 2 else []):
+            prof = profile_path(args, n, backend)
+            if backend == "threads":
+                launch, env, what = [], None, f"{n} device(s)"
+            else:
+                launch, env, what = ["mpirun", "-np", str(n), "--oversubscribe"], mpi_env(), f"{n} mpi processes"
+            cases.append(Case(f"plan: calibrate {what}", "plan",
+                              launch + [exes["bench_calibrate"], "--backend", backend, "--devices", str(n), "--out", prof],
+                              env, post=_to_plan))
+            cases.append(Case(f"plan: {recipes}, {what}, predicted and measured", "plan",
+                              launch + [exes["bench_train"], "--backend", backend, "--devices", str(n), "--recipe",
+                                        recipes, "--steps", str(args.steps or 10), "--profile", prof] + sizes,
+                              env, post=_to_plan))
     cases.append(Case("plan: GPT-3 175B on 1,024 simulated A100s beside Megatron-LM's published figure", "plan",
                       [exes["bench_train"], "--published"], post=_to_plan))
     return cases
@@ -550,11 +561,12 @@ def plan_table(records):
     calibrate_table(records)
     print()
     rows = [r for r in records if r.get("part") == "prediction"]
-    print(f"{'recipe':<8}{'dev':>4}{'measured ms':>13}{'predicted ms':>14}{'ratio':>7}"
+    print(f"{'recipe':<8}{'backend':>8}{'dev':>4}{'measured ms':>13}{'predicted ms':>14}{'ratio':>7}"
           f"{'GEMMs':>8}{'kernels':>9}{'bubble':>8}{'comm':>8}")
     for r in rows:
         p = r["predicted"]
-        print(f"{r['name']:<8}{r['devices']:>4}{r['seconds'] * 1e3:>13.2f}{r['predicted_seconds'] * 1e3:>14.2f}"
+        print(f"{r['name']:<8}{r.get('backend', 'threads'):>8}{r['devices']:>4}{r['seconds'] * 1e3:>13.2f}"
+              f"{r['predicted_seconds'] * 1e3:>14.2f}"
               f"{r['prediction_ratio']:>7.2f}{p['gemm'] * 1e3:>8.2f}{p['kernels'] * 1e3:>9.2f}{p['bubble'] * 1e3:>8.2f}"
               f"{(p['intra_node'] + p['inter_node']) * 1e3:>8.2f}")
     for r in (r for r in records if r.get("part") == "published"):

@@ -110,5 +110,46 @@ TEST_CASE("cross_entropy: vocab-parallel, against finite differences and with tw
     CHECK_THROWS_WITH_AS(sl::cross_entropy(logits, bad), doctest::Contains("target 9 of row"), std::out_of_range);
   }, DEVICE_COUNTS);
 }
+
+TEST_CASE("the backward pass's own kernels count their bytes (the planner's cost model)") {
+  // Each reads and writes its elements once: a gradient's accumulation 3 n, a conversion n
+  // (sizeof in + sizeof out); cross_entropy's passes (host logits: its own loops), its gradient
+  // the logits read and written.
+  auto rt = sl::Runtime::threads(1);
+  rt.spmd([](sl::Context& ctx) {
+    namespace ad = sl::autodiff::detail;
+    std::vector<float> a(1000, 1.f), b(1000, 2.f), out(1000);
+    std::vector<double> wide(1000);
+    auto f0 = sl::kernels::flop_count();
+    ad::add_blocks<float, Kokkos::HostSpace>(ctx, out.data(), a.data(), b.data(), 1000);
+    auto f1 = sl::kernels::flop_count();
+    CHECK(f1.kernel_bytes - f0.kernel_bytes == 3 * 1000 * sizeof(float));
+    CHECK(f1.kernel_calls - f0.kernel_calls == 1);
+    CHECK(out[999] == 3.f);
+    ad::convert_block<double, float, Kokkos::HostSpace>(ctx, wide.data(), b.data(), 1000);
+    auto f2 = sl::kernels::flop_count();
+    CHECK(f2.kernel_bytes - f1.kernel_bytes == 1000 * (sizeof(double) + sizeof(float)));
+
+    using M1 = sl::Mesh<"x">;
+    const M1 mesh(ctx, {1});
+    using L = sl::DistributedTensor<float, M1, sl::Spec<sl::none, sl::none>>;
+    using Tg = sl::DistributedTensor<std::int64_t, M1, sl::Spec<sl::none>>;
+    const std::int64_t rows = 6, cols = 50;
+    const auto targets = Tg::random(mesh, {rows}, 13, 0, cols);
+    sl::Param z(L::random(mesh, {rows, cols}, 12, -2.0, 2.0));
+    const auto before = sl::kernels::flop_count();
+    auto loss = sl::cross_entropy(z, targets);
+    const auto mid = sl::kernels::flop_count();
+    // the row max (the block read, a row's max written), the sum of exponentials (the block and
+    // the max read, the sum written), the loss (per row: max, sum, target, its logit read;
+    // log-sum-exp and target kept)
+    const std::uint64_t logits = rows * cols * sizeof(float);
+    CHECK(mid.kernel_bytes - before.kernel_bytes == 2 * logits + rows * (3 * sizeof(float) + 4 * sizeof(float) + 16));
+    CHECK(mid.kernel_calls - before.kernel_calls == 3);
+    sl::backward(loss);
+    const auto after = sl::kernels::flop_count();
+    CHECK(after.kernel_bytes - mid.kernel_bytes == 2 * logits + sizeof(float));  // (and the seed's fill)
+  });
+}
 }
 }  // namespace

@@ -279,13 +279,14 @@ struct NonFiniteKernel {
 /// `out = a + b` over `n` elements of blocks in `Mem`, on the device's execution space.
 template <class T, class Mem>
 void add_blocks(const Context& ctx, T* out, const T* a, const T* b, std::int64_t n) {
-  for_range<Mem>("shardlib::autodiff::add", ctx, n, AddKernel<T>{out, a, b});
+  for_range<Mem>("shardlib::autodiff::add", ctx, n, AddKernel<T>{out, a, b}, 3 * static_cast<std::uint64_t>(n) * sizeof(T));
 }
 
 /// out[k] = in[k] converted (`n` elements of blocks in `Mem`; a kernel).
 template <class T, class U, class Mem>
 void convert_block(const Context& ctx, T* out, const U* in, std::int64_t n) {
-  for_range<Mem>("shardlib::autodiff::convert", ctx, n, ConvertKernel<T, U>{out, in});
+  for_range<Mem>("shardlib::autodiff::convert", ctx, n, ConvertKernel<T, U>{out, in},
+                 static_cast<std::uint64_t>(n) * (sizeof(T) + sizeof(U)));
 }
 
 /// Whether a block in `Mem` holds a NaN or an infinity: one reduction kernel on the device's
@@ -506,9 +507,11 @@ SHARDLIB_NOINLINE Contribution sum_to_shape(Context& ctx, const MeshShape& mesh,
   for (int d = 1; d < R; ++d)
     if (summed[static_cast<std::size_t>(d)] && !summed[static_cast<std::size_t>(d - 1)]) leading = false;
   if (leading) {
+    const auto gb = static_cast<std::uint64_t>(n) * static_cast<std::uint64_t>(m) * sizeof(T);  // g read once
     if constexpr (host_memory_v<Mem>) {  // a chunk of 64 outputs per item, each row's run read in order
       constexpr std::int64_t chunk = 64;
-      for_range<Mem>("shardlib::autodiff::sum_rows", ctx, (n + chunk - 1) / chunk, SumRowsKernel<T, chunk>{out, g, n, m});
+      for_range<Mem>("shardlib::autodiff::sum_rows", ctx, (n + chunk - 1) / chunk, SumRowsKernel<T, chunk>{out, g, n, m},
+                     gb + static_cast<std::uint64_t>(n) * sizeof(T));
     } else {  // enough work items to fill the GPU: partial sums over row ranges, then their sums
       // parts ~ sqrt(m): the two launches' loops about as long (a thread's loop is a chain of
       // loads; 341 parts of a [8192, 768] gradient left 768 threads 43 us in the second).
@@ -519,13 +522,17 @@ SHARDLIB_NOINLINE Contribution sum_to_shape(Context& ctx, const MeshShape& mesh,
       auto partial = block_cache<Mem>(ctx).allocate(static_cast<std::size_t>(std::max<std::int64_t>(parts * n, 1)) *
                                                     sizeof(compute_t<T>));
       auto* p = static_cast<compute_t<T>*>(partial.get());
-      for_range<Mem>("shardlib::autodiff::sum_rows(parts)", ctx, parts * n, SumRowsPartKernel<T>{p, g, n, m, rows_each});
-      for_range<Mem>("shardlib::autodiff::sum_rows(sum)", ctx, n, SumPartsKernel<T>{out, p, n, parts});
+      const auto pb = static_cast<std::uint64_t>(parts) * static_cast<std::uint64_t>(n) * sizeof(compute_t<T>);
+      for_range<Mem>("shardlib::autodiff::sum_rows(parts)", ctx, parts * n, SumRowsPartKernel<T>{p, g, n, m, rows_each},
+                     gb + pb);
+      for_range<Mem>("shardlib::autodiff::sum_rows(sum)", ctx, n, SumPartsKernel<T>{out, p, n, parts},
+                     pb + static_cast<std::uint64_t>(n) * sizeof(T));
     }
     return c;
   }
   for_range<Mem>("shardlib::autodiff::sum_to_shape", ctx, n,
-                 SumToShapeKernel<T>{out, g, m, nk, ns, kept_ext, kept_stride, sum_ext, sum_stride});
+                 SumToShapeKernel<T>{out, g, m, nk, ns, kept_ext, kept_stride, sum_ext, sum_stride},
+                 static_cast<std::uint64_t>(n) * static_cast<std::uint64_t>(m + 1) * sizeof(T));
   return c;
 }
 
@@ -555,7 +562,8 @@ SHARDLIB_NOINLINE Contribution expand_dim(Context& ctx, const MeshShape& mesh, c
   std::int64_t inner = 1;
   for (int d = dim + 1; d < r; ++d) inner *= c.box.extent[static_cast<std::size_t>(d)];
   const std::int64_t len = c.box.extent[static_cast<std::size_t>(dim)];
-  for_range<Mem>("shardlib::autodiff::expand_dim", ctx, n, ExpandDimKernel<T>{out, g, len, inner, scale});
+  for_range<Mem>("shardlib::autodiff::expand_dim", ctx, n, ExpandDimKernel<T>{out, g, len, inner, scale},
+                 static_cast<std::uint64_t>(n + (len > 0 ? n / len : 0)) * sizeof(T));
   return c;
 }
 

@@ -53,6 +53,20 @@ struct CrossEntropySaved {
   std::vector<std::int64_t> target;
 };
 
+/// Counts cross_entropy's three passes (kernels::count_kernel, the cost model's bytes): the row
+/// max and the sum of exponentials read the logits' block (and write a row's figure), the loss
+/// reads per row its max, sum, target and target's logit and writes its log-sum-exp and target.
+template <class T, class I>
+void count_passes(std::int64_t rows, std::int64_t cols) noexcept {
+  if (rows <= 0) return;
+  const auto r = static_cast<std::uint64_t>(rows), logits = r * static_cast<std::uint64_t>(cols) * sizeof(T);
+  if (cols > 0) {
+    kernels::count_kernel(logits + r * sizeof(T));
+    kernels::count_kernel(logits + 2 * r * sizeof(T));
+  }
+  kernels::count_kernel(r * (4 * sizeof(T) + sizeof(I) + sizeof(std::int64_t)));
+}
+
 /// The runtime part of cross_entropy, compiled once per element and index type: the logits'
 /// block (rows and a range of classes), targets laid out as the rows; the row max and the sum of
 /// exponentials all-reduced over the class dim's axes (two small all_reduces when it is split);
@@ -65,6 +79,7 @@ SHARDLIB_NOINLINE void cross_entropy_run(Context& ctx, const MeshShape& mesh, co
   const std::int64_t rows = z.box.extent[0], cols = z.box.extent[1], col0 = z.box.offset[1];
   const std::int64_t n = shape[0], classes = shape[1];
   const bool read = !shardlib::shape_only();  // shape-only: the collectives alone (saved: zeros)
+  count_passes<T, I>(rows, cols);
   for (std::int64_t r = 0; r < rows && read; ++r)
     if (t.data[r] < 0 || t.data[r] >= classes)
       throw std::out_of_range("shardlib: cross_entropy: target " + std::to_string(static_cast<long long>(t.data[r])) +
@@ -118,8 +133,9 @@ SHARDLIB_NOINLINE void cross_entropy_run(Context& ctx, const MeshShape& mesh, co
 template <class T>
 SHARDLIB_NOINLINE void cross_entropy_grad(const Block<T>& z, std::int64_t n, const CrossEntropySaved<T>& saved, T g,
                                           T* out) {
-  if (shardlib::shape_only()) return;
   const std::int64_t rows = z.box.extent[0], cols = z.box.extent[1], col0 = z.box.offset[1];
+  if (rows > 0 && cols > 0) kernels::count_kernel(2 * static_cast<std::uint64_t>(rows * cols) * sizeof(T));  // read, written
+  if (shardlib::shape_only()) return;
   const T scale = n > 0 ? g / static_cast<T>(n) : T(0);
   for (std::int64_t r = 0; r < rows; ++r) {
     const auto u = static_cast<std::size_t>(r);
@@ -229,6 +245,7 @@ SHARDLIB_NOINLINE void cross_entropy_run_in(Context& ctx, const MeshShape& mesh,
     fill<Mem>(ctx, out, 1, T(0));
     return;
   }
+  kernels::count_kernel(static_cast<std::uint64_t>(rows) * (4 * sizeof(T) + sizeof(I) + sizeof(std::int64_t)));  // the loss's pass
   if (!shardlib::shape_only()) {
     auto guard = kernel_guard_for<Mem>(ctx, true);
     Kokkos::parallel_reduce("shardlib::cross_entropy_loss", Kokkos::RangePolicy<exec_space_t<Mem>>(exec, 0, rows),
@@ -250,7 +267,8 @@ void cross_entropy_grad_in(const Context& ctx, const Block<T>& z, std::int64_t n
   for_range<Mem>("shardlib::cross_entropy_grad", ctx, z.box.extent[0] * cols,
                  CrossEntropyGradKernel<T>{z.data, static_cast<const T*>(saved.lse.get()),
                                            static_cast<const std::int64_t*>(saved.target.get()), g, out, cols,
-                                           z.box.offset[1], n});
+                                           z.box.offset[1], n},
+                 2 * static_cast<std::uint64_t>(z.box.extent[0] * cols) * sizeof(T));
 }
 
 }  // namespace autodiff::detail

@@ -376,12 +376,14 @@ SHARDLIB_NOINLINE Contribution norm_backward(Context& ctx, const MeshShape& mesh
       block_cache<Mem>(ctx).allocate(static_cast<std::size_t>(std::max<std::int64_t>(k * rows, 1)) * sizeof(double));
   double* st = static_cast<double*>(stats.get());
   for_range<Mem>("shardlib::autodiff::norm_backward_sums", ctx, rows,
-                 NormBackwardSums<T>{bx.data, by.data, bg.data, st, n, inner, layer});
+                 NormBackwardSums<T>{bx.data, by.data, bg.data, st, n, inner, layer},
+                 3 * static_cast<std::uint64_t>(rows * n) * sizeof(T));
   if (rows && mesh.group_size(axes) > 1)
     all_reduce_stats<Mem>(ctx, mesh, axes, st, static_cast<std::size_t>(k * rows), coll::Op::sum);
   for_range<Mem>("shardlib::autodiff::norm_backward", ctx, rows,
                  NormBackwardApply<T>{by.data, bg.data, st, out, n, inner, static_cast<double>(shape[static_cast<std::size_t>(dim)]),
-                                      eps, layer});
+                                      eps, layer},
+                 3 * static_cast<std::uint64_t>(rows * n) * sizeof(T));
   // The blocks of x, y and g (resharded copies perhaps) and the sums are in use until the
   // kernels ran: on a device's stream they are given back to the cache, which hands them out
   // again only to work queued on the same stream after these kernels.
