@@ -18,10 +18,12 @@
 //   backward products (dY W^T, X^T dY); attention's scores bshk,bthk->bhst and values
 //   bhst,bthk->bshk on [4, 128, 8, 32] (--quick: half the rows, squares and batch):
 //   gemm_rate and gemm_call, seconds = FLOPs / rate + calls x call.
-// - Memory-bound kernels: a + b, gelu(a), softmax<1>(a) on float32 tensors of 4 Ki and 4 Mi
-//   elements (--quick: 1 Mi), each call's bytes and count from kernels::flop_count():
-//   memory_bandwidth and kernel_call, the same fit.
-//   The fit (`fit` below): least squares over every point on the relative error.
+// - Memory-bound kernels: a + b, gelu(a), softmax<1>(a), a + bias (a row broadcast) and
+//   layer_norm<1>(a) on float32 tensors of 4 Ki and 4 Mi elements (--quick: 1 Mi), each call's
+//   bytes and count from kernels::flop_count(): memory_bandwidth and kernel_call, the bandwidth
+//   from the large tensors (the small ones run from the caches), the per-call cost from what the
+//   small ones take beyond their bytes at it (`fit_large` below).
+//   The GEMMs' fit (`fit` below): least squares over every point on the relative error.
 // - Links: all_reduce and all_gather of 8 B to 16 MiB (--quick: 4 MiB) over the devices of one
 //   node (intra_node) and over one device of each node (inter_node, when there are 2 nodes or
 //   more; --node K devices to a node, all of them by default): latency, the median seconds per
@@ -109,6 +111,22 @@ std::pair<double, double> fit(const std::vector<std::array<double, 3>>& pts) {
     a = xx > 0 ? x1 / xx : 0;
   }
   return {a > 0 ? 1 / a : 0, b};
+}
+
+/// As fit(), for memory-bound kernels: the rate from the points of the larger amounts (the median
+/// of x / y over those at least half the largest: the smaller ones run from the caches, faster
+/// per byte than a step's operands), the per-call cost from the others (the median of what their
+/// time leaves after x / rate, per call, 0 at least). Returns {rate, call}.
+std::pair<double, double> fit_large(const std::vector<std::array<double, 3>>& pts) {
+  double largest = 0;
+  for (const auto& p : pts) largest = std::max(largest, p[0]);
+  std::vector<double> rates, calls;
+  for (const auto& [x, c, y] : pts)
+    if (x >= largest / 2) rates.push_back(x / y);
+  const double rate = rates.empty() ? 0 : bench::median(rates);
+  for (const auto& [x, c, y] : pts)
+    if (x < largest / 2 && c > 0 && rate > 0) calls.push_back(std::max(0.0, (y - x / rate) / c));
+  return {rate, calls.empty() ? 0.0 : bench::median(calls)};
 }
 
 void record(sl::Context& ctx, const char* part, const std::string& name, double seconds, const std::string& fields) {
@@ -259,8 +277,12 @@ int main(int argc, char** argv) {
       point(mem_pts, "kernels", "a + b" + size, [&] { (void)(a + b); });
       point(mem_pts, "kernels", "gelu" + size, [&] { (void)sl::gelu(a); });
       point(mem_pts, "kernels", "softmax<1>" + size, [&] { (void)sl::softmax<1>(a); });
+      using V = sl::DistributedTensor<float, Mesh, sl::Spec<sl::none>>;
+      const V bias = V::random(mesh, {256}, 5);
+      point(mem_pts, "kernels", "a + bias[256]" + size, [&] { (void)(a + bias); });
+      point(mem_pts, "kernels", "layer_norm<1>" + size, [&] { (void)sl::layer_norm<1>(a); });
     }
-    const auto [alone_bandwidth, alone_kernel_call] = fit(mem_pts[0]);
+    const auto [alone_bandwidth, alone_kernel_call] = fit_large(mem_pts[0]);
     // GEMMs are bound by the cores: when every device works at once, as in a step, devices that
     // share cores share their time, so a device's GEMM rate is its own alone over the host's
     // oversubscription (its devices' threads over its cores, 1 at least) and its per-call cost
@@ -270,7 +292,7 @@ int main(int argc, char** argv) {
     const double shared =
         std::max(1.0, static_cast<double>(share.devices_on_host) * share.per_device / std::max(1, share.cores));
     const double gemm_rate = alone_rate / shared, gemm_call = alone_call * shared;
-    const auto [memory_bandwidth, kernel_call] = fit(mem_pts[1]);
+    const auto [memory_bandwidth, kernel_call] = fit_large(mem_pts[1]);
     const std::int64_t max_bytes = quick ? std::int64_t{4} << 20 : std::int64_t{16} << 20;
     sl::plan::Link intra, inter;
     if (node > 1) {
