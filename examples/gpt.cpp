@@ -18,7 +18,7 @@
 namespace {
 
 constexpr const char* usage = R"(usage: gpt [--recipe dp|zero1|zero2|zero3|tp|dp_tp|cp|pp|pp_dp|pp_tp|pp_dp_tp|pp_zero1|pp_zero2|replicated] [--cp N]
-           [--cp-kind all_to_all|ring] [--moe E] [--top-k 1|2] [--capacity-factor CF]
+           [--cp-kind all_to_all|ring|ring_zigzag] [--moe E] [--top-k 1|2] [--capacity-factor CF]
            [--devices N] [--steps N] [--layers N] [--dim N] [--batch N] [--seq N] [--vocab N] [--heads N]
            [--ff N] [--precision f32|bf16|f16] [--check 0|1] [--describe 0|1] [--tp N]
            [--plan 0|1] [--gpu h100|h200|a100] [--profile FILE] [--node N] [--device-memory GIB] [--model NAME]
@@ -50,7 +50,9 @@ constexpr const char* usage = R"(usage: gpt [--recipe dp|zero1|zero2|zero3|tp|dp
                  V 51200, S 2048, B 1024), 175b (GPT-3: 96, 12288, 96, 49152, V 51200, S 2048,
                  B 1536)
   --cp-kind K    cp: attention over the split sequence as Ulysses' all-to-alls (all_to_all, the
-                 default) or ring attention (ring: keys and values passed around the "seq" axis)
+                 default) or ring attention (ring: keys and values passed around the "seq" axis;
+                 ring_zigzag: the same on the sequence in zig-zag runs, every device an equal
+                 share of the causal scores)
   --moe E        a mixture of E experts as the MLP of every other block (Switch's placement), the
                  experts split over "data" (recipe dp; docs/15_experts.md); 0: dense (0)
   --top-k K      moe: experts per token, 1 (Switch) or 2 (GShard) (1)
@@ -211,8 +213,10 @@ int main(int argc, char** argv) {
     cfg.moe = args.integer("--moe", 0, 0, max_size);
     cfg.top_k = static_cast<int>(args.integer("--top-k", 1, 1, 2));
     cfg.capacity_factor = args.real("--capacity-factor", 1.25, 1e-6, 1e6);
-    cfg.cp_kind = args.choice("--cp-kind", "all_to_all", {"all_to_all", "ring"}) == "ring" ? shardlib::ContextParallel::ring
-                                                                                          : shardlib::ContextParallel::all_to_all;
+    const std::string cp_kind = args.choice("--cp-kind", "all_to_all", {"all_to_all", "ring", "ring_zigzag"});
+    cfg.cp_kind = cp_kind == "ring"          ? shardlib::ContextParallel::ring
+                  : cp_kind == "ring_zigzag" ? shardlib::ContextParallel::ring_zigzag
+                                             : shardlib::ContextParallel::all_to_all;
     const bool check = args.boolean("--check");
     const bool describe = args.boolean("--describe");
     cfg.tp = static_cast<int>(args.integer("--tp", 0, 1, max_size));

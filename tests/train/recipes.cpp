@@ -325,6 +325,23 @@ TEST_CASE("context parallelism as ring attention (cp, --cp-kind ring): k and v a
       cfg);
 }
 
+TEST_CASE("context parallelism as zig-zag ring attention (--cp-kind ring_zigzag): the ring's permutes, q, k, v moved into its runs and the output back") {
+  gpt::Config cfg = config();
+  cfg.cp_kind = sl::ContextParallel::ring_zigzag;
+  against_one_device<gpt::DPxCP>(
+      [&](sl::Context& ctx, const gpt::StepReport& s) {
+        const bool dp = ctx.num_devices() / cfg.cp > 1;
+        const std::uint64_t layers = 2, p = static_cast<std::uint64_t>(cfg.cp);
+        CHECK(calls(s.forward, Kind::permute) == 2 * (p - 1) * layers);
+        CHECK(calls(s.forward, Kind::all_to_all) == 8 * layers);  // q, k, v in, the output out: two exchanges each
+        CHECK(calls(s.forward, Kind::all_gather) == 2);
+        CHECK(calls(s.backward, Kind::permute) == (2 * (p - 1) + 2 * p) * layers);
+        CHECK(calls(s.backward, Kind::all_to_all) == 16 * layers);  // q, k, v, o, its gradient in; dq, dk, dv out
+        CHECK(calls(s.backward, Kind::all_reduce) == (dp ? 2u : 1u));
+      },
+      cfg);
+}
+
 TEST_CASE("mixed precision, bf16 ZeRO-2: 16-bit gradients reduce-scattered, float32 master weights: 2 + 14/N bytes per parameter") {
   const std::int64_t psi = num_params(config());
   against_one_device<gpt::Zero2, sl::bf16>([&](sl::Context& ctx, const gpt::StepReport& s) {

@@ -66,6 +66,12 @@ enum class ContextParallel {
   /// axes, p - 1 permutes each, folded into an online softmax; any head count; scores held one
   /// [B, H, S/p, S/p] block at a time. Host memory: float and double.
   ring,
+  /// Ring attention on the sequence in zig-zag runs (attention/ring.hpp): ring rank j works on
+  /// runs j and 2p - 1 - j of the sequence cut into 2p, so that under `causal` every device
+  /// computes the same share of the scores (in order, the last device computes p blocks and the
+  /// first one). The operands keep their layout: q, k, v are moved into the runs on entry and the
+  /// output back, two exchanges each (the backward: o, its gradient, and dq, dk, dv too).
+  ring_zigzag,
 };
 
 /// Options of attention().
@@ -80,7 +86,7 @@ struct AttentionOptions {
 /// What this device's attention calls ran, since the Context began.
 struct AttentionStats {
   std::uint64_t fused_forward = 0, fused_backward = 0, unfused_forward = 0, unfused_backward = 0;
-  std::uint64_t ring_forward = 0, ring_backward = 0;  ///< ring attention's (ContextParallel::ring)
+  std::uint64_t ring_forward = 0, ring_backward = 0;  ///< ring attention's (ContextParallel::ring and ring_zigzag)
   /// Why the last call that could have been fused was not ("" when none fell back).
   std::string fallback;
 };
@@ -304,7 +310,8 @@ void attention_unfused_backward(const QT& q, const KT& k, const VT& v, const Bia
 /// attention/ring.hpp): q, k and v resharded to `RSpec` (ring_attention_rule's; a recorded
 /// reshard for a Var that differs), the result in that layout (q's).
 template <class RSpec, class Q, class K, class V, class Mask>
-auto attention_ring(const Q& q0, const K& k0, const V& v0, const Mask* mask, bool causal, double scale, const AxisList& ring_axes) {
+auto attention_ring(const Q& q0, const K& k0, const V& v0, const Mask* mask, bool causal, bool zigzag, double scale,
+                    const AxisList& ring_axes) {
   using autodiff::detail::tensor_of_t;
   using T = typename tensor_of_t<Q>::value_type;
   using MeshT = typename tensor_of_t<Q>::mesh_type;
@@ -322,7 +329,7 @@ auto attention_ring(const Q& q0, const K& k0, const V& v0, const Mask* mask, boo
   using B = DistributedTensor<T, MeshT, Spec<none, none>, Mem>;
   std::optional<B> replicated_mask;
   if (mask) replicated_mask.emplace(*mask);
-  const RingShape shape = ring_shape(qv, kv, vv, ring_axes, causal);
+  const RingShape shape = ring_shape(qv, kv, vv, ring_axes, causal, zigzag);
   auto oshape = qv.shape();
   oshape[3] = vv.shape()[3];
   RT o(qv.mesh(), oshape);
@@ -384,7 +391,8 @@ auto attention_impl(const Q& q0, const K& k0, const V& v0, const Mask* mask, con
   if constexpr (!ring.comm.empty()) {
     using RSpec = spec_from_t<MeshT, decltype([] { return ring.in[0]; })>;
     static_assert(std::is_same_v<RSpec, OutSpec>, "shardlib: attention: both forms leave q's layout");
-    if (opts.context == ContextParallel::ring) return attention_ring<RSpec>(q0, k0, v0, mask, opts.causal, scale, ring.comm);
+    if (opts.context == ContextParallel::ring || opts.context == ContextParallel::ring_zigzag)
+      return attention_ring<RSpec>(q0, k0, v0, mask, opts.causal, opts.context == ContextParallel::ring_zigzag, scale, ring.comm);
   }
   // The operands in the layout the kernel runs on (a recorded reshard for a Var that differs).
   const auto q = shardlib::reshard<InSpec>(q0);

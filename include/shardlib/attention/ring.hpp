@@ -12,10 +12,16 @@
 /// home). The scores live one block at a time, [batch, heads, S/p, S/p] per device — the memory
 /// the all-to-all form spends on [batch, heads / p, S, S].
 ///
-/// Under `causal` a block of keys that lies wholly after this device's queries is not computed
-/// (it still travels on): with the sequence cut in order, the last device computes p blocks and
-/// the first one — the imbalance the striped or zig-zag orders remove, which this form does not
-/// do yet. Uneven blocks (a sequence that the ring does not divide) are exchanged at their sizes.
+/// Under `causal` a block of keys that lies wholly after the queries is not computed (it still
+/// travels on). With the sequence cut in order (`ContextParallel::ring`) the last device then
+/// computes p blocks and the first one. `ContextParallel::ring_zigzag` balances it (the zig-zag
+/// order of Megatron-LM's context parallelism and ring-flash-attention): the sequence is cut into
+/// 2p runs and ring rank j holds runs j and 2p - 1 - j, an early one and a late one, so that every
+/// device computes the same number of (run, run) blocks. The operands keep their in-order layout
+/// outside the op: q, k and v (and, backward, the output and its gradient) are moved into the
+/// zig-zag runs on entry and the results moved back on exit, each by two exchanges over the ring's
+/// group (one per run), which send (p - 1)/p of a block on average. Uneven blocks (a sequence that
+/// the ring does not divide) are exchanged at their sizes.
 ///
 /// Accumulation: the output and the softmax state in float (16-bit types) or T; the gradients'
 /// partial sums in T (GEMMs accumulating into them). GEMMs: the host BLAS (float, double) or
@@ -34,6 +40,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace shardlib::detail {
 
@@ -77,42 +84,82 @@ void ring_pass(Context& ctx, const MeshShape& mesh, const AxisList& axes, const 
   upload<Mem>(ctx, static_cast<const T*>(hr.get()), recv, recv_count);
 }
 
+/// The runs of the sequence one ring rank holds, in the order its ring buffers store them: one
+/// (its block, in order) or two (zig-zag); each run a [batch, size, heads, d] array, the second
+/// after the first.
+struct RingRuns {
+  int n = 0;
+  BlockRange run[2];
+  /// The positions held, over the runs.
+  std::int64_t rows() const { return n == 2 ? run[0].size + run[1].size : n == 1 ? run[0].size : 0; }
+  /// The positions stored before run c (its row in a buffer of these runs, per batch index).
+  std::int64_t before(int c) const { return c == 0 ? 0 : run[0].size; }
+};
+
+/// The part of the sequence's [a.offset, a.offset + a.size) inside b's.
+inline BlockRange overlap(const BlockRange& a, const BlockRange& b) {
+  const std::int64_t lo = std::max(a.offset, b.offset), hi = std::min(a.offset + a.size, b.offset + b.size);
+  return {lo, std::max<std::int64_t>(hi - lo, 0)};
+}
+
 /// The geometry of a ring: the devices of the sequence's axes, this one's rank among them, the
-/// local batch, heads and head dims, this device's queries, and the key block each rank holds.
+/// local batch, heads and head dims, the lengths of the queries' and keys' sequences, and the runs
+/// of them each rank holds (in order, or zig-zag).
 struct RingShape {
   MeshShape mesh;
   AxisList axes;
   int p = 1, rank = 0;
   std::int64_t batch = 0, heads = 0, dk = 0, dv = 0;
-  std::int64_t queries = 0, query_offset = 0, all_keys = 0;
-  bool causal = false;
+  std::int64_t all_queries = 0, all_keys = 0;
+  bool causal = false, zigzag = false;
 
-  /// The key block of ring rank `j` (its offset and size in the sequence).
-  BlockRange keys_of(int j) const { return block_of(all_keys, p, ((j % p) + p) % p); }
-  /// The key block this device holds at step s (it came from rank - s).
-  BlockRange keys_at(int s) const { return keys_of(rank - s); }
-  std::int64_t max_keys() const { return keys_of(0).size; }  // torch.chunk: the first is the largest
-  kernels::AttentionBlock block(int s) const {
-    const BlockRange kb = keys_at(s);
-    return {batch, heads, queries, kb.size, query_offset, kb.offset, all_keys, causal};
+  /// The runs of a sequence of n positions that ring rank j holds: its block of the in-order cut,
+  /// or (zig-zag) runs j and 2p - 1 - j of the sequence cut into 2p.
+  RingRuns runs(std::int64_t n, int j) const {
+    j = ((j % p) + p) % p;
+    if (!zigzag) return {1, {block_of(n, p, j), {}}};
+    return {2, {block_of(n, 2 * p, j), block_of(n, 2 * p, 2 * p - 1 - j)}};
+  }
+  /// This device's queries.
+  RingRuns queries() const { return runs(all_queries, rank); }
+  /// The keys ring rank j holds.
+  RingRuns keys_of(int j) const { return runs(all_keys, j); }
+  /// The keys this device holds at step s (they came from rank - s).
+  RingRuns keys_at(int s) const { return keys_of(rank - s); }
+  /// The most keys a rank holds.
+  std::int64_t max_keys() const {
+    std::int64_t m = 0;
+    for (int j = 0; j < p; ++j) m = std::max(m, keys_of(j).rows());
+    return m;
+  }
+  /// The longest run of a sequence of n positions (torch.chunk: the first is the largest).
+  std::int64_t max_run(std::int64_t n) const { return block_of(n, zigzag ? 2 * p : p, 0).size; }
+  /// The attention of one run of queries on one run of keys.
+  kernels::AttentionBlock block(const BlockRange& qs, const BlockRange& ks) const {
+    return {batch, heads, qs.size, ks.size, qs.offset, ks.offset, all_keys, causal};
   }
   int next() const { return (rank + 1) % p; }
   int previous() const { return (rank + p - 1) % p; }
 
-  /// A [batch, S, heads, d] block's matrices of batch index b, one per head: rows S, cols d.
+  /// Run c of a ring buffer of `held` runs whose rows are `d` wide per head.
+  template <class T>
+  T* run_of(T* data, const RingRuns& held, int c, std::int64_t d) const {
+    return data + batch * held.before(c) * heads * d;
+  }
+  /// A [batch, seq, heads, d] run's matrices of batch index b, one per head: rows seq, cols d.
   template <class T>
   kernels::MatrixBatch<T> rows_of(T* data, std::int64_t b, std::int64_t seq, std::int64_t d) const {
     return {data + b * seq * heads * d, seq, d, heads * d, 1, d};
   }
   /// A [batch, heads, queries, keys] block of scores' matrices of batch index b.
   template <class T>
-  kernels::MatrixBatch<T> scores_of(T* data, std::int64_t b, std::int64_t keys) const {
+  kernels::MatrixBatch<T> scores_of(T* data, std::int64_t b, std::int64_t queries, std::int64_t keys) const {
     return {data + b * heads * queries * keys, queries, keys, keys, 1, queries * keys};
   }
 };
 
 template <class QT>
-RingShape ring_shape(const QT& q, const QT& k, const QT& v, const AxisList& axes, bool causal) {
+RingShape ring_shape(const QT& q, const QT& k, const QT& v, const AxisList& axes, bool causal, bool zigzag) {
   RingShape r;
   r.mesh = q.mesh().shape();
   r.axes = axes;
@@ -120,11 +167,43 @@ RingShape ring_shape(const QT& q, const QT& k, const QT& v, const AxisList& axes
   r.p = r.mesh.group_size(axes);
   r.rank = r.mesh.group_rank(device, axes);
   const ShardBox& qb = q.block();
-  r.batch = qb.extent[0], r.queries = qb.extent[1], r.query_offset = qb.offset[1], r.heads = qb.extent[2];
+  r.batch = qb.extent[0], r.heads = qb.extent[2];
   r.dk = qb.extent[3], r.dv = v.block().extent[3];
-  r.all_keys = k.shape()[1];
+  r.all_queries = q.shape()[1], r.all_keys = k.shape()[1];
   r.causal = causal;
+  r.zigzag = zigzag && r.p > 1;  // (a ring of one: the in-order run is the whole sequence)
   return r;
+}
+
+/// Moves a block of the in-order cut of a sequence of n positions ([batch, S/p, heads, d] on each
+/// ring rank) into the zig-zag runs of the ring (`to_runs`; this rank's runs one after the other),
+/// or back: two exchanges over the ring's group, one per run.
+template <class Mem, class T>
+void zigzag_move(Context& ctx, const RingShape& r, std::int64_t n, std::int64_t d, const T* from, T* to, bool to_runs) {
+  RingShape in_order = r;
+  in_order.zigzag = false;
+  const auto width = static_cast<std::size_t>(r.heads * d), batch = static_cast<std::size_t>(r.batch);
+  const RingRuns mine = r.runs(n, r.rank);
+  const BlockRange own = in_order.runs(n, r.rank).run[0];
+  // The region of a buffer that holds positions `seg` of `run`, a [batch, run.size, heads * d]
+  // array at row `before` (per batch index) of its buffer.
+  auto region = [&](const BlockRange& seg, const BlockRange& run, std::int64_t before) {
+    if (seg.size == 0) return coll::Region{};
+    return coll::Region::strided((batch * static_cast<std::size_t>(before) + static_cast<std::size_t>(seg.offset - run.offset)) * width,
+                                 {batch, static_cast<std::size_t>(seg.size), width},
+                                 {static_cast<std::size_t>(run.size) * width, width, 1});
+  };
+  std::vector<coll::Region> in_order_side(static_cast<std::size_t>(r.p)), runs_side(static_cast<std::size_t>(r.p));
+  for (int c = 0; c < 2; ++c) {
+    for (int j = 0; j < r.p; ++j) {
+      // This rank's in-order block against rank j's run c; rank j's in-order block against this rank's run c.
+      in_order_side[static_cast<std::size_t>(j)] = region(overlap(own, r.runs(n, j).run[c]), own, 0);
+      runs_side[static_cast<std::size_t>(j)] = region(overlap(in_order.runs(n, j).run[0], mine.run[c]), mine.run[c], mine.before(c));
+    }
+    const std::int64_t n_in_order = r.batch * own.size * r.heads * d, n_runs = r.batch * mine.rows() * r.heads * d;
+    if (to_runs) exchange_in<Mem>(ctx, &r.mesh, r.axes, from, n_in_order, in_order_side, to, n_runs, runs_side);
+    else exchange_in<Mem>(ctx, &r.mesh, r.axes, from, n_runs, runs_side, to, n_in_order, in_order_side);
+  }
 }
 
 /// A buffer of `n` (at least one) elements of `size` bytes from this device's block cache in `Mem`.
@@ -133,8 +212,19 @@ std::shared_ptr<void> ring_buffer(Context& ctx, std::int64_t n, std::size_t size
   return block_cache<Mem>(ctx).allocate(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * size);
 }
 
+/// An operand in the ring's layout: the local block itself (in order), or its copy moved into the
+/// zig-zag runs (held by `keep`).
+template <class Mem, class T>
+const T* ring_operand(Context& ctx, const RingShape& r, std::int64_t n, std::int64_t d, const T* local, std::shared_ptr<void>& keep) {
+  if (!r.zigzag) return local;
+  keep = ring_buffer<Mem>(ctx, r.batch * r.runs(n, r.rank).rows() * r.heads * d, sizeof(T));
+  zigzag_move<Mem>(ctx, r, n, d, local, static_cast<T*>(keep.get()), true);
+  return static_cast<const T*>(keep.get());
+}
+
 /// Ring attention's forward on the local blocks (see the file comment): writes o, returns the
-/// rows' log-sum-exp (compute_t<T>, [batch, heads, queries]) for the backward.
+/// rows' log-sum-exp (compute_t<T>, [batch, heads, run] per run of this device's queries) for the
+/// backward.
 template <class QT, class OT>
 std::shared_ptr<void> ring_attention_forward(const QT& q, const QT& k, const QT& v, const typename QT::value_type* mask,
                                              const RingShape& r, double scale, OT& o) {
@@ -144,51 +234,66 @@ std::shared_ptr<void> ring_attention_forward(const QT& q, const QT& k, const QT&
   Context& ctx = q.context();
   const auto& exec = ctx.exec_for<Mem>();
   auto alloc = [&ctx](std::int64_t n, std::size_t size) { return ring_buffer<Mem>(ctx, n, size); };
-  const std::int64_t rows = r.batch * r.heads * r.queries, out_n = r.batch * r.queries * r.heads * r.dv;
-  const std::int64_t kmax = r.max_keys();
+  const RingRuns qr = r.queries();
+  const std::int64_t rows = r.batch * r.heads * qr.rows(), out_n = r.batch * qr.rows() * r.heads * r.dv;
+  const std::int64_t kmax = r.max_keys(), qrun = r.max_run(r.all_queries), krun = r.max_run(r.all_keys);
+  std::shared_ptr<void> qz, kz, vz;
+  const T* qd = ring_operand<Mem>(ctx, r, r.all_queries, r.dk, q.local().data(), qz);
+  const T* kc = ring_operand<Mem>(ctx, r, r.all_keys, r.dk, k.local().data(), kz);
+  const T* vc = ring_operand<Mem>(ctx, r, r.all_keys, r.dv, v.local().data(), vz);
   std::shared_ptr<void> kbuf[2] = {alloc(r.batch * kmax * r.heads * r.dk, sizeof(T)), alloc(r.batch * kmax * r.heads * r.dk, sizeof(T))};
   std::shared_ptr<void> vbuf[2] = {alloc(r.batch * kmax * r.heads * r.dv, sizeof(T)), alloc(r.batch * kmax * r.heads * r.dv, sizeof(T))};
-  const auto scores = alloc(rows * kmax, sizeof(T)), pv = alloc(out_n, sizeof(T));
+  const auto scores = alloc(r.batch * r.heads * qrun * krun, sizeof(T)), pv = alloc(r.batch * qrun * r.heads * r.dv, sizeof(T));
   const auto acc = alloc(out_n, sizeof(A)), l = alloc(rows, sizeof(A)), alpha = alloc(rows, sizeof(A));
   std::shared_ptr<void> lse = alloc(rows, sizeof(A));  // the running maximum, then the lse
+  const std::shared_ptr<void> oz = r.zigzag ? alloc(out_n, sizeof(T)) : nullptr;
+  T* const od = r.zigzag ? static_cast<T*>(oz.get()) : o.local().data();
   T* const s = static_cast<T*>(scores.get());
-  A* const m = static_cast<A*>(lse.get());
+  // Run a's softmax state (m, l, alpha: [batch, heads, run]) and accumulator ([batch, run, heads, dv]).
+  auto state = [&](const std::shared_ptr<void>& buf, int a) { return static_cast<A*>(buf.get()) + r.batch * r.heads * qr.before(a); };
   {
     auto guard = kernel_guard_for<Mem>(ctx, false);
-    kernels::attention_start(exec, static_cast<A*>(acc.get()), out_n, m, static_cast<A*>(l.get()), rows);
+    kernels::attention_start(exec, static_cast<A*>(acc.get()), out_n, static_cast<A*>(lse.get()), static_cast<A*>(l.get()), rows);
   }
-  const T* kc = k.local().data();
-  const T* vc = v.local().data();
   for (int step = 0; step < r.p; ++step) {
-    const kernels::AttentionBlock blk = r.block(step);
-    if (!blk.hidden()) {
-      for (std::int64_t b = 0; b < r.batch; ++b)  // s = q k^T, one product per head
-        ring_gemm<T, Mem>(ctx, r.heads, r.rows_of(q.local().data(), b, r.queries, r.dk),
-                          r.rows_of(kc, b, blk.keys, r.dk).transposed(), r.scores_of(s, b, blk.keys), false);
-      {
+    const RingRuns kr = r.keys_at(step);
+    for (int a = 0; a < qr.n; ++a)
+      for (int c = 0; c < kr.n; ++c) {
+        const kernels::AttentionBlock blk = r.block(qr.run[a], kr.run[c]);
+        if (blk.hidden()) continue;
+        const T* qa = r.run_of(qd, qr, a, r.dk);
+        const T* kb = r.run_of(kc, kr, c, r.dk);
+        const T* vb = r.run_of(vc, kr, c, r.dv);
+        for (std::int64_t b = 0; b < r.batch; ++b)  // s = q k^T, one product per head
+          ring_gemm<T, Mem>(ctx, r.heads, r.rows_of(qa, b, blk.queries, r.dk), r.rows_of(kb, b, blk.keys, r.dk).transposed(),
+                            r.scores_of(s, b, blk.queries, blk.keys), false);
+        {
+          auto guard = kernel_guard_for<Mem>(ctx, false);
+          kernels::attention_online_softmax(exec, s, mask, state(lse, a), state(l, a), state(alpha, a), blk, static_cast<A>(scale));
+        }
+        for (std::int64_t b = 0; b < r.batch; ++b)  // pv = p v
+          ring_gemm<T, Mem>(ctx, r.heads, r.scores_of(static_cast<const T*>(s), b, blk.queries, blk.keys), r.rows_of(vb, b, blk.keys, r.dv),
+                            r.rows_of(static_cast<T*>(pv.get()), b, blk.queries, r.dv), false);
         auto guard = kernel_guard_for<Mem>(ctx, false);
-        kernels::attention_online_softmax(exec, s, mask, m, static_cast<A*>(l.get()), static_cast<A*>(alpha.get()), blk,
-                                          static_cast<A>(scale));
+        kernels::attention_merge(exec, r.run_of(static_cast<A*>(acc.get()), qr, a, r.dv), static_cast<const T*>(pv.get()),
+                                 static_cast<const A*>(state(alpha, a)), r.batch, blk.queries, r.heads, r.dv);
       }
-      for (std::int64_t b = 0; b < r.batch; ++b)  // pv = p v
-        ring_gemm<T, Mem>(ctx, r.heads, r.scores_of(static_cast<const T*>(s), b, blk.keys), r.rows_of(vc, b, blk.keys, r.dv),
-                          r.rows_of(static_cast<T*>(pv.get()), b, r.queries, r.dv), false);
-      auto guard = kernel_guard_for<Mem>(ctx, false);
-      kernels::attention_merge(exec, static_cast<A*>(acc.get()), static_cast<const T*>(pv.get()),
-                               static_cast<const A*>(alpha.get()), r.batch, r.queries, r.heads, r.dv);
-    }
     if (step + 1 < r.p) {  // the next block arrives from the previous device
-      const std::int64_t now = r.keys_at(step).size, next = r.keys_at(step + 1).size;
+      const std::int64_t now = r.batch * kr.rows() * r.heads, next = r.batch * r.keys_at(step + 1).rows() * r.heads;
       T* kn = static_cast<T*>(kbuf[step % 2].get());
       T* vn = static_cast<T*>(vbuf[step % 2].get());
-      ring_pass<Mem>(ctx, r.mesh, r.axes, kc, r.batch * now * r.heads * r.dk, r.next(), kn, r.batch * next * r.heads * r.dk, r.previous());
-      ring_pass<Mem>(ctx, r.mesh, r.axes, vc, r.batch * now * r.heads * r.dv, r.next(), vn, r.batch * next * r.heads * r.dv, r.previous());
+      ring_pass<Mem>(ctx, r.mesh, r.axes, kc, now * r.dk, r.next(), kn, next * r.dk, r.previous());
+      ring_pass<Mem>(ctx, r.mesh, r.axes, vc, now * r.dv, r.next(), vn, next * r.dv, r.previous());
       kc = kn, vc = vn;
     }
   }
-  auto guard = kernel_guard_for<Mem>(ctx, false);
-  kernels::attention_finish(exec, o.local().data(), static_cast<const A*>(acc.get()), m, static_cast<const A*>(l.get()), r.batch,
-                            r.queries, r.heads, r.dv);
+  {
+    auto guard = kernel_guard_for<Mem>(ctx, false);
+    for (int a = 0; a < qr.n; ++a)
+      kernels::attention_finish(exec, r.run_of(od, qr, a, r.dv), r.run_of(static_cast<const A*>(acc.get()), qr, a, r.dv), state(lse, a),
+                                static_cast<const A*>(state(l, a)), r.batch, qr.run[a].size, r.heads, r.dv);
+  }
+  if (r.zigzag) zigzag_move<Mem>(ctx, r, r.all_queries, r.dv, static_cast<const T*>(od), o.local().data(), false);
   return lse;
 }
 
@@ -203,68 +308,94 @@ void ring_attention_backward(const QT& q, const QT& k, const QT& v, const typena
   Context& ctx = q.context();
   const auto& exec = ctx.exec_for<Mem>();
   auto alloc = [&ctx](std::int64_t n, std::size_t size) { return ring_buffer<Mem>(ctx, n, size); };
-  const std::int64_t rows = r.batch * r.heads * r.queries, kmax = r.max_keys();
+  const RingRuns qr = r.queries(), own = r.keys_of(r.rank);
+  const std::int64_t rows = r.batch * r.heads * qr.rows(), kmax = r.max_keys();
+  const std::int64_t qrun = r.max_run(r.all_queries), krun = r.max_run(r.all_keys);
   const std::int64_t kn_max = r.batch * kmax * r.heads * r.dk, vn_max = r.batch * kmax * r.heads * r.dv;
+  std::shared_ptr<void> qz, kz, vz, oz, gz;
+  const T* qd = ring_operand<Mem>(ctx, r, r.all_queries, r.dk, q.local().data(), qz);
+  const T* kc = ring_operand<Mem>(ctx, r, r.all_keys, r.dk, k.local().data(), kz);
+  const T* vc = ring_operand<Mem>(ctx, r, r.all_keys, r.dv, v.local().data(), vz);
+  const T* od = ring_operand<Mem>(ctx, r, r.all_queries, r.dv, o.local().data(), oz);
+  const T* gd = ring_operand<Mem>(ctx, r, r.all_queries, r.dv, g.local().data(), gz);
   std::shared_ptr<void> kbuf[2] = {alloc(kn_max, sizeof(T)), alloc(kn_max, sizeof(T))};
   std::shared_ptr<void> vbuf[2] = {alloc(vn_max, sizeof(T)), alloc(vn_max, sizeof(T))};
   std::shared_ptr<void> dkbuf[2] = {alloc(kn_max, sizeof(T)), alloc(kn_max, sizeof(T))};
   std::shared_ptr<void> dvbuf[2] = {alloc(vn_max, sizeof(T)), alloc(vn_max, sizeof(T))};
-  const auto pbuf = alloc(rows * kmax, sizeof(T)), dpbuf = alloc(rows * kmax, sizeof(T)), delta = alloc(rows, sizeof(A));
+  const auto pbuf = alloc(r.batch * r.heads * qrun * krun, sizeof(T)), dpbuf = alloc(r.batch * r.heads * qrun * krun, sizeof(T));
+  const auto delta = alloc(rows, sizeof(A));
+  // The results in the ring's layout: dq, and the home blocks dk and dv arrive at (zig-zag: moved
+  // back to the in-order blocks at the end).
+  std::shared_ptr<void> dqz, dkz, dvz;
+  if (r.zigzag)
+    dqz = alloc(r.batch * qr.rows() * r.heads * r.dk, sizeof(T)), dkz = alloc(r.batch * own.rows() * r.heads * r.dk, sizeof(T)),
+    dvz = alloc(r.batch * own.rows() * r.heads * r.dv, sizeof(T));
+  T* const dqd = r.zigzag ? static_cast<T*>(dqz.get()) : dq.local().data();
+  T* const dk_home = r.zigzag ? static_cast<T*>(dkz.get()) : dk.local().data();
+  T* const dv_home = r.zigzag ? static_cast<T*>(dvz.get()) : dv.local().data();
   T* const p = static_cast<T*>(pbuf.get());
   T* const dp = static_cast<T*>(dpbuf.get());
+  auto row_state = [&](auto* base, int a) { return base + r.batch * r.heads * qr.before(a); };
   const A* const lse = static_cast<const A*>(lse_block);
-  const std::int64_t own_k = r.batch * r.keys_of(r.rank).size * r.heads;
   // With one device in the ring, the travelling sums are dk and dv themselves.
-  T* dkc = r.p == 1 ? dk.local().data() : static_cast<T*>(dkbuf[0].get());
-  T* dvc = r.p == 1 ? dv.local().data() : static_cast<T*>(dvbuf[0].get());
+  T* dkc = r.p == 1 ? dk_home : static_cast<T*>(dkbuf[0].get());
+  T* dvc = r.p == 1 ? dv_home : static_cast<T*>(dvbuf[0].get());
   {
     auto guard = kernel_guard_for<Mem>(ctx, false);
-    kernels::attention_fill(exec, dq.local().data(), r.batch * r.queries * r.heads * r.dk, T(0));
-    kernels::attention_fill(exec, dkc, own_k * r.dk, T(0));
-    kernels::attention_fill(exec, dvc, own_k * r.dv, T(0));
-    kernels::attention_delta(exec, static_cast<A*>(delta.get()), g.local().data(), o.local().data(), r.batch, r.queries, r.heads, r.dv);
+    kernels::attention_fill(exec, dqd, r.batch * qr.rows() * r.heads * r.dk, T(0));
+    kernels::attention_fill(exec, dkc, r.batch * own.rows() * r.heads * r.dk, T(0));
+    kernels::attention_fill(exec, dvc, r.batch * own.rows() * r.heads * r.dv, T(0));
+    for (int a = 0; a < qr.n; ++a)
+      kernels::attention_delta(exec, row_state(static_cast<A*>(delta.get()), a), r.run_of(gd, qr, a, r.dv), r.run_of(od, qr, a, r.dv),
+                               r.batch, qr.run[a].size, r.heads, r.dv);
   }
-  const T* kc = k.local().data();
-  const T* vc = v.local().data();
-  const T* qd = q.local().data();
-  const T* gd = g.local().data();
   for (int step = 0; step < r.p; ++step) {
-    const kernels::AttentionBlock blk = r.block(step);
-    const std::int64_t nk = blk.keys;
-    if (!blk.hidden()) {
-      for (std::int64_t b = 0; b < r.batch; ++b)  // s = q k^T
-        ring_gemm<T, Mem>(ctx, r.heads, r.rows_of(qd, b, r.queries, r.dk), r.rows_of(kc, b, nk, r.dk).transposed(),
-                          r.scores_of(p, b, nk), false);
-      {
-        auto guard = kernel_guard_for<Mem>(ctx, false);
-        kernels::attention_probabilities(exec, p, mask, lse, blk, static_cast<A>(scale));
+    const RingRuns kr = r.keys_at(step);
+    for (int a = 0; a < qr.n; ++a)
+      for (int c = 0; c < kr.n; ++c) {
+        const kernels::AttentionBlock blk = r.block(qr.run[a], kr.run[c]);
+        if (blk.hidden()) continue;
+        const std::int64_t nq = blk.queries, nk = blk.keys;
+        const T* qa = r.run_of(qd, qr, a, r.dk);
+        const T* ga = r.run_of(gd, qr, a, r.dv);
+        T* dqa = r.run_of(dqd, qr, a, r.dk);
+        const T* kb = r.run_of(kc, kr, c, r.dk);
+        const T* vb = r.run_of(vc, kr, c, r.dv);
+        T* dkb = r.run_of(dkc, kr, c, r.dk);
+        T* dvb = r.run_of(dvc, kr, c, r.dv);
+        for (std::int64_t b = 0; b < r.batch; ++b)  // s = q k^T
+          ring_gemm<T, Mem>(ctx, r.heads, r.rows_of(qa, b, nq, r.dk), r.rows_of(kb, b, nk, r.dk).transposed(), r.scores_of(p, b, nq, nk),
+                            false);
+        {
+          auto guard = kernel_guard_for<Mem>(ctx, false);
+          kernels::attention_probabilities(exec, p, mask, row_state(lse, a), blk, static_cast<A>(scale));
+        }
+        for (std::int64_t b = 0; b < r.batch; ++b) {
+          const auto pm = r.scores_of(static_cast<const T*>(p), b, nq, nk);
+          // dv += p^T g;  dp = g v^T
+          ring_gemm<T, Mem>(ctx, r.heads, pm.transposed(), r.rows_of(ga, b, nq, r.dv), r.rows_of(dvb, b, nk, r.dv), true);
+          ring_gemm<T, Mem>(ctx, r.heads, r.rows_of(ga, b, nq, r.dv), r.rows_of(vb, b, nk, r.dv).transposed(), r.scores_of(dp, b, nq, nk),
+                            false);
+        }
+        {
+          auto guard = kernel_guard_for<Mem>(ctx, false);
+          kernels::attention_score_gradient(exec, dp, static_cast<const T*>(p), row_state(static_cast<const A*>(delta.get()), a), blk,
+                                            static_cast<A>(scale));
+        }
+        for (std::int64_t b = 0; b < r.batch; ++b) {
+          const auto ds = r.scores_of(static_cast<const T*>(dp), b, nq, nk);
+          // dq += ds k;  dk += ds^T q
+          ring_gemm<T, Mem>(ctx, r.heads, ds, r.rows_of(kb, b, nk, r.dk), r.rows_of(dqa, b, nq, r.dk), true);
+          ring_gemm<T, Mem>(ctx, r.heads, ds.transposed(), r.rows_of(qa, b, nq, r.dk), r.rows_of(dkb, b, nk, r.dk), true);
+        }
       }
-      for (std::int64_t b = 0; b < r.batch; ++b) {
-        const auto pm = r.scores_of(static_cast<const T*>(p), b, nk);
-        // dv += p^T g;  dp = g v^T
-        ring_gemm<T, Mem>(ctx, r.heads, pm.transposed(), r.rows_of(gd, b, r.queries, r.dv), r.rows_of(dvc, b, nk, r.dv), true);
-        ring_gemm<T, Mem>(ctx, r.heads, r.rows_of(gd, b, r.queries, r.dv), r.rows_of(vc, b, nk, r.dv).transposed(),
-                          r.scores_of(dp, b, nk), false);
-      }
-      {
-        auto guard = kernel_guard_for<Mem>(ctx, false);
-        kernels::attention_score_gradient(exec, dp, static_cast<const T*>(p), static_cast<const A*>(delta.get()), blk,
-                                          static_cast<A>(scale));
-      }
-      for (std::int64_t b = 0; b < r.batch; ++b) {
-        const auto ds = r.scores_of(static_cast<const T*>(dp), b, nk);
-        // dq += ds k;  dk += ds^T q
-        ring_gemm<T, Mem>(ctx, r.heads, ds, r.rows_of(kc, b, nk, r.dk), r.rows_of(dq.local().data(), b, r.queries, r.dk), true);
-        ring_gemm<T, Mem>(ctx, r.heads, ds.transposed(), r.rows_of(qd, b, r.queries, r.dk), r.rows_of(dkc, b, nk, r.dk), true);
-      }
-    }
     if (r.p == 1) break;
     // k and v move on to the next device (not after the last step); dk and dv with them, the last
     // pass bringing each block's sums home.
-    const std::int64_t now = r.batch * nk * r.heads, next = r.batch * r.keys_at(step + 1).size * r.heads;
+    const std::int64_t now = r.batch * kr.rows() * r.heads, next = r.batch * r.keys_at(step + 1).rows() * r.heads;
     const bool last = step + 1 == r.p;
-    T* dkn = last ? dk.local().data() : static_cast<T*>(dkbuf[(step + 1) % 2].get());
-    T* dvn = last ? dv.local().data() : static_cast<T*>(dvbuf[(step + 1) % 2].get());
+    T* dkn = last ? dk_home : static_cast<T*>(dkbuf[(step + 1) % 2].get());
+    T* dvn = last ? dv_home : static_cast<T*>(dvbuf[(step + 1) % 2].get());
     if (!last) {
       T* kn = static_cast<T*>(kbuf[step % 2].get());
       T* vn = static_cast<T*>(vbuf[step % 2].get());
@@ -275,6 +406,11 @@ void ring_attention_backward(const QT& q, const QT& k, const QT& v, const typena
     ring_pass<Mem>(ctx, r.mesh, r.axes, static_cast<const T*>(dkc), now * r.dk, r.next(), dkn, next * r.dk, r.previous());
     ring_pass<Mem>(ctx, r.mesh, r.axes, static_cast<const T*>(dvc), now * r.dv, r.next(), dvn, next * r.dv, r.previous());
     dkc = dkn, dvc = dvn;
+  }
+  if (r.zigzag) {
+    zigzag_move<Mem>(ctx, r, r.all_queries, r.dk, static_cast<const T*>(dqd), dq.local().data(), false);
+    zigzag_move<Mem>(ctx, r, r.all_keys, r.dk, static_cast<const T*>(dk_home), dk.local().data(), false);
+    zigzag_move<Mem>(ctx, r, r.all_keys, r.dv, static_cast<const T*>(dv_home), dv.local().data(), false);
   }
 }
 
