@@ -51,7 +51,8 @@
 //   split (`baseline`: the same kernel work per device, nothing moved) and with the sequence
 //   gathered before the op and sliced after (every device computing every head: what a split
 //   sequence cost before the op moved it onto the heads; left out above 2048 tokens), and ring
-//   attention (ContextParallel::ring: k and v passed around the devices). The collectives' bytes
+//   attention (ContextParallel::ring: k and v passed around the devices; ring_zigzag: the same on
+//   the sequence in zig-zag runs, the causal work balanced; vs_ring: its time over the ring's). The collectives' bytes
 //   per device; `vs_all_to_all`: the case's time over the all-to-all form's.
 #include <shardlib/attention.hpp>
 #include <shardlib/autodiff.hpp>
@@ -454,6 +455,9 @@ void context_case(sl::Context& ctx, const Dims& dm, int reps, int warmup, bool r
   auto ring = [](const auto& q, const auto& k, const auto& v) {
     return sl::attention(q, k, v, {.causal = true, .context = sl::ContextParallel::ring});
   };
+  auto zigzag = [](const auto& q, const auto& k, const auto& v) {
+    return sl::attention(q, k, v, {.causal = true, .context = sl::ContextParallel::ring_zigzag});
+  };
   auto gathered = [causal](const auto& q, const auto& k, const auto& v) {
     return sl::reshard<Seq>(sl::attention(sl::reshard<Rep>(q), sl::reshard<Rep>(k), sl::reshard<Rep>(v), causal));
   };
@@ -465,6 +469,7 @@ void context_case(sl::Context& ctx, const Dims& dm, int reps, int warmup, bool r
   };
   if (!ring_only) add(make(Heads{}, op), "heads split", "heads split"), add(make(Seq{}, op), "sequence split", "context parallel (all-to-all)");
   add(make(Seq{}, ring), "ring", "context parallel (ring)");
+  add(make(Seq{}, zigzag), "ring zig-zag", "context parallel (ring, zig-zag)");
   if (gather) add(make(Seq{}, gathered), "sequence gathered", "sequence gathered");
   std::vector<sl::coll::CommStats> comm;
   std::vector<std::int64_t> peaks;  // the step's peak of activation bytes on this device, over what it began with
@@ -484,12 +489,17 @@ void context_case(sl::Context& ctx, const Dims& dm, int reps, int warmup, bool r
   const std::string shape = "\"shape\": {\"batch\": 1, \"seq\": " + std::to_string(S) + ", \"heads\": " + std::to_string(H) +
                             ", \"head_dim\": " + std::to_string(K) + "}, \"dtype\": \"float32\", \"causal\": true";
   const std::string peak = ", \"activation_peak_bytes\": ";
-  if (ring_only) {  // nothing beside it: the other forms' [S, S] scores per head do not fit
-    record(ctx, "\"part\": \"context\", \"name\": \"" + std::string(names[0]) + "\", " + shape + ", \"seconds\": " +
-                    num(t[0]) + ", \"baseline\": null, \"baseline_seconds\": null, \"ratio\": null, \"gflops\": " +
-                    num(flops / t[0] / 1e9) + ", \"baseline_gflops\": null, \"collective_calls\": " +
-                    std::to_string(comm[0].total_calls()) + ", \"bytes\": " + std::to_string(comm[0].total_bytes_sent()) +
-                    ", \"baseline_bytes\": null, \"vs_all_to_all\": null" + peak + std::to_string(peaks[0]));
+  // The zig-zag ring beside the in-order one (same FLOPs, the causal work balanced).
+  const std::size_t in_order = ring_only ? 0 : 2;
+  const std::string vs_ring = ", \"vs_ring\": ";
+  if (ring_only) {  // nothing beside them: the other forms' [S, S] scores per head do not fit
+    for (std::size_t c = 0; c < steps.size(); ++c)
+      record(ctx, "\"part\": \"context\", \"name\": \"" + std::string(names[c]) + "\", " + shape + ", \"seconds\": " +
+                      num(t[c]) + ", \"baseline\": null, \"baseline_seconds\": null, \"ratio\": null, \"gflops\": " +
+                      num(flops / t[c] / 1e9) + ", \"baseline_gflops\": null, \"collective_calls\": " +
+                      std::to_string(comm[c].total_calls()) + ", \"bytes\": " + std::to_string(comm[c].total_bytes_sent()) +
+                      ", \"baseline_bytes\": null, \"vs_all_to_all\": null" + vs_ring + num(t[c] / t[in_order]) + peak +
+                      std::to_string(peaks[c]));
     return;
   }
   for (std::size_t c = 1; c < steps.size(); ++c)
@@ -498,8 +508,8 @@ void context_case(sl::Context& ctx, const Dims& dm, int reps, int warmup, bool r
                     num(t[c] / t[0]) + ", \"gflops\": " + num(flops / t[c] / 1e9) + ", \"baseline_gflops\": " +
                     num(flops / t[0] / 1e9) + ", \"collective_calls\": " + std::to_string(comm[c].total_calls()) +
                     ", \"bytes\": " + std::to_string(comm[c].total_bytes_sent()) + ", \"baseline_bytes\": " +
-                    std::to_string(comm[0].total_bytes_sent()) + ", \"vs_all_to_all\": " + num(t[c] / t[1]) + peak +
-                    std::to_string(peaks[c]));
+                    std::to_string(comm[0].total_bytes_sent()) + ", \"vs_all_to_all\": " + num(t[c] / t[1]) + vs_ring +
+                    (c >= in_order && c <= in_order + 1 ? num(t[c] / t[in_order]) : std::string("null")) + peak + std::to_string(peaks[c]));
 }
 
 /// The moe part (see the file comment).

@@ -280,6 +280,29 @@ class Report(unittest.TestCase):
             self.assertIn("| pp_dp | 8 | 12000 | 2.00 | 6.500 -> 1.300 | - | - | send 8 |", md)
             self.assertIn("| interleaved | threads | 4 | 8 | 2 | 64 | 0.174 | 0.158 | +10 % | 1000.0 |", md)
 
+    def test_ring_attention_against_jax_s_fastest_form_on_the_same_shape_failed_forms_left_out(self):
+        shape = {"batch": 1, "seq": 1024, "heads": 8, "head_dim": 64}
+        ring = record(bench="grad", part="context", name="context parallel (ring)", devices=8, seconds=0.5, shape=shape)
+        zz = dict(ring, name="context parallel (ring, zig-zag)", seconds=0.4)
+        jax = [record(bench="grad", part="context", name="jax sequence split", backend="jax-cpu", devices=8, seconds=0.6,
+                      shape=shape),
+               record(bench="grad", part="context", name="jax heads split", backend="jax-cpu", devices=8, seconds=0.9,
+                      shape=shape),
+               record(bench="grad", part="context", name="jax dot_product_attention", backend="jax-cpu", devices=8,
+                      seconds=None, error="out of memory", shape=shape),
+               # another shape: not compared
+               record(bench="grad", part="context", name="jax sequence split", backend="jax-cpu", devices=8, seconds=0.1,
+                      shape=dict(shape, seq=128))]
+        figure = "ring attention fwd + bwd beside JAX's fastest form (causal, split sequence)"
+        rows = lambda recs: {r[1]: r for r in goals.evaluate({"grad": recs})}  # noqa: E731
+        row = rows([ring, zz] + jax)[figure]
+        self.assertEqual(row[4], "pass")
+        self.assertIn("worst 1.20x ((ring) 1024 8)", row[3])
+        self.assertIn("median 1.35x of 2", row[3])
+        ring["seconds"] = 0.7
+        self.assertEqual(rows([ring, zz] + jax)[figure][4], "short")
+        self.assertEqual(rows([ring, zz])[figure][4], "not measured")
+
     def test_grad_renders_the_context_parallel_records_in_a_table_of_their_own(self):
         from contextlib import redirect_stdout
         from harness import suites

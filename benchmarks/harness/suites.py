@@ -287,6 +287,8 @@ def grad_cases(args, exes, peers):
         if getattr(args, flag) is not None:
             sizes += ["--" + flag, str(getattr(args, flag))]
     runs, druns = [], []
+    if max(args.devs) > 1:  # the context part's attention in JAX's forms, beside the ring
+        runs.append(["--bench", "context", "--devices", str(max(args.devs))] + sizes)
     for n in args.devs:
         runs.append(["--bench", "grad", "--devices", str(n), "--layout", "dp"] + sizes)
         druns.append((n, ["--bench", "block", "--layout", "dp"] + sizes))
@@ -321,6 +323,7 @@ def grad_table(records):
                           + (f"{r['gflops']:.1f} GFLOP/s alone (the other forms' [S, S] scores do not fit); " if alone else
                              f"{r['gflops']:.1f} GFLOP/s vs {r['baseline_gflops']:.1f} with the heads split; ")
                           + (f"{vs:.2f}x the all-to-all form's time; " if vs is not None and "all-to-all" not in r["name"] else "")
+                          + (f"{r['vs_ring']:.2f}x the in-order ring's time; " if r.get("vs_ring") is not None and "zig-zag" in r["name"] else "")
                           + f"{r['collective_calls']} collectives, {r['bytes'] / 2**20:.2f} MiB sent per device")
             ratio = r["ratio"] if r["ratio"] is not None else float("nan")
             base_name = "none" if alone else "heads"
@@ -350,6 +353,14 @@ def grad_table(records):
             print(f"{r['name']:<30}{r['devices']:>4}{r['baseline_seconds'] * 1e3:>9.1f}{p['seconds'] * 1e3:>12.1f}"
                   f"{faster(r['baseline_seconds'], p['seconds'], who):>15}{r['seconds'] * 1e3:>12.1f}{fbs}"
                   f"  gemm {r.get('gemm_threads', '?')}, kernels {r.get('kernel_threads', '?')} thread(s) per device")
+    jax_context = [r for r in records if r["backend"] == "jax-cpu" and r["part"] == "context"]
+    if jax_context:
+        print()
+        print(f"{'causal attention over a split sequence':<40}{'dev':>4}{'S':>7}{'fwd+bwd ms':>12}  form")
+        for r in records:
+            if r["part"] == "context" and (r["backend"] in ("threads", "mpi") or r in jax_context):
+                t = f"{r['seconds'] * 1e3:>12.1f}" if r.get("seconds") else f"{'failed':>12}"
+                print(f"{r['name']:<40}{r['devices']:>4}{r['shape']['seq']:>7}{t}  {r.get('error', '')[:80]}")
     jax = [r for r in records if r["backend"] == "jax-cpu"]
     if jax:
         print(f"(ours: each device's threads as listed; jax: XLA's CPU client, a thread pool over the machine's "

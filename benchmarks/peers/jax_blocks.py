@@ -2,7 +2,7 @@
 """The JAX peer of bench_ops's `mlp` part and of bench_grad's `block` part: the same computations,
 shapes and shardings, jitted, on N virtual CPU devices (XLA's --xla_force_host_platform_device_count).
 
-usage: jax_blocks.py --bench ops|grad [--devices 8] [--layout dp|tp] [--model 2] [--reps 7]
+usage: jax_blocks.py --bench ops|grad|context [--devices 8] [--layout dp|tp] [--model 2] [--reps 7]
                      [--batch 8 --seq 128 --dmodel 512 --heads 8 --dff 2048] [--json FILE]
 
 --bench ops, the MLP block (benchmarks/ops.cpp, part mlp): y = gelu(x @ w1) @ w2 in float32 on the
@@ -19,6 +19,14 @@ usage: jax_blocks.py --bench ops|grad [--devices 8] [--layout dp|tp] [--model 2]
   hidden spec (batch over "data") as bench_grad's sl::reshard does. Also timed: the gradient of the
   loss with respect to x and every weight, gain and bias (jax.value_and_grad, as bench_grad's
   fwd+bwd step; backward_seconds in the record).
+--bench context, bench_grad's part context: causal attention's forward and backward (the gradient of
+  sum(o * r) with respect to q, k and v, jax.value_and_grad) on [1, 8 seq, heads, dmodel / heads]
+  float32 with the sequence split over a mesh ("seq",) of N devices, in each of the forms JAX offers
+  without hand-written collectives, one record each: "sequence split" (the einsums on the split
+  operands, XLA's SPMD partitioner choosing the collectives), "heads split" (q, k, v constrained to
+  the heads split before the einsums and the output back: Ulysses written with sharding
+  constraints) and "dot_product_attention" (jax.nn.dot_product_attention, is_causal, on the split
+  operands). The goal compares shardlib's ring with the fastest of them.
 Weights are uniform in bench_grad's ranges (+-1/sqrt(D), +-1/sqrt(F); gains 1, biases 0), from
 numpy's generator (not shardlib's values).
 
@@ -50,7 +58,7 @@ from jax_env import force_cpu_devices, time_calls
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bench", choices=("ops", "grad"), required=True)
+    ap.add_argument("--bench", choices=("ops", "grad", "context"), required=True)
     ap.add_argument("--devices", type=int, default=8)
     ap.add_argument("--layout", choices=("dp", "tp"), default="dp", help="grad: dp or tp (Megatron)")
     ap.add_argument("--model", type=int, default=2, help="the model axis of ops' mlp and grad's tp (2)")
@@ -228,11 +236,60 @@ def block(cfg):
     return [rec]
 
 
+def context(cfg):
+    """bench_grad --part context: causal attention forward + backward over a split sequence."""
+    S, H = 8 * cfg.seq, cfg.heads
+    K = cfg.dmodel // cfg.heads
+    mesh = jax_env.make_mesh((cfg.devices,), ("seq",))
+    seq = NamedSharding(mesh, P(None, "seq", None, None))
+    heads = NamedSharding(mesh, P(None, None, "seq", None))
+    rng = np.random.default_rng(1)
+    q, k, v, r = (jax.device_put(uniform(rng, (1, S, H, K), -1, 1), seq) for _ in range(4))
+    scale = 1.0 / math.sqrt(K)
+    causal = np.tril(np.ones((S, S), dtype=bool))
+    wsc = jax.lax.with_sharding_constraint
+
+    def attend(q, k, v):
+        s = jnp.einsum("bqhe,bkhe->bhqk", q, k) * scale
+        s = jnp.where(causal, s, -jnp.inf)
+        return jnp.einsum("bhqk,bkhe->bqhe", jax.nn.softmax(s, axis=3), v)
+
+    forms = {
+        "sequence split": attend,
+        "heads split": lambda q, k, v: wsc(attend(wsc(q, heads), wsc(k, heads), wsc(v, heads)), seq),
+        "dot_product_attention": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                                                              implementation="xla"),
+    }
+    flops = 3 * 2 * 2 * float(S) * S * H * K  # as bench_grad's: fwd + 2x bwd, both products, the whole square
+    records = []
+    for name, form in forms.items():
+        def loss(q, k, v, r, form=form):
+            return jnp.sum(form(q, k, v) * r)
+        try:
+            step, compile_s = compiled(jax.value_and_grad(loss, argnums=(0, 1, 2)), (q, k, v, r), (seq,) * 4,
+                                       (NamedSharding(mesh, P()), (seq,) * 3))
+            secs = time_calls(step, (q, k, v, r), cfg.reps, cfg.warmup, cfg.min_seconds)
+        except Exception as e:  # noqa: BLE001 -- a form XLA cannot run here (memory): recorded as such
+            print(f"jax_blocks: context {name}: failed ({type(e).__name__}: {str(e)[:200]})", file=sys.stderr, flush=True)
+            rec = {"bench": "grad", "part": "context", "name": f"jax {name}", "seconds": None, "gflops": None,
+                   "error": f"{type(e).__name__}: {str(e)[:500]}"}
+        else:
+            rec = {"bench": "grad", "part": "context", "name": f"jax {name}", "seconds": secs,
+                   "gflops": flops / secs * 1e-9, "compile_seconds": compile_s, "collectives_forward_backward": collectives(step)}
+        rec.update({"mesh": "{seq: %d}" % cfg.devices, "dtype": "float32", "causal": True,
+                    "shape": {"batch": 1, "seq": S, "heads": H, "head_dim": K}})
+        rec.update(common_fields(cfg))
+        records.append(rec)
+    return records
+
+
 def main(cfg):
-    what = "mlp block" if cfg.bench == "ops" else f"transformer block ({cfg.layout})"
+    what = {"ops": "mlp block", "grad": f"transformer block ({cfg.layout})", "context": "causal attention, split sequence"}[cfg.bench]
     print(f"jax_blocks: {what} on {cfg.devices} virtual CPU device(s) ...", file=sys.stderr, flush=True)
-    records = mlp(cfg) if cfg.bench == "ops" else block(cfg)
+    records = mlp(cfg) if cfg.bench == "ops" else block(cfg) if cfg.bench == "grad" else context(cfg)
     for r in records:
+        if r["seconds"] is None:
+            continue
         extra = (f", fwd+bwd {r['forward_backward_seconds'] * 1e3:.2f} ms" if "forward_backward_seconds" in r else "")
         print(f"jax_blocks: {r['name']} on {r['mesh']}: {r['seconds'] * 1e3:.2f} ms ({r['gflops']:.1f} GFLOP/s){extra}, "
               f"compiled in {r['compile_seconds']:.2f} s", file=sys.stderr, flush=True)
