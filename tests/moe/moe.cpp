@@ -12,6 +12,7 @@
 #include "../autodiff/gradcheck.hpp"
 #include "../collectives/harness.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -178,7 +179,7 @@ TEST_CASE("moe equals GShard's dense form per group: 2, 4, 8 experts, top-1 and 
       {1, 2, 4, 8});
 }
 
-TEST_CASE("moe's traffic: one all-to-all each way of the slots' bytes, one all-reduce of the counts") {
+TEST_CASE("moe's traffic: one all-gather of the counts, one all-to-all each way of the filled slots' bytes, nothing of the empty ones") {
   using Kind = sl::coll::Kind;
   sl::test::for_each_run(
       [](sl::Context& ctx) {
@@ -194,16 +195,31 @@ TEST_CASE("moe's traffic: one all-to-all each way of the slots' bytes, one all-r
         const sl::coll::CommStats f = fwd.stats();
         const std::uint64_t C = sl::moe_stats(ctx).capacity;
         CHECK(C == 4);  // ceil(2 * 8 * 1.0 / 4)
-        // Out: its [1, E, C, D] block but its own experts' slots; back: the slots of its experts
-        // from the other ex - 1 groups of its expert group. (E / ex experts each when even.)
-        const auto mine = static_cast<std::uint64_t>(sl::block_of(E, ex, mesh.shape().group_rank(ctx.device(), {1})).size);
-        const std::uint64_t slot = C * D * sizeof(double);
+        // Out: this group's filled slots of the other devices' experts; back: the filled slots of
+        // this device's experts from the other ex - 1 groups of its expert group (the groups of
+        // its "data" row). Nothing of the empty slots.
+        const sl::MoeStats& st = sl::moe_stats(ctx);
+        REQUIRE(st.kept.size() == static_cast<std::size_t>(n * E));
+        const int me = ctx.device(), row = mesh.shape().coords(me)[0];
+        const sl::BlockRange my_experts = sl::block_of(E, ex, mesh.shape().group_rank(me, {1}));
+        std::uint64_t rows = 0, all = 0;
+        for (std::int64_t e = 0; e < E; ++e) {
+          const bool ours = e >= my_experts.offset && e < my_experts.offset + my_experts.size;
+          if (!ours) rows += static_cast<std::uint64_t>(st.kept[static_cast<std::size_t>(me * E + e)]);
+          for (int g = row * ex; g < (row + 1) * ex; ++g)
+            if (ours && g != me) rows += static_cast<std::uint64_t>(st.kept[static_cast<std::size_t>(g * E + e)]);
+        }
+        for (std::int64_t v : st.kept) all += static_cast<std::uint64_t>(v);
+        CHECK(all == static_cast<std::uint64_t>(2 * T) - static_cast<std::uint64_t>(res.dropped));  // every kept choice a slot
+        const std::uint64_t slot_row = D * sizeof(double);
         CHECK(f[Kind::all_to_all].calls == (ex > 1 ? 2u : 0u));
-        CHECK(f[Kind::all_to_all].bytes_sent == (static_cast<std::uint64_t>(E) - mine + static_cast<std::uint64_t>(ex - 1) * mine) * slot);
-        CHECK(f[Kind::all_gather].calls == 0);
+        CHECK(f[Kind::all_to_all].bytes_sent == rows * slot_row);
+        CHECK(f[Kind::all_gather].calls == 1);
+        CHECK(f[Kind::all_reduce].calls == 0);
         sl::coll::CommRecorder bwd;
         sl::backward(sl::sum_all(res.y) + res.aux_loss);
         CHECK(bwd.stats()[Kind::all_to_all].calls == (ex > 1 ? 2u : 0u));
+        CHECK(bwd.stats()[Kind::all_to_all].bytes_sent == rows * slot_row);  // the same rows, the other way
         CHECK(bwd.stats()[Kind::all_gather].calls == 0);
       },
       {1, 2, 4, 8});
@@ -247,6 +263,106 @@ TEST_CASE("moe's gradients: central differences (drops included); with nothing d
         CHECK(max_abs_diff(r.grad().to_host(), r1.grad().to_host()) < 1e-12);
         CHECK(max_abs_diff(w1.grad().to_host(), a1.grad().to_host()) < 1e-12);
         CHECK(max_abs_diff(w2.grad().to_host(), b1.grad().to_host()) < 1e-12);
+      },
+      {1, 2, 4});
+}
+
+TEST_CASE("moe's router z-loss (ST-MoE): the mean squared log-sum-exp of the logits, its gradient; off: 0 and no collective") {
+  namespace gc = sl::test::grad;
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        auto rng = sl::test::oracle::rng_for(ctx, 7);
+        const M2 mesh = mesh_of(ctx);
+        const std::int64_t T = 6 * ctx.num_devices() + 1, D = 4, E = 4, F = 5;
+        const Layer l = layer(mesh, T, D, E, F, 30.0);  // large logits: a naive exp would lose them
+        const auto x = l.x.to_host(), r = l.r.to_host();
+        double want = 0;
+        for (std::int64_t t = 0; t < T; ++t) {
+          std::vector<double> z(static_cast<std::size_t>(E), 0.0);
+          for (std::int64_t e = 0; e < E; ++e)
+            for (std::int64_t d = 0; d < D; ++d) z[static_cast<std::size_t>(e)] += x[static_cast<std::size_t>(t * D + d)] * r[static_cast<std::size_t>(d * E + e)];
+          const double m = *std::max_element(z.begin(), z.end());
+          double sum = 0;
+          for (double v : z) sum += std::exp(v - m);
+          want += (m + std::log(sum)) * (m + std::log(sum)) / static_cast<double>(T);
+        }
+        const auto res = sl::moe(l.x, l.r, l.w1, l.w2, {.top_k = 2, .z_loss = true});
+        CHECK(std::abs(res.z_loss.to_host()[0] - want) < 1e-9 * want);
+        CHECK(want > 100);  // (the logits are large: the check means something)
+        // Off: 0, and the layer's collectives are those without it.
+        {
+          sl::coll::CommRecorder rec;
+          const auto on = sl::moe(l.x, l.r, l.w1, l.w2, {.top_k = 2, .z_loss = true});
+          const auto n_on = rec.stats().total_calls();
+          sl::coll::CommRecorder rec2;
+          const auto off = sl::moe(l.x, l.r, l.w1, l.w2, {.top_k = 2});
+          CHECK(rec2.stats().total_calls() == n_on);  // (the z-loss's sum over the tokens is resolved when read)
+          CHECK(off.z_loss.to_host()[0] == 0.0);
+          CHECK(max_abs_diff(on.y.to_host(), off.y.to_host()) == 0);
+        }
+        // Its gradient (x and the router; the experts get none) against central differences.
+        const Layer s = layer(mesh, T, D, E, F);
+        CHECK(gc::check([&](const auto& xx, const auto& rr) { return sl::moe(xx, rr, s.w1, s.w2, {.top_k = 1, .z_loss = true}).z_loss; },
+                        rng, "moe z-loss", 1e-6, 4, s.x, s.r));
+      },
+      {1, 2, 4});
+}
+
+TEST_CASE("moe's router jitter (Switch): the router's input times noise in [1 - j, 1 + j]; the same on any mesh; 0 is off") {
+  namespace gc = sl::test::grad;
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        auto rng = sl::test::oracle::rng_for(ctx, 8);
+        const M2 mesh = mesh_of(ctx);
+        const std::int64_t T = 8 * ctx.num_devices(), D = 4, E = 4, F = 5;
+        const Layer l = layer(mesh, T, D, E, F, 2.0);
+        const sl::MoeOptions plain{.top_k = 2, .capacity_factor = 8.0};
+        sl::MoeOptions jit = plain;
+        jit.router_jitter = 0.3, jit.jitter_seed = 11;
+        const auto a = sl::moe(l.x, l.r, l.w1, l.w2, plain);
+        const auto b = sl::moe(l.x, l.r, l.w1, l.w2, jit);
+        // The oracle: the router applied to x times the same noise (a tensor drawn from the seed),
+        // the experts to x itself. With nothing dropped the output is the gated sum per token, so
+        // compare the aux loss, which sees the probabilities.
+        const auto noise = Ten<TokS>::random(mesh, {T, D}, 11, 0.7, 1.3);
+        const auto xr = (l.x * noise).to_host(), rh = l.r.to_host();
+        std::vector<double> p(static_cast<std::size_t>(T * E));
+        std::vector<std::int64_t> first(static_cast<std::size_t>(E), 0);
+        for (std::int64_t t = 0; t < T; ++t) {
+          double m = -1e300, z = 0;
+          for (std::int64_t e = 0; e < E; ++e) {
+            double v = 0;
+            for (std::int64_t d = 0; d < D; ++d) v += xr[static_cast<std::size_t>(t * D + d)] * rh[static_cast<std::size_t>(d * E + e)];
+            p[static_cast<std::size_t>(t * E + e)] = v, m = std::max(m, v);
+          }
+          std::int64_t best = 0;
+          for (std::int64_t e = 0; e < E; ++e) {
+            z += (p[static_cast<std::size_t>(t * E + e)] = std::exp(p[static_cast<std::size_t>(t * E + e)] - m));
+            if (p[static_cast<std::size_t>(t * E + e)] > p[static_cast<std::size_t>(t * E + best)]) best = e;
+          }
+          for (std::int64_t e = 0; e < E; ++e) p[static_cast<std::size_t>(t * E + e)] /= z;
+          ++first[static_cast<std::size_t>(best)];
+        }
+        double aux = 0;
+        for (std::int64_t e = 0; e < E; ++e) {
+          double pe = 0;
+          for (std::int64_t t = 0; t < T; ++t) pe += p[static_cast<std::size_t>(t * E + e)];
+          aux += static_cast<double>(E) * static_cast<double>(first[static_cast<std::size_t>(e)]) / static_cast<double>(T) * pe / static_cast<double>(T);
+        }
+        CHECK(std::abs(b.aux_loss.to_host()[0] - aux) < 1e-12);
+        CHECK(std::abs(a.aux_loss.to_host()[0] - b.aux_loss.to_host()[0]) > 1e-6);  // the noise changed the router
+        // 0 is off (any seed); the gradients with the jitter on, against central differences.
+        sl::MoeOptions zero = plain;
+        zero.jitter_seed = 5;
+        CHECK(max_abs_diff(sl::moe(l.x, l.r, l.w1, l.w2, zero).y.to_host(), a.y.to_host()) == 0);
+        const auto w = Ten<TokS>::random(mesh, {T, D}, 9, -1.0, 1.0);
+        CHECK(gc::check([&](const auto& xx, const auto& rr) {
+                          const auto res = sl::moe(xx, rr, l.w1, l.w2, jit);
+                          return sl::sum_all(res.y * w) + res.aux_loss;
+                        },
+                        rng, "moe jitter", 1e-6, 4, l.x, l.r));
+        CHECK_THROWS_WITH_AS(sl::moe(l.x, l.r, l.w1, l.w2, {.router_jitter = 1.0}), doctest::Contains("router jitter"), std::invalid_argument);
+        CHECK_THROWS_WITH_AS(sl::moe(l.x, l.r, l.w1, l.w2, {.router_jitter = -0.1}), doctest::Contains("router jitter"), std::invalid_argument);
       },
       {1, 2, 4});
 }

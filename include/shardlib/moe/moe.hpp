@@ -5,6 +5,7 @@
 /// ```
 /// auto r = sl::moe(x, router, w1, w2, {.top_k = 2, .capacity_factor = 1.25});
 /// auto loss = task_loss(x + r.y) + 0.01 * r.aux_loss;   // r.dropped: choices over capacity
+/// // optional: .router_jitter = 0.01, .jitter_seed = step (Switch); .z_loss = true, + 0.001 * r.z_loss (ST-MoE)
 /// ```
 ///
 /// x is [T, D] tokens (split over the token axes A: data parallel), router [D, E], w1 [E, D, F]
@@ -16,15 +17,19 @@
 /// load-balancing loss of Switch, `aux_loss = E * sum_e f_e P_e` (f_e: the fraction of tokens
 /// whose first choice is e; P_e: the mean probability of e).
 ///
-/// What moves: each device is a group; it routes its own tokens, writes them into a dispatch
-/// tensor [G, E, C, D] (G = the devices along A, one group each, split over A), which one
-/// all-to-all reshards so that the experts' dim is split over X (each device then holds the slots
-/// of its experts from every group of its expert group); the experts run as two batched einsums
-/// on local blocks; one all-to-all brings their outputs back, and each device combines its tokens'
-/// rows. One small all-reduce over A (the experts' first-choice counts and the drops: the aux
-/// loss's f and the report) and, in the aux loss, the mean of the probabilities. The backward is
-/// the two all-to-alls the other way. Dispatch and combine are local index kernels
-/// (kernels/moe.hpp), not the dense one-hot einsums of GShard's paper (the tests' oracle).
+/// What moves: each device is a group; it routes its own tokens and writes them into its block of
+/// a dispatch tensor [G, E, C, D] (G = the devices along A, one group each, split over A). The
+/// groups first exchange their counts (one small all-gather over A: each expert's slots filled,
+/// its first choices, the drops), then one all-to-all sends each expert's filled slots, and only
+/// those, to the device that holds it, into the experts' layout [G, E, C, D] split over A \ X and
+/// X (each device then holds the slots of its experts from every group of its expert group; the
+/// slots no token filled are zeros there, not sent); the experts run as two batched einsums on
+/// local blocks; one all-to-all brings the filled slots' outputs back, and each device combines
+/// its tokens' rows. The bytes of each all-to-all are the routed tokens' (kept choices') rows,
+/// however much of the capacity is left empty. In the aux loss, the mean of the probabilities. The
+/// backward is the two all-to-alls the other way, of the same rows. Dispatch, combine, and the
+/// packing of the filled slots are local index kernels (kernels/moe.hpp), not the dense one-hot
+/// einsums of GShard's paper (the tests' oracle).
 ///
 /// Everything is differentiable: x through the dispatch and the router, the router through the
 /// gates and the aux loss, the experts' weights through the einsums. Dropped choices get no
@@ -37,8 +42,11 @@
 #include <shardlib/moe/routing.hpp>
 #include <shardlib/sharding/moe.hpp>
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -53,6 +61,16 @@ struct MoeOptions {
   /// Gates: with top_k > 1, the k probabilities divided by their sum (GShard); top-1 always the
   /// probability itself (Switch).
   bool normalize_gates = true;
+  /// Router jitter (Switch Transformer): the router's input multiplied by noise uniform in
+  /// [1 - router_jitter, 1 + router_jitter] (the experts see x itself); 0: off. The noise is drawn
+  /// from `jitter_seed` by global index, so any mesh gets the same noise: pass a new seed each
+  /// step (e.g. the step number) to train with it, and none (0) to evaluate.
+  double router_jitter = 0;
+  std::uint64_t jitter_seed = 0;
+  /// Computes the router z-loss of ST-MoE into MoeResult::z_loss: the mean over the tokens of
+  /// the square of the log-sum-exp of the router's logits (it keeps the logits small); add it to
+  /// the loss with a small weight (ST-MoE: 0.001). Off: z_loss is 0 and costs nothing.
+  bool z_loss = false;
 };
 
 /// What this device's last moe() call routed, over the whole layer (every group).
@@ -62,6 +80,9 @@ struct MoeStats {
   std::int64_t dropped = 0;    ///< choices over their expert's capacity (no expert output, no gradient)
   std::int64_t capacity = 0;   ///< slots per expert and group
   std::vector<std::int64_t> first_choice;  ///< per expert: tokens whose first choice it is
+  /// Per group and expert ([G × E], row-major): the slots filled (the choices kept), each sent to
+  /// the expert's device and back, nothing of the empty ones.
+  std::vector<std::int64_t> kept;
 };
 /// This device's MoeStats (its last moe() call).
 inline MoeStats& moe_stats(Context& ctx) { return ctx.state<MoeStats>(); }
@@ -73,6 +94,7 @@ struct MoeResult {
   Y y;
   Aux aux_loss;
   std::int64_t dropped = 0;
+  Aux z_loss;  ///< the router z-loss with MoeOptions::z_loss (a scalar Var like aux_loss), else 0
 };
 
 namespace detail {
@@ -103,6 +125,93 @@ std::vector<typename PT::value_type> moe_host_block(const PT& p) {
   return h;
 }
 
+/// The filled slots' moves between the dispatch layout (this device: its group's [E, C, D]
+/// block of [G, E, C, D]) and the experts' (its [G_l, E_l, C, D] block): which rows go to and
+/// come from each device of the token axes' group, packed in (device, expert, slot) order, and
+/// the row indices of the kernels that pack and unpack them (in `Mem`). The move back is the same
+/// with sending and receiving swapped.
+template <class Mem>
+struct MoeSlotMoves {
+  std::vector<coll::Region> disp_side, exp_side;  ///< per device of the group: its packed rows' elements
+  std::int64_t disp_packed = 0, exp_packed = 0;   ///< packed rows on each side
+  std::int64_t disp_rows = 0, exp_rows = 0;       ///< rows of the two blocks (E C; G_l E_l C)
+  bool local = false;  ///< the experts are not split (one device of the expert axes): nothing leaves a device
+  /// packed row -> block row (both sides); block row -> packed row or -1 (both sides).
+  std::shared_ptr<void> pack_disp, pack_exp, unpack_disp, unpack_exp;
+};
+
+/// The moves of this device (`device` of `mesh`, the token axes `tokens`, the experts' layout
+/// `experts` of [G, E, C, D]) for the filled slots `kept` ([G × E]).
+template <class Mem>
+MoeSlotMoves<Mem> moe_slot_moves(Context& ctx, const MeshShape& mesh, const AxisList& tokens, const Sharding& experts,
+                                 std::int64_t G, std::int64_t E, std::int64_t C, std::int64_t D, int device,
+                                 const std::vector<std::int64_t>& kept) {
+  MoeSlotMoves<Mem> m;
+  const int n = mesh.group_size(tokens), me = mesh.group_rank(device, tokens);
+  const std::array<std::int64_t, 4> shape{G, E, C, D};
+  const ShardBox mine = shard_box(experts, mesh, ArrayRef<std::int64_t>(shape), device);
+  const std::int64_t g0 = mine.offset[0], gl = mine.extent[0], e0 = mine.offset[1], el = mine.extent[1];
+  auto filled = [&](std::int64_t g, std::int64_t e) { return kept[static_cast<std::size_t>(g * E + e)]; };
+  m.disp_rows = E * C, m.exp_rows = gl * el * C;
+  m.local = mesh.group_size(experts.dims[1]) == 1;
+  std::vector<std::int64_t> pack_disp, pack_exp, unpack_disp(static_cast<std::size_t>(m.disp_rows), -1),
+      unpack_exp(static_cast<std::size_t>(m.exp_rows), -1);
+  m.disp_side.assign(static_cast<std::size_t>(n), coll::Region{});
+  m.exp_side.assign(static_cast<std::size_t>(n), coll::Region{});
+  auto region = [D](std::int64_t first, std::int64_t rows) {
+    return rows > 0 ? coll::Region::contiguous(static_cast<std::size_t>(first * D), static_cast<std::size_t>(rows * D)) : coll::Region{};
+  };
+  for (int j = 0; j < n; ++j) {
+    // To device j: this group's filled slots of j's experts, when j holds this group.
+    const ShardBox theirs = shard_box(experts, mesh, ArrayRef<std::int64_t>(shape), mesh.group_member(device, tokens, j));
+    const std::int64_t first = m.disp_packed;
+    if (me >= theirs.offset[0] && me < theirs.offset[0] + theirs.extent[0])
+      for (std::int64_t e = theirs.offset[1]; e < theirs.offset[1] + theirs.extent[1]; ++e)
+        for (std::int64_t c = 0; c < filled(me, e); ++c) {
+          unpack_disp[static_cast<std::size_t>(e * C + c)] = m.disp_packed++;
+          pack_disp.push_back(e * C + c);
+        }
+    m.disp_side[static_cast<std::size_t>(j)] = region(first, m.disp_packed - first);
+    // From device j (group j): its filled slots of this device's experts, when this device holds group j.
+    const std::int64_t from = m.exp_packed;
+    if (j >= g0 && j < g0 + gl)
+      for (std::int64_t e = e0; e < e0 + el; ++e)
+        for (std::int64_t c = 0; c < filled(j, e); ++c) {
+          const std::int64_t row = ((j - g0) * el + (e - e0)) * C + c;
+          unpack_exp[static_cast<std::size_t>(row)] = m.exp_packed++;
+          pack_exp.push_back(row);
+        }
+    m.exp_side[static_cast<std::size_t>(j)] = region(from, m.exp_packed - from);
+  }
+  m.pack_disp = moe_upload<Mem>(ctx, pack_disp), m.pack_exp = moe_upload<Mem>(ctx, pack_exp);
+  m.unpack_disp = moe_upload<Mem>(ctx, unpack_disp), m.unpack_exp = moe_upload<Mem>(ctx, unpack_exp);
+  return m;
+}
+
+/// Moves the filled slots' rows of `src` (the dispatch block, or with `to_experts` false the
+/// experts' block) into `dst` (the other), the rows no slot filled zero: a pack, one exchange
+/// over the token axes' group (counted as an all-to-all), an unpack.
+template <class Mem, class T>
+void moe_move(Context& ctx, const MeshShape& mesh, const AxisList& tokens, const MoeSlotMoves<Mem>& m, bool to_experts, const T* src,
+              T* dst, std::int64_t D) {
+  const auto i64 = [](const std::shared_ptr<void>& p) { return static_cast<const std::int64_t*>(p.get()); };
+  const std::int64_t out = to_experts ? m.disp_packed : m.exp_packed, in = to_experts ? m.exp_packed : m.disp_packed;
+  auto& cache = block_cache<Mem>(ctx);
+  const std::shared_ptr<void> send = cache.allocate(static_cast<std::size_t>(std::max<std::int64_t>(out * D, 1)) * sizeof(T));
+  const std::shared_ptr<void> recv = cache.allocate(static_cast<std::size_t>(std::max<std::int64_t>(in * D, 1)) * sizeof(T));
+  const auto& exec = ctx.exec_for<Mem>();
+  {
+    auto guard = kernel_guard_for<Mem>(ctx, false);
+    kernels::moe_dispatch(exec, static_cast<T*>(send.get()), src, i64(to_experts ? m.pack_disp : m.pack_exp), out, D);
+  }
+  // (Experts not split: every row stays, packed in the same order on both sides.)
+  if (!m.local)
+    exchange_in<Mem>(ctx, &mesh, tokens, static_cast<const T*>(send.get()), out * D, to_experts ? m.disp_side : m.exp_side,
+                     static_cast<T*>(recv.get()), in * D, to_experts ? m.exp_side : m.disp_side);
+  auto guard = kernel_guard_for<Mem>(ctx, false);
+  kernels::moe_dispatch(exec, dst, static_cast<const T*>((m.local ? send : recv).get()), i64(to_experts ? m.unpack_exp : m.unpack_disp),
+                        to_experts ? m.exp_rows : m.disp_rows, D);
+}
 }  // namespace detail
 
 /// The mixture-of-experts layer (see the file comment) on x [T, D] (a Var or tensor split over
@@ -158,10 +267,20 @@ auto moe(const X& x, const R& router, const W1& w1, const W2& w2, const MoeOptio
   Context& ctx = xv.context();
   const auto& exec = ctx.exec_for<Mem>();
 
-  // The router: probabilities [T, E], split as the tokens.
+  if (!(opts.router_jitter >= 0 && opts.router_jitter < 1))
+    throw std::invalid_argument("shardlib: moe: router jitter " + std::to_string(opts.router_jitter) +
+                                "; it must be in [0, 1) (the noise multiplies the router's input by [1 - jitter, 1 + jitter])");
+
+  // The router: logits and probabilities [T, E], split as the tokens (the input jittered).
   const auto xt = shardlib::reshard<TokSpec>(x);
-  const auto probs = shardlib::softmax<1>(shardlib::matmul(xt, shardlib::reshard<Spec<none, none>>(router)));
   const Tok& tv = value(xt);
+  const auto replicated_router = shardlib::reshard<Spec<none, none>>(router);
+  std::optional<Tok> noise;
+  if (opts.router_jitter > 0)
+    noise.emplace(Tok::random(xv.mesh(), tv.shape(), opts.jitter_seed, static_cast<T>(1 - opts.router_jitter),
+                              static_cast<T>(1 + opts.router_jitter)));
+  const auto logits = noise ? shardlib::matmul(xt * *noise, replicated_router) : shardlib::matmul(xt, replicated_router);
+  const auto probs = shardlib::softmax<1>(logits);
   const std::int64_t local = tv.block().extent[0];
   // Route this group's tokens (on the host), then agree on the counts over the groups.
   auto index = std::make_shared<detail::MoeIndex<Mem>>();
@@ -170,10 +289,21 @@ auto moe(const X& x, const R& router, const W1& w1, const W2& w2, const MoeOptio
     index->route = moe_route(host.data(), local, E, opts.top_k, capacity, opts.normalize_gates && opts.top_k > 1);
   }
   const MoeRouting& rt = index->route;
-  std::vector<std::int64_t> counts(rt.first_choice);
-  counts.push_back(rt.dropped);
-  counts.push_back(rt.non_finite);
-  ctx.group(mesh, rule.tokens.dims[0]).all_reduce(counts.data(), counts.data(), counts.size(), coll::DType::i64, coll::Op::sum);
+  // Every group's counts (its experts' first choices and filled slots, its drops and non-finite
+  // rows), gathered over the groups: the aux loss's f, the report, and the all-to-alls' sizes.
+  const auto stride = static_cast<std::size_t>(2 * E + 2);
+  std::vector<std::int64_t> mine(rt.first_choice);
+  mine.insert(mine.end(), rt.kept.begin(), rt.kept.end());
+  mine.push_back(rt.dropped);
+  mine.push_back(rt.non_finite);
+  std::vector<std::int64_t> every(stride * static_cast<std::size_t>(groups));
+  ctx.group(mesh, rule.tokens.dims[0]).all_gather(mine.data(), every.data(), stride, coll::DType::i64);
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(E) + 2, 0), kept(static_cast<std::size_t>(groups * E));
+  for (std::int64_t g = 0; g < groups; ++g) {
+    const std::int64_t* c = every.data() + static_cast<std::size_t>(g) * stride;
+    for (std::int64_t e = 0; e < E; ++e) counts[static_cast<std::size_t>(e)] += c[e], kept[static_cast<std::size_t>(g * E + e)] = c[E + e];
+    counts[static_cast<std::size_t>(E)] += c[2 * E], counts[static_cast<std::size_t>(E) + 1] += c[2 * E + 1];
+  }
   const std::int64_t dropped = counts[static_cast<std::size_t>(E)], bad = counts[static_cast<std::size_t>(E) + 1];
   if (bad > 0)
     throw std::domain_error("shardlib: moe: the router's probabilities are NaN or infinite for " + std::to_string(bad) + " of " +
@@ -181,6 +311,7 @@ auto moe(const X& x, const R& router, const W1& w1, const W2& w2, const MoeOptio
   MoeStats& stats = moe_stats(ctx);
   stats.tokens = tokens, stats.choices = tokens * opts.top_k, stats.dropped = dropped, stats.capacity = capacity;
   stats.first_choice.assign(counts.begin(), counts.begin() + E);
+  stats.kept = kept;
   index->token_slot = detail::moe_upload<Mem>(ctx, rt.token_slot);
   index->choice_expert = detail::moe_upload<Mem>(ctx, rt.choice_expert);
   index->slot_token = detail::moe_upload<Mem>(ctx, rt.slot_token);
@@ -207,10 +338,38 @@ auto moe(const X& x, const R& router, const W1& w1, const W2& w2, const MoeOptio
         if (nx) autodiff::detail::give(p, 0, *nx, dx);
       },
       autodiff::detail::node(xt));
-  // The experts: one all-to-all onto the experts' axes, two batched einsums, one all-to-all back.
-  const auto at_experts = shardlib::reshard<ExpSpec>(dispatched);
+  // The experts: one all-to-all of the filled slots onto the experts' axes, two batched einsums,
+  // one all-to-all of their rows back.
+  using Exp = DistributedTensor<T, MeshT, ExpSpec, Mem>;
+  const AxisList& taxes = rule.tokens.dims[0];
+  const auto moves = std::make_shared<const detail::MoeSlotMoves<Mem>>(
+      detail::moe_slot_moves<Mem>(ctx, mesh, taxes, rule.experts, groups, E, capacity, D, ctx.device(), kept));
+  Exp slots_e(xv.mesh(), {groups, E, capacity, D});
+  detail::moe_move<Mem>(ctx, mesh, taxes, *moves, true, value(dispatched).local().data(), slots_e.local().data(), D);
+  const auto at_experts = autodiff::detail::record(
+      "moe to experts", slots_e,
+      [nd = autodiff::detail::node(dispatched), moves, mesh_v = xv.mesh(), shape = slots.shape(), taxes, D](const auto& g0,
+                                                                                                        autodiff::BackwardPass& p) {
+        const Exp g(g0);
+        Disp dd(mesh_v, shape);
+        detail::moe_move<Mem>(dd.context(), mesh_v.shape(), taxes, *moves, false, g.local().data(), dd.local().data(), D);
+        if (nd) autodiff::detail::give(p, 0, *nd, dd);
+      },
+      autodiff::detail::node(dispatched));
   const auto h = shardlib::gelu(shardlib::einsum<"gecd,edf->gecf">(at_experts, shardlib::reshard<WSpec>(w1)));
-  const auto out = shardlib::reshard<DispSpec>(shardlib::einsum<"gecf,efd->gecd">(h, shardlib::reshard<WSpec>(w2)));
+  const auto out_e = shardlib::reshard<ExpSpec>(shardlib::einsum<"gecf,efd->gecd">(h, shardlib::reshard<WSpec>(w2)));
+  Disp back(xv.mesh(), {groups, E, capacity, D});
+  detail::moe_move<Mem>(ctx, mesh, taxes, *moves, false, value(out_e).local().data(), back.local().data(), D);
+  const auto out = autodiff::detail::record(
+      "moe from experts", back,
+      [ne = autodiff::detail::node(out_e), moves, mesh_v = xv.mesh(), shape = slots.shape(), taxes, D](const auto& g0,
+                                                                                                   autodiff::BackwardPass& p) {
+        const Disp g(g0);
+        Exp de(mesh_v, shape);
+        detail::moe_move<Mem>(de.context(), mesh_v.shape(), taxes, *moves, true, g.local().data(), de.local().data(), D);
+        if (ne) autodiff::detail::give(p, 0, *ne, de);
+      },
+      autodiff::detail::node(out_e));
   // Combine: each token's gated sum of its kept choices' rows.
   const Disp& ov = value(out);
   Tok y(xv.mesh(), tv.shape());
@@ -246,10 +405,17 @@ auto moe(const X& x, const R& router, const W1& w1, const W2& w2, const MoeOptio
   using Vec = DistributedTensor<T, MeshT, Spec<none>, Mem>;
   const Vec fe = Vec::from_host(xv.mesh(), {E}, std::span<const T>(f));
   auto aux = shardlib::sum_all(shardlib::mean<0>(probs) * fe) * static_cast<T>(E);
+  // ST-MoE's router z-loss: mean over tokens of logsumexp(logits)^2; the log-sum-exp as
+  // logits - log_softmax(logits), the same in every column (their mean: stable, exact gradient).
+  auto z = aux * static_cast<T>(0);
+  if (opts.z_loss) {
+    const auto lse = shardlib::mean<1>(logits - shardlib::log_softmax<1>(logits));
+    z = shardlib::mean_all(lse * lse);
+  }
   if constexpr (VarType<X> || VarType<R> || VarType<W1> || VarType<W2>)
-    return MoeResult<std::remove_cvref_t<decltype(combined)>, std::remove_cvref_t<decltype(aux)>>{combined, aux, dropped};
+    return MoeResult<std::remove_cvref_t<decltype(combined)>, std::remove_cvref_t<decltype(aux)>>{combined, aux, dropped, z};
   else
-    return MoeResult<Tok, std::remove_cvref_t<decltype(aux)>>{value(combined), aux, dropped};
+    return MoeResult<Tok, std::remove_cvref_t<decltype(aux)>>{value(combined), aux, dropped, z};
 }
 
 }  // namespace shardlib
