@@ -4,8 +4,9 @@
 /// the context-parallel form of `sl::attention` that `AttentionOptions::context =
 /// ContextParallel::ring` selects when q's sequence is split. Each device keeps its block of
 /// queries and of the output; the blocks of keys and values travel around the ring of the
-/// sequence's axes (p - 1 permutes of k and of v, each to the next device of the ring), and each
-/// device folds every block into an online softmax (a running maximum, sum and output per query:
+/// sequence's axes (p - 1 permutes of k and of v, each to the next device of the ring, started
+/// before the block in hand is computed and completed after it: on the mpi backend they travel
+/// while it computes), and each device folds every block into an online softmax (a running maximum, sum and output per query:
 /// kernels/attention_rows.hpp) with two GEMMs per block. It keeps the rows' log-sum-exp, so its
 /// backward recomputes each block's probabilities: the ring again, k and v travelling with their
 /// gradients' partial sums (p - 1 permutes of k and v, p of dk and dv, the last bringing each
@@ -83,6 +84,20 @@ void ring_pass(Context& ctx, const MeshShape& mesh, const AxisList& axes, const 
   ctx.group(mesh, axes).permute(hs.get(), ns, dest, hr.get(), nr, source, dt);
   upload<Mem>(ctx, static_cast<const T*>(hr.get()), recv, recv_count);
 }
+
+/// A ring pass in flight: the block to the next device of the ring, the previous one's arriving,
+/// while this device computes. On the host group it is an exchange started (one region each way,
+/// counted as a permute) and completed by wait(): the mpi backend leaves it in flight (MPI_Isend
+/// and MPI_Irecv), the threads backend completes it at once (its devices copy from each other's
+/// memory themselves). In device memory the pass runs at once (nccl orders it on the device's
+/// stream; elsewhere it goes through host buffers).
+struct RingFlight {
+  std::vector<coll::Region> send, recv;  // (alive while in flight)
+  std::unique_ptr<coll::PendingExchange> pending;
+  void wait() {
+    if (pending) pending->wait(), pending.reset();
+  }
+};
 
 /// The runs of the sequence one ring rank holds, in the order its ring buffers store them: one
 /// (its block, in order) or two (zig-zag); each run a [batch, size, heads, d] array, the second
@@ -175,6 +190,24 @@ RingShape ring_shape(const QT& q, const QT& k, const QT& v, const AxisList& axes
   return r;
 }
 
+/// Starts a ring pass (see RingFlight): `send` (send_count elements) to the next device,
+/// `recv` (recv_count) from the previous one.
+template <class Mem, class T>
+std::unique_ptr<RingFlight> ring_start(Context& ctx, const RingShape& r, const T* send, std::int64_t send_count, T* recv,
+                                       std::int64_t recv_count) {
+  auto f = std::make_unique<RingFlight>();
+  if constexpr (!host_memory_v<Mem>) {
+    ring_pass<Mem>(ctx, r.mesh, r.axes, send, send_count, r.next(), recv, recv_count, r.previous());
+  } else {
+    f->send.assign(static_cast<std::size_t>(r.p), coll::Region{});
+    f->recv.assign(static_cast<std::size_t>(r.p), coll::Region{});
+    f->send[static_cast<std::size_t>(r.next())] = coll::Region::contiguous(0, static_cast<std::size_t>(send_count));
+    f->recv[static_cast<std::size_t>(r.previous())] = coll::Region::contiguous(0, static_cast<std::size_t>(recv_count));
+    f->pending = ctx.group(r.mesh, r.axes).start_exchange(send, f->send, recv, f->recv, coll::dtype_of<T>(), coll::Kind::permute);
+  }
+  return f;
+}
+
 /// Moves a block of the in-order cut of a sequence of n positions ([batch, S/p, heads, d] on each
 /// ring rank) into the zig-zag runs of the ring (`to_runs`; this rank's runs one after the other),
 /// or back: two exchanges over the ring's group, one per run.
@@ -257,6 +290,15 @@ std::shared_ptr<void> ring_attention_forward(const QT& q, const QT& k, const QT&
   }
   for (int step = 0; step < r.p; ++step) {
     const RingRuns kr = r.keys_at(step);
+    // The next block travels from the previous device while this one's attention runs.
+    std::unique_ptr<RingFlight> kf, vf;
+    T* kn = static_cast<T*>(kbuf[step % 2].get());
+    T* vn = static_cast<T*>(vbuf[step % 2].get());
+    if (step + 1 < r.p) {
+      const std::int64_t now = r.batch * kr.rows() * r.heads, next = r.batch * r.keys_at(step + 1).rows() * r.heads;
+      kf = ring_start<Mem>(ctx, r, kc, now * r.dk, kn, next * r.dk);
+      vf = ring_start<Mem>(ctx, r, vc, now * r.dv, vn, next * r.dv);
+    }
     for (int a = 0; a < qr.n; ++a)
       for (int c = 0; c < kr.n; ++c) {
         const kernels::AttentionBlock blk = r.block(qr.run[a], kr.run[c]);
@@ -278,12 +320,8 @@ std::shared_ptr<void> ring_attention_forward(const QT& q, const QT& k, const QT&
         kernels::attention_merge(exec, r.run_of(static_cast<A*>(acc.get()), qr, a, r.dv), static_cast<const T*>(pv.get()),
                                  static_cast<const A*>(state(alpha, a)), r.batch, blk.queries, r.heads, r.dv);
       }
-    if (step + 1 < r.p) {  // the next block arrives from the previous device
-      const std::int64_t now = r.batch * kr.rows() * r.heads, next = r.batch * r.keys_at(step + 1).rows() * r.heads;
-      T* kn = static_cast<T*>(kbuf[step % 2].get());
-      T* vn = static_cast<T*>(vbuf[step % 2].get());
-      ring_pass<Mem>(ctx, r.mesh, r.axes, kc, now * r.dk, r.next(), kn, next * r.dk, r.previous());
-      ring_pass<Mem>(ctx, r.mesh, r.axes, vc, now * r.dv, r.next(), vn, next * r.dv, r.previous());
+    if (kf) {  // the next block has arrived
+      kf->wait(), vf->wait();
       kc = kn, vc = vn;
     }
   }
@@ -351,6 +389,17 @@ void ring_attention_backward(const QT& q, const QT& k, const QT& v, const typena
   }
   for (int step = 0; step < r.p; ++step) {
     const RingRuns kr = r.keys_at(step);
+    // k and v move on to the next device (not after the last step) while this step runs; dk and
+    // dv after it, with this step's sums in them, the last pass bringing each block's sums home.
+    const std::int64_t now = r.batch * kr.rows() * r.heads, next = r.batch * r.keys_at(step + 1).rows() * r.heads;
+    const bool last = step + 1 == r.p;
+    std::unique_ptr<RingFlight> kf, vf;
+    T* kn = static_cast<T*>(kbuf[step % 2].get());
+    T* vn = static_cast<T*>(vbuf[step % 2].get());
+    if (r.p > 1 && !last) {
+      kf = ring_start<Mem>(ctx, r, kc, now * r.dk, kn, next * r.dk);
+      vf = ring_start<Mem>(ctx, r, vc, now * r.dv, vn, next * r.dv);
+    }
     for (int a = 0; a < qr.n; ++a)
       for (int c = 0; c < kr.n; ++c) {
         const kernels::AttentionBlock blk = r.block(qr.run[a], kr.run[c]);
@@ -390,17 +439,10 @@ void ring_attention_backward(const QT& q, const QT& k, const QT& v, const typena
         }
       }
     if (r.p == 1) break;
-    // k and v move on to the next device (not after the last step); dk and dv with them, the last
-    // pass bringing each block's sums home.
-    const std::int64_t now = r.batch * kr.rows() * r.heads, next = r.batch * r.keys_at(step + 1).rows() * r.heads;
-    const bool last = step + 1 == r.p;
     T* dkn = last ? dk_home : static_cast<T*>(dkbuf[(step + 1) % 2].get());
     T* dvn = last ? dv_home : static_cast<T*>(dvbuf[(step + 1) % 2].get());
-    if (!last) {
-      T* kn = static_cast<T*>(kbuf[step % 2].get());
-      T* vn = static_cast<T*>(vbuf[step % 2].get());
-      ring_pass<Mem>(ctx, r.mesh, r.axes, kc, now * r.dk, r.next(), kn, next * r.dk, r.previous());
-      ring_pass<Mem>(ctx, r.mesh, r.axes, vc, now * r.dv, r.next(), vn, next * r.dv, r.previous());
+    if (kf) {
+      kf->wait(), vf->wait();
       kc = kn, vc = vn;
     }
     ring_pass<Mem>(ctx, r.mesh, r.axes, static_cast<const T*>(dkc), now * r.dk, r.next(), dkn, next * r.dk, r.previous());

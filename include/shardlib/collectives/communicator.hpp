@@ -243,10 +243,12 @@ class Communicator {
   /// that cannot leave data in flight (threads: devices copy from each other's memory with
   /// their own threads) completes the exchange here and `wait()` returns at once; mpi posts
   /// MPI_Irecv/MPI_Isend and waits in `wait()`. A pending exchange must not outlive its
-  /// communicator; destroying it unfinished waits for it (errors then go unreported).
+  /// communicator; destroying it unfinished waits for it (errors then go unreported). Counted as
+  /// all_to_all, or as `counted_as` (a permute started: Kind::permute).
   [[nodiscard]] std::unique_ptr<PendingExchange> start_exchange(const void* send, std::span<const Region> send_regions,
-                                                                void* recv, std::span<const Region> recv_regions, DType t) {
-    check_exchange("start_exchange", send, send_regions, recv, recv_regions, t);
+                                                                void* recv, std::span<const Region> recv_regions, DType t,
+                                                                Kind counted_as = Kind::all_to_all) {
+    check_exchange("start_exchange", send, send_regions, recv, recv_regions, t, counted_as);
     if (DryRun::active()) {
       dry_exchange(send, send_regions, recv, recv_regions, t);
       return std::make_unique<detail::CompletedExchange>();
