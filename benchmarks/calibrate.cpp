@@ -221,11 +221,13 @@ int main(int argc, char** argv) {
     // Each point timed on device 0 alone and with every device at once (see the file comment):
     // [0] alone, [1] all at once.
     std::vector<std::array<double, 3>> gemm_pts[2], mem_pts[2];
-    auto point = [&](std::vector<std::array<double, 3>>* pts, const char* part, const std::string& what, auto&& f) {
+    // A point of `part` "gemm" (its FLOPs) or of a memory-bound kernel (its bytes).
+    auto point = [&](const char* part, const std::string& what, auto&& f) {
       const auto f0 = sl::kernels::flop_count();
       f();
       const auto f1 = sl::kernels::flop_count();
-      const bool gemm = pts == gemm_pts;
+      const bool gemm = std::strcmp(part, "gemm") == 0;
+      std::vector<std::array<double, 3>>* pts = gemm ? gemm_pts : mem_pts;
       const double amount = static_cast<double>(gemm ? f1.gemm - f0.gemm : f1.kernel_bytes - f0.kernel_bytes);
       const double calls = static_cast<double>(gemm ? f1.gemm_calls - f0.gemm_calls : f1.kernel_calls - f0.kernel_calls);
       const double alone = timed_alone(ctx, reps, f), all = timed(ctx, reps, f);
@@ -244,19 +246,19 @@ int main(int argc, char** argv) {
     const std::int64_t q = quick ? 2 : 1;
     for (std::int64_t e : {64 / q, 256 / q, 512 / q}) {
       const M a = M::random(mesh, {e, e}, 1), b = M::random(mesh, {e, e}, 2);
-      point(gemm_pts, "gemm", "matmul " + std::to_string(e) + "^3", [&] { (void)sl::matmul(a, b); });
+      point("gemm", "matmul " + std::to_string(e) + "^3", [&] { (void)sl::matmul(a, b); });
     }
     for (auto [m, k, nn] : {std::array<std::int64_t, 3>{2048 / q, 256, 1024}, std::array<std::int64_t, 3>{2048 / q, 1024, 256}}) {
       const M a = M::random(mesh, {m, k}, 1), b = M::random(mesh, {k, nn}, 2);
-      point(gemm_pts, "gemm", "matmul " + std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(nn),
+      point("gemm", "matmul " + std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(nn),
             [&] { (void)sl::matmul(a, b); });
     }
     {  // the linear layer's backward products: dX = dY W^T (NT), dW = X^T dY (TN)
       const std::int64_t t = 2048 / q;
       const M x = M::random(mesh, {t, 256}, 1), dy = M::random(mesh, {t, 1024}, 2), w = M::random(mesh, {256, 1024}, 3);
-      point(gemm_pts, "gemm", "linear dX tn,kn->tk " + std::to_string(t) + "x1024x256",
+      point("gemm", "linear dX tn,kn->tk " + std::to_string(t) + "x1024x256",
             [&] { (void)sl::einsum<"tn,kn->tk">(dy, w); });
-      point(gemm_pts, "gemm", "linear dW tk,tn->kn 256x" + std::to_string(t) + "x1024",
+      point("gemm", "linear dW tk,tn->kn 256x" + std::to_string(t) + "x1024",
             [&] { (void)sl::einsum<"tk,tn->kn">(x, dy); });
     }
     {  // attention's products, per sequence a batch of heads read in place
@@ -264,9 +266,9 @@ int main(int argc, char** argv) {
       const std::int64_t bs = 4 / q, seq = 128, heads = 8, hd = 32;
       const Q qq = Q::random(mesh, {bs, seq, heads, hd}, 5), kk = Q::random(mesh, {bs, seq, heads, hd}, 6);
       const Q pp = Q::random(mesh, {bs, heads, seq, seq}, 7);
-      point(gemm_pts, "gemm", "attention scores bshk,bthk->bhst " + std::to_string(bs) + "x128x8x32",
+      point("gemm", "attention scores bshk,bthk->bhst " + std::to_string(bs) + "x128x8x32",
             [&] { (void)sl::einsum<"bshk,bthk->bhst">(qq, kk); });
-      point(gemm_pts, "gemm", "attention values bhst,bthk->bshk " + std::to_string(bs) + "x8x128x128",
+      point("gemm", "attention values bhst,bthk->bshk " + std::to_string(bs) + "x8x128x128",
             [&] { (void)sl::einsum<"bhst,bthk->bshk">(pp, kk); });
     }
     const auto [alone_rate, alone_call] = fit(gemm_pts[0]);
@@ -274,13 +276,13 @@ int main(int argc, char** argv) {
     for (std::int64_t elems : {std::int64_t{4096}, quick ? std::int64_t{1} << 20 : std::int64_t{4} << 20}) {
       const M a = M::random(mesh, {elems / 256, 256}, 3), b = M::random(mesh, {elems / 256, 256}, 4);
       const std::string size = " " + std::to_string(elems);
-      point(mem_pts, "kernels", "a + b" + size, [&] { (void)(a + b); });
-      point(mem_pts, "kernels", "gelu" + size, [&] { (void)sl::gelu(a); });
-      point(mem_pts, "kernels", "softmax<1>" + size, [&] { (void)sl::softmax<1>(a); });
+      point("kernels", "a + b" + size, [&] { (void)(a + b); });
+      point("kernels", "gelu" + size, [&] { (void)sl::gelu(a); });
+      point("kernels", "softmax<1>" + size, [&] { (void)sl::softmax<1>(a); });
       using V = sl::DistributedTensor<float, Mesh, sl::Spec<sl::none>>;
       const V bias = V::random(mesh, {256}, 5);
-      point(mem_pts, "kernels", "a + bias[256]" + size, [&] { (void)(a + bias); });
-      point(mem_pts, "kernels", "layer_norm<1>" + size, [&] { (void)sl::layer_norm<1>(a); });
+      point("kernels", "a + bias[256]" + size, [&] { (void)(a + bias); });
+      point("kernels", "layer_norm<1>" + size, [&] { (void)sl::layer_norm<1>(a); });
     }
     const auto [alone_bandwidth, alone_kernel_call] = fit_large(mem_pts[0]);
     // GEMMs are bound by the cores: when every device works at once, as in a step, devices that

@@ -3,13 +3,17 @@
 // training the small GPT with AdamW, one JSON record per recipe on stdout, progress on stderr.
 // Driven by `benchmarks/run train` (which runs the same model and strategy in JAX beside it); run
 // alone as
-//   bench_train --devices 8 --recipe dp,zero1,zero2,zero3,tp,dp_tp,pp_dp,pp_zero1,pp_zero2,pp_tp [--steps 10]
+//   bench_train --devices 8 --recipe dp,zero1,zero2,zero3,tp,dp_tp,pp_dp,pp_zero1,pp_zero2,pp_tp,dp_moe [--steps 10]
 //               [--warmup 2] [--vocab 512 --seq 128 --dim 256 --heads 8 --ff 1024 --layers 2 --batch 16]
 //               [--stages 2 --microbatches 8] [--profile FILE]
 //   bench_train --published [--profile F]: GPT-3 175B on 1,024 simulated A100s as Megatron-LM ran it
 //               (TP 8, micro-batches of 1, recomputation; PP 16 x DP 8), planned on shapes alone as
 //               its first and last device, its TFLOP/s per GPU predicted (the a100 preset, or F)
 //               beside the published 140 (part "published")
+//   dp_moe: dp with the MLP of every other block a mixture of 2 experts per device over "data"
+//               (Switch: top-1, experts of --ff hidden units, capacity factor 1.25: the dense
+//               model's FLOPs per token, twice its MLPs' parameters per device), its record's
+//               "moe" the layer's settings
 //   --profile F: each recipe's step also planned on shapes alone (device 0 of as many simulated
 //               devices) and its time predicted by the cost model on F's devices (bench_calibrate
 //               writes F): predicted_seconds and prediction_ratio (predicted / measured) in its record
@@ -53,6 +57,14 @@ struct Result {
   double seconds = 0, first_loss = 0, last_loss = 0;
   gpt::StepReport report;
 };
+
+/// `devices` threads devices; or, with --backend on the command line, the runtime it names
+/// (--backend mpi under mpirun: a process per device).
+sl::Runtime runtime(int argc, char** argv, int devices) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--backend") == 0) return sl::Runtime::from_args(argc, argv, devices);
+  return sl::Runtime::threads(devices);
+}
 
 template <class R>
 Result measure(sl::Runtime& rt, const gpt::Config& cfg, int warmup, int steps) {
@@ -240,9 +252,7 @@ int main(int argc, char** argv) {
       }
       permutes = std::strcmp(v, "permutes") == 0;
     }
-    bool from_args = false;
-    for (int i = 1; i < argc; ++i) from_args = from_args || std::strcmp(argv[i], "--backend") == 0;
-    auto rt = from_args ? sl::Runtime::from_args(argc, argv, devices) : sl::Runtime::threads(devices);
+    auto rt = runtime(argc, argv, devices);
     const int stages = rt.num_devices();
     gpt::Config c = cfg;
     c.layers = 4 * stages;
@@ -274,9 +284,7 @@ int main(int argc, char** argv) {
   const int microbatches = static_cast<int>(bench::arg(argc, argv, "--microbatches", 8));
   // threads devices, or with --backend mpi under mpirun a process per device (the baseline then
   // measured by the process of device 0 before the others start: they wait at a barrier).
-  bool from_args = false;
-  for (int i = 1; i < argc; ++i) from_args = from_args || std::strcmp(argv[i], "--backend") == 0;
-  auto rt = from_args ? sl::Runtime::from_args(argc, argv, devices) : sl::Runtime::threads(devices);
+  auto rt = runtime(argc, argv, devices);
   const bool first = rt.first_local_device() == 0;
   Result base;
   if (first) {
@@ -286,6 +294,8 @@ int main(int argc, char** argv) {
   }
   rt.spmd([](sl::Context& ctx) { ctx.world().barrier(); });
   const double tokens = static_cast<double>(cfg.batch * cfg.seq);
+  gpt::Config moe_cfg = cfg;  // dp_moe: Switch's layer in every other block, 2 experts a device
+  moe_cfg.moe = 2 * rt.num_devices(), moe_cfg.top_k = 1, moe_cfg.capacity_factor = 1.25;
   std::stringstream list(recipes);
   for (std::string name; std::getline(list, name, ',');) {
     if (first) std::fprintf(stderr, "train: %s on %d %s devices ...\n", name.c_str(), rt.num_devices(),
@@ -316,13 +326,18 @@ int main(int argc, char** argv) {
     else if (name == "zero3") r = measure<gpt::Zero3>(rt, cfg, warmup, steps);
     else if (name == "tp") r = measure<gpt::TP>(rt, cfg, warmup, steps);
     else if (name == "dp_tp") r = measure<gpt::DPxTP>(rt, cfg, warmup, steps);
+    else if (name == "dp_moe") r = measure<gpt::DP>(rt, moe_cfg, warmup, steps);
     else {
-      std::fprintf(stderr, "bench_train: unknown recipe '%s' (dp, zero1, zero2, zero3, tp, dp_tp, pp_dp, pp_zero1, pp_zero2, pp_tp)\n",
+      std::fprintf(stderr, "bench_train: unknown recipe '%s' (dp, zero1, zero2, zero3, tp, dp_tp, pp_dp, pp_zero1, pp_zero2, pp_tp, dp_moe)\n",
                    name.c_str());
       return 2;
     }
     if (!first) continue;  // (under mpi, the process of device 0 writes the records)
     const sl::MemoryUsage& m = r.report.memory;
+    std::string moe;
+    if (name == "dp_moe")
+      moe = "\"moe\": {\"experts\": " + std::to_string(moe_cfg.moe) + ", \"top_k\": " + std::to_string(moe_cfg.top_k) +
+            ", \"capacity_factor\": " + std::to_string(moe_cfg.capacity_factor) + "}, ";
     std::string predicted;
     if (profile) {
       const sl::plan::StepTime t = sl::plan::predict(plan.work, *profile);
@@ -343,11 +358,11 @@ int main(int argc, char** argv) {
         "{\"bench\": \"train\", \"part\": \"recipe\", \"name\": \"%s\", \"backend\": \"%s\", \"devices\": %d, "
         "\"seconds\": %.6g, \"baseline\": \"one device\", \"baseline_seconds\": %.6g, \"ratio_to_baseline\": %.4g, "
         "\"tokens_per_second\": %.6g, \"baseline_tokens_per_second\": %.6g, \"steps\": %d, \"first_loss\": %.6g, "
-        "\"last_loss\": %.6g, %s\"collectives\": %s, \"parameters_bytes\": %lld, \"gradients_bytes\": %lld, "
+        "\"last_loss\": %.6g, %s%s\"collectives\": %s, \"parameters_bytes\": %lld, \"gradients_bytes\": %lld, "
         "\"optimizer_state_bytes\": %lld, \"activations_bytes\": %lld, \"config\": {\"vocab\": %lld, \"seq\": %lld, "
         "\"dim\": %lld, \"heads\": %lld, \"ff\": %lld, \"layers\": %lld, \"batch\": %lld}}\n",
         name.c_str(), std::string(sl::to_string(rt.backend())).c_str(), n, r.seconds, base.seconds, r.seconds / base.seconds, tokens / r.seconds,
-        tokens / base.seconds, steps, r.first_loss, r.last_loss, predicted.c_str(), stats_json(sum(r.report)).c_str(),
+        tokens / base.seconds, steps, r.first_loss, r.last_loss, predicted.c_str(), moe.c_str(), stats_json(sum(r.report)).c_str(),
         (long long)m.parameters(), (long long)m.gradients(), (long long)m.optimizer_state(),
         (long long)m.activations(), (long long)cfg.vocab, (long long)cfg.seq, (long long)cfg.dim,
         (long long)cfg.heads, (long long)cfg.ff, (long long)cfg.layers, (long long)cfg.batch);

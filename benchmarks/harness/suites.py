@@ -462,6 +462,10 @@ def train_cases(args, exes, peers):
     # Pipeline parallelism (ours alone: jax_train.py has no pipeline): the recipes on 2 stages of the
     # same model, and each schedule's bubble measured with every device a stage.
     if not args.recipe:
+        # A mixture of experts (Switch, 2 experts a device over "data") beside the dense dp.
+        cases += [Case(f"train: dp_moe, {n} devices", "train",
+                       [exes["bench_train"], "--devices", str(n), "--recipe", "dp_moe", "--steps", steps] + sizes)
+                  for n in args.devs if n > 1]
         cases += [Case(f"train: {TRAIN_PP_RECIPES}, {n} device(s)", "train",
                        [exes["bench_train"], "--devices", str(n), "--recipe", TRAIN_PP_RECIPES, "--steps", steps] + sizes)
                   for n in args.devs if n % 2 == 0]
