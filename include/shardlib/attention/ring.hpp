@@ -5,8 +5,8 @@
 /// ContextParallel::ring` selects when q's sequence is split. Each device keeps its block of
 /// queries and of the output; the blocks of keys and values travel around the ring of the
 /// sequence's axes (p - 1 permutes of k and of v, each to the next device of the ring, started
-/// before the block in hand is computed and completed after it: on the mpi backend they travel
-/// while it computes), and each device folds every block into an online softmax (a running maximum, sum and output per query:
+/// before the block in hand is computed and completed after it: the mpi backend leaves them to
+/// MPI meanwhile), and each device folds every block into an online softmax (a running maximum, sum and output per query:
 /// kernels/attention_rows.hpp) with two GEMMs per block. It keeps the rows' log-sum-exp, so its
 /// backward recomputes each block's probabilities: the ring again, k and v travelling with their
 /// gradients' partial sums (p - 1 permutes of k and v, p of dk and dv, the last bringing each
