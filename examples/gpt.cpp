@@ -19,6 +19,7 @@ namespace {
 
 constexpr const char* usage = R"(usage: gpt [--recipe dp|zero1|zero2|zero3|tp|dp_tp|cp|pp|pp_dp|pp_tp|pp_dp_tp|pp_zero1|pp_zero2|replicated] [--cp N]
            [--cp-kind all_to_all|ring|ring_zigzag] [--moe E] [--top-k 1|2] [--capacity-factor CF]
+           [--aux-weight W] [--z-loss W]
            [--devices N] [--steps N] [--layers N] [--dim N] [--batch N] [--seq N] [--vocab N] [--heads N]
            [--ff N] [--precision f32|bf16|f16] [--check 0|1] [--describe 0|1] [--tp N]
            [--plan 0|1] [--gpu h100|h200|a100] [--profile FILE] [--node N] [--device-memory GIB] [--model NAME]
@@ -54,9 +55,12 @@ constexpr const char* usage = R"(usage: gpt [--recipe dp|zero1|zero2|zero3|tp|dp
                  ring_zigzag: the same on the sequence in zig-zag runs, every device an equal
                  share of the causal scores)
   --moe E        a mixture of E experts as the MLP of every other block (Switch's placement), the
-                 experts split over "data" (recipe dp; docs/15_experts.md); 0: dense (0)
+                 experts split over "data" (recipes dp and dp_tp), each expert's hidden dim over
+                 "model" (tp and dp_tp; docs/15_experts.md); 0: dense (0)
   --top-k K      moe: experts per token, 1 (Switch) or 2 (GShard) (1)
   --capacity-factor CF  moe: slots per expert and device, ceil(K * tokens * CF / E) (1.25)
+  --aux-weight W moe: the load-balancing loss's weight in the loss (0.01)
+  --z-loss W     moe: the router z-loss's weight in the loss (ST-MoE: 0.001); 0: off (0)
   --devices N    in-process devices (4); under mpirun each rank is a device: mpirun -np 4 gpt;
                  with --backend simulate, the devices of a mesh planned on shapes alone (up to
                  65536): one of them runs (--simulate-device R, 0), with no tensor storage and no
@@ -213,6 +217,8 @@ int main(int argc, char** argv) {
     cfg.moe = args.integer("--moe", 0, 0, max_size);
     cfg.top_k = static_cast<int>(args.integer("--top-k", 1, 1, 2));
     cfg.capacity_factor = args.real("--capacity-factor", 1.25, 1e-6, 1e6);
+    cfg.aux_weight = args.real("--aux-weight", cfg.aux_weight, 0, 1e6);
+    cfg.z_loss_weight = args.real("--z-loss", 0, 0, 1e6);
     const std::string cp_kind = args.choice("--cp-kind", "all_to_all", {"all_to_all", "ring", "ring_zigzag"});
     cfg.cp_kind = cp_kind == "ring"          ? shardlib::ContextParallel::ring
                   : cp_kind == "ring_zigzag" ? shardlib::ContextParallel::ring_zigzag
@@ -288,8 +294,9 @@ int main(int argc, char** argv) {
       args.fail("--profile, --node and --device-memory describe the devices of a plan: give --backend simulate");
     }
     if (recipe == "pp") pc.stages = rt.num_devices();
-    if (cfg.moe > 0 && recipe != "dp" && recipe != "replicated")
-      args.fail("--moe runs with --recipe dp (the experts split over \"data\"), not " + recipe);
+    if (cfg.moe > 0 && recipe != "dp" && recipe != "tp" && recipe != "dp_tp" && recipe != "replicated")
+      args.fail("--moe runs with --recipe dp (the experts split over \"data\"), tp or dp_tp (their hidden dim over \"model\" too), not " +
+                recipe);
     if (cfg.moe > 0 && cfg.top_k > cfg.moe)
       args.fail("--top-k " + std::to_string(cfg.top_k) + " is more than the " + std::to_string(cfg.moe) + " experts");
     if (recipe == "cp" && rt.num_devices() % cfg.cp != 0)

@@ -46,11 +46,13 @@ struct Config {
   /// How attention runs over a split sequence (recipe cp): Ulysses' all-to-alls or the ring.
   sl::ContextParallel cp_kind = sl::ContextParallel::all_to_all;
   /// Experts of the mixture-of-experts MLP in every other block (the odd ones, as Switch); 0:
-  /// every MLP dense. Recipe dp (experts over "data") and replicated.
+  /// every MLP dense. Recipes dp (experts over "data"), tp and dp_tp (each expert's hidden dim
+  /// over "model" too) and replicated.
   std::int64_t moe = 0;
   int top_k = 1;                  ///< experts per token (1: Switch, 2: GShard)
   double capacity_factor = 1.25;  ///< slots per expert and device: ceil(top_k * tokens * cf / moe)
   double aux_weight = 0.01;       ///< the load-balancing loss's weight in the training loss
+  double z_loss_weight = 0;       ///< the router z-loss's weight (ST-MoE: 0.001); 0: not computed
   std::uint64_t seed = 1;
   double lr = 3e-3;
   double clip = 1.0;         ///< clipping by the global norm (0: off)
@@ -241,10 +243,12 @@ struct Parts {
 /// The model of recipe R with parameters of element type E: float, or bf16/f16 for mixed
 /// precision (16-bit parameters and gradients, float32 master weights and optimizer state, the
 /// forward and backward computed in float32 from the parameters cast up where they are used).
-/// Recipes whose MoE layers run: dp (the experts split over "data", GShard's placement) and the
-/// replicated reference.
+/// Recipes whose MoE layers run: dp (the experts split over "data", GShard's placement), tp and
+/// dp_tp (each expert's hidden dim split over "model" as the dense MLP's is) and the replicated
+/// reference.
 template <class R>
-inline constexpr bool runs_moe = std::is_same_v<R, DP> || std::is_same_v<R, Replicated>;
+inline constexpr bool runs_moe =
+    std::is_same_v<R, DP> || std::is_same_v<R, TP> || std::is_same_v<R, DPxTP> || std::is_same_v<R, Replicated>;
 template <class R, class E = float>
 struct Model {
   using Mesh = typename R::Mesh;
@@ -268,12 +272,19 @@ struct Model {
   using Vec = Spec<none>;
   using Pos = Spec<none, none>;
 
-  /// The experts [E, D, F], [E, F, D] of an MoE layer: split over "data" under dp.
-  using ExpertSpec = std::conditional_t<std::is_same_v<R, DP>, Spec<"data", none, none>, Spec<none, none, none>>;
+  /// The experts w1 [E, D, F] and w2 [E, F, D] of an MoE layer: E split over "data" under dp and
+  /// dp_tp, F over "model" under tp and dp_tp (as the dense W1 and W2's F).
+  static constexpr bool experts_over_data = std::is_same_v<R, DP> || std::is_same_v<R, DPxTP>;
+  static constexpr bool experts_over_model = std::is_same_v<R, TP> || std::is_same_v<R, DPxTP>;
+  using ExpertW1 = std::conditional_t<experts_over_model, std::conditional_t<experts_over_data, Spec<"data", none, "model">, Spec<none, none, "model">>,
+                                      std::conditional_t<experts_over_data, Spec<"data", none, none>, Spec<none, none, none>>>;
+  using ExpertW2 = std::conditional_t<experts_over_model, std::conditional_t<experts_over_data, Spec<"data", "model", none>, Spec<none, "model", none>>,
+                                      std::conditional_t<experts_over_data, Spec<"data", none, none>, Spec<none, none, none>>>;
   /// An MoE layer's router [D, E] and experts (kept as they are used: no FSDP storage).
   struct Experts {
     sl::Param<PTen<Pos>> router;
-    sl::Param<PTen<ExpertSpec>> w1, w2;
+    sl::Param<PTen<ExpertW1>> w1;
+    sl::Param<PTen<ExpertW2>> w2;
   };
   struct Layer {
     P<Vec> g1, b1;
@@ -298,6 +309,9 @@ struct Model {
   /// Parameters drawn from `cfg.seed` by global index: the same values on any mesh and layout,
   /// and for a pipeline stage (`parts`) the values of the whole model's parts it holds.
   Model(const Config& c, const Mesh& m, const Parts& parts) : cfg(c), mesh(m) {
+    if (c.moe > 0 && !runs_moe<R>)
+      throw std::invalid_argument(std::string("gpt: --moe: recipe ") + R::name +
+                                  " has no placement of the experts (dp, tp and dp_tp have)");
     if (parts.embedding) {
       wte.emplace(init<typename R::Wte>({c.vocab, c.dim}, 1, 0.5f));
       wpe.emplace(init<Pos>({c.seq, c.dim}, 2, 0.1f));
@@ -321,8 +335,8 @@ struct Model {
       if (c.moe > 0 && l % 2 == 1) {
         const std::uint64_t seed = c.seed * 7919 + s;
         layers.back()->moe.emplace(Experts{sl::Param(PTen<Pos>::random(mesh, {c.dim, c.moe}, seed + 7, -wd, wd)),
-                                           sl::Param(PTen<ExpertSpec>::random(mesh, {c.moe, c.dim, c.ff}, seed + 8, -wd, wd)),
-                                           sl::Param(PTen<ExpertSpec>::random(mesh, {c.moe, c.ff, c.dim}, seed + 9, -wf, wf))});
+                                           sl::Param(PTen<ExpertW1>::random(mesh, {c.moe, c.dim, c.ff}, seed + 8, -wd, wd)),
+                                           sl::Param(PTen<ExpertW2>::random(mesh, {c.moe, c.ff, c.dim}, seed + 9, -wf, wf))});
       }
     }
   }
@@ -360,7 +374,8 @@ struct Model {
   }
 
   /// The mean next-token cross-entropy of a batch: `ids` [B, S] predict `targets` [B, S].
-  /// With MoE layers, plus `cfg.aux_weight` times their load-balancing losses.
+  /// With MoE layers, plus `cfg.aux_weight` times their load-balancing losses and
+  /// `cfg.z_loss_weight` times their router z-losses.
   template <class Ids>
   auto loss(const Ids& ids, const Ids& targets) const {
     X x = embed(ids);
@@ -370,7 +385,7 @@ struct Model {
     if constexpr (runs_moe<R>) {
       if (aux) {  // (in the loss's layout: a partial sum over "data" keeps the value on one device)
         using LossSpec = typename sl::autodiff::detail::tensor_of_t<decltype(loss)>::spec_type;
-        return loss + sl::reshard<LossSpec>(*aux * static_cast<float>(cfg.aux_weight));
+        return loss + sl::reshard<LossSpec>(*aux);
       }
     }
     return loss;
@@ -382,10 +397,11 @@ struct Model {
   X embed(const Ids& ids) const {
     return sl::reshard<typename R::Act>(sl::take<0>(use<typename R::Wte>(*wte), ids)) + use<Pos>(*wpe);
   }
-  /// The sum of the MoE layers' load-balancing losses (a scalar).
+  /// The sum of the MoE layers' weighted auxiliary losses (a scalar).
   using Aux = sl::Var<sl::DistributedTensor<float, Mesh, Spec<>>>;
   /// One pre-LN block: causal multi-head attention, then the GELU MLP (or, in an MoE layer, the
-  /// mixture of experts, its load-balancing loss added to `*aux`), each with its residual.
+  /// mixture of experts, its weighted load-balancing and z-losses added to `*aux`), each with its
+  /// residual.
   X block(const Layer& l, const X& x0, std::optional<Aux>* aux = nullptr) const {
     using Act = typename R::Act;
     using Full = typename R::Full;
@@ -400,9 +416,11 @@ struct Model {
       if (l.moe) {
         const auto shape = x.value().shape();
         auto r = sl::moe(sl::reshape<"b s d -> (b s) d">(h), use<Pos>(l.moe->router), cast_up(l.moe->w1), cast_up(l.moe->w2),
-                         {.top_k = cfg.top_k, .capacity_factor = cfg.capacity_factor});
-        if (aux) {
-          Aux a = sl::reshard<Spec<>>(r.aux_loss);  // (summed over the groups: one all_reduce of a scalar)
+                         {.top_k = cfg.top_k, .capacity_factor = cfg.capacity_factor, .z_loss = cfg.z_loss_weight > 0});
+        if (aux) {  // (weighted, summed over the groups: one all_reduce of a scalar)
+          const auto w = r.aux_loss * static_cast<float>(cfg.aux_weight);
+          Aux a = cfg.z_loss_weight > 0 ? Aux(sl::reshard<Spec<>>(w + r.z_loss * static_cast<float>(cfg.z_loss_weight)))
+                                        : Aux(sl::reshard<Spec<>>(w));
           *aux = *aux ? Aux(**aux + a) : a;
         }
         return x + sl::reshard<Act>(sl::reshape<"(b s) d -> b s d">(r.y, {shape[0], shape[1], shape[2]}));

@@ -3,9 +3,10 @@
 // dispatch and combine tensors [T, E, C], einsums), computed here in double per group, for E =
 // 2, 4, 8 experts, top-1 and top-2, capacity factors that drop choices and that do not, tokens
 // that the groups do not divide; on 1 to 8 devices with the experts over "expert" and the tokens
-// over ("data", "expert"); gradients against central differences and, with nothing dropped,
-// against one device; the all-to-alls counted (one each way, of the slots' bytes); the drops
-// reported; bad input.
+// over ("data", "expert"), and with each expert's hidden dim split over "model" (tensor
+// parallel); gradients against central differences and, with nothing dropped, against one
+// device; the all-to-alls counted (one each way, of the slots' bytes); the drops reported; a
+// plan's (shapes alone) balanced routing against a real balanced router; bad input.
 #include <doctest/doctest.h>
 #include <shardlib/moe.hpp>
 
@@ -365,6 +366,146 @@ TEST_CASE("moe's router jitter (Switch): the router's input times noise in [1 - 
         CHECK_THROWS_WITH_AS(sl::moe(l.x, l.r, l.w1, l.w2, {.router_jitter = -0.1}), doctest::Contains("router jitter"), std::invalid_argument);
       },
       {1, 2, 4});
+}
+
+TEST_CASE("moe with each expert's hidden dim split over \"model\" (tensor parallel): GShard's dense form, one device's gradients, one all-reduce each way") {
+  namespace gc = sl::test::grad;
+  using Kind = sl::coll::Kind;
+  using MT = sl::Mesh<"data", "model">;
+  using Tok = sl::DistributedTensor<double, MT, sl::Spec<"data", none>>;
+  using W1 = sl::DistributedTensor<double, MT, sl::Spec<"data", none, "model">>;
+  using W2 = sl::DistributedTensor<double, MT, sl::Spec<"data", "model", none>>;
+  using R = sl::DistributedTensor<double, MT, Rep2>;
+  using One2 = sl::DistributedTensor<double, MT, Rep2>;
+  using One3 = sl::DistributedTensor<double, MT, Rep3>;
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        const int n = ctx.num_devices(), m = n % 2 == 0 ? 2 : 1, d = n / m;
+        const MT mesh(ctx, {d, m});
+        CAPTURE(n);
+        auto rng = sl::test::oracle::rng_for(ctx, 12);
+        const std::int64_t T = 8 * d + 3, D = 4, E = 4, F = 6;
+        const auto x = Tok::random(mesh, {T, D}, 1, -1.0, 1.0);
+        const auto r = R::random(mesh, {D, E}, 2, -2.0, 2.0);
+        const auto w1 = W1::random(mesh, {E, D, F}, 3, -0.5, 0.5);
+        const auto w2 = W2::random(mesh, {E, F, D}, 4, -0.5, 0.5);
+        // Forward: GShard's dense form over the "data" groups, with and without drops.
+        for (int k : {1, 2})
+          for (double cf : {0.5, 8.0}) {
+            CAPTURE(k);
+            CAPTURE(cf);
+            const auto res = sl::moe(x, r, w1, w2, {.top_k = k, .capacity_factor = cf});
+            const Dense want = dense(x.to_host(), r.to_host(), w1.to_host(), w2.to_host(), T, D, E, F, k, cf, d, true);
+            CHECK(max_abs_diff(res.y.to_host(), want.y) < 1e-12);
+            CHECK(std::abs(res.aux_loss.to_host()[0] - want.aux) < 1e-12);
+            CHECK(res.dropped == want.dropped);
+          }
+        // Traffic: the all-to-alls over "data" only (each "model" row moves its own copy of the
+        // tokens), and one all-reduce over "model" of the experts' block [G, E / d, C, D] each way.
+        sl::Param<Tok> px(x);
+        sl::Param<R> pr(r);
+        sl::Param<W1> p1(w1);
+        sl::Param<W2> p2(w2);
+        const auto wy = Tok::random(mesh, {T, D}, 9, -1.0, 1.0);
+        sl::coll::CommRecorder fwd;
+        const auto res = sl::moe(px, pr, p1, p2, {.top_k = 2, .capacity_factor = 8.0});
+        const sl::coll::CommStats f = fwd.stats();
+        CHECK(res.dropped == 0);
+        const auto C = static_cast<std::uint64_t>(sl::moe_stats(ctx).capacity);
+        const std::uint64_t block = static_cast<std::uint64_t>(d) * static_cast<std::uint64_t>(E / d) * C * D * sizeof(double);
+        const auto ar = [](int g, std::uint64_t bytes) { return 2 * static_cast<std::uint64_t>(g - 1) * bytes / static_cast<std::uint64_t>(g); };
+        CHECK(f[Kind::all_to_all].calls == (d > 1 ? 2u : 0u));
+        CHECK(f[Kind::all_reduce].calls == (m > 1 ? 1u : 0u));
+        CHECK(f[Kind::all_reduce].bytes_sent == ar(m, block));
+        sl::coll::CommRecorder bwd;
+        sl::backward(sl::sum_all(res.y * wy) + res.aux_loss);
+        CHECK(bwd.stats()[Kind::all_to_all].calls == (d > 1 ? 2u : 0u));
+        CHECK(bwd.stats()[Kind::all_gather].calls == 0);
+        // Backward: the slots' gradient over "model" (the column-parallel einsum's partial sums)
+        // and the router's over "data".
+        CHECK(bwd.stats()[Kind::all_reduce].calls == (m > 1 ? 1u : 0u) + (d > 1 ? 1u : 0u));
+        CHECK(bwd.stats()[Kind::all_reduce].bytes_sent == ar(m, block) + ar(d, D * E * sizeof(double)));
+        // Nothing dropped: one device's gradients (everything replicated, one group).
+        sl::Param<One2> x1{One2(x)}, r1{One2(r)};
+        sl::Param<One3> a1{One3(w1)}, b1{One3(w2)};
+        const auto one = sl::moe(x1, r1, a1, b1, {.top_k = 2, .capacity_factor = 8.0});
+        sl::backward(sl::sum_all(one.y * One2(wy)) + one.aux_loss);
+        CHECK(max_abs_diff(res.y.value().to_host(), one.y.value().to_host()) < 1e-12);
+        CHECK(max_abs_diff(px.grad().to_host(), x1.grad().to_host()) < 1e-12);
+        CHECK(max_abs_diff(pr.grad().to_host(), r1.grad().to_host()) < 1e-12);
+        CHECK(max_abs_diff(p1.grad().to_host(), a1.grad().to_host()) < 1e-12);
+        CHECK(max_abs_diff(p2.grad().to_host(), b1.grad().to_host()) < 1e-12);
+        // With drops: central differences.
+        CHECK(gc::check(
+            [&](const auto& xx, const auto& rr, const auto& a, const auto& b) {
+              const auto o = sl::moe(xx, rr, a, b, {.top_k = 2, .capacity_factor = 0.75});
+              return sl::sum_all(o.y * wy) + o.aux_loss;
+            },
+            rng, "moe tp", 1e-6, 4, x, r, w1, w2));
+      },
+      {1, 2, 4, 8});
+}
+
+TEST_CASE("moe on shapes alone (a plan) routes as a balanced router: a real run with a balanced router moves the same bytes") {
+  if (sl::test::mpi_runtime()) return;  // (threads and simulated runtimes of its own)
+  using Kind = sl::coll::Kind;
+  using M1 = sl::Mesh<"expert">;
+  using Tok = sl::DistributedTensor<float, M1, sl::Spec<"expert", none>>;
+  using W = sl::DistributedTensor<float, M1, sl::Spec<"expert", none, none>>;
+  using R = sl::DistributedTensor<float, M1, sl::Spec<none, none>>;
+  struct Seen {
+    std::uint64_t fwd_sent = 0, fwd_received = 0, bwd_sent = 0, fwd_calls = 0, gathers = 0;
+    std::int64_t dropped = 0;
+    std::vector<std::int64_t> kept;
+  };
+  for (int n : {2, 4})
+    for (int k : {1, 2})
+      for (double cf : {1.0, 0.5}) {
+        CAPTURE(n);
+        CAPTURE(k);
+        CAPTURE(cf);
+        // E = D = 4, the router the identity, token t's row 10 at t mod E and 5 at t + 1 mod E: its
+        // first choice t mod E, its second the next; 8 tokens a group, so every expert's share
+        // of each group's choices is even, as on shapes alone.
+        const std::int64_t E = 4, D = 4, F = 6, T = 8 * n;
+        std::vector<float> xs(static_cast<std::size_t>(T * D), 0.f), rs(static_cast<std::size_t>(D * E), 0.f);
+        for (std::int64_t t = 0; t < T; ++t) xs[static_cast<std::size_t>(t * D + t % E)] = 10.f, xs[static_cast<std::size_t>(t * D + (t + 1) % E)] = 5.f;
+        for (std::int64_t e = 0; e < E; ++e) rs[static_cast<std::size_t>(e * E + e)] = 1.f;
+        std::vector<Seen> real(static_cast<std::size_t>(n)), planned(static_cast<std::size_t>(n));
+        auto step = [&](std::vector<Seen>& out) {
+          return [&](sl::Context& ctx) {
+            const M1 mesh(ctx, {n});
+            sl::Param x(Tok::from_host(mesh, {T, D}, xs));
+            sl::Param r(R::from_host(mesh, {D, E}, rs));
+            sl::Param w1(W::random(mesh, {E, D, F}, 3)), w2(W::random(mesh, {E, F, D}, 4));
+            sl::coll::CommRecorder fwd;
+            const auto res = sl::moe(x, r, w1, w2, {.top_k = k, .capacity_factor = cf});
+            const sl::coll::CommStats f = fwd.stats();
+            sl::coll::CommRecorder bwd;
+            sl::backward(sl::sum_all(res.y) + res.aux_loss);
+            Seen& s = out[static_cast<std::size_t>(ctx.device())];
+            s.fwd_sent = f[Kind::all_to_all].bytes_sent, s.fwd_received = f[Kind::all_to_all].bytes_received;
+            s.fwd_calls = f[Kind::all_to_all].calls, s.gathers = f[Kind::all_gather].calls;
+            s.bwd_sent = bwd.stats()[Kind::all_to_all].bytes_sent;
+            s.dropped = res.dropped, s.kept = sl::moe_stats(ctx).kept;
+          };
+        };
+        sl::Runtime::threads(n).spmd(step(real));
+        for (int d = 0; d < n; ++d) sl::Runtime::simulate(n, d).spmd(step(planned));
+        for (int d = 0; d < n; ++d) {
+          CAPTURE(d);
+          const Seen &a = real[static_cast<std::size_t>(d)], &b = planned[static_cast<std::size_t>(d)];
+          CHECK(a.fwd_sent > 0);
+          CHECK(b.fwd_sent == a.fwd_sent);
+          CHECK(b.fwd_received == a.fwd_received);
+          CHECK(b.bwd_sent == a.bwd_sent);
+          CHECK(b.fwd_calls == a.fwd_calls);
+          CHECK(b.gathers == a.gathers);
+          CHECK(b.dropped == a.dropped);
+          CHECK(b.kept == a.kept);
+        }
+        CHECK((cf < 1 ? real[0].dropped > 0 : real[0].dropped == 0));
+      }
 }
 
 TEST_CASE("moe: every token to one expert drops and reports; bad input named; NaN logits an error on every device") {

@@ -31,6 +31,18 @@
 /// packing of the filled slots are local index kernels (kernels/moe.hpp), not the dense one-hot
 /// einsums of GShard's paper (the tests' oracle).
 ///
+/// Tensor parallelism of each expert (Megatron's MLP split): with w1's hidden dim F split over
+/// axes M that do not split the tokens (`Mesh<"data", "model">`, x [T, D] over "data", w1 [E, D, F]
+/// split ("data", -, "model")), every device of an M group routes the same tokens and moves them
+/// among its own token group; its experts' first einsum is column-parallel, the second
+/// row-parallel, and one all-reduce over M of the experts' [G_l, E_l, C, D] block completes
+/// their outputs (the backward: one all-reduce over M of the slots' gradient).
+///
+/// Planned on shapes alone (the simulate backend, plan/simulate.hpp), the layer has no
+/// probabilities to route: every group routes as a perfectly balanced router would
+/// (moe_route_balanced: each expert an even share of the choices, at most its capacity), so a
+/// plan's all-to-alls carry the bytes of a balanced load.
+///
 /// Everything is differentiable: x through the dispatch and the router, the router through the
 /// gates and the aux loss, the experts' weights through the einsums. Dropped choices get no
 /// gradient.
@@ -217,9 +229,10 @@ void moe_move(Context& ctx, const MeshShape& mesh, const AxisList& tokens, const
 /// The mixture-of-experts layer (see the file comment) on x [T, D] (a Var or tensor split over
 /// its token axes along dim 0, D whole), router [D, E], w1 [E, D, F], w2 [E, F, D] (Params, Vars
 /// or tensors; resharded, recorded, to the layout the layer computes in: the router replicated,
-/// the experts split over w1's expert axes). Throws std::invalid_argument for shapes that do not
-/// fit, a capacity factor <= 0 or top-k outside [1, E], and std::domain_error, on every device,
-/// when a router probability is NaN or infinite (NaN router logits).
+/// the experts split over w1's expert axes and their hidden dim over w1's F axes). Throws
+/// std::invalid_argument for shapes that do not fit, a capacity factor <= 0 or top-k outside
+/// [1, E], and std::domain_error, on every device, when a router probability is NaN or infinite
+/// (NaN router logits).
 template <class X, class R, class W1, class W2>
   requires((TensorType<X> || VarType<X>) && (TensorType<R> || VarType<R>) && (TensorType<W1> || VarType<W1>) &&
            (TensorType<W2> || VarType<W2>))
@@ -238,13 +251,17 @@ auto moe(const X& x, const R& router, const W1& w1, const W2& w2, const MoeOptio
   static_assert(rule.status != MoeRule::experts_not_over_token_axes,
                 "shardlib: moe: w1's expert dim must be split over (some of) the axes that split x's tokens (GShard: "
                 "the experts live on the devices of the tokens)");
+  static_assert(rule.status != MoeRule::hidden_over_token_axes,
+                "shardlib: moe: w1's hidden dim F must not be split over an axis that splits x's tokens (tensor "
+                "parallelism of the experts splits F over an axis the tokens are replicated over)");
   static_assert(std::is_same_v<T, typename tensor_of_t<R>::value_type> && std::is_same_v<T, typename tensor_of_t<W1>::value_type> &&
                     std::is_same_v<T, typename tensor_of_t<W2>::value_type>,
                 "shardlib: moe: x, router, w1 and w2 must have one element type");
   using TokSpec = spec_from_t<MeshT, decltype([] { return rule.tokens; })>;
   using DispSpec = spec_from_t<MeshT, decltype([] { return rule.dispatched; })>;
   using ExpSpec = spec_from_t<MeshT, decltype([] { return rule.experts; })>;
-  using WSpec = spec_from_t<MeshT, decltype([] { return rule.weights; })>;
+  using W1Spec = spec_from_t<MeshT, decltype([] { return rule.w1; })>;
+  using W2Spec = spec_from_t<MeshT, decltype([] { return rule.w2; })>;
   using Tok = DistributedTensor<T, MeshT, TokSpec, Mem>;
   using Disp = DistributedTensor<T, MeshT, DispSpec, Mem>;
 
@@ -283,8 +300,11 @@ auto moe(const X& x, const R& router, const W1& w1, const W2& w2, const MoeOptio
   const auto probs = shardlib::softmax<1>(logits);
   const std::int64_t local = tv.block().extent[0];
   // Route this group's tokens (on the host), then agree on the counts over the groups.
+  // On shapes alone (a plan) there are no probabilities: every group routes as a balanced router.
   auto index = std::make_shared<detail::MoeIndex<Mem>>();
-  {
+  if (shape_only()) {
+    index->route = moe_route_balanced(local, E, opts.top_k, capacity);
+  } else {
     const auto host = detail::moe_host_block(value(probs));
     index->route = moe_route(host.data(), local, E, opts.top_k, capacity, opts.normalize_gates && opts.top_k > 1);
   }
@@ -298,6 +318,17 @@ auto moe(const X& x, const R& router, const W1& w1, const W2& w2, const MoeOptio
   mine.push_back(rt.non_finite);
   std::vector<std::int64_t> every(stride * static_cast<std::size_t>(groups));
   ctx.group(mesh, rule.tokens.dims[0]).all_gather(mine.data(), every.data(), stride, coll::DType::i64);
+  if (shape_only()) {  // (the all-gather was counted, not performed: every group's balanced counts)
+    MoeRouting b;
+    for (std::int64_t g = 0; g < groups; ++g) {
+      const std::int64_t size = block_of(tokens, groups, static_cast<int>(g)).size;
+      if (g == 0 || size != b.tokens) b = moe_route_balanced(size, E, opts.top_k, capacity);
+      std::int64_t* c = every.data() + static_cast<std::size_t>(g) * stride;
+      std::copy(b.first_choice.begin(), b.first_choice.end(), c);
+      std::copy(b.kept.begin(), b.kept.end(), c + E);
+      c[2 * E] = b.dropped, c[2 * E + 1] = 0;
+    }
+  }
   std::vector<std::int64_t> counts(static_cast<std::size_t>(E) + 2, 0), kept(static_cast<std::size_t>(groups * E));
   for (std::int64_t g = 0; g < groups; ++g) {
     const std::int64_t* c = every.data() + static_cast<std::size_t>(g) * stride;
@@ -356,8 +387,9 @@ auto moe(const X& x, const R& router, const W1& w1, const W2& w2, const MoeOptio
         if (nd) autodiff::detail::give(p, 0, *nd, dd);
       },
       autodiff::detail::node(dispatched));
-  const auto h = shardlib::gelu(shardlib::einsum<"gecd,edf->gecf">(at_experts, shardlib::reshard<WSpec>(w1)));
-  const auto out_e = shardlib::reshard<ExpSpec>(shardlib::einsum<"gecf,efd->gecd">(h, shardlib::reshard<WSpec>(w2)));
+  // (With F split over M, the second einsum's sums are partial over M: all-reduced here.)
+  const auto h = shardlib::gelu(shardlib::einsum<"gecd,edf->gecf">(at_experts, shardlib::reshard<W1Spec>(w1)));
+  const auto out_e = shardlib::reshard<ExpSpec>(shardlib::einsum<"gecf,efd->gecd">(h, shardlib::reshard<W2Spec>(w2)));
   Disp back(xv.mesh(), {groups, E, capacity, D});
   detail::moe_move<Mem>(ctx, mesh, taxes, *moves, false, value(out_e).local().data(), back.local().data(), D);
   const auto out = autodiff::detail::record(

@@ -121,4 +121,31 @@ MoeRouting moe_route(const P* probs, std::int64_t tokens, std::int64_t experts, 
   return r;
 }
 
+/// The routing a perfectly balanced router gives a group of `tokens` (planning on shapes alone,
+/// where there are no probabilities to route: plan/simulate.hpp): its k * tokens choices spread
+/// evenly over the experts (the first k * tokens mod E experts one more), its first choices
+/// likewise, each expert keeping at most `capacity` and the rest dropped. The per-choice and
+/// per-slot arrays have moe_route's sizes, unfilled (-1 and 0: no kernel reads them then).
+inline MoeRouting moe_route_balanced(std::int64_t tokens, std::int64_t experts, int k, std::int64_t capacity) {
+  MoeRouting r;
+  r.tokens = tokens, r.experts = experts, r.capacity = capacity, r.k = k;
+  const auto nk = static_cast<std::size_t>(tokens * k), ns = static_cast<std::size_t>(experts * capacity);
+  r.token_slot.assign(nk, -1);
+  r.choice_expert.assign(nk, 0);
+  r.prob.assign(nk, 0.0);
+  r.gate.assign(nk, 0.0);
+  r.slot_token.assign(ns, -1);
+  r.slot_choice.assign(ns, -1);
+  r.first_choice.assign(static_cast<std::size_t>(experts), 0);
+  r.kept.assign(static_cast<std::size_t>(experts), 0);
+  const std::int64_t choices = tokens * k;
+  for (std::int64_t e = 0; e < experts; ++e) {
+    const std::int64_t share = choices / experts + (e < choices % experts ? 1 : 0);
+    r.first_choice[static_cast<std::size_t>(e)] = tokens / experts + (e < tokens % experts ? 1 : 0);
+    r.kept[static_cast<std::size_t>(e)] = std::min(share, capacity);
+    r.dropped += share - r.kept[static_cast<std::size_t>(e)];
+  }
+  return r;
+}
+
 }  // namespace shardlib

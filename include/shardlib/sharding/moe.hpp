@@ -7,8 +7,12 @@
 ///  2. The tokens may be split over axes A (data parallel); their model dim D not
 ///     (`model_dim_split`); nothing partial (`partial_tokens`).
 ///  3. The experts are split over X = the axes that split w1's expert dim, which must be among A
-///     (`experts_not_over_token_axes`; GShard: the experts live on the devices of the tokens). w1
-///     and w2 compute in [X, -, -] (their other dims whole).
+///     (`experts_not_over_token_axes`; GShard: the experts live on the devices of the tokens).
+///     Each expert's hidden dim F may be split over axes M = those that split w1's F, none of A
+///     (`hidden_over_token_axes`; Megatron's tensor parallelism of each expert, the tokens
+///     replicated over M): w1 computes in [X, -, M] and w2 in [X, M, -] (their model dims
+///     whole), and the second einsum's partial sums over M are all-reduced where the experts
+///     run.
 ///  4. The dispatch tensor [G, E, C, D] (G = the groups: the devices along A) is split over A
 ///     along G as the routing fills it (`dispatched`), and over A \ X along G and X along E where
 ///     the experts run (`experts`): the reshard between the two is the layer's all-to-all.
@@ -31,12 +35,15 @@ struct MoeRule {
     model_dim_split,
     partial_tokens,
     experts_not_over_token_axes,
+    hidden_over_token_axes,
   };
   Status status = ok;
   Sharding tokens{};      ///< x [T, D]: A, whole
-  Sharding weights{};     ///< w1, w2 [E, ., .]: X, whole, whole
+  Sharding w1{};          ///< w1 [E, D, F]: X, whole, M
+  Sharding w2{};          ///< w2 [E, F, D]: X, M, whole
   Sharding dispatched{};  ///< [G, E, C, D]: A, whole, whole, whole
   Sharding experts{};     ///< [G, E, C, D]: A \ X, X, whole, whole
+  AxisList hidden{};      ///< M: the axes of each expert's hidden dim (empty: not split)
 };
 
 /// The rule of moe(x, router, w1, w2) for the shardings of x, w1 and w2 (see the file comment).
@@ -50,10 +57,15 @@ constexpr MoeRule moe_rule(const Sharding& x, const Sharding& w1, const Sharding
   const AxisList& ex = w1.dims[0];
   for (int axis : ex)
     if (!a.contains(axis)) return r.status = MoeRule::experts_not_over_token_axes, r;
+  const AxisList& m = w1.dims[2];
+  for (int axis : m)
+    if (a.contains(axis)) return r.status = MoeRule::hidden_over_token_axes, r;
   r.tokens.rank = 2;
   r.tokens.dims[0] = a;
-  r.weights.rank = 3;
-  r.weights.dims[0] = ex;
+  r.hidden = m;
+  r.w1.rank = r.w2.rank = 3;
+  r.w1.dims[0] = r.w2.dims[0] = ex;
+  r.w1.dims[2] = r.w2.dims[1] = m;
   r.dispatched.rank = 4;
   r.dispatched.dims[0] = a;
   r.experts.rank = 4;
