@@ -55,8 +55,8 @@ constexpr const char* usage = R"(usage: gpt [--recipe dp|zero1|zero2|zero3|tp|dp
                  ring_zigzag: the same on the sequence in zig-zag runs, every device an equal
                  share of the causal scores)
   --moe E        a mixture of E experts as the MLP of every other block (Switch's placement), the
-                 experts split over "data" (recipes dp and dp_tp), each expert's hidden dim over
-                 "model" (tp and dp_tp; docs/15_experts.md); 0: dense (0)
+                 experts split over "data" (recipes dp, zero1-3 and dp_tp), each expert's hidden
+                 dim over "model" (tp and dp_tp; docs/15_experts.md); 0: dense (0)
   --top-k K      moe: experts per token, 1 (Switch) or 2 (GShard) (1)
   --capacity-factor CF  moe: slots per expert and device, ceil(K * tokens * CF / E) (1.25)
   --aux-weight W moe: the load-balancing loss's weight in the loss (0.01)
@@ -294,9 +294,10 @@ int main(int argc, char** argv) {
       args.fail("--profile, --node and --device-memory describe the devices of a plan: give --backend simulate");
     }
     if (recipe == "pp") pc.stages = rt.num_devices();
-    if (cfg.moe > 0 && recipe != "dp" && recipe != "tp" && recipe != "dp_tp" && recipe != "replicated")
-      args.fail("--moe runs with --recipe dp (the experts split over \"data\"), tp or dp_tp (their hidden dim over \"model\" too), not " +
-                recipe);
+    if (cfg.moe > 0 && recipe != "dp" && recipe != "zero1" && recipe != "zero2" && recipe != "zero3" && recipe != "tp" &&
+        recipe != "dp_tp" && recipe != "replicated")
+      args.fail("--moe runs with --recipe dp or zero1-3 (the experts split over \"data\"), tp or dp_tp (their hidden dim over \"model\" "
+                "too), not " + recipe);
     if (cfg.moe > 0 && cfg.top_k > cfg.moe)
       args.fail("--top-k " + std::to_string(cfg.top_k) + " is more than the " + std::to_string(cfg.moe) + " experts");
     if (recipe == "cp" && rt.num_devices() % cfg.cp != 0)

@@ -46,8 +46,8 @@ struct Config {
   /// How attention runs over a split sequence (recipe cp): Ulysses' all-to-alls or the ring.
   sl::ContextParallel cp_kind = sl::ContextParallel::all_to_all;
   /// Experts of the mixture-of-experts MLP in every other block (the odd ones, as Switch); 0:
-  /// every MLP dense. Recipes dp (experts over "data"), tp and dp_tp (each expert's hidden dim
-  /// over "model" too) and replicated.
+  /// every MLP dense. Recipes dp and zero1-3 (experts over "data"), tp and dp_tp (each expert's
+  /// hidden dim over "model" too) and replicated.
   std::int64_t moe = 0;
   int top_k = 1;                  ///< experts per token (1: Switch, 2: GShard)
   double capacity_factor = 1.25;  ///< slots per expert and device: ceil(top_k * tokens * cf / moe)
@@ -243,12 +243,15 @@ struct Parts {
 /// The model of recipe R with parameters of element type E: float, or bf16/f16 for mixed
 /// precision (16-bit parameters and gradients, float32 master weights and optimizer state, the
 /// forward and backward computed in float32 from the parameters cast up where they are used).
-/// Recipes whose MoE layers run: dp (the experts split over "data", GShard's placement), tp and
-/// dp_tp (each expert's hidden dim split over "model" as the dense MLP's is) and the replicated
-/// reference.
+/// Recipes whose MoE layers run: dp and zero1-3 (the experts split over "data", GShard's
+/// placement: their optimizer state, and under ZeRO-3 the experts themselves, are split there
+/// already), tp and dp_tp (each expert's hidden dim split over "model" as the dense MLP's is) and
+/// the replicated reference.
 template <class R>
-inline constexpr bool runs_moe =
-    std::is_same_v<R, DP> || std::is_same_v<R, TP> || std::is_same_v<R, DPxTP> || std::is_same_v<R, Replicated>;
+inline constexpr bool experts_over_data =
+    std::is_same_v<R, DP> || std::is_same_v<R, Zero1> || std::is_same_v<R, Zero2> || std::is_same_v<R, Zero3> || std::is_same_v<R, DPxTP>;
+template <class R>
+inline constexpr bool runs_moe = experts_over_data<R> || std::is_same_v<R, TP> || std::is_same_v<R, Replicated>;
 template <class R, class E = float>
 struct Model {
   using Mesh = typename R::Mesh;
@@ -272,14 +275,14 @@ struct Model {
   using Vec = Spec<none>;
   using Pos = Spec<none, none>;
 
-  /// The experts w1 [E, D, F] and w2 [E, F, D] of an MoE layer: E split over "data" under dp and
-  /// dp_tp, F over "model" under tp and dp_tp (as the dense W1 and W2's F).
-  static constexpr bool experts_over_data = std::is_same_v<R, DP> || std::is_same_v<R, DPxTP>;
-  static constexpr bool experts_over_model = std::is_same_v<R, TP> || std::is_same_v<R, DPxTP>;
-  using ExpertW1 = std::conditional_t<experts_over_model, std::conditional_t<experts_over_data, Spec<"data", none, "model">, Spec<none, none, "model">>,
-                                      std::conditional_t<experts_over_data, Spec<"data", none, none>, Spec<none, none, none>>>;
-  using ExpertW2 = std::conditional_t<experts_over_model, std::conditional_t<experts_over_data, Spec<"data", "model", none>, Spec<none, "model", none>>,
-                                      std::conditional_t<experts_over_data, Spec<"data", none, none>, Spec<none, none, none>>>;
+  /// The experts w1 [E, D, F] and w2 [E, F, D] of an MoE layer: E split over "data" under dp,
+  /// zero1-3 and dp_tp, F over "model" under tp and dp_tp (as the dense W1 and W2's F).
+  static constexpr bool over_data = experts_over_data<R>;
+  static constexpr bool over_model = std::is_same_v<R, TP> || std::is_same_v<R, DPxTP>;
+  using ExpertW1 = std::conditional_t<over_model, std::conditional_t<over_data, Spec<"data", none, "model">, Spec<none, none, "model">>,
+                                      std::conditional_t<over_data, Spec<"data", none, none>, Spec<none, none, none>>>;
+  using ExpertW2 = std::conditional_t<over_model, std::conditional_t<over_data, Spec<"data", "model", none>, Spec<none, "model", none>>,
+                                      std::conditional_t<over_data, Spec<"data", none, none>, Spec<none, none, none>>>;
   /// An MoE layer's router [D, E] and experts (kept as they are used: no FSDP storage).
   struct Experts {
     sl::Param<PTen<Pos>> router;
@@ -311,7 +314,7 @@ struct Model {
   Model(const Config& c, const Mesh& m, const Parts& parts) : cfg(c), mesh(m) {
     if (c.moe > 0 && !runs_moe<R>)
       throw std::invalid_argument(std::string("gpt: --moe: recipe ") + R::name +
-                                  " has no placement of the experts (dp, tp and dp_tp have)");
+                                  " has no placement of the experts (dp, zero1-3, tp and dp_tp have)");
     if (parts.embedding) {
       wte.emplace(init<typename R::Wte>({c.vocab, c.dim}, 1, 0.5f));
       wpe.emplace(init<Pos>({c.seq, c.dim}, 2, 0.1f));

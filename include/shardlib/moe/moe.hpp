@@ -224,6 +224,28 @@ void moe_move(Context& ctx, const MeshShape& mesh, const AxisList& tokens, const
   kernels::moe_dispatch(exec, dst, static_cast<const T*>((m.local ? send : recv).get()), i64(to_experts ? m.unpack_exp : m.unpack_disp),
                         to_experts ? m.exp_rows : m.disp_rows, D);
 }
+
+/// moe_move, recorded: `in` (a Var or tensor, in one of the two layouts) moved into a new tensor
+/// of type `To` (the experts' layout with `to_experts`, else the dispatch's); its gradient moves
+/// the other way in the backward.
+template <class To, class In, class Mem>
+auto moe_move_recorded(const char* name, const In& in, const std::shared_ptr<const MoeSlotMoves<Mem>>& moves, const AxisList& tokens,
+                       bool to_experts, std::int64_t D) {
+  using From = std::remove_cvref_t<decltype(autodiff::detail::value(in))>;
+  const From& v = autodiff::detail::value(in);
+  To out(v.mesh(), v.shape());
+  moe_move<Mem>(v.context(), v.mesh().shape(), tokens, *moves, to_experts, v.local().data(), out.local().data(), D);
+  return autodiff::detail::record(
+      name, out,
+      [n = autodiff::detail::node(in), moves, mesh_v = v.mesh(), shape = v.shape(), tokens, to_experts, D](const auto& g0,
+                                                                                                      autodiff::BackwardPass& p) {
+        const To g(g0);
+        From d(mesh_v, shape);
+        moe_move<Mem>(d.context(), mesh_v.shape(), tokens, *moves, !to_experts, g.local().data(), d.local().data(), D);
+        if (n) autodiff::detail::give(p, 0, *n, d);
+      },
+      autodiff::detail::node(in));
+}
 }  // namespace detail
 
 /// The mixture-of-experts layer (see the file comment) on x [T, D] (a Var or tensor split over
@@ -375,33 +397,11 @@ auto moe(const X& x, const R& router, const W1& w1, const W2& w2, const MoeOptio
   const AxisList& taxes = rule.tokens.dims[0];
   const auto moves = std::make_shared<const detail::MoeSlotMoves<Mem>>(
       detail::moe_slot_moves<Mem>(ctx, mesh, taxes, rule.experts, groups, E, capacity, D, ctx.device(), kept));
-  Exp slots_e(xv.mesh(), {groups, E, capacity, D});
-  detail::moe_move<Mem>(ctx, mesh, taxes, *moves, true, value(dispatched).local().data(), slots_e.local().data(), D);
-  const auto at_experts = autodiff::detail::record(
-      "moe to experts", slots_e,
-      [nd = autodiff::detail::node(dispatched), moves, mesh_v = xv.mesh(), shape = slots.shape(), taxes, D](const auto& g0,
-                                                                                                        autodiff::BackwardPass& p) {
-        const Exp g(g0);
-        Disp dd(mesh_v, shape);
-        detail::moe_move<Mem>(dd.context(), mesh_v.shape(), taxes, *moves, false, g.local().data(), dd.local().data(), D);
-        if (nd) autodiff::detail::give(p, 0, *nd, dd);
-      },
-      autodiff::detail::node(dispatched));
+  const auto at_experts = detail::moe_move_recorded<Exp>("moe to experts", dispatched, moves, taxes, true, D);
   // (With F split over M, the second einsum's sums are partial over M: all-reduced here.)
   const auto h = shardlib::gelu(shardlib::einsum<"gecd,edf->gecf">(at_experts, shardlib::reshard<W1Spec>(w1)));
   const auto out_e = shardlib::reshard<ExpSpec>(shardlib::einsum<"gecf,efd->gecd">(h, shardlib::reshard<W2Spec>(w2)));
-  Disp back(xv.mesh(), {groups, E, capacity, D});
-  detail::moe_move<Mem>(ctx, mesh, taxes, *moves, false, value(out_e).local().data(), back.local().data(), D);
-  const auto out = autodiff::detail::record(
-      "moe from experts", back,
-      [ne = autodiff::detail::node(out_e), moves, mesh_v = xv.mesh(), shape = slots.shape(), taxes, D](const auto& g0,
-                                                                                                   autodiff::BackwardPass& p) {
-        const Disp g(g0);
-        Exp de(mesh_v, shape);
-        detail::moe_move<Mem>(de.context(), mesh_v.shape(), taxes, *moves, true, g.local().data(), de.local().data(), D);
-        if (ne) autodiff::detail::give(p, 0, *ne, de);
-      },
-      autodiff::detail::node(out_e));
+  const auto out = detail::moe_move_recorded<Disp>("moe from experts", out_e, moves, taxes, false, D);
   // Combine: each token's gated sum of its kept choices' rows.
   const Disp& ov = value(out);
   Tok y(xv.mesh(), tv.shape());
