@@ -6,11 +6,13 @@
 //   bench_grad --part block --devices 8 --layout tp     Megatron tensor parallel on a {4, 2} mesh
 //   bench_grad --part tape --devices 1                  per-op cost of the tape
 //   bench_grad --part context --devices 8               attention over a split sequence
-//   bench_grad --part moe --devices 8 [--top-k 1] [--capacity-factor 1.0]   a mixture-of-experts layer
+//   bench_grad --part moe --devices 8 [--top-k 1] [--capacity-factor 1.0] [--layout tp]   a mixture-of-experts layer
 // moe: forward + backward of sl::moe on the B * S tokens of [B, S, D] split over every device, 2 per
 //   device of experts of d_ff / k hidden units (k = --top-k: k of them cost a dense MLP's FLOPs per
 //   token), loss = sum_all(y * r) + aux; `baseline`: the dense MLP of d_ff on the same tokens, data
 //   parallel (x W1, gelu, W2; the same FLOPs when the capacity factor is 1), no communication.
+//   --layout tp: on a {n / m, m} mesh (m = --model), every expert's hidden dim and the dense MLP's
+//   split over "model" (Megatron), the tokens over the n / m "expert" devices (2 experts each).
 // Shapes: --batch 8 --seq 128 --dmodel 512 --heads 8 --dff 2048 (the defaults); --quick: small
 // shapes (batch 8, seq 16, dmodel 64, 2 heads, dff 256) and fewer repetitions, a run of seconds.
 // --reps N: repetitions (median; 7, --quick 3), --warmup N: untimed steps first (2, --quick 1),
@@ -512,30 +514,43 @@ void context_case(sl::Context& ctx, const Dims& dm, int reps, int warmup, bool r
                     (c >= in_order && c <= in_order + 1 ? num(t[c] / t[in_order]) : std::string("null")) + peak + std::to_string(peaks[c]));
 }
 
-/// The moe part (see the file comment).
-void moe_case(sl::Context& ctx, const Dims& dm, int reps, int warmup, int top_k, double cf) {
-  using MS = sl::Mesh<"expert">;
-  const int n = ctx.num_devices();
-  MS mesh(ctx, {n});
-  const std::int64_t T = dm.batch * dm.seq, D = dm.d, F = dm.ff, E = 2 * n;
+/// The moe part (see the file comment); `TP`: on a {n / model, model} mesh, each expert's and
+/// the dense MLP's hidden dim split over "model" (the tokens over "expert" only).
+template <bool TP>
+void moe_case(sl::Context& ctx, const Dims& dm, int reps, int warmup, int top_k, double cf, int model) {
+  using MS = std::conditional_t<TP, sl::Mesh<"expert", "model">, sl::Mesh<"expert">>;
+  const int n = ctx.num_devices(), m = TP ? model : 1;
+  if (m < 1 || n % m != 0)
+    throw std::invalid_argument("bench_grad: --model " + std::to_string(m) + " does not divide the " + std::to_string(n) + " devices");
+  const MS mesh = [&] {
+    if constexpr (TP) return MS(ctx, {n / m, m});
+    else return MS(ctx, {n});
+  }();
+  const std::int64_t T = dm.batch * dm.seq, D = dm.d, F = dm.ff, E = 2 * (n / m);
   using Tok = sl::DistributedTensor<float, MS, sl::Spec<"expert", none>>;
   using Rep2 = sl::DistributedTensor<float, MS, sl::Spec<none, none>>;
-  using Ex = sl::DistributedTensor<float, MS, sl::Spec<"expert", none, none>>;
+  using D1 = sl::DistributedTensor<float, MS, std::conditional_t<TP, sl::Spec<none, "model">, sl::Spec<none, none>>>;
+  using D2 = sl::DistributedTensor<float, MS, std::conditional_t<TP, sl::Spec<"model", none>, sl::Spec<none, none>>>;
+  using W1 = sl::DistributedTensor<float, MS, std::conditional_t<TP, sl::Spec<"expert", none, "model">, sl::Spec<"expert", none, none>>>;
+  using W2 = sl::DistributedTensor<float, MS, std::conditional_t<TP, sl::Spec<"expert", "model", none>, sl::Spec<"expert", none, none>>>;
   struct State {
     sl::Param<Tok> x;
-    sl::Param<Rep2> router, d1, d2;
-    sl::Param<Ex> w1, w2;
+    sl::Param<Rep2> router;
+    sl::Param<D1> d1;
+    sl::Param<D2> d2;
+    sl::Param<W1> w1;
+    sl::Param<W2> w2;
     Tok r;
   };
   // Experts of F / top_k hidden units: top_k of them per token cost the dense MLP's FLOPs.
   const std::int64_t Fe = std::max<std::int64_t>(1, F / top_k);
   auto st = std::make_shared<State>(State{sl::Param(Tok::random(mesh, {T, D}, 1, -1.f, 1.f)), sl::Param(Rep2::random(mesh, {D, E}, 2, -1.f, 1.f)),
-                                          sl::Param(Rep2::random(mesh, {D, F}, 3, -0.05f, 0.05f)), sl::Param(Rep2::random(mesh, {F, D}, 4, -0.05f, 0.05f)),
-                                          sl::Param(Ex::random(mesh, {E, D, Fe}, 5, -0.05f, 0.05f)), sl::Param(Ex::random(mesh, {E, Fe, D}, 6, -0.05f, 0.05f)),
+                                          sl::Param(D1::random(mesh, {D, F}, 3, -0.05f, 0.05f)), sl::Param(D2::random(mesh, {F, D}, 4, -0.05f, 0.05f)),
+                                          sl::Param(W1::random(mesh, {E, D, Fe}, 5, -0.05f, 0.05f)), sl::Param(W2::random(mesh, {E, Fe, D}, 6, -0.05f, 0.05f)),
                                           Tok::random(mesh, {T, D}, 7, -1.f, 1.f)});
   std::int64_t dropped = 0;
   const std::vector<std::function<void()>> steps = {
-      [st] {  // the dense MLP, data parallel: the same FLOPs per token
+      [st] {  // the dense MLP, data parallel (TP: Megatron's over "model"): the same FLOPs per token
         st->x.zero_grad(), st->d1.zero_grad(), st->d2.zero_grad();
         sl::backward(sl::sum_all(sl::matmul(sl::gelu(sl::matmul(st->x, st->d1)), st->d2) * st->r));
       },
@@ -552,18 +567,20 @@ void moe_case(sl::Context& ctx, const Dims& dm, int reps, int warmup, int top_k,
     comm.push_back(rec.stats());
   }
   if (ctx.device() == 0)
-    std::fprintf(stderr, "  moe: %lld tokens of %lld, %lld experts of %lld (top-%d, capacity factor %g) on %d devices, %d repetitions\n",
-                 static_cast<long long>(T), static_cast<long long>(D), static_cast<long long>(E), static_cast<long long>(Fe), top_k, cf, n, reps);
+    std::fprintf(stderr, "  moe%s: %lld tokens of %lld, %lld experts of %lld (top-%d, capacity factor %g) on %d devices, %d repetitions\n",
+                 TP ? " tp" : "", static_cast<long long>(T), static_cast<long long>(D), static_cast<long long>(E), static_cast<long long>(Fe),
+                 top_k, cf, n, reps);
   const auto t = time_rotating(ctx, "moe", steps, {"dense MLP", "moe"}, reps, warmup, 0.05);
   const double flops = 3 * 2 * 2 * double(T) * double(D) * double(F);  // fwd + 2x bwd, both products
   const sl::MoeStats& ms = sl::moe_stats(ctx);
-  record(ctx, "\"part\": \"moe\", \"name\": \"moe top-" + std::to_string(top_k) + ", cf " + num(cf) + "\", \"shape\": {\"tokens\": " +
+  record(ctx, "\"part\": \"moe\", \"name\": \"moe " + std::string(TP ? "tp " : "") + "top-" + std::to_string(top_k) + ", cf " + num(cf) + "\", \"shape\": {\"tokens\": " +
                   std::to_string(T) + ", \"dmodel\": " + std::to_string(D) + ", \"experts\": " + std::to_string(E) +
                   ", \"expert_hidden\": " + std::to_string(Fe) + ", \"dense_hidden\": " + std::to_string(F) +
                   "}, \"dtype\": \"float32\", \"top_k\": " + std::to_string(top_k) + ", \"capacity_factor\": " + num(cf) +
                   ", \"capacity\": " + std::to_string(ms.capacity) + ", \"dropped\": " + std::to_string(dropped) +
                   ", \"choices\": " + std::to_string(ms.choices) + ", \"seconds\": " + num(t[1]) +
-                  ", \"baseline\": \"dense MLP, same FLOPs per token\", \"baseline_seconds\": " + num(t[0]) + ", \"ratio\": " +
+                  ", \"baseline\": \"" + std::string(TP ? "dense MLP, tensor parallel" : "dense MLP") +
+                  ", same FLOPs per token\", \"model\": " + std::to_string(m) + ", \"baseline_seconds\": " + num(t[0]) + ", \"ratio\": " +
                   num(t[1] / t[0]) + ", \"gflops\": " + num(flops / t[1] / 1e9) + ", \"baseline_gflops\": " + num(flops / t[0] / 1e9) +
                   ", \"collective_calls\": " + std::to_string(comm[1].total_calls()) + ", \"bytes\": " +
                   std::to_string(comm[1].total_bytes_sent()) + ", \"baseline_bytes\": " + std::to_string(comm[0].total_bytes_sent()));
@@ -599,7 +616,9 @@ int main(int argc, char** argv) {
     } else if (part == "context") {
       context_case(ctx, dm, reps, warmup, ring_only);
     } else if (part == "moe") {
-      moe_case(ctx, dm, reps, warmup, top_k, cf);
+      if (layout == "dp") moe_case<false>(ctx, dm, reps, warmup, top_k, cf, 1);
+      else if (layout == "tp") moe_case<true>(ctx, dm, reps, warmup, top_k, cf, model);
+      else throw std::invalid_argument("bench_grad: --layout is dp or tp, not " + layout);
     } else {
       throw std::invalid_argument("bench_grad: --part is block, tape, context or moe, not " + part);
     }

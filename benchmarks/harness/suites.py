@@ -281,6 +281,10 @@ def grad_cases(args, exes, peers):
         for k in (1, 2):  # a mixture-of-experts layer beside the dense MLP of the same FLOPs per token
             cases.append(Case(f"grad: moe top-{k}, {n} devices", "grad",
                               base + ["--devices", str(n), "--part", "moe", "--top-k", str(k), "--capacity-factor", "1.0"] + extra))
+        if n % 2 == 0:  # each expert (and the dense MLP) tensor parallel over a "model" axis of 2
+            cases.append(Case(f"grad: moe tp top-1, {n} devices", "grad",
+                              base + ["--devices", str(n), "--part", "moe", "--layout", "tp", "--model", "2", "--top-k", "1",
+                                      "--capacity-factor", "1.0"] + extra))
     # The peer: the same block in JAX, the same shapes, layouts and device counts.
     sizes = ["--seq", "16", "--dmodel", "64", "--heads", "2", "--dff", "256", "--reps", "3"] if args.quick else []
     for flag in ("batch", "seq", "dmodel", "heads", "dff", "reps"):
