@@ -19,7 +19,7 @@ namespace {
 
 constexpr const char* usage = R"(usage: gpt [--recipe dp|zero1|zero2|zero3|tp|dp_tp|cp|pp|pp_dp|pp_tp|pp_dp_tp|pp_zero1|pp_zero2|replicated] [--cp N]
            [--cp-kind all_to_all|ring|ring_zigzag] [--moe E] [--top-k 1|2] [--capacity-factor CF]
-           [--aux-weight W] [--z-loss W]
+           [--aux-weight W] [--z-loss W] [--router-jitter J]
            [--devices N] [--steps N] [--layers N] [--dim N] [--batch N] [--seq N] [--vocab N] [--heads N]
            [--ff N] [--precision f32|bf16|f16] [--check 0|1] [--describe 0|1] [--tp N]
            [--plan 0|1] [--gpu h100|h200|a100] [--profile FILE] [--node N] [--device-memory GIB] [--model NAME]
@@ -61,6 +61,8 @@ constexpr const char* usage = R"(usage: gpt [--recipe dp|zero1|zero2|zero3|tp|dp
   --capacity-factor CF  moe: slots per expert and device, ceil(K * tokens * CF / E) (1.25)
   --aux-weight W moe: the load-balancing loss's weight in the loss (0.01)
   --z-loss W     moe: the router z-loss's weight in the loss (ST-MoE: 0.001); 0: off (0)
+  --router-jitter J  moe: Switch's router jitter while training, the router's input times noise
+                 in [1 - J, 1 + J] drawn per step and layer (Switch: 0.01); 0: off (0)
   --devices N    in-process devices (4); under mpirun each rank is a device: mpirun -np 4 gpt;
                  with --backend simulate, the devices of a mesh planned on shapes alone (up to
                  65536): one of them runs (--simulate-device R, 0), with no tensor storage and no
@@ -219,6 +221,7 @@ int main(int argc, char** argv) {
     cfg.capacity_factor = args.real("--capacity-factor", 1.25, 1e-6, 1e6);
     cfg.aux_weight = args.real("--aux-weight", cfg.aux_weight, 0, 1e6);
     cfg.z_loss_weight = args.real("--z-loss", 0, 0, 1e6);
+    cfg.router_jitter = args.real("--router-jitter", 0, 0, 0.99);
     const std::string cp_kind = args.choice("--cp-kind", "all_to_all", {"all_to_all", "ring", "ring_zigzag"});
     cfg.cp_kind = cp_kind == "ring"          ? shardlib::ContextParallel::ring
                   : cp_kind == "ring_zigzag" ? shardlib::ContextParallel::ring_zigzag

@@ -53,6 +53,9 @@ struct Config {
   double capacity_factor = 1.25;  ///< slots per expert and device: ceil(top_k * tokens * cf / moe)
   double aux_weight = 0.01;       ///< the load-balancing loss's weight in the training loss
   double z_loss_weight = 0;       ///< the router z-loss's weight (ST-MoE: 0.001); 0: not computed
+  /// Switch's router jitter while training (noise in [1 - j, 1 + j] on the router's input, drawn
+  /// anew for each step and layer, the same on any mesh); 0: off. Never when evaluating.
+  double router_jitter = 0;
   std::uint64_t seed = 1;
   double lr = 3e-3;
   double clip = 1.0;         ///< clipping by the global norm (0: off)
@@ -283,11 +286,13 @@ struct Model {
                                       std::conditional_t<over_data, Spec<"data", none, none>, Spec<none, none, none>>>;
   using ExpertW2 = std::conditional_t<over_model, std::conditional_t<over_data, Spec<"data", "model", none>, Spec<none, "model", none>>,
                                       std::conditional_t<over_data, Spec<"data", none, none>, Spec<none, none, none>>>;
-  /// An MoE layer's router [D, E] and experts (kept as they are used: no FSDP storage).
+  /// An MoE layer's router [D, E] and experts (kept as they are used: no FSDP storage), and the
+  /// seed its router jitter starts from.
   struct Experts {
     sl::Param<PTen<Pos>> router;
     sl::Param<PTen<ExpertW1>> w1;
     sl::Param<PTen<ExpertW2>> w2;
+    std::uint64_t seed = 0;
   };
   struct Layer {
     P<Vec> g1, b1;
@@ -301,6 +306,9 @@ struct Model {
 
   Config cfg;
   Mesh mesh;
+  /// The training step (from 1) whose router jitter the MoE layers draw; 0: none (evaluating).
+  /// train() sets it around each step's forward.
+  std::uint64_t jitter_step = 0;
   std::optional<P<typename R::Wte>> wte;
   std::optional<P<Pos>> wpe;
   std::vector<std::optional<Layer>> layers;  // layer l, when this device holds it
@@ -339,7 +347,7 @@ struct Model {
         const std::uint64_t seed = c.seed * 7919 + s;
         layers.back()->moe.emplace(Experts{sl::Param(PTen<Pos>::random(mesh, {c.dim, c.moe}, seed + 7, -wd, wd)),
                                            sl::Param(PTen<ExpertW1>::random(mesh, {c.moe, c.dim, c.ff}, seed + 8, -wd, wd)),
-                                           sl::Param(PTen<ExpertW2>::random(mesh, {c.moe, c.ff, c.dim}, seed + 9, -wf, wf))});
+                                           sl::Param(PTen<ExpertW2>::random(mesh, {c.moe, c.ff, c.dim}, seed + 9, -wf, wf)), seed});
       }
     }
   }
@@ -419,7 +427,11 @@ struct Model {
       if (l.moe) {
         const auto shape = x.value().shape();
         auto r = sl::moe(sl::reshape<"b s d -> (b s) d">(h), use<Pos>(l.moe->router), cast_up(l.moe->w1), cast_up(l.moe->w2),
-                         {.top_k = cfg.top_k, .capacity_factor = cfg.capacity_factor, .z_loss = cfg.z_loss_weight > 0});
+                         {.top_k = cfg.top_k,
+                          .capacity_factor = cfg.capacity_factor,
+                          .router_jitter = jitter_step > 0 ? cfg.router_jitter : 0.0,
+                          .jitter_seed = jitter_step > 0 ? l.moe->seed * 1000003 + jitter_step : 0,
+                          .z_loss = cfg.z_loss_weight > 0});
         if (aux) {  // (weighted, summed over the groups: one all_reduce of a scalar)
           const auto w = r.aux_loss * static_cast<float>(cfg.aux_weight);
           Aux a = cfg.z_loss_weight > 0 ? Aux(sl::reshard<Spec<>>(w + r.z_loss * static_cast<float>(cfg.z_loss_weight)))
@@ -687,7 +699,9 @@ std::vector<std::vector<float>> train(sl::Context& ctx, const Config& cfg, const
     const sl::kernels::FlopCount flops0 = sl::kernels::flop_count();
     auto loss = [&] {
       sl::coll::CommRecorder rec;
+      model.jitter_step = static_cast<std::uint64_t>(s) + 1;
       auto l = model.loss(ids, targets);
+      model.jitter_step = 0;
       r.forward = rec.stats();
       return l;
     }();

@@ -31,7 +31,9 @@
 /// ```
 ///
 /// shardlib's collectives follow from the tensors' types, shapes and mesh, never from their
-/// values, so the trace of one training step is the plan of every step with the same shapes.
+/// values, so the trace of one training step is the plan of every step with the same shapes
+/// (but for a mixture-of-experts layer's all-to-alls, which send the tokens its router chose:
+/// moe/moe.hpp).
 ///
 /// `coll::dry_run(f)` is the trace of `f` before it runs for real: while it runs `f`, every
 /// collective of this device is counted but not performed (no data moves, no device waits for

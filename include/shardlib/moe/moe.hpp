@@ -41,7 +41,10 @@
 /// Planned on shapes alone (the simulate backend, plan/simulate.hpp), the layer has no
 /// probabilities to route: every group routes as a perfectly balanced router would
 /// (moe_route_balanced: each expert an even share of the choices, at most its capacity), so a
-/// plan's all-to-alls carry the bytes of a balanced load.
+/// plan's all-to-alls carry the bytes of a balanced load. In a dry run (coll::dry_run: the other
+/// groups' counts unknown) the all-to-alls are sized by that balanced load too. Unlike every other
+/// op's, the layer's all-to-all bytes depend on the values (the routing): they change from step
+/// to step.
 ///
 /// Everything is differentiable: x through the dispatch and the router, the router through the
 /// gates and the aux loss, the experts' weights through the einsums. Dropped choices get no
@@ -340,7 +343,7 @@ auto moe(const X& x, const R& router, const W1& w1, const W2& w2, const MoeOptio
   mine.push_back(rt.non_finite);
   std::vector<std::int64_t> every(stride * static_cast<std::size_t>(groups));
   ctx.group(mesh, rule.tokens.dims[0]).all_gather(mine.data(), every.data(), stride, coll::DType::i64);
-  if (shape_only()) {  // (the all-gather was counted, not performed: every group's balanced counts)
+  if (shape_only() || coll::DryRun::active()) {  // (counted, not performed: every group's balanced counts)
     MoeRouting b;
     for (std::int64_t g = 0; g < groups; ++g) {
       const std::int64_t size = block_of(tokens, groups, static_cast<int>(g)).size;
