@@ -57,10 +57,8 @@ struct MoeRouting {
   std::int64_t non_finite = 0;              ///< tokens with a NaN or infinite probability (not routed)
 };
 
-/// Routes `tokens` rows of `experts` probabilities (`probs`, row-major, any arithmetic type)
-/// into `capacity` slots per expert, k choices per token (see the file comment).
-template <class P>
-MoeRouting moe_route(const P* probs, std::int64_t tokens, std::int64_t experts, int k, std::int64_t capacity, bool normalize) {
+/// A routing of `tokens` tokens with nothing routed yet: every array at its size, no slot filled.
+inline MoeRouting moe_routing_empty(std::int64_t tokens, std::int64_t experts, int k, std::int64_t capacity) {
   MoeRouting r;
   r.tokens = tokens, r.experts = experts, r.capacity = capacity, r.k = k;
   const auto nk = static_cast<std::size_t>(tokens * k), ns = static_cast<std::size_t>(experts * capacity);
@@ -72,6 +70,14 @@ MoeRouting moe_route(const P* probs, std::int64_t tokens, std::int64_t experts, 
   r.slot_choice.assign(ns, -1);
   r.first_choice.assign(static_cast<std::size_t>(experts), 0);
   r.kept.assign(static_cast<std::size_t>(experts), 0);
+  return r;
+}
+
+/// Routes `tokens` rows of `experts` probabilities (`probs`, row-major, any arithmetic type)
+/// into `capacity` slots per expert, k choices per token (see the file comment).
+template <class P>
+MoeRouting moe_route(const P* probs, std::int64_t tokens, std::int64_t experts, int k, std::int64_t capacity, bool normalize) {
+  MoeRouting r = moe_routing_empty(tokens, experts, k, capacity);
   std::vector<bool> routed(static_cast<std::size_t>(tokens), true);
   // Each token's k choices, most probable first (ties: the lower expert).
   for (std::int64_t t = 0; t < tokens; ++t) {
@@ -127,17 +133,7 @@ MoeRouting moe_route(const P* probs, std::int64_t tokens, std::int64_t experts, 
 /// likewise, each expert keeping at most `capacity` and the rest dropped. The per-choice and
 /// per-slot arrays have moe_route's sizes, unfilled (-1 and 0: no kernel reads them then).
 inline MoeRouting moe_route_balanced(std::int64_t tokens, std::int64_t experts, int k, std::int64_t capacity) {
-  MoeRouting r;
-  r.tokens = tokens, r.experts = experts, r.capacity = capacity, r.k = k;
-  const auto nk = static_cast<std::size_t>(tokens * k), ns = static_cast<std::size_t>(experts * capacity);
-  r.token_slot.assign(nk, -1);
-  r.choice_expert.assign(nk, 0);
-  r.prob.assign(nk, 0.0);
-  r.gate.assign(nk, 0.0);
-  r.slot_token.assign(ns, -1);
-  r.slot_choice.assign(ns, -1);
-  r.first_choice.assign(static_cast<std::size_t>(experts), 0);
-  r.kept.assign(static_cast<std::size_t>(experts), 0);
+  MoeRouting r = moe_routing_empty(tokens, experts, k, capacity);
   const std::int64_t choices = tokens * k;
   for (std::int64_t e = 0; e < experts; ++e) {
     const std::int64_t share = choices / experts + (e < choices % experts ? 1 : 0);
