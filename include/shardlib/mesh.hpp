@@ -242,6 +242,15 @@ struct mesh_has_more_axes_than_max_mesh_rank;
 }  // namespace error
 
 namespace detail {
+/// Mesh::context()'s throw when the mesh was made without a device (out of line: one copy, not
+/// one per mesh type and caller).
+[[noreturn]] inline void throw_unbound_mesh(const MeshShape& shape) {
+  throw std::logic_error("shardlib: mesh " + shape.to_string() +
+                         " is not bound to a device; tensors need Mesh(ctx, sizes), made inside Runtime::spmd");
+}
+}  // namespace detail
+
+namespace detail {
 template <std::size_t N>
 constexpr int first_repeated(const std::array<AxisName, N>& names) {
   for (std::size_t i = 0; i < N; ++i)
@@ -316,9 +325,7 @@ class Mesh {
   bool is_bound() const noexcept { return context_ != nullptr; }
   /// The Context the mesh was made with. Throws std::logic_error when it was made from sizes alone.
   Context& context() const {
-    if (!context_)
-      throw std::logic_error("shardlib: mesh " + shape_.to_string() +
-                             " is not bound to a device; tensors need Mesh(ctx, sizes), made inside Runtime::spmd");
+    if (!context_) detail::throw_unbound_mesh(shape_);
     return *context_;
   }
   /// Same axis sizes (the axis names are the type's).

@@ -120,6 +120,64 @@ struct same_shape_t {
 };
 inline constexpr same_shape_t same_shape{};
 
+/// What error messages say of a tensor type: its element type and its spec, the spec as a
+/// function so that it is formatted only when something throws. The checks below take it instead
+/// of the tensor's type: they are compiled once, not once per tensor type (their throws build
+/// strings, most of the code of a small function).
+struct TensorTypeText {
+  const char* element;
+  std::string (*spec)();
+};
+
+/// Throws std::invalid_argument when an extent of `shape` is negative (a tensor's constructor).
+inline void check_extents(ArrayRef<std::int64_t> shape, TensorTypeText type) {
+  for (std::size_t d = 0; d < shape.size(); ++d)
+    if (shape[d] < 0)
+      throw std::invalid_argument("shardlib: tensor of shape " + shape_text(shape) + " with " + type.spec() + ": dim " +
+                                  std::to_string(d) + " has a negative extent");
+}
+
+/// The devices' check that they passed one shape to factory `what` (DistributedTensor's
+/// agree_on_shape, which see): one mismatch round over the agreement group, a throw on every
+/// device naming two devices' shapes when they differ.
+inline void agree_on_shape(Context& ctx, const MeshShape& mesh, ArrayRef<std::int64_t> shape, const char* what,
+                           TensorTypeText type, std::int64_t extra, int extra_device) {
+  const std::size_t rank = shape.size();
+  if (rank == 0 && std::strcmp(what, "scatter_from") != 0)
+    return;  // a scalar's shape cannot differ: no round trip (backward's seed is one); root's extra word can
+  const std::size_t n = rank + 1;
+  std::vector<std::int64_t> words(shape.begin(), shape.end());
+  words.push_back(extra);
+  const std::vector<std::int64_t> all = ctx.agreement_group().mismatch(std::span<const std::int64_t>(words));
+  std::int64_t elements = 1;
+  for (auto e : shape) elements *= e;
+  const auto bad_extra = [&](std::int64_t e, std::size_t d) {
+    return std::invalid_argument(std::string("shardlib: ") + what + " from device " + std::to_string(d) + ": " +
+                                 (e > 0 ? "a host array of " + std::to_string(e - 1) + " elements"
+                                        : "an array in the memory of GPU " + std::to_string(-e - 1) +
+                                              " (the host cannot read it; pass a host array)") +
+                                 " for a tensor of shape " + shape_text(shape) + " with " + type.spec() + " (" +
+                                 std::to_string(elements) + " elements)");
+  };
+  if (all.empty()) {  // every device passed these words (a lone device too): its own extra is everyone's
+    if (extra != 0) throw bad_extra(extra, static_cast<std::size_t>(extra_device));
+    return;
+  }
+  const auto devices = all.size() / n;
+  for (std::size_t d = 0; d < devices; ++d)
+    if (const std::int64_t e = all[d * n + rank]; e != 0) throw bad_extra(e, d);
+  const auto shape_of = [&](std::size_t d) { return ArrayRef<std::int64_t>(all.data() + d * n, rank); };
+  std::size_t other = 1;
+  while (other + 1 < devices && std::equal(all.begin() + static_cast<std::ptrdiff_t>(other * n),
+                                           all.begin() + static_cast<std::ptrdiff_t>(other * n + rank), all.begin()))
+    ++other;
+  throw std::invalid_argument(std::string("shardlib: ") + what + ": the devices passed different shapes for a " +
+                              type.element + " tensor " + type.spec() + " on mesh " + mesh.to_string() + ": device 0 " +
+                              shape_text(shape_of(0)) + ", device " + std::to_string(other) + " " +
+                              shape_text(shape_of(other)) +
+                              " (a tensor's shape is global, the same on every device; its spec splits it)");
+}
+
 }  // namespace detail
 
 /// A global tensor of `T` on `MeshT`, sharded by `SpecT` (see the file comment).
@@ -431,10 +489,7 @@ class DistributedTensor {
 
   /// Internal: an uninitialised tensor of `shape` on `mesh`.
   DistributedTensor(const MeshT& mesh, const Shape& shape) : mesh_(mesh), shape_(shape) {
-    for (std::size_t d = 0; d != rank; ++d)  // != rank: nvcc warns of d < 0 for rank 0
-      if (shape_[d] < 0)
-        throw std::invalid_argument("shardlib: tensor of shape " + detail::shape_text(shape_) + " with " +
-                                    spec_string() + ": dim " + std::to_string(d) + " has a negative extent");
+    detail::check_extents(shape_, type_text());
     box_ = shard_box(sharding, mesh_.shape(), shape_, context().device());
     allocate_block();
   }
@@ -458,40 +513,10 @@ class DistributedTensor {
   /// + 1 when it does not fit, -(GPU + 1) when it is in a GPU's memory).
   static void agree_on_shape(const MeshT& mesh, const Shape& shape, const char* what, std::int64_t extra = 0,
                              int extra_device = 0) {
-    if constexpr (rank == 0) {  // a scalar's shape cannot differ: no round trip (backward's seed is one)
-      if (std::strcmp(what, "scatter_from") != 0) return;  // (every device alike: root's extra word differs)
-    }
-    constexpr std::size_t n = rank + 1;
-    std::array<std::int64_t, n> words{};
-    std::copy(shape.begin(), shape.end(), words.begin());
-    words[rank] = extra;
-    const std::vector<std::int64_t> all = mesh.context().agreement_group().mismatch(std::span<const std::int64_t>(words));
-    const auto bad_extra = [&](std::int64_t e, std::size_t d) {
-      return std::invalid_argument(std::string("shardlib: ") + what + " from device " + std::to_string(d) + ": " +
-                                   (e > 0 ? "a host array of " + std::to_string(e - 1) + " elements"
-                                          : "an array in the memory of GPU " + std::to_string(-e - 1) +
-                                                " (the host cannot read it; pass a host array)") +
-                                   " for a tensor of shape " + detail::shape_text(shape) + " with " + spec_string() + " (" +
-                                   std::to_string(shape_size(shape)) + " elements)");
-    };
-    if (all.empty()) {  // every device passed these words (a lone device too): its own extra is everyone's
-      if (extra != 0) throw bad_extra(extra, static_cast<std::size_t>(extra_device));
-      return;
-    }
-    const auto devices = all.size() / n;
-    for (std::size_t d = 0; d < devices; ++d)
-      if (const std::int64_t e = all[d * n + rank]; e != 0) throw bad_extra(e, d);
-    const auto shape_of = [&](std::size_t d) { return detail::ArrayRef<std::int64_t>(all.data() + d * n, rank); };
-    std::size_t other = 1;
-    while (other + 1 < devices && std::equal(all.begin() + static_cast<std::ptrdiff_t>(other * n),
-                                             all.begin() + static_cast<std::ptrdiff_t>(other * n + rank), all.begin()))
-      ++other;
-    throw std::invalid_argument(std::string("shardlib: ") + what + ": the devices passed different shapes for a " +
-                                element_name<T>() + " tensor " + spec_string() + " on mesh " + mesh.to_string() +
-                                ": device 0 " + detail::shape_text(shape_of(0)) + ", device " + std::to_string(other) +
-                                " " + detail::shape_text(shape_of(other)) +
-                                " (a tensor's shape is global, the same on every device; its spec splits it)");
+    detail::agree_on_shape(mesh.context(), mesh.shape(), shape, what, type_text(), extra, extra_device);
   }
+  /// The element type and spec, for the checks' messages (detail::TensorTypeText).
+  static detail::TensorTypeText type_text() noexcept { return {element_name<T>(), &DistributedTensor::spec_string}; }
   static std::int64_t shape_size(const Shape& shape) noexcept {
     std::int64_t n = 1;
     for (auto e : shape) n *= e;
