@@ -40,6 +40,14 @@ Tensor bumped(const Tensor& t, std::int64_t k, double delta) {
   return c;
 }
 
+/// Whether gradient `got` of element `k` of parameter `param` agrees with central difference
+/// `fd`, reporting it (naming `what`) when not. Out of line: one copy, not one per check().
+inline bool agrees(const std::string& what, std::size_t param, std::int64_t k, double got, double fd, double tol) {
+  const bool ok = std::abs(got - fd) <= tol * (1 + std::abs(fd));
+  if (!ok) MESSAGE(what << ": d/d param " << param << " [" << k << "] = " << got << ", finite differences " << fd);
+  return ok;
+}
+
 /// Compares the gradients of `f(params...)` from backward() with central differences at
 /// `per_param` random elements of each parameter; whether all agree (each disagreement is also
 /// reported, naming the case `what`, the parameter and the element).
@@ -70,11 +78,7 @@ bool check(F f, oracle::Rng& rng, const std::string& what, double tol, int per_p
         return std::apply(eval, vs);
       };
       const double fd = (at(h) - at(-h)) / (2 * h);
-      const double got = g[static_cast<std::size_t>(k)];
-      const bool ok = std::abs(got - fd) <= tol * (1 + std::abs(fd));
-      all = all && ok;
-      if (!ok)
-        MESSAGE(what << ": d/d param " << I << " [" << k << "] = " << got << ", finite differences " << fd);
+      all = agrees(what, I, k, g[static_cast<std::size_t>(k)], fd, tol) && all;
     }
   };
   [&]<std::size_t... I>(std::index_sequence<I...>) {

@@ -328,6 +328,12 @@ bool expect_values(const std::vector<T>& got, const Ref<R>& want, Tol tol, const
   return false;
 }
 
+/// expect_tensor's failure on a shape (out of line: one copy, not one per tensor type).
+inline bool fail_shape(const std::string& what, detail::ArrayRef<std::int64_t> got, detail::ArrayRef<std::int64_t> want) {
+  FAIL_CHECK(what << ": result shape " << detail::shape_text(got) << ", expected " << detail::shape_text(want));
+  return false;
+}
+
 /// Checks a tensor against the reference: its shape, then its global values (collective:
 /// `to_host`). `what` should name the op, the specs, the mesh and the shapes (see describe()).
 template <class Tensor, std::size_t R>
@@ -336,19 +342,20 @@ bool expect_tensor(const Tensor& t, const Ref<R>& want, Tol tol, const std::stri
   bool same_shape = true;
   for (std::size_t d = 0; d < R; ++d) same_shape = same_shape && t.shape()[d] == want.shape[d];
   const auto values = t.to_host();  // before any early return: collective
-  if (!same_shape) {
-    FAIL_CHECK(what << ": result shape " << detail::shape_text(t.shape()) << ", expected "
-                    << detail::shape_text(want.shape));
-    return false;
-  }
+  if (!same_shape) return fail_shape(what, t.shape(), want.shape);
   return expect_values(values, want, tol, what);
 }
 
+/// "[3, 5] with Spec<"x", none>": describe()'s text of one tensor (not a template: compiled once,
+/// not once per tensor type).
+inline std::string describe_one(detail::ArrayRef<std::int64_t> shape, const std::string& spec) {
+  return detail::shape_text(shape) + " with " + spec;
+}
 /// "[3, 5] with Spec<"x", none>" for each tensor, then the mesh: for `what` texts.
 template <class Tensor, class... Tensors>
 std::string describe(const Tensor& t, const Tensors&... ts) {
-  std::string s = detail::shape_text(t.shape()) + " with " + t.spec_string();
-  ((s += "; " + detail::shape_text(ts.shape()) + " with " + ts.spec_string()), ...);
+  std::string s = describe_one(t.shape(), t.spec_string());
+  ((s += "; " + describe_one(ts.shape(), ts.spec_string())), ...);
   return s + " on mesh " + t.mesh().to_string();
 }
 
