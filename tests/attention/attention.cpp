@@ -3,10 +3,12 @@
 // lengths of queries and keys, a scale), on 1 to 4 devices with the batch and heads split, the
 // sequence split (context parallelism, Ulysses' all-to-alls: counted, uneven, more devices than
 // heads or positions), partial operands; gradients against central differences and against one
-// device; bad input; what ran (attention_stats). On host memory the unfused form
-// runs (the fused kernel is cuDNN's: tests/autodiff/memory_space.cpp compares the two on a GPU).
+// device; bad input; what ran (attention_stats). On host memory the unfused form runs by default;
+// the host's fused kernel (the blockwise one, AttentionKernel::fused) is checked against it here
+// (cuDNN's: tests/autodiff/memory_space.cpp compares the two on a GPU).
 #include <doctest/doctest.h>
 #include <shardlib/attention.hpp>
+#include <shardlib/memory.hpp>
 
 #include "../autodiff/gradcheck.hpp"
 #include "../collectives/harness.hpp"
@@ -15,6 +17,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace sl = shardlib;
@@ -244,14 +247,102 @@ TEST_CASE("bad input: shapes named, the mask's shape, an empty key sequence, the
                          std::invalid_argument);
     CHECK_THROWS_WITH_AS(sl::attention(q, k, v, {.scale = std::numeric_limits<double>::infinity()}),
                          doctest::Contains("the scale is not finite"), std::invalid_argument);
-    CHECK_THROWS_WITH_AS(sl::attention(q, k, v, {.kernel = sl::AttentionKernel::fused}),
-                         doctest::Contains("cuDNN's fused kernel takes bf16 or f16 tensors in GPU memory"), std::runtime_error);
+    using H = Ten<Batch, sl::bf16>;
+    CHECK_THROWS_WITH_AS(sl::attention(H::zeros(mesh, {2, 4, 3, 8}), H::zeros(mesh, {2, 5, 3, 8}), H::zeros(mesh, {2, 5, 3, 6}),
+                                       {.kernel = sl::AttentionKernel::fused}),
+                         "shardlib: attention: the fused kernel takes float or double tensors in host memory, or bf16 or "
+                         "f16 tensors in GPU memory in a build with SHARDLIB_HAVE_CUDNN (cuDNN's); these are bf16 in host memory",
+                         std::runtime_error);
+    CHECK_THROWS_WITH_AS(sl::attention(q, k, v, {.kernel = sl::AttentionKernel::fused, .block = -2}),
+                         "shardlib: attention: the block (AttentionOptions::block) is -2; it is the side of the tiles of "
+                         "scores, positive, or 0 to pick one",
+                         std::invalid_argument);
     // What ran: the ops, on host memory.
     const auto before = sl::attention_stats(ctx);
     (void)sl::attention(q, k, v, {.causal = true});
     CHECK(sl::attention_stats(ctx).unfused_forward == before.unfused_forward + 1);
     CHECK(sl::attention_stats(ctx).fused_forward == 0);
   });
+}
+
+TEST_CASE("the host's fused kernel: the ops' results and gradients, tile by tile, with less memory") {
+  // AttentionKernel::fused on host memory: the blockwise kernel (a ring of one device) on each
+  // device's block, tiles of `block` queries and keys (uneven, hidden ones skipped under causal),
+  // against the unfused ops on the same layout: outputs and gradients to round-off; with the
+  // sequence split, the all-to-all moves as the ops' (Ulysses).
+  using Kind = sl::coll::Kind;
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        const M2 mesh = mesh_of(ctx);
+        const int n = ctx.num_devices();
+        auto compare = [&]<class S>(S, std::int64_t B, std::int64_t Sq, std::int64_t Sk, std::int64_t H, bool causal, bool masked,
+                                    std::int64_t block) {
+          CAPTURE(S::value.to_string());
+          CAPTURE(causal);
+          CAPTURE(masked);
+          CAPTURE(Sq);
+          CAPTURE(Sk);
+          CAPTURE(block);
+          const auto q = Ten<S>::random(mesh, {B, Sq, H, 3}, 1, -1.0, 1.0);
+          const auto k = Ten<S>::random(mesh, {B, Sk, H, 3}, 2, -1.0, 1.0);
+          const auto v = Ten<S>::random(mesh, {B, Sk, H, 2}, 3, -1.0, 1.0);
+          const auto w = Ten<S>::random(mesh, {B, Sq, H, 2}, 4, -1.0, 1.0);
+          const auto m = Ten<Mask>::random(mesh, {Sq, Sk}, 5, -2.0, 2.0);
+          auto run = [&](sl::AttentionKernel kernel) {
+            sl::Param<Ten<S>> pq(q), pk(k), pv(v);
+            const sl::AttentionOptions o{.causal = causal, .kernel = kernel, .block = block};
+            sl::coll::CommRecorder rec;
+            const auto out = masked ? sl::attention(pq, pk, pv, m, o) : sl::attention(pq, pk, pv, o);
+            sl::backward(sl::sum_all(out * w));
+            return std::tuple{out.value().to_host(), pq.grad().to_host(), pk.grad().to_host(), pv.grad().to_host(),
+                              rec.stats()[Kind::all_to_all].calls, rec.stats().total_calls()};
+          };
+          const auto before = sl::attention_stats(ctx);
+          const auto [o1, dq1, dk1, dv1, a2a1, calls1] = run(sl::AttentionKernel::fused);
+          CHECK(sl::attention_stats(ctx).fused_forward == before.fused_forward + 1);
+          CHECK(sl::attention_stats(ctx).fused_backward == before.fused_backward + 1);
+          CHECK(sl::attention_stats(ctx).unfused_forward == before.unfused_forward);
+          const auto [o0, dq0, dk0, dv0, a2a0, calls0] = run(sl::AttentionKernel::unfused);
+          CHECK(max_abs_diff(o1, o0) < 1e-12);
+          CHECK(max_abs_diff(dq1, dq0) < 1e-12);
+          CHECK(max_abs_diff(dk1, dk0) < 1e-12);
+          CHECK(max_abs_diff(dv1, dv0) < 1e-12);
+          CHECK(a2a1 == a2a0);  // the sequence moved onto the heads and back as the ops' form does
+          CHECK(calls1 == calls0);
+        };
+        for (std::int64_t block : {0, 1, 2, 3})
+          for (bool causal : {false, true})
+            for (bool masked : {false, true}) {
+              compare(Both{}, 2, 7, 7, 4, causal, masked, block);
+              compare(Context{}, 1, 9, 9, 4, causal, masked, block);  // Ulysses, uneven
+            }
+        compare(Rep4{}, 2, 5, 9, 2, false, true, 2);   // more keys than queries
+        compare(Rep4{}, 2, 9, 5, 2, true, false, 4);   // more queries than keys, causal from the top left
+        compare(SeqHeads{}, 2, 6, 6, 4, true, true, 0);
+        // In float: the output to float round-off beside the ops'.
+        const auto qf = Ten<Both, float>::random(mesh, {2, 33, 2, 8}, 7, -1.f, 1.f);
+        const auto a = sl::attention(qf, qf, qf, {.causal = true, .kernel = sl::AttentionKernel::fused, .block = 5}).to_host();
+        const auto b = sl::attention(qf, qf, qf, {.causal = true}).to_host();
+        double worst = 0;
+        for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, double(std::abs(a[i] - b[i])));
+        CHECK(worst < 1e-5);
+        // Memory: the fused kernel holds tiles of scores, the ops [B, H, S, S] of them (several).
+        auto peak = [&](sl::AttentionKernel kernel) {
+          const auto q = Ten<Rep4>::random(mesh, {1, 96, 2, 4}, 1, -1.0, 1.0);
+          sl::Param<Ten<Rep4>> pq(q), pk(q), pv(q);
+          const std::int64_t start = sl::memory_usage(ctx).activations();
+          sl::reset_peak_memory(ctx);
+          sl::backward(sl::sum_all(sl::attention(pq, pk, pv, {.causal = true, .kernel = kernel, .block = 16})));
+          return sl::memory_usage(ctx).peak_of(sl::MemoryRole::activations) - start;
+        };
+        const std::int64_t fused = peak(sl::AttentionKernel::fused), ops = peak(sl::AttentionKernel::unfused);
+        CAPTURE(fused);
+        CAPTURE(ops);
+        CHECK(fused < ops / 2);
+        CHECK(ops >= 2 * 96 * 96 * 2 * std::int64_t(sizeof(double)));  // (the ops' scores and probabilities)
+        (void)n;
+      },
+      {1, 2, 3, 4});
 }
 
 TEST_CASE("16-bit attention on the host: the ops in float32, rounded once per op") {

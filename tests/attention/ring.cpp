@@ -31,8 +31,8 @@ using Ring = sl::Spec<none, sl::axes<"x", "y">, none, none>;  // the sequence ov
 using RingHeads = sl::Spec<none, "x", "y", none>;             // the ring over "x", heads over "y"
 using RingBatch = sl::Spec<"y", "x", none, none>;             // the ring over "x", batch over "y"
 using Mask = sl::Spec<none, none>;
-constexpr sl::AttentionOptions ring_opts(bool causal, bool zigzag = false) {
-  return {.causal = causal, .context = zigzag ? sl::ContextParallel::ring_zigzag : sl::ContextParallel::ring};
+constexpr sl::AttentionOptions ring_opts(bool causal, bool zigzag = false, std::int64_t block = 0) {
+  return {.causal = causal, .context = zigzag ? sl::ContextParallel::ring_zigzag : sl::ContextParallel::ring, .block = block};
 }
 
 M2 mesh_of(sl::Context& ctx) {
@@ -50,8 +50,9 @@ double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) 
 // [B, Sk, H, K/Kv] keys and values.
 template <class S>
 void check_against_one_device(sl::Context& ctx, std::int64_t B, std::int64_t Sq, std::int64_t Sk, std::int64_t H,
-                              std::int64_t K, std::int64_t Kv, bool causal, bool masked, bool zigzag) {
+                              std::int64_t K, std::int64_t Kv, bool causal, bool masked, bool zigzag, std::int64_t block = 0) {
   CAPTURE(S::value.to_string());
+  CAPTURE(block);
   CAPTURE(zigzag);
   CAPTURE(causal);
   CAPTURE(masked);
@@ -64,7 +65,8 @@ void check_against_one_device(sl::Context& ctx, std::int64_t B, std::int64_t Sq,
   const auto w = Ten<S>::random(mesh, {B, Sq, H, Kv}, 4, -1.0, 1.0);
   const auto m = Ten<Mask>::random(mesh, {Sq, Sk}, 5, -2.0, 2.0);
   sl::Param<Ten<S>> pq(q), pk(k), pv(v);
-  const auto o = masked ? sl::attention(pq, pk, pv, m, ring_opts(causal, zigzag)) : sl::attention(pq, pk, pv, ring_opts(causal, zigzag));
+  const auto o = masked ? sl::attention(pq, pk, pv, m, ring_opts(causal, zigzag, block))
+                        : sl::attention(pq, pk, pv, ring_opts(causal, zigzag, block));
   static_assert(std::is_same_v<typename decltype(o)::spec_type, S>, "the output keeps q's layout");
   sl::backward(sl::sum_all(o * w));
   sl::Param<Ten<Rep4>> rq(q), rk(k), rv(v);
@@ -96,9 +98,12 @@ TEST_CASE("ring attention equals one device: in order and zig-zag, causal, maske
           check_against_one_device<Ring>(ctx, 2, 9, 5, 2, 3, 3, true, false, zigzag);
           check_against_one_device<Ring>(ctx, 1, 3, 3, 2, 2, 2, true, false, zigzag);
           check_against_one_device<Ring>(ctx, 2, 13, 13, 2, 3, 2, true, true, zigzag);  // 2p runs uneven at every p
+          // Each block in tiles (AttentionOptions::block): uneven ones, hidden ones skipped.
+          check_against_one_device<Ring>(ctx, 2, 23, 23, 2, 3, 2, true, true, zigzag, 2);
+          check_against_one_device<RingHeads>(ctx, 2, 17, 11, 4, 2, 3, false, true, zigzag, 3);
         }
         const auto& s = sl::attention_stats(ctx);
-        CHECK(s.ring_forward == 2 * (4 * 4 + 4));
+        CHECK(s.ring_forward == 2 * (4 * 4 + 6));
         CHECK(s.ring_backward == s.ring_forward);
       },
       {1, 2, 3, 4});

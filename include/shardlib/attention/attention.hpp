@@ -22,7 +22,9 @@
 /// SHARDLIB_HAVE_CUDNN and cuDNN 9 loads at run time. Otherwise — on the host, in float32, or when
 /// cuDNN is missing or refuses a shape (then with a one-time warning naming why) — the same
 /// function from the ops: `softmax<3>(einsum(q, k) + mask / scale, scale)` then an einsum with v, whose
-/// gradients are those ops' rules. `AttentionOptions::kernel` picks one (tests, benchmarks).
+/// gradients are those ops' rules. On the host (float, double) `AttentionKernel::fused` runs the
+/// blockwise kernel instead (attention/ring.hpp on one device: the scores a tile at a time, no
+/// [S, S] of them in memory, its own backward). `AttentionOptions::kernel` picks one.
 /// `attention_stats(ctx)` counts which ran.
 ///
 /// Operands are tensors or Vars (then the result is a Var whose backward gives q, k and v their
@@ -51,9 +53,13 @@ namespace shardlib {
 
 /// Which kernel attention() runs.
 enum class AttentionKernel : std::uint8_t {
-  automatic,  ///< fused where it can run (GPU, 16-bit, cuDNN), else the ops
-  fused,      ///< cuDNN's fused kernel; throws std::runtime_error where it cannot run, saying why
-  unfused,    ///< the ops: scores, softmax, a product with v
+  automatic,  ///< fused where cuDNN can run it (GPU, 16-bit), else the ops
+  /// No [Sq, Sk] scores in memory: in GPU memory cuDNN's fused kernel (bf16, f16); in host memory
+  /// (float, double) the blockwise kernel of ring attention on one device (flash attention's
+  /// online softmax over tiles of the scores, its own backward recomputing them). Throws
+  /// std::runtime_error where neither can run, saying why.
+  fused,
+  unfused,  ///< the ops: scores, softmax, a product with v
 };
 
 /// The form of context parallelism attention() takes when q's sequence is split.
@@ -81,6 +87,10 @@ struct AttentionOptions {
   AttentionKernel kernel = AttentionKernel::automatic;
   /// How a split sequence is attended over (context parallelism; no effect otherwise).
   ContextParallel context = ContextParallel::all_to_all;
+  /// The blockwise kernels' tile (ring attention, the host's fused kernel): scores computed
+  /// block x block at a time; 0 picks the most whose [batch, heads, block, block] scores fit in
+  /// 16 MiB (at least 64). The result does not depend on it beyond round-off.
+  std::int64_t block = 0;
 };
 
 /// What this device's attention calls ran, since the Context began.
@@ -306,20 +316,26 @@ void attention_unfused_backward(const QT& q, const KT& k, const VT& v, const Bia
   dk = KT(shardlib::einsum<"bhqs,bqhk->bshk">(ds, q));
 }
 
-/// attention() as ring attention (ContextParallel::ring with q's sequence split by `ring_axes`;
-/// attention/ring.hpp): q, k and v resharded to `RSpec` (ring_attention_rule's; a recorded
-/// reshard for a Var that differs), the result in that layout (q's).
+/// attention() by the blockwise kernels of attention/ring.hpp on q, k and v resharded to `RSpec`
+/// (a recorded reshard for a Var that differs), the result in that layout: ring attention over
+/// `ring_axes` (ContextParallel::ring, ring_zigzag; `ring` true) or, with no axes, the host's fused
+/// kernel on each device's block (`ring` false). Counted in attention_stats as such.
 template <class RSpec, class Q, class K, class V, class Mask>
-auto attention_ring(const Q& q0, const K& k0, const V& v0, const Mask* mask, bool causal, bool zigzag, double scale,
-                    const AxisList& ring_axes) {
+auto attention_blockwise(const Q& q0, const K& k0, const V& v0, const Mask* mask, bool causal, bool zigzag, double scale,
+                         const AxisList& ring_axes, std::int64_t block, bool ring) {
   using autodiff::detail::tensor_of_t;
   using T = typename tensor_of_t<Q>::value_type;
   using MeshT = typename tensor_of_t<Q>::mesh_type;
   using Mem = typename tensor_of_t<Q>::memory_space;
   using RT = DistributedTensor<T, MeshT, RSpec, Mem>;
   if constexpr (host_memory_v<Mem> && !std::is_arithmetic_v<T>)
-    throw std::invalid_argument(std::string("shardlib: attention: ring attention on the host takes float or double, not ") +
-                                element_name<T>() + " (ContextParallel::all_to_all takes it)");
+    throw std::invalid_argument(std::string("shardlib: attention: ") +
+                                (ring ? "ring attention on the host takes float or double, not "
+                                      : "the fused kernel on the host takes float or double, not ") +
+                                element_name<T>() + (ring ? " (ContextParallel::all_to_all takes it)" : " (AttentionKernel::unfused takes it)"));
+  if (block < 0)
+    throw std::invalid_argument("shardlib: attention: the block (AttentionOptions::block) is " + std::to_string(block) +
+                                "; it is the side of the tiles of scores, positive, or 0 to pick one");
   const auto q = shardlib::reshard<RSpec>(q0);
   const auto k = shardlib::reshard<RSpec>(k0);
   const auto v = shardlib::reshard<RSpec>(v0);
@@ -329,31 +345,35 @@ auto attention_ring(const Q& q0, const K& k0, const V& v0, const Mask* mask, boo
   using B = DistributedTensor<T, MeshT, Spec<none, none>, Mem>;
   std::optional<B> replicated_mask;
   if (mask) replicated_mask.emplace(*mask);
-  const RingShape shape = ring_shape(qv, kv, vv, ring_axes, causal, zigzag);
+  const RingShape shape = ring_shape(qv, kv, vv, ring_axes, causal, zigzag, block);
   auto oshape = qv.shape();
   oshape[3] = vv.shape()[3];
   RT o(qv.mesh(), oshape);
-  std::shared_ptr<void> lse =
-      ring_attention_forward(qv, kv, vv, replicated_mask ? replicated_mask->local().data() : nullptr, shape, scale, o);
-  ++attention_stats(qv.context()).ring_forward;
+  Context& ctx = qv.context();
+  std::shared_ptr<void> lse = ring_attention_forward<T, Mem>(ctx, shape, qv.local().data(), kv.local().data(), vv.local().data(),
+                                                             replicated_mask ? replicated_mask->local().data() : nullptr, scale,
+                                                             o.local().data());
+  ++(ring ? attention_stats(ctx).ring_forward : attention_stats(ctx).fused_forward);
   if constexpr (VarType<Q> || VarType<K> || VarType<V>) {
     const auto nq = autodiff::detail::node(q);
     const auto nk = autodiff::detail::node(k);
     const auto nv = autodiff::detail::node(v);
     return autodiff::detail::record(
-          "attention (ring)", o,
-          [nq, nk, nv, qv, kv, vv, o, lse, mask_copy = std::move(replicated_mask), shape, scale](const auto& g0,
-                                                                                              autodiff::BackwardPass& p) {
-            const RT g(g0);  // the output's gradient, resolved to its layout
-            RT dq(qv.mesh(), qv.shape()), dk(kv.mesh(), kv.shape()), dv(vv.mesh(), vv.shape());
-            ring_attention_backward(qv, kv, vv, mask_copy ? mask_copy->local().data() : nullptr, shape, scale, o, g, lse.get(),
-                                    dq, dk, dv);
-            ++attention_stats(qv.context()).ring_backward;
-            if (nq) autodiff::detail::give(p, 0, *nq, dq);
-            if (nk) autodiff::detail::give(p, 1, *nk, dk);
-            if (nv) autodiff::detail::give(p, 2, *nv, dv);
-          },
-          nq, nk, nv);
+        ring ? "attention (ring)" : "attention (fused)", o,
+        [nq, nk, nv, qv, kv, vv, o, lse, mask_copy = std::move(replicated_mask), shape, scale, ring](const auto& g0,
+                                                                                                  autodiff::BackwardPass& p) {
+          const RT g(g0);  // the output's gradient, resolved to its layout
+          RT dq(qv.mesh(), qv.shape()), dk(kv.mesh(), kv.shape()), dv(vv.mesh(), vv.shape());
+          Context& c = qv.context();
+          ring_attention_backward<T, Mem>(c, shape, qv.local().data(), kv.local().data(), vv.local().data(),
+                                          mask_copy ? mask_copy->local().data() : nullptr, scale, o.local().data(),
+                                          g.local().data(), lse.get(), dq.local().data(), dk.local().data(), dv.local().data());
+          ++(ring ? attention_stats(c).ring_backward : attention_stats(c).fused_backward);
+          if (nq) autodiff::detail::give(p, 0, *nq, dq);
+          if (nk) autodiff::detail::give(p, 1, *nk, dk);
+          if (nv) autodiff::detail::give(p, 2, *nv, dv);
+        },
+        nq, nk, nv);
   } else {
     return o;
   }
@@ -392,7 +412,15 @@ auto attention_impl(const Q& q0, const K& k0, const V& v0, const Mask* mask, con
     using RSpec = spec_from_t<MeshT, decltype([] { return ring.in[0]; })>;
     static_assert(std::is_same_v<RSpec, OutSpec>, "shardlib: attention: both forms leave q's layout");
     if (opts.context == ContextParallel::ring || opts.context == ContextParallel::ring_zigzag)
-      return attention_ring<RSpec>(q0, k0, v0, mask, opts.causal, opts.context == ContextParallel::ring_zigzag, scale, ring.comm);
+      return attention_blockwise<RSpec>(q0, k0, v0, mask, opts.causal, opts.context == ContextParallel::ring_zigzag, scale,
+                                        ring.comm, opts.block, true);
+  }
+  if constexpr (host_memory_v<Mem> && std::is_arithmetic_v<T>) {
+    if (opts.kernel == AttentionKernel::fused) {  // the blockwise kernel on each device's block (a ring of one)
+      auto out = attention_blockwise<InSpec>(q0, k0, v0, mask, opts.causal, false, scale, AxisList{}, opts.block, false);
+      if constexpr (any_var) return shardlib::reshard<OutSpec>(out);
+      else return Result(out);
+    }
   }
   // The operands in the layout the kernel runs on (a recorded reshard for a Var that differs).
   const auto q = shardlib::reshard<InSpec>(q0);
@@ -460,8 +488,9 @@ auto attention_impl(const Q& q0, const K& k0, const V& v0, const Mask* mask, con
     }
   } else {
     if (opts.kernel == AttentionKernel::fused)
-      throw std::runtime_error(std::string("shardlib: attention: cuDNN's fused kernel takes bf16 or f16 tensors in GPU "
-                                           "memory, in a build with SHARDLIB_HAVE_CUDNN; these are ") +
+      throw std::runtime_error(std::string("shardlib: attention: the fused kernel takes float or double tensors in host "
+                                           "memory, or bf16 or f16 tensors in GPU memory in a build with SHARDLIB_HAVE_CUDNN "
+                                           "(cuDNN's); these are ") +
                                element_name<T>() + (host_memory_v<Mem> ? " in host memory" : " in GPU memory"));
   }
   ++stats.unfused_forward;

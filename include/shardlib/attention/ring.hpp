@@ -10,8 +10,11 @@
 /// kernels/attention_rows.hpp) with two GEMMs per block. It keeps the rows' log-sum-exp, so its
 /// backward recomputes each block's probabilities: the ring again, k and v travelling with their
 /// gradients' partial sums (p - 1 permutes of k and v, p of dk and dv, the last bringing each
-/// home). The scores live one block at a time, [batch, heads, S/p, S/p] per device — the memory
-/// the all-to-all form spends on [batch, heads / p, S, S].
+/// home). The scores live one tile at a time, [batch, heads, t, t] per device with t at most S/p
+/// (attention_block: 16 MiB of them unless AttentionOptions::block says) — the memory the
+/// all-to-all form's unfused kernel spends on [batch, heads / p, S, S]. A ring of one device is
+/// the host's fused kernel (AttentionKernel::fused): flash attention's blockwise form, the tiles of
+/// one device's scores folded into the same online softmax.
 ///
 /// Under `causal` a block of keys that lies wholly after the queries is not computed (it still
 /// travels on). With the sequence cut in order (`ContextParallel::ring`) the last device then
@@ -35,6 +38,7 @@
 #include <shardlib/sharding/attention.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -127,6 +131,9 @@ struct RingShape {
   std::int64_t batch = 0, heads = 0, dk = 0, dv = 0;
   std::int64_t all_queries = 0, all_keys = 0;
   bool causal = false, zigzag = false;
+  /// The most queries and keys of a tile: each (run, run) block is computed in tiles of at most
+  /// block x block scores (attention_block).
+  std::int64_t block = 1;
 
   /// The runs of a sequence of n positions that ring rank j holds: its block of the in-order cut,
   /// or (zig-zag) runs j and 2p - 1 - j of the sequence cut into 2p.
@@ -149,9 +156,32 @@ struct RingShape {
   }
   /// The longest run of a sequence of n positions (torch.chunk: the first is the largest).
   std::int64_t max_run(std::int64_t n) const { return block_of(n, zigzag ? 2 * p : p, 0).size; }
-  /// The attention of one run of queries on one run of keys.
-  kernels::AttentionBlock block(const BlockRange& qs, const BlockRange& ks) const {
+  /// The longest tile of a sequence of n positions.
+  std::int64_t max_tile(std::int64_t n) const { return std::min(block, max_run(n)); }
+  /// The attention of one tile of queries on one tile of keys (global positions).
+  kernels::AttentionBlock tile(const BlockRange& qs, const BlockRange& ks) const {
     return {batch, heads, qs.size, ks.size, qs.offset, ks.offset, all_keys, causal};
+  }
+  /// f(a, first, n) for each tile [first, first + n) of each run a of `held` (first counted from
+  /// the run's start).
+  template <class F>
+  void for_each_query_tile(const RingRuns& held, F&& f) const {
+    for (int a = 0; a < held.n; ++a)
+      for (std::int64_t first = 0; first < held.run[a].size; first += block) f(a, first, std::min(block, held.run[a].size - first));
+  }
+  /// f(a, qfirst, c, kfirst, tile) for each tile of queries of `qr`'s run a against each tile of
+  /// keys of `kr`'s run c that some query sees (under `causal` the tiles wholly after the queries
+  /// are skipped).
+  template <class F>
+  void for_each_tile(const RingRuns& qr, const RingRuns& kr, F&& f) const {
+    for_each_query_tile(qr, [&](int a, std::int64_t qf, std::int64_t nq) {
+      for (int c = 0; c < kr.n; ++c)
+        for (std::int64_t kf = 0; kf < kr.run[c].size; kf += block) {
+          const kernels::AttentionBlock t =
+              tile({qr.run[a].offset + qf, nq}, {kr.run[c].offset + kf, std::min(block, kr.run[c].size - kf)});
+          if (!t.hidden()) f(a, qf, c, kf, t);
+        }
+    });
   }
   int next() const { return (rank + 1) % p; }
   int previous() const { return (rank + p - 1) % p; }
@@ -166,6 +196,12 @@ struct RingShape {
   kernels::MatrixBatch<T> rows_of(T* data, std::int64_t b, std::int64_t seq, std::int64_t d) const {
     return {data + b * seq * heads * d, seq, d, heads * d, 1, d};
   }
+  /// Rows [first, first + n) of a [batch, seq, heads, d] run's matrices of batch index b.
+  template <class T>
+  kernels::MatrixBatch<T> rows_in(T* data, std::int64_t b, std::int64_t seq, std::int64_t first, std::int64_t n,
+                                  std::int64_t d) const {
+    return {data + (b * seq + first) * heads * d, n, d, heads * d, 1, d};
+  }
   /// A [batch, heads, queries, keys] block of scores' matrices of batch index b.
   template <class T>
   kernels::MatrixBatch<T> scores_of(T* data, std::int64_t b, std::int64_t queries, std::int64_t keys) const {
@@ -173,8 +209,18 @@ struct RingShape {
   }
 };
 
+/// The side of the tiles of scores the blockwise kernels compute at a time: `requested` when it is
+/// positive, else the most whose [batch, heads, tile, tile] block of `element` bytes fits in 16 MiB
+/// (at least 64): the scores' memory bounded whatever the sequence, the GEMMs still large.
+inline std::int64_t attention_block(std::int64_t requested, std::int64_t batch, std::int64_t heads, std::size_t element) {
+  if (requested > 0) return requested;
+  const double per = static_cast<double>(std::max<std::int64_t>(batch * heads, 1)) * static_cast<double>(element);
+  return std::max<std::int64_t>(static_cast<std::int64_t>(std::sqrt(16.0 * 1024 * 1024 / per)), 64);
+}
+
 template <class QT>
-RingShape ring_shape(const QT& q, const QT& k, const QT& v, const AxisList& axes, bool causal, bool zigzag) {
+RingShape ring_shape(const QT& q, const QT& k, const QT& v, const AxisList& axes, bool causal, bool zigzag,
+                     std::int64_t block) {
   RingShape r;
   r.mesh = q.mesh().shape();
   r.axes = axes;
@@ -187,6 +233,7 @@ RingShape ring_shape(const QT& q, const QT& k, const QT& v, const AxisList& axes
   r.all_queries = q.shape()[1], r.all_keys = k.shape()[1];
   r.causal = causal;
   r.zigzag = zigzag && r.p > 1;  // (a ring of one: the in-order run is the whole sequence)
+  r.block = attention_block(block, r.batch, r.heads, sizeof(typename QT::value_type));
   return r;
 }
 
@@ -256,70 +303,73 @@ const T* ring_operand(Context& ctx, const RingShape& r, std::int64_t n, std::int
 }
 
 /// Ring attention's forward on the local blocks (see the file comment): writes o, returns the
-/// rows' log-sum-exp (compute_t<T>, [batch, heads, run] per run of this device's queries) for the
-/// backward.
-template <class QT, class OT>
-std::shared_ptr<void> ring_attention_forward(const QT& q, const QT& k, const QT& v, const typename QT::value_type* mask,
-                                             const RingShape& r, double scale, OT& o) {
-  using T = typename QT::value_type;
+/// rows' log-sum-exp (compute_t<T>, [batch, heads, tile] per tile of this device's queries, the
+/// tiles of each run one after the other) for the backward. q, k, v and o are the local blocks
+/// ([batch, seq, heads, d]), `mask` null or the replicated [all queries, all keys] mask.
+template <class T, class Mem>
+std::shared_ptr<void> ring_attention_forward(Context& ctx, const RingShape& r, const T* q, const T* k, const T* v,
+                                             const T* mask, double scale, T* o) {
   using A = compute_t<T>;
-  using Mem = typename QT::memory_space;
-  Context& ctx = q.context();
   const auto& exec = ctx.exec_for<Mem>();
   auto alloc = [&ctx](std::int64_t n, std::size_t size) { return ring_buffer<Mem>(ctx, n, size); };
   const RingRuns qr = r.queries();
   const std::int64_t rows = r.batch * r.heads * qr.rows(), out_n = r.batch * qr.rows() * r.heads * r.dv;
-  const std::int64_t kmax = r.max_keys(), qrun = r.max_run(r.all_queries), krun = r.max_run(r.all_keys);
+  const std::int64_t kmax = r.max_keys(), qtile = r.max_tile(r.all_queries), ktile = r.max_tile(r.all_keys);
   std::shared_ptr<void> qz, kz, vz;
-  const T* qd = ring_operand<Mem>(ctx, r, r.all_queries, r.dk, q.local().data(), qz);
-  const T* kc = ring_operand<Mem>(ctx, r, r.all_keys, r.dk, k.local().data(), kz);
-  const T* vc = ring_operand<Mem>(ctx, r, r.all_keys, r.dv, v.local().data(), vz);
-  std::shared_ptr<void> kbuf[2] = {alloc(r.batch * kmax * r.heads * r.dk, sizeof(T)), alloc(r.batch * kmax * r.heads * r.dk, sizeof(T))};
-  std::shared_ptr<void> vbuf[2] = {alloc(r.batch * kmax * r.heads * r.dv, sizeof(T)), alloc(r.batch * kmax * r.heads * r.dv, sizeof(T))};
-  const auto scores = alloc(r.batch * r.heads * qrun * krun, sizeof(T)), pv = alloc(r.batch * qrun * r.heads * r.dv, sizeof(T));
+  const T* qd = ring_operand<Mem>(ctx, r, r.all_queries, r.dk, q, qz);
+  const T* kc = ring_operand<Mem>(ctx, r, r.all_keys, r.dk, k, kz);
+  const T* vc = ring_operand<Mem>(ctx, r, r.all_keys, r.dv, v, vz);
+  std::shared_ptr<void> kbuf[2], vbuf[2];
+  if (r.p > 1)
+    for (int i = 0; i < 2; ++i)
+      kbuf[i] = alloc(r.batch * kmax * r.heads * r.dk, sizeof(T)), vbuf[i] = alloc(r.batch * kmax * r.heads * r.dv, sizeof(T));
+  const auto scores = alloc(r.batch * r.heads * qtile * ktile, sizeof(T)), pv = alloc(r.batch * qtile * r.heads * r.dv, sizeof(T));
   const auto acc = alloc(out_n, sizeof(A)), l = alloc(rows, sizeof(A)), alpha = alloc(rows, sizeof(A));
   std::shared_ptr<void> lse = alloc(rows, sizeof(A));  // the running maximum, then the lse
   const std::shared_ptr<void> oz = r.zigzag ? alloc(out_n, sizeof(T)) : nullptr;
-  T* const od = r.zigzag ? static_cast<T*>(oz.get()) : o.local().data();
+  T* const od = r.zigzag ? static_cast<T*>(oz.get()) : o;
   T* const s = static_cast<T*>(scores.get());
-  // Run a's softmax state (m, l, alpha: [batch, heads, run]) and accumulator ([batch, run, heads, dv]).
-  auto state = [&](const std::shared_ptr<void>& buf, int a) { return static_cast<A*>(buf.get()) + r.batch * r.heads * qr.before(a); };
+  A* const accd = static_cast<A*>(acc.get());
+  // The softmax state (m, l, alpha: [batch, heads, tile]) of the tile of run a that starts at its
+  // query `first`.
+  auto state = [&](const std::shared_ptr<void>& buf, int a, std::int64_t first) {
+    return static_cast<A*>(buf.get()) + r.batch * r.heads * (qr.before(a) + first);
+  };
   {
     auto guard = kernel_guard_for<Mem>(ctx, false);
-    kernels::attention_start(exec, static_cast<A*>(acc.get()), out_n, static_cast<A*>(lse.get()), static_cast<A*>(l.get()), rows);
+    kernels::attention_start(exec, accd, out_n, static_cast<A*>(lse.get()), static_cast<A*>(l.get()), rows);
   }
   for (int step = 0; step < r.p; ++step) {
     const RingRuns kr = r.keys_at(step);
     // The next block travels from the previous device while this one's attention runs.
     std::unique_ptr<RingFlight> kf, vf;
-    T* kn = static_cast<T*>(kbuf[step % 2].get());
-    T* vn = static_cast<T*>(vbuf[step % 2].get());
+    T* kn = r.p > 1 ? static_cast<T*>(kbuf[step % 2].get()) : nullptr;
+    T* vn = r.p > 1 ? static_cast<T*>(vbuf[step % 2].get()) : nullptr;
     if (step + 1 < r.p) {
       const std::int64_t now = r.batch * kr.rows() * r.heads, next = r.batch * r.keys_at(step + 1).rows() * r.heads;
       kf = ring_start<Mem>(ctx, r, kc, now * r.dk, kn, next * r.dk);
       vf = ring_start<Mem>(ctx, r, vc, now * r.dv, vn, next * r.dv);
     }
-    for (int a = 0; a < qr.n; ++a)
-      for (int c = 0; c < kr.n; ++c) {
-        const kernels::AttentionBlock blk = r.block(qr.run[a], kr.run[c]);
-        if (blk.hidden()) continue;
-        const T* qa = r.run_of(qd, qr, a, r.dk);
-        const T* kb = r.run_of(kc, kr, c, r.dk);
-        const T* vb = r.run_of(vc, kr, c, r.dv);
-        for (std::int64_t b = 0; b < r.batch; ++b)  // s = q k^T, one product per head
-          ring_gemm<T, Mem>(ctx, r.heads, r.rows_of(qa, b, blk.queries, r.dk), r.rows_of(kb, b, blk.keys, r.dk).transposed(),
-                            r.scores_of(s, b, blk.queries, blk.keys), false);
-        {
-          auto guard = kernel_guard_for<Mem>(ctx, false);
-          kernels::attention_online_softmax(exec, s, mask, state(lse, a), state(l, a), state(alpha, a), blk, static_cast<A>(scale));
-        }
-        for (std::int64_t b = 0; b < r.batch; ++b)  // pv = p v
-          ring_gemm<T, Mem>(ctx, r.heads, r.scores_of(static_cast<const T*>(s), b, blk.queries, blk.keys), r.rows_of(vb, b, blk.keys, r.dv),
-                            r.rows_of(static_cast<T*>(pv.get()), b, blk.queries, r.dv), false);
+    r.for_each_tile(qr, kr, [&](int a, std::int64_t qf, int c, std::int64_t kf0, const kernels::AttentionBlock& blk) {
+      const std::int64_t nq = blk.queries, nk = blk.keys, qs = qr.run[a].size, ks = kr.run[c].size;
+      const T* qa = r.run_of(qd, qr, a, r.dk);
+      const T* kb = r.run_of(kc, kr, c, r.dk);
+      const T* vb = r.run_of(vc, kr, c, r.dv);
+      for (std::int64_t b = 0; b < r.batch; ++b)  // s = q k^T, one product per head
+        ring_gemm<T, Mem>(ctx, r.heads, r.rows_in(qa, b, qs, qf, nq, r.dk), r.rows_in(kb, b, ks, kf0, nk, r.dk).transposed(),
+                          r.scores_of(s, b, nq, nk), false);
+      {
         auto guard = kernel_guard_for<Mem>(ctx, false);
-        kernels::attention_merge(exec, r.run_of(static_cast<A*>(acc.get()), qr, a, r.dv), static_cast<const T*>(pv.get()),
-                                 static_cast<const A*>(state(alpha, a)), r.batch, blk.queries, r.heads, r.dv);
+        kernels::attention_online_softmax(exec, s, mask, state(lse, a, qf), state(l, a, qf), state(alpha, a, qf), blk,
+                                          static_cast<A>(scale));
       }
+      for (std::int64_t b = 0; b < r.batch; ++b)  // pv = p v
+        ring_gemm<T, Mem>(ctx, r.heads, r.scores_of(static_cast<const T*>(s), b, nq, nk), r.rows_in(vb, b, ks, kf0, nk, r.dv),
+                          r.rows_of(static_cast<T*>(pv.get()), b, nq, r.dv), false);
+      auto guard = kernel_guard_for<Mem>(ctx, false);
+      kernels::attention_merge(exec, r.run_of(accd, qr, a, r.dv) + qf * r.heads * r.dv, static_cast<const T*>(pv.get()),
+                               static_cast<const A*>(state(alpha, a, qf)), r.batch, nq, qs, r.heads, r.dv);
+    });
     if (kf) {  // the next block has arrived
       kf->wait(), vf->wait();
       kc = kn, vc = vn;
@@ -327,40 +377,41 @@ std::shared_ptr<void> ring_attention_forward(const QT& q, const QT& k, const QT&
   }
   {
     auto guard = kernel_guard_for<Mem>(ctx, false);
-    for (int a = 0; a < qr.n; ++a)
-      kernels::attention_finish(exec, r.run_of(od, qr, a, r.dv), r.run_of(static_cast<const A*>(acc.get()), qr, a, r.dv), state(lse, a),
-                                static_cast<const A*>(state(l, a)), r.batch, qr.run[a].size, r.heads, r.dv);
+    r.for_each_query_tile(qr, [&](int a, std::int64_t qf, std::int64_t nq) {
+      const std::int64_t at = qf * r.heads * r.dv;
+      kernels::attention_finish(exec, r.run_of(od, qr, a, r.dv) + at, r.run_of(static_cast<const A*>(accd), qr, a, r.dv) + at,
+                                state(lse, a, qf), static_cast<const A*>(state(l, a, qf)), r.batch, nq, qr.run[a].size, r.heads,
+                                r.dv);
+    });
   }
-  if (r.zigzag) zigzag_move<Mem>(ctx, r, r.all_queries, r.dv, static_cast<const T*>(od), o.local().data(), false);
+  if (r.zigzag) zigzag_move<Mem>(ctx, r, r.all_queries, r.dv, static_cast<const T*>(od), o, false);
   return lse;
 }
 
 /// Ring attention's backward on the local blocks: dq, dk, dv from the output's gradient `g`, the
-/// output and the forward's log-sum-exp (see the file comment).
-template <class QT>
-void ring_attention_backward(const QT& q, const QT& k, const QT& v, const typename QT::value_type* mask, const RingShape& r,
-                             double scale, const QT& o, const QT& g, const void* lse_block, QT& dq, QT& dk, QT& dv) {
-  using T = typename QT::value_type;
+/// output and the forward's log-sum-exp (see the file comment; the blocks as the forward's).
+template <class T, class Mem>
+void ring_attention_backward(Context& ctx, const RingShape& r, const T* q, const T* k, const T* v, const T* mask,
+                             double scale, const T* o, const T* g, const void* lse_block, T* dq, T* dk, T* dv) {
   using A = compute_t<T>;
-  using Mem = typename QT::memory_space;
-  Context& ctx = q.context();
   const auto& exec = ctx.exec_for<Mem>();
   auto alloc = [&ctx](std::int64_t n, std::size_t size) { return ring_buffer<Mem>(ctx, n, size); };
   const RingRuns qr = r.queries(), own = r.keys_of(r.rank);
   const std::int64_t rows = r.batch * r.heads * qr.rows(), kmax = r.max_keys();
-  const std::int64_t qrun = r.max_run(r.all_queries), krun = r.max_run(r.all_keys);
+  const std::int64_t qtile = r.max_tile(r.all_queries), ktile = r.max_tile(r.all_keys);
   const std::int64_t kn_max = r.batch * kmax * r.heads * r.dk, vn_max = r.batch * kmax * r.heads * r.dv;
   std::shared_ptr<void> qz, kz, vz, oz, gz;
-  const T* qd = ring_operand<Mem>(ctx, r, r.all_queries, r.dk, q.local().data(), qz);
-  const T* kc = ring_operand<Mem>(ctx, r, r.all_keys, r.dk, k.local().data(), kz);
-  const T* vc = ring_operand<Mem>(ctx, r, r.all_keys, r.dv, v.local().data(), vz);
-  const T* od = ring_operand<Mem>(ctx, r, r.all_queries, r.dv, o.local().data(), oz);
-  const T* gd = ring_operand<Mem>(ctx, r, r.all_queries, r.dv, g.local().data(), gz);
-  std::shared_ptr<void> kbuf[2] = {alloc(kn_max, sizeof(T)), alloc(kn_max, sizeof(T))};
-  std::shared_ptr<void> vbuf[2] = {alloc(vn_max, sizeof(T)), alloc(vn_max, sizeof(T))};
-  std::shared_ptr<void> dkbuf[2] = {alloc(kn_max, sizeof(T)), alloc(kn_max, sizeof(T))};
-  std::shared_ptr<void> dvbuf[2] = {alloc(vn_max, sizeof(T)), alloc(vn_max, sizeof(T))};
-  const auto pbuf = alloc(r.batch * r.heads * qrun * krun, sizeof(T)), dpbuf = alloc(r.batch * r.heads * qrun * krun, sizeof(T));
+  const T* qd = ring_operand<Mem>(ctx, r, r.all_queries, r.dk, q, qz);
+  const T* kc = ring_operand<Mem>(ctx, r, r.all_keys, r.dk, k, kz);
+  const T* vc = ring_operand<Mem>(ctx, r, r.all_keys, r.dv, v, vz);
+  const T* od = ring_operand<Mem>(ctx, r, r.all_queries, r.dv, o, oz);
+  const T* gd = ring_operand<Mem>(ctx, r, r.all_queries, r.dv, g, gz);
+  std::shared_ptr<void> kbuf[2], vbuf[2], dkbuf[2], dvbuf[2];
+  if (r.p > 1)
+    for (int i = 0; i < 2; ++i)
+      kbuf[i] = alloc(kn_max, sizeof(T)), vbuf[i] = alloc(vn_max, sizeof(T)), dkbuf[i] = alloc(kn_max, sizeof(T)),
+      dvbuf[i] = alloc(vn_max, sizeof(T));
+  const auto pbuf = alloc(r.batch * r.heads * qtile * ktile, sizeof(T)), dpbuf = alloc(r.batch * r.heads * qtile * ktile, sizeof(T));
   const auto delta = alloc(rows, sizeof(A));
   // The results in the ring's layout: dq, and the home blocks dk and dv arrive at (zig-zag: moved
   // back to the in-order blocks at the end).
@@ -368,13 +419,15 @@ void ring_attention_backward(const QT& q, const QT& k, const QT& v, const typena
   if (r.zigzag)
     dqz = alloc(r.batch * qr.rows() * r.heads * r.dk, sizeof(T)), dkz = alloc(r.batch * own.rows() * r.heads * r.dk, sizeof(T)),
     dvz = alloc(r.batch * own.rows() * r.heads * r.dv, sizeof(T));
-  T* const dqd = r.zigzag ? static_cast<T*>(dqz.get()) : dq.local().data();
-  T* const dk_home = r.zigzag ? static_cast<T*>(dkz.get()) : dk.local().data();
-  T* const dv_home = r.zigzag ? static_cast<T*>(dvz.get()) : dv.local().data();
+  T* const dqd = r.zigzag ? static_cast<T*>(dqz.get()) : dq;
+  T* const dk_home = r.zigzag ? static_cast<T*>(dkz.get()) : dk;
+  T* const dv_home = r.zigzag ? static_cast<T*>(dvz.get()) : dv;
   T* const p = static_cast<T*>(pbuf.get());
   T* const dp = static_cast<T*>(dpbuf.get());
-  auto row_state = [&](auto* base, int a) { return base + r.batch * r.heads * qr.before(a); };
+  // The row state of the tile of run a that starts at its query `first` (as the forward's).
+  auto row_state = [&](auto* base, int a, std::int64_t first) { return base + r.batch * r.heads * (qr.before(a) + first); };
   const A* const lse = static_cast<const A*>(lse_block);
+  A* const deltad = static_cast<A*>(delta.get());
   // With one device in the ring, the travelling sums are dk and dv themselves.
   T* dkc = r.p == 1 ? dk_home : static_cast<T*>(dkbuf[0].get());
   T* dvc = r.p == 1 ? dv_home : static_cast<T*>(dvbuf[0].get());
@@ -383,9 +436,11 @@ void ring_attention_backward(const QT& q, const QT& k, const QT& v, const typena
     kernels::attention_fill(exec, dqd, r.batch * qr.rows() * r.heads * r.dk, T(0));
     kernels::attention_fill(exec, dkc, r.batch * own.rows() * r.heads * r.dk, T(0));
     kernels::attention_fill(exec, dvc, r.batch * own.rows() * r.heads * r.dv, T(0));
-    for (int a = 0; a < qr.n; ++a)
-      kernels::attention_delta(exec, row_state(static_cast<A*>(delta.get()), a), r.run_of(gd, qr, a, r.dv), r.run_of(od, qr, a, r.dv),
-                               r.batch, qr.run[a].size, r.heads, r.dv);
+    r.for_each_query_tile(qr, [&](int a, std::int64_t qf, std::int64_t nq) {
+      const std::int64_t at = qf * r.heads * r.dv;
+      kernels::attention_delta(exec, row_state(deltad, a, qf), r.run_of(gd, qr, a, r.dv) + at, r.run_of(od, qr, a, r.dv) + at,
+                               r.batch, nq, qr.run[a].size, r.heads, r.dv);
+    });
   }
   for (int step = 0; step < r.p; ++step) {
     const RingRuns kr = r.keys_at(step);
@@ -394,50 +449,47 @@ void ring_attention_backward(const QT& q, const QT& k, const QT& v, const typena
     const std::int64_t now = r.batch * kr.rows() * r.heads, next = r.batch * r.keys_at(step + 1).rows() * r.heads;
     const bool last = step + 1 == r.p;
     std::unique_ptr<RingFlight> kf, vf;
-    T* kn = static_cast<T*>(kbuf[step % 2].get());
-    T* vn = static_cast<T*>(vbuf[step % 2].get());
+    T* kn = r.p > 1 ? static_cast<T*>(kbuf[step % 2].get()) : nullptr;
+    T* vn = r.p > 1 ? static_cast<T*>(vbuf[step % 2].get()) : nullptr;
     if (r.p > 1 && !last) {
       kf = ring_start<Mem>(ctx, r, kc, now * r.dk, kn, next * r.dk);
       vf = ring_start<Mem>(ctx, r, vc, now * r.dv, vn, next * r.dv);
     }
-    for (int a = 0; a < qr.n; ++a)
-      for (int c = 0; c < kr.n; ++c) {
-        const kernels::AttentionBlock blk = r.block(qr.run[a], kr.run[c]);
-        if (blk.hidden()) continue;
-        const std::int64_t nq = blk.queries, nk = blk.keys;
-        const T* qa = r.run_of(qd, qr, a, r.dk);
-        const T* ga = r.run_of(gd, qr, a, r.dv);
-        T* dqa = r.run_of(dqd, qr, a, r.dk);
-        const T* kb = r.run_of(kc, kr, c, r.dk);
-        const T* vb = r.run_of(vc, kr, c, r.dv);
-        T* dkb = r.run_of(dkc, kr, c, r.dk);
-        T* dvb = r.run_of(dvc, kr, c, r.dv);
-        for (std::int64_t b = 0; b < r.batch; ++b)  // s = q k^T
-          ring_gemm<T, Mem>(ctx, r.heads, r.rows_of(qa, b, nq, r.dk), r.rows_of(kb, b, nk, r.dk).transposed(), r.scores_of(p, b, nq, nk),
-                            false);
-        {
-          auto guard = kernel_guard_for<Mem>(ctx, false);
-          kernels::attention_probabilities(exec, p, mask, row_state(lse, a), blk, static_cast<A>(scale));
-        }
-        for (std::int64_t b = 0; b < r.batch; ++b) {
-          const auto pm = r.scores_of(static_cast<const T*>(p), b, nq, nk);
-          // dv += p^T g;  dp = g v^T
-          ring_gemm<T, Mem>(ctx, r.heads, pm.transposed(), r.rows_of(ga, b, nq, r.dv), r.rows_of(dvb, b, nk, r.dv), true);
-          ring_gemm<T, Mem>(ctx, r.heads, r.rows_of(ga, b, nq, r.dv), r.rows_of(vb, b, nk, r.dv).transposed(), r.scores_of(dp, b, nq, nk),
-                            false);
-        }
-        {
-          auto guard = kernel_guard_for<Mem>(ctx, false);
-          kernels::attention_score_gradient(exec, dp, static_cast<const T*>(p), row_state(static_cast<const A*>(delta.get()), a), blk,
-                                            static_cast<A>(scale));
-        }
-        for (std::int64_t b = 0; b < r.batch; ++b) {
-          const auto ds = r.scores_of(static_cast<const T*>(dp), b, nq, nk);
-          // dq += ds k;  dk += ds^T q
-          ring_gemm<T, Mem>(ctx, r.heads, ds, r.rows_of(kb, b, nk, r.dk), r.rows_of(dqa, b, nq, r.dk), true);
-          ring_gemm<T, Mem>(ctx, r.heads, ds.transposed(), r.rows_of(qa, b, nq, r.dk), r.rows_of(dkb, b, nk, r.dk), true);
-        }
+    r.for_each_tile(qr, kr, [&](int a, std::int64_t qf, int c, std::int64_t kf0, const kernels::AttentionBlock& blk) {
+      const std::int64_t nq = blk.queries, nk = blk.keys, qs = qr.run[a].size, ks = kr.run[c].size;
+      const T* qa = r.run_of(qd, qr, a, r.dk);
+      const T* ga = r.run_of(gd, qr, a, r.dv);
+      T* dqa = r.run_of(dqd, qr, a, r.dk);
+      const T* kb = r.run_of(kc, kr, c, r.dk);
+      const T* vb = r.run_of(vc, kr, c, r.dv);
+      T* dkb = r.run_of(dkc, kr, c, r.dk);
+      T* dvb = r.run_of(dvc, kr, c, r.dv);
+      for (std::int64_t b = 0; b < r.batch; ++b)  // s = q k^T
+        ring_gemm<T, Mem>(ctx, r.heads, r.rows_in(qa, b, qs, qf, nq, r.dk), r.rows_in(kb, b, ks, kf0, nk, r.dk).transposed(),
+                          r.scores_of(p, b, nq, nk), false);
+      {
+        auto guard = kernel_guard_for<Mem>(ctx, false);
+        kernels::attention_probabilities(exec, p, mask, row_state(lse, a, qf), blk, static_cast<A>(scale));
       }
+      for (std::int64_t b = 0; b < r.batch; ++b) {
+        const auto pm = r.scores_of(static_cast<const T*>(p), b, nq, nk);
+        // dv += p^T g;  dp = g v^T
+        ring_gemm<T, Mem>(ctx, r.heads, pm.transposed(), r.rows_in(ga, b, qs, qf, nq, r.dv), r.rows_in(dvb, b, ks, kf0, nk, r.dv), true);
+        ring_gemm<T, Mem>(ctx, r.heads, r.rows_in(ga, b, qs, qf, nq, r.dv), r.rows_in(vb, b, ks, kf0, nk, r.dv).transposed(),
+                          r.scores_of(dp, b, nq, nk), false);
+      }
+      {
+        auto guard = kernel_guard_for<Mem>(ctx, false);
+        kernels::attention_score_gradient(exec, dp, static_cast<const T*>(p), row_state(static_cast<const A*>(deltad), a, qf), blk,
+                                          static_cast<A>(scale));
+      }
+      for (std::int64_t b = 0; b < r.batch; ++b) {
+        const auto ds = r.scores_of(static_cast<const T*>(dp), b, nq, nk);
+        // dq += ds k;  dk += ds^T q
+        ring_gemm<T, Mem>(ctx, r.heads, ds, r.rows_in(kb, b, ks, kf0, nk, r.dk), r.rows_in(dqa, b, qs, qf, nq, r.dk), true);
+        ring_gemm<T, Mem>(ctx, r.heads, ds.transposed(), r.rows_in(qa, b, qs, qf, nq, r.dk), r.rows_in(dkb, b, ks, kf0, nk, r.dk), true);
+      }
+    });
     if (r.p == 1) break;
     T* dkn = last ? dk_home : static_cast<T*>(dkbuf[(step + 1) % 2].get());
     T* dvn = last ? dv_home : static_cast<T*>(dvbuf[(step + 1) % 2].get());
@@ -450,9 +502,9 @@ void ring_attention_backward(const QT& q, const QT& k, const QT& v, const typena
     dkc = dkn, dvc = dvn;
   }
   if (r.zigzag) {
-    zigzag_move<Mem>(ctx, r, r.all_queries, r.dk, static_cast<const T*>(dqd), dq.local().data(), false);
-    zigzag_move<Mem>(ctx, r, r.all_keys, r.dk, static_cast<const T*>(dk_home), dk.local().data(), false);
-    zigzag_move<Mem>(ctx, r, r.all_keys, r.dv, static_cast<const T*>(dv_home), dv.local().data(), false);
+    zigzag_move<Mem>(ctx, r, r.all_queries, r.dk, static_cast<const T*>(dqd), dq, false);
+    zigzag_move<Mem>(ctx, r, r.all_keys, r.dk, static_cast<const T*>(dk_home), dk, false);
+    zigzag_move<Mem>(ctx, r, r.all_keys, r.dv, static_cast<const T*>(dv_home), dv, false);
   }
 }
 

@@ -112,27 +112,37 @@ KOKKOS_INLINE_FUNCTION std::int64_t row_of(std::int64_t e, std::int64_t queries,
   return (bi / queries * heads + h) * queries + bi % queries;
 }
 
-/// acc = alpha[row] acc + pv over the output's elements [batch][queries][heads][dv].
+/// Element e of a [batch][queries][heads][dv] tile of queries within an array of `seq` queries
+/// per batch index (the tile's first query at the array's start): its offset in the array.
+KOKKOS_INLINE_FUNCTION std::int64_t in_run(std::int64_t e, std::int64_t queries, std::int64_t seq, std::int64_t heads,
+                                           std::int64_t dv) {
+  return e + e / (queries * heads * dv) * (seq - queries) * heads * dv;
+}
+
+/// acc = alpha[row] acc + pv over a tile's output elements [batch][queries][heads][dv] (pv
+/// compact, acc in its run of `seq` queries).
 template <class T, class A>
 struct Merge {
   A* acc;
   const T* pv;
   const A* alpha;
-  std::int64_t queries, heads, dv;
+  std::int64_t queries, seq, heads, dv;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t e) const {
-    acc[e] = alpha[row_of(e, queries, heads, dv)] * acc[e] + static_cast<A>(pv[e]);
+    const std::int64_t at = in_run(e, queries, seq, heads, dv);
+    acc[at] = alpha[row_of(e, queries, heads, dv)] * acc[at] + static_cast<A>(pv[e]);
   }
 };
 
-/// o = acc / l[row] (T), over the output's elements.
+/// o = acc / l[row] (T), over a tile's output elements (both in their runs of `seq` queries).
 template <class T, class A>
 struct Finish {
   T* o;
   const A* acc;
   const A* l;
-  std::int64_t queries, heads, dv;
+  std::int64_t queries, seq, heads, dv;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t e) const {
-    o[e] = static_cast<T>(acc[e] / l[row_of(e, queries, heads, dv)]);
+    const std::int64_t at = in_run(e, queries, seq, heads, dv);
+    o[at] = static_cast<T>(acc[at] / l[row_of(e, queries, heads, dv)]);
   }
 };
 
@@ -147,17 +157,18 @@ struct LogSumExp {
   }
 };
 
-/// delta[row] = sum over the head dim of do * o (the backward's row term).
+/// delta[row] = sum over the head dim of do * o (the backward's row term), over a tile's rows
+/// (g and o in their runs of `seq` queries).
 template <class T, class A>
 struct Delta {
   A* delta;
   const T* g;
   const T* o;
-  std::int64_t queries, heads, dv;
+  std::int64_t queries, seq, heads, dv;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t r) const {
     const std::int64_t i = r % queries, t = r / queries;
     const std::int64_t h = t % heads, b = t / heads;
-    const std::int64_t at = ((b * queries + i) * heads + h) * dv;
+    const std::int64_t at = ((b * seq + i) * heads + h) * dv;
     A sum = 0;
     for (std::int64_t c = 0; c < dv; ++c) sum += static_cast<A>(g[at + c]) * static_cast<A>(o[at + c]);
     delta[r] = sum;
@@ -235,10 +246,12 @@ void attention_online_softmax(const Exec& exec, T* s, const T* mask, A* m, A* l,
                         detail::attention_rows::OnlineSoftmax<T, A>{s, mask, m, l, alpha, blk, scale, detail::attention_rows::neg_inf<A>()});
 }
 
-/// acc = alpha acc + pv, both laid out as the output ([batch][queries][heads][dv]).
+/// acc = alpha acc + pv, both laid out as the output ([batch][queries][heads][dv]): pv a compact
+/// tile of `queries`, acc that tile within its run of `seq` queries per batch index (acc points at
+/// the tile's first query).
 template <class Exec, class T, class A>
 void attention_merge(const Exec& exec, A* acc, const T* pv, const A* alpha, std::int64_t batch, std::int64_t queries,
-                     std::int64_t heads, std::int64_t dv) {
+                     std::int64_t seq, std::int64_t heads, std::int64_t dv) {
   if (batch * queries * heads * dv > 0) {  // acc read and written, pv read; alpha read
     const std::uint64_t elements = static_cast<std::uint64_t>(batch * queries * heads * dv);
     const std::uint64_t rows = static_cast<std::uint64_t>(batch * heads * queries);
@@ -246,13 +259,14 @@ void attention_merge(const Exec& exec, A* acc, const T* pv, const A* alpha, std:
   }
   if (shardlib::shape_only()) return;
   detail::portable::run(exec, "shardlib::attention::merge", batch * queries * heads * dv,
-                        detail::attention_rows::Merge<T, A>{acc, pv, alpha, queries, heads, dv});
+                        detail::attention_rows::Merge<T, A>{acc, pv, alpha, queries, seq, heads, dv});
 }
 
-/// o = acc / l; then m becomes the rows' log-sum-exp, m + log(l).
+/// o = acc / l over a tile of `queries` (o and acc point at its first query, in runs of `seq`
+/// queries per batch index); then m becomes the rows' log-sum-exp, m + log(l).
 template <class Exec, class T, class A>
 void attention_finish(const Exec& exec, T* o, const A* acc, A* m, const A* l, std::int64_t batch, std::int64_t queries,
-                      std::int64_t heads, std::int64_t dv) {
+                      std::int64_t seq, std::int64_t heads, std::int64_t dv) {
   if (batch * queries * heads > 0) {  // o written, acc read; l read, m read and written (its two kernels)
     const std::uint64_t elements = static_cast<std::uint64_t>(batch * queries * heads * dv);
     const std::uint64_t rows = static_cast<std::uint64_t>(batch * heads * queries);
@@ -260,21 +274,22 @@ void attention_finish(const Exec& exec, T* o, const A* acc, A* m, const A* l, st
   }
   if (shardlib::shape_only()) return;
   detail::portable::run(exec, "shardlib::attention::finish", batch * queries * heads * dv,
-                        detail::attention_rows::Finish<T, A>{o, acc, l, queries, heads, dv});
+                        detail::attention_rows::Finish<T, A>{o, acc, l, queries, seq, heads, dv});
   detail::portable::run(exec, "shardlib::attention::lse", batch * heads * queries, detail::attention_rows::LogSumExp<A>{m, l});
 }
 
-/// delta[row] = sum of g * o over the head dim (g, o laid out as the output).
+/// delta[row] = sum of g * o over the head dim, over a tile of `queries` (g, o laid out as the
+/// output, pointing at the tile's first query, in runs of `seq` queries per batch index).
 template <class Exec, class T, class A>
 void attention_delta(const Exec& exec, A* delta, const T* g, const T* o, std::int64_t batch, std::int64_t queries,
-                     std::int64_t heads, std::int64_t dv) {
+                     std::int64_t seq, std::int64_t heads, std::int64_t dv) {
   if (batch * heads * queries > 0) {  // g, o read; delta written
     const std::uint64_t rows = static_cast<std::uint64_t>(batch * heads * queries);
     count_kernel(rows * (2 * static_cast<std::uint64_t>(dv) * sizeof(T) + sizeof(A)));
   }
   if (shardlib::shape_only()) return;
   detail::portable::run(exec, "shardlib::attention::delta", batch * heads * queries,
-                        detail::attention_rows::Delta<T, A>{delta, g, o, queries, heads, dv});
+                        detail::attention_rows::Delta<T, A>{delta, g, o, queries, seq, heads, dv});
 }
 
 /// The block's probabilities from its raw scores (in place) and the rows' log-sum-exp.
