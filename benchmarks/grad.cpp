@@ -17,8 +17,9 @@
 // shapes (batch 8, seq 16, dmodel 64, 2 heads, dff 256) and fewer repetitions, a run of seconds.
 // --reps N: repetitions (median; 7, --quick 3), --warmup N: untimed steps first (2, --quick 1),
 // --model N: the "model" axis of tp (2), --size N: the tape's tensors (32), --chain N: the length
-// of the chain of the backward-per-op case (64, --quick 16), --ring-only: the context part's ring
-// form alone (lengths at which the other forms' [S, S] scores per head do not fit in memory).
+// of the chain of the backward-per-op case (64, --quick 16), --blockwise-only: the context part's
+// forms that hold no [S, S] scores alone (the rings and the all-to-all form's fused kernel: lengths
+// at which the unfused forms' scores per head do not fit in memory).
 //
 // block: forward + backward of a pre-LN transformer block (x -> layer_norm (gain, bias) -> q, k, v
 //   projections -> attention over 'heads' heads: scores = q k^T / sqrt(head dim) by einsum, softmax
@@ -54,8 +55,10 @@
 //   gathered before the op and sliced after (every device computing every head: what a split
 //   sequence cost before the op moved it onto the heads; left out above 2048 tokens), and ring
 //   attention (ContextParallel::ring: k and v passed around the devices; ring_zigzag: the same on
-//   the sequence in zig-zag runs, the causal work balanced; vs_ring: its time over the ring's). The collectives' bytes
-//   per device; `vs_all_to_all`: the case's time over the all-to-all form's.
+//   the sequence in zig-zag runs, the causal work balanced; vs_ring: its time over the ring's), and
+//   the all-to-all form with the host's fused kernel (AttentionKernel::fused: the scores a tile at a
+//   time, as the ring's). The collectives' bytes per device; `vs_all_to_all`: the case's time over
+//   the all-to-all form's faster kernel in the run (`all_to_all_kernel` names it).
 #include <shardlib/attention.hpp>
 #include <shardlib/autodiff.hpp>
 #include <shardlib/memory.hpp>
@@ -428,7 +431,7 @@ void tape(sl::Context& ctx, std::int64_t n, int len, int reps) {
 }
 
 /// The context part (see the file comment).
-void context_case(sl::Context& ctx, const Dims& dm, int reps, int warmup, bool ring_only) {
+void context_case(sl::Context& ctx, const Dims& dm, int reps, int warmup, bool blockwise_only) {
   using MS = sl::Mesh<"seq">;
   MS mesh(ctx, {ctx.num_devices()});
   const std::int64_t S = 8 * dm.seq, H = dm.heads, K = dm.head_dim();
@@ -454,6 +457,9 @@ void context_case(sl::Context& ctx, const Dims& dm, int reps, int warmup, bool r
     };
   };
   auto op = [causal](const auto& q, const auto& k, const auto& v) { return sl::attention(q, k, v, causal); };
+  auto fused = [](const auto& q, const auto& k, const auto& v) {
+    return sl::attention(q, k, v, {.causal = true, .kernel = sl::AttentionKernel::fused});
+  };
   auto ring = [](const auto& q, const auto& k, const auto& v) {
     return sl::attention(q, k, v, {.causal = true, .context = sl::ContextParallel::ring});
   };
@@ -463,15 +469,21 @@ void context_case(sl::Context& ctx, const Dims& dm, int reps, int warmup, bool r
   auto gathered = [causal](const auto& q, const auto& k, const auto& v) {
     return sl::reshard<Seq>(sl::attention(sl::reshard<Rep>(q), sl::reshard<Rep>(k), sl::reshard<Rep>(v), causal));
   };
-  const bool gather = S <= 2048 && !ring_only;  // (every device holding [H, S, S] scores, 3 copies: 1.5 GiB each at 4k)
+  const bool gather = S <= 2048 && !blockwise_only;  // (every device holding [H, S, S] scores, 3 copies: 1.5 GiB each at 4k)
   std::vector<std::function<void()>> steps;
   std::vector<const char*> labels, names;
   auto add = [&](std::function<void()> f, const char* label, const char* name) {
     steps.push_back(std::move(f)), labels.push_back(label), names.push_back(name);
+    return steps.size() - 1;
   };
-  if (!ring_only) add(make(Heads{}, op), "heads split", "heads split"), add(make(Seq{}, op), "sequence split", "context parallel (all-to-all)");
-  add(make(Seq{}, ring), "ring", "context parallel (ring)");
-  add(make(Seq{}, zigzag), "ring zig-zag", "context parallel (ring, zig-zag)");
+  constexpr std::size_t none_ = static_cast<std::size_t>(-1);
+  std::size_t heads = none_, a2a = none_;
+  if (!blockwise_only)
+    heads = add(make(Heads{}, op), "heads split", "heads split"),
+    a2a = add(make(Seq{}, op), "sequence split", "context parallel (all-to-all)");
+  const std::size_t a2a_fused = add(make(Seq{}, fused), "all-to-all fused", "context parallel (all-to-all, fused)");
+  const std::size_t in_order = add(make(Seq{}, ring), "ring", "context parallel (ring)");
+  const std::size_t zz = add(make(Seq{}, zigzag), "ring zig-zag", "context parallel (ring, zig-zag)");
   if (gather) add(make(Seq{}, gathered), "sequence gathered", "sequence gathered");
   std::vector<sl::coll::CommStats> comm;
   std::vector<std::int64_t> peaks;  // the step's peak of activation bytes on this device, over what it began with
@@ -490,28 +502,26 @@ void context_case(sl::Context& ctx, const Dims& dm, int reps, int warmup, bool r
   const double flops = 3 * 2 * 2 * double(S) * double(S) * double(H) * double(K);  // fwd + 2x bwd, both products
   const std::string shape = "\"shape\": {\"batch\": 1, \"seq\": " + std::to_string(S) + ", \"heads\": " + std::to_string(H) +
                             ", \"head_dim\": " + std::to_string(K) + "}, \"dtype\": \"float32\", \"causal\": true";
-  const std::string peak = ", \"activation_peak_bytes\": ";
-  // The zig-zag ring beside the in-order one (same FLOPs, the causal work balanced).
-  const std::size_t in_order = ring_only ? 0 : 2;
-  const std::string vs_ring = ", \"vs_ring\": ";
-  if (ring_only) {  // nothing beside them: the other forms' [S, S] scores per head do not fit
-    for (std::size_t c = 0; c < steps.size(); ++c)
-      record(ctx, "\"part\": \"context\", \"name\": \"" + std::string(names[c]) + "\", " + shape + ", \"seconds\": " +
-                      num(t[c]) + ", \"baseline\": null, \"baseline_seconds\": null, \"ratio\": null, \"gflops\": " +
-                      num(flops / t[c] / 1e9) + ", \"baseline_gflops\": null, \"collective_calls\": " +
-                      std::to_string(comm[c].total_calls()) + ", \"bytes\": " + std::to_string(comm[c].total_bytes_sent()) +
-                      ", \"baseline_bytes\": null, \"vs_all_to_all\": null" + vs_ring + num(t[c] / t[in_order]) + peak +
-                      std::to_string(peaks[c]));
-    return;
+  // vs_all_to_all: against the all-to-all form's faster kernel in this run (the fused one alone
+  // where the unfused one's [S, S] scores per head do not fit: --blockwise-only).
+  const bool fused_best = a2a == none_ || t[a2a_fused] < t[a2a];
+  const double best_a2a = fused_best ? t[a2a_fused] : t[a2a];
+  const std::string a2a_ref = fused_best ? "fused" : "unfused";
+  const std::string null = "null";
+  for (std::size_t c = 0; c < steps.size(); ++c) {
+    if (c == heads) continue;  // (the baseline itself)
+    const bool based = heads != none_;
+    record(ctx, "\"part\": \"context\", \"name\": \"" + std::string(names[c]) + "\", " + shape + ", \"seconds\": " + num(t[c]) +
+                    ", \"baseline\": " + (based ? std::string("\"heads split\"") : null) +
+                    ", \"baseline_seconds\": " + (based ? num(t[heads]) : null) + ", \"ratio\": " + (based ? num(t[c] / t[heads]) : null) +
+                    ", \"gflops\": " + num(flops / t[c] / 1e9) + ", \"baseline_gflops\": " + (based ? num(flops / t[heads] / 1e9) : null) +
+                    ", \"collective_calls\": " + std::to_string(comm[c].total_calls()) +
+                    ", \"bytes\": " + std::to_string(comm[c].total_bytes_sent()) +
+                    ", \"baseline_bytes\": " + (based ? std::to_string(comm[heads].total_bytes_sent()) : null) +
+                    ", \"vs_all_to_all\": " + num(t[c] / best_a2a) + ", \"all_to_all_kernel\": \"" + a2a_ref + "\"" +
+                    ", \"vs_ring\": " + (c == in_order || c == zz ? num(t[c] / t[in_order]) : null) +
+                    ", \"activation_peak_bytes\": " + std::to_string(peaks[c]));
   }
-  for (std::size_t c = 1; c < steps.size(); ++c)
-    record(ctx, "\"part\": \"context\", \"name\": \"" + std::string(names[c]) + "\", " + shape + ", \"seconds\": " +
-                    num(t[c]) + ", \"baseline\": \"heads split\", \"baseline_seconds\": " + num(t[0]) + ", \"ratio\": " +
-                    num(t[c] / t[0]) + ", \"gflops\": " + num(flops / t[c] / 1e9) + ", \"baseline_gflops\": " +
-                    num(flops / t[0] / 1e9) + ", \"collective_calls\": " + std::to_string(comm[c].total_calls()) +
-                    ", \"bytes\": " + std::to_string(comm[c].total_bytes_sent()) + ", \"baseline_bytes\": " +
-                    std::to_string(comm[0].total_bytes_sent()) + ", \"vs_all_to_all\": " + num(t[c] / t[1]) + vs_ring +
-                    (c >= in_order && c <= in_order + 1 ? num(t[c] / t[in_order]) : std::string("null")) + peak + std::to_string(peaks[c]));
 }
 
 /// The moe part (see the file comment); `TP`: on a {n / model, model} mesh, each expert's and
@@ -594,7 +604,7 @@ int main(int argc, char** argv) {
   const std::string part = str_arg(argc, argv, "--part", "block");
   const std::string layout = str_arg(argc, argv, "--layout", "dp");
   const bool quick = flag(argc, argv, "--quick");
-  const bool ring_only = flag(argc, argv, "--ring-only");
+  const bool blockwise_only = flag(argc, argv, "--blockwise-only");
   const int top_k = static_cast<int>(bench::arg(argc, argv, "--top-k", 1));
   const double cf = std::stod(str_arg(argc, argv, "--capacity-factor", "1.0"));
   Dims dm{bench::arg(argc, argv, "--batch", 8), bench::arg(argc, argv, "--seq", quick ? 16 : 128),
@@ -614,7 +624,7 @@ int main(int argc, char** argv) {
     } else if (part == "tape") {
       tape(ctx, n, chain, reps);
     } else if (part == "context") {
-      context_case(ctx, dm, reps, warmup, ring_only);
+      context_case(ctx, dm, reps, warmup, blockwise_only);
     } else if (part == "moe") {
       if (layout == "dp") moe_case<false>(ctx, dm, reps, warmup, top_k, cf, 1);
       else if (layout == "tp") moe_case<true>(ctx, dm, reps, warmup, top_k, cf, model);

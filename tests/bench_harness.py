@@ -317,16 +317,16 @@ class Report(unittest.TestCase):
                     activation_peak_bytes=64 * 2**20)
         ring = dict(cp, name="context parallel (ring)", seconds=0.009, ratio=0.9, vs_all_to_all=0.75, collective_calls=44,
                     activation_peak_bytes=8 * 2**20)
-        # --ring-only: no other form beside it (theirs do not fit)
+        # --blockwise-only: beside the all-to-all form's fused kernel alone (the unfused forms do not fit)
         alone = dict(cp, name="context parallel (ring)", seconds=2.5, baseline=None, baseline_seconds=None, ratio=None,
-                     baseline_gflops=None, baseline_bytes=None, vs_all_to_all=None, activation_peak_bytes=160 * 2**20,
-                     shape={"batch": 1, "seq": 16384, "heads": 8, "head_dim": 64})
+                     baseline_gflops=None, baseline_bytes=None, vs_all_to_all=1.09, all_to_all_kernel="fused",
+                     activation_peak_bytes=160 * 2**20, shape={"batch": 1, "seq": 16384, "heads": 8, "head_dim": 64})
         out = io.StringIO()
         with redirect_stdout(out):
             suites.grad_table([block, cp, ring, alone])
         self.assertIn("8 collectives, 3.00 MiB sent per device", out.getvalue())
-        self.assertIn("0.75x the all-to-all form's time; 44 collectives", out.getvalue())
-        self.assertIn("alone (the other forms' [S, S] scores do not fit)", out.getvalue())
+        self.assertIn("0.75x the all-to-all form's time (unfused); 44 collectives", out.getvalue())
+        self.assertIn("(the unfused forms' [S, S] scores do not fit); 1.09x the all-to-all form's time (fused)", out.getvalue())
         with tempfile.TemporaryDirectory() as d:
             report.save(d, report.load(d), {"grad": {"status": "ok", "notes": [], "records": [block, cp, ring, alone]}})
             with redirect_stderr(io.StringIO()):
@@ -334,7 +334,7 @@ class Report(unittest.TestCase):
             md = read(os.path.join(d, "report.md"))
             self.assertIn("| context parallel (all-to-all) | 8 | 1024 | 12.0 | 10.0 | 1.20 | 1.00 | 3.00 | 64.0 |", md)
             self.assertIn("| context parallel (ring) | 8 | 1024 | 9.0 | 10.0 | 0.90 | 0.75 | 3.00 | 8.0 |", md)
-            self.assertIn("| context parallel (ring) | 8 | 16384 | 2500.0 | - | - | - | 3.00 | 160.0 |", md)
+            self.assertIn("| context parallel (ring) | 8 | 16384 | 2500.0 | - | - | 1.09 | 3.00 | 160.0 |", md)
 
     def test_grad_renders_the_moe_records_beside_the_dense_mlp(self):
         from contextlib import redirect_stdout

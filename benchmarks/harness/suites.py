@@ -321,12 +321,13 @@ def grad_table(records):
             base_name = "dense"
         elif r["part"] == "context":
             sh = r["shape"]
-            alone = r.get("baseline_gflops") is None  # --ring-only: the other forms do not fit
+            alone = r.get("baseline_gflops") is None  # --blockwise-only: the unfused forms do not fit
             vs = r.get("vs_all_to_all")
+            kernel = r.get("all_to_all_kernel", "unfused")
             extra_text = (f"causal attention [1, {sh['seq']}, {sh['heads']}, {sh['head_dim']}], fwd+bwd; "
-                          + (f"{r['gflops']:.1f} GFLOP/s alone (the other forms' [S, S] scores do not fit); " if alone else
+                          + (f"{r['gflops']:.1f} GFLOP/s (the unfused forms' [S, S] scores do not fit); " if alone else
                              f"{r['gflops']:.1f} GFLOP/s vs {r['baseline_gflops']:.1f} with the heads split; ")
-                          + (f"{vs:.2f}x the all-to-all form's time; " if vs is not None and "all-to-all" not in r["name"] else "")
+                          + (f"{vs:.2f}x the all-to-all form's time ({kernel}); " if vs is not None and "all-to-all" not in r["name"] else "")
                           + (f"{r['vs_ring']:.2f}x the in-order ring's time; " if r.get("vs_ring") is not None and "zig-zag" in r["name"] else "")
                           + f"{r['collective_calls']} collectives, {r['bytes'] / 2**20:.2f} MiB sent per device")
             ratio = r["ratio"] if r["ratio"] is not None else float("nan")

@@ -71,6 +71,9 @@ def parse_args(argv=None):
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--dff", type=int, default=2048)
     ap.add_argument("--no-backward", action="store_true", help="grad: the forward only")
+    ap.add_argument("--forms", default=None,
+                    help="context: the forms to run, comma-separated (all three by default); one per process "
+                         "keeps a form that exhausts the memory from taking the others with it")
     ap.add_argument("--json", default=None, help="write the records here (one per line)")
     a = ap.parse_args(argv)
     if a.devices < 1 or a.reps < 1 or a.model < 1:
@@ -261,6 +264,11 @@ def context(cfg):
                                                                               implementation="xla"),
     }
     flops = 3 * 2 * 2 * float(S) * S * H * K  # as bench_grad's: fwd + 2x bwd, both products, the whole square
+    if cfg.forms:
+        unknown = set(cfg.forms.split(",")) - set(forms)
+        if unknown:
+            raise SystemExit(f"jax_blocks: --forms: no form {sorted(unknown)}; the forms are {sorted(forms)}")
+        forms = {n: f for n, f in forms.items() if n in cfg.forms.split(",")}
     records = []
     for name, form in forms.items():
         def loss(q, k, v, r, form=form):
