@@ -18,7 +18,7 @@
 namespace {
 
 constexpr const char* usage = R"(usage: gpt [--recipe dp|zero1|zero2|zero3|tp|dp_tp|cp|pp|pp_dp|pp_tp|pp_dp_tp|pp_zero1|pp_zero2|replicated] [--cp N]
-           [--cp-kind all_to_all|ring|ring_zigzag] [--moe E] [--top-k 1|2] [--capacity-factor CF]
+           [--cp-kind all_to_all|ring|ring_zigzag] [--attention-kernel automatic|fused|unfused] [--moe E] [--top-k 1|2] [--capacity-factor CF]
            [--aux-weight W] [--z-loss W] [--router-jitter J]
            [--devices N] [--steps N] [--layers N] [--dim N] [--batch N] [--seq N] [--vocab N] [--heads N]
            [--ff N] [--precision f32|bf16|f16] [--check 0|1] [--describe 0|1] [--tp N]
@@ -54,6 +54,10 @@ constexpr const char* usage = R"(usage: gpt [--recipe dp|zero1|zero2|zero3|tp|dp
                  default) or ring attention (ring: keys and values passed around the "seq" axis;
                  ring_zigzag: the same on the sequence in zig-zag runs, every device an equal
                  share of the causal scores)
+  --attention-kernel K  automatic (cuDNN's fused kernel in GPU memory for bf16 and f16, else the
+                 ops: the default), fused (no [S, S] scores in memory: cuDNN's, or on the host, for
+                 float and double, the blockwise kernel of ring attention on each device; an error
+                 where neither runs) or unfused (the ops)
   --moe E        a mixture of E experts as the MLP of every other block (Switch's placement), the
                  experts split over "data" (recipes dp, zero1-3 and dp_tp), each expert's hidden
                  dim over "model" (tp and dp_tp; docs/15_experts.md); 0: dense (0)
@@ -226,6 +230,10 @@ int main(int argc, char** argv) {
     cfg.cp_kind = cp_kind == "ring"          ? shardlib::ContextParallel::ring
                   : cp_kind == "ring_zigzag" ? shardlib::ContextParallel::ring_zigzag
                                              : shardlib::ContextParallel::all_to_all;
+    const std::string kernel = args.choice("--attention-kernel", "automatic", {"automatic", "fused", "unfused"});
+    cfg.attention_kernel = kernel == "fused"     ? shardlib::AttentionKernel::fused
+                           : kernel == "unfused" ? shardlib::AttentionKernel::unfused
+                                                 : shardlib::AttentionKernel::automatic;
     const bool check = args.boolean("--check");
     const bool describe = args.boolean("--describe");
     cfg.tp = static_cast<int>(args.integer("--tp", 0, 1, max_size));

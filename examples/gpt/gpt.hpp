@@ -45,6 +45,9 @@ struct Config {
   int tp = 0;                ///< devices on the "model" axis of dp_tp, a divisor of the devices (0: 2 if they are even)
   /// How attention runs over a split sequence (recipe cp): Ulysses' all-to-alls or the ring.
   sl::ContextParallel cp_kind = sl::ContextParallel::all_to_all;
+  /// Attention's kernel (sl::AttentionKernel): automatic (cuDNN's in GPU memory for 16-bit types,
+  /// else the ops), fused (no [S, S] scores in memory: on the host the blockwise kernel) or unfused.
+  sl::AttentionKernel attention_kernel = sl::AttentionKernel::automatic;
   /// Experts of the mixture-of-experts MLP in every other block (the odd ones, as Switch); 0:
   /// every MLP dense. Recipes dp and zero1-3 (experts over "data"), tp and dp_tp (each expert's
   /// hidden dim over "model" too) and replicated.
@@ -420,7 +423,7 @@ struct Model {
     auto q = sl::einsum<"bsd,dhk->bshk">(a, use<typename R::Qkv>(l.wq));
     auto k = sl::einsum<"bsd,dhk->bshk">(a, use<typename R::Qkv>(l.wk));
     auto v = sl::einsum<"bsd,dhk->bshk">(a, use<typename R::Qkv>(l.wv));
-    auto att = sl::attention(q, k, v, {.causal = true, .context = cfg.cp_kind});  // scale 1 / sqrt(head dim)
+    auto att = sl::attention(q, k, v, {.causal = true, .kernel = cfg.attention_kernel, .context = cfg.cp_kind});  // scale 1 / sqrt(head dim)
     X x = x0 + sl::reshard<Act>(sl::einsum<"bqhk,hkd->bqd">(att, use<typename R::Wo>(l.wo)));
     auto h = sl::reshard<Full>(sl::layer_norm<2>(x) * use<Vec>(l.g2) + use<Vec>(l.b2));
     if constexpr (runs_moe<R>) {
