@@ -248,9 +248,7 @@ namespace detail {
   throw std::logic_error("shardlib: mesh " + shape.to_string() +
                          " is not bound to a device; tensors need Mesh(ctx, sizes), made inside Runtime::spmd");
 }
-}  // namespace detail
 
-namespace detail {
 template <std::size_t N>
 constexpr int first_repeated(const std::array<AxisName, N>& names) {
   for (std::size_t i = 0; i < N; ++i)

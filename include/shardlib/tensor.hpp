@@ -149,9 +149,9 @@ inline void agree_on_shape(Context& ctx, const MeshShape& mesh, ArrayRef<std::in
   std::vector<std::int64_t> words(shape.begin(), shape.end());
   words.push_back(extra);
   const std::vector<std::int64_t> all = ctx.agreement_group().mismatch(std::span<const std::int64_t>(words));
-  std::int64_t elements = 1;
-  for (auto e : shape) elements *= e;
   const auto bad_extra = [&](std::int64_t e, std::size_t d) {
+    std::int64_t elements = 1;
+    for (auto x : shape) elements *= x;
     return std::invalid_argument(std::string("shardlib: ") + what + " from device " + std::to_string(d) + ": " +
                                  (e > 0 ? "a host array of " + std::to_string(e - 1) + " elements"
                                         : "an array in the memory of GPU " + std::to_string(-e - 1) +
