@@ -58,7 +58,8 @@
 //   the sequence in zig-zag runs, the causal work balanced; vs_ring: its time over the ring's), and
 //   the all-to-all form with the host's fused kernel (AttentionKernel::fused: the scores a tile at a
 //   time, as the ring's). The collectives' bytes per device; `vs_all_to_all`: the case's time over
-//   the all-to-all form's faster kernel in the run (`all_to_all_kernel` names it).
+//   the all-to-all form's faster kernel in the run (`all_to_all_kernel` names it). `peak_bytes`:
+//   the step's peak of bytes on device 0 over what it began with (the memory account's total).
 #include <shardlib/attention.hpp>
 #include <shardlib/autodiff.hpp>
 #include <shardlib/memory.hpp>
@@ -486,14 +487,16 @@ void context_case(sl::Context& ctx, const Dims& dm, int reps, int warmup, bool b
   const std::size_t zz = add(make(Seq{}, zigzag), "ring zig-zag", "context parallel (ring, zig-zag)");
   if (gather) add(make(Seq{}, gathered), "sequence gathered", "sequence gathered");
   std::vector<sl::coll::CommStats> comm;
-  std::vector<std::int64_t> peaks;  // the step's peak of activation bytes on this device, over what it began with
+  // The step's peak of bytes on this device over what it began with: its activations, its
+  // backward's temporaries and q, k, v's gradients (the memory account's total).
+  std::vector<std::int64_t> peaks;
   for (const auto& f : steps) {
     sl::coll::CommRecorder rec;
-    const std::int64_t before = sl::memory_usage(ctx).activations();
+    const std::int64_t before = sl::memory_usage(ctx).total();
     sl::reset_peak_memory(ctx);
     f();
     comm.push_back(rec.stats());
-    peaks.push_back(sl::memory_usage(ctx).peak_of(sl::MemoryRole::activations) - before);
+    peaks.push_back(sl::memory_usage(ctx).peak - before);
   }
   if (ctx.device() == 0)
     std::fprintf(stderr, "  context: causal attention [1, %lld, %lld, %lld] on %d devices, %d repetitions\n",
@@ -520,7 +523,7 @@ void context_case(sl::Context& ctx, const Dims& dm, int reps, int warmup, bool b
                     ", \"baseline_bytes\": " + (based ? std::to_string(comm[heads].total_bytes_sent()) : null) +
                     ", \"vs_all_to_all\": " + num(t[c] / best_a2a) + ", \"all_to_all_kernel\": \"" + a2a_ref + "\"" +
                     ", \"vs_ring\": " + (c == in_order || c == zz ? num(t[c] / t[in_order]) : null) +
-                    ", \"activation_peak_bytes\": " + std::to_string(peaks[c]));
+                    ", \"peak_bytes\": " + std::to_string(peaks[c]));
   }
 }
 

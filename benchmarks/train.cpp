@@ -22,7 +22,11 @@
 //               measured (1 - its time in forwards and backwards / the step's) beside the ideal bubble
 //               (p - 1) / (v m + p - 1); part "bubble", one record per schedule, with the first
 //               stage's peak of activation bytes in its last step (activation_peak_bytes, the
-//               memory account's own peak of the role). The ideal is that of
+//               memory account's own peak of the role), the most it held at the end of an op
+//               (activation_held_bytes, StepStats::held_activations: what the schedule keeps
+//               between forwards and backwards, without an op's own scratch), the peak of its
+//               backward's temporaries (temporaries_peak_bytes) and that of all its bytes
+//               (peak_bytes, parameters and gradients included). The ideal is that of
 //               equal stages: benchmarks/run passes --vocab 64, so the last stage's LM head and loss
 //               add little to its work.
 //               `mpirun -np 4 bench_train --bubble --backend mpi`: a process per stage;
@@ -268,13 +272,14 @@ int main(int argc, char** argv) {
       std::printf("{\"bench\": \"train\", \"part\": \"bubble\", \"name\": \"%s\", \"backend\": \"%s\", \"transport\": \"%s\", \"devices\": %d, "
                   "\"seconds\": %.6g, \"baseline\": \"the ideal bubble (p - 1) / (v m + p - 1)\", \"baseline_seconds\": %.6g, "
                   "\"bubble\": %.4g, \"bubble_ideal\": %.4g, \"bubble_table\": %.4g, \"stages\": %d, \"microbatches\": %d, "
-                  "\"chunks\": %d, \"tokens_per_second\": %.6g, \"activation_peak_bytes\": %lld, "
-                  "\"config\": {\"layers\": %lld, \"batch\": %lld, \"vocab\": %lld}}\n",
+                  "\"chunks\": %d, \"tokens_per_second\": %.6g, \"activation_peak_bytes\": %lld, \"activation_held_bytes\": %lld, "
+                  "\"temporaries_peak_bytes\": %lld, \"peak_bytes\": %lld, \"config\": {\"layers\": %lld, \"batch\": %lld, \"vocab\": %lld}}\n",
                   std::string(pp::to_string(k)).c_str(), std::string(sl::to_string(rt.backend())).c_str(),
                   permutes ? "slot_permutes" : "point_to_point", rt.num_devices(), r.seconds, r.seconds * (1 - t.ideal_bubble()) / (1 - r.idle),
                   r.idle, t.ideal_bubble(), t.bubble(), pc.stages, pc.microbatches, pc.chunks,
                   static_cast<double>(c.batch * c.seq) / r.seconds,
-                  (long long)r.report.memory.peak_of(sl::MemoryRole::activations), (long long)c.layers, (long long)c.batch,
+                  (long long)r.report.memory.peak_of(sl::MemoryRole::activations), (long long)r.report.pipeline.held_activations,
+                  (long long)r.report.memory.peak_of(sl::MemoryRole::temporaries), (long long)r.report.memory.peak, (long long)c.layers, (long long)c.batch,
                   (long long)c.vocab);
       std::fflush(stdout);
     }
@@ -359,12 +364,12 @@ int main(int argc, char** argv) {
         "\"seconds\": %.6g, \"baseline\": \"one device\", \"baseline_seconds\": %.6g, \"ratio_to_baseline\": %.4g, "
         "\"tokens_per_second\": %.6g, \"baseline_tokens_per_second\": %.6g, \"steps\": %d, \"first_loss\": %.6g, "
         "\"last_loss\": %.6g, %s%s\"collectives\": %s, \"parameters_bytes\": %lld, \"gradients_bytes\": %lld, "
-        "\"optimizer_state_bytes\": %lld, \"activations_bytes\": %lld, \"config\": {\"vocab\": %lld, \"seq\": %lld, "
+        "\"optimizer_state_bytes\": %lld, \"activations_bytes\": %lld, \"temporaries_bytes\": %lld, \"config\": {\"vocab\": %lld, \"seq\": %lld, "
         "\"dim\": %lld, \"heads\": %lld, \"ff\": %lld, \"layers\": %lld, \"batch\": %lld}}\n",
         name.c_str(), std::string(sl::to_string(rt.backend())).c_str(), n, r.seconds, base.seconds, r.seconds / base.seconds, tokens / r.seconds,
         tokens / base.seconds, steps, r.first_loss, r.last_loss, predicted.c_str(), moe.c_str(), stats_json(sum(r.report)).c_str(),
         (long long)m.parameters(), (long long)m.gradients(), (long long)m.optimizer_state(),
-        (long long)m.activations(), (long long)cfg.vocab, (long long)cfg.seq, (long long)cfg.dim,
+        (long long)m.activations(), (long long)m.temporaries(), (long long)cfg.vocab, (long long)cfg.seq, (long long)cfg.dim,
         (long long)cfg.heads, (long long)cfg.ff, (long long)cfg.layers, (long long)cfg.batch);
     std::fflush(stdout);
   }

@@ -174,9 +174,9 @@ class Goals(unittest.TestCase):
               record(bench="train", part="recipe", name="dp", devices=8, tokens_per_second=8000.0, backend="jax-cpu"),
               record(bench="train", part="recipe", name="zero3", devices=8, tokens_per_second=9500.0, backend="jax-cpu"),
               record(bench="train", part="bubble", name="1f1b", devices=4, stages=4, bubble=0.29, bubble_ideal=0.2727,
-                     microbatches=8, activation_peak_bytes=2200),
+                     microbatches=8, activation_peak_bytes=2200, activation_held_bytes=2000),
               record(bench="train", part="bubble", name="gpipe", devices=4, stages=4, bubble=0.28, bubble_ideal=0.2727,
-                     microbatches=8, activation_peak_bytes=4000),
+                     microbatches=8, activation_peak_bytes=4000, activation_held_bytes=4000),
               record(bench="train", part="bubble", name="interleaved", devices=4, stages=4, bubble=0.20,
                      bubble_ideal=0.1579)]
         rows = self.rows({"train": tr})
@@ -189,6 +189,9 @@ class Goals(unittest.TestCase):
         peak = rows["1F1B's activation peak per stage over GPipe's, over p/m"]
         self.assertEqual(peak[4], "short")  # 2200 / 4000 = 0.55, over p/m = 0.5 by 1.1
         self.assertIn("1.100 (4 stages, m 8)", peak[3])
+        held = rows["1F1B's activations held per stage (at the ends of ops) over GPipe's, over p/m"]
+        self.assertEqual(held[4], "pass")  # 2000 / 4000 = p/m exactly
+        self.assertIn("1.000 (4 stages, m 8)", held[3])
         # The bubble records take no part in the JAX comparison of the recipes.
         self.assertIn("(dp 8)", rows["tokens/s of each recipe beside JAX (same model, strategy, devices)"][3])
 
@@ -314,13 +317,13 @@ class Report(unittest.TestCase):
                     baseline="heads split", baseline_seconds=0.01, ratio=1.2, gflops=5.0, baseline_gflops=6.0,
                     collective_calls=8, bytes=3 * 2**20, baseline_bytes=0,
                     shape={"batch": 1, "seq": 1024, "heads": 8, "head_dim": 64}, vs_all_to_all=1.0,
-                    activation_peak_bytes=64 * 2**20)
+                    peak_bytes=64 * 2**20)
         ring = dict(cp, name="context parallel (ring)", seconds=0.009, ratio=0.9, vs_all_to_all=0.75, collective_calls=44,
-                    activation_peak_bytes=8 * 2**20)
+                    peak_bytes=8 * 2**20)
         # --blockwise-only: beside the all-to-all form's fused kernel alone (the unfused forms do not fit)
         alone = dict(cp, name="context parallel (ring)", seconds=2.5, baseline=None, baseline_seconds=None, ratio=None,
                      baseline_gflops=None, baseline_bytes=None, vs_all_to_all=1.09, all_to_all_kernel="fused",
-                     activation_peak_bytes=160 * 2**20, shape={"batch": 1, "seq": 16384, "heads": 8, "head_dim": 64})
+                     peak_bytes=160 * 2**20, shape={"batch": 1, "seq": 16384, "heads": 8, "head_dim": 64})
         out = io.StringIO()
         with redirect_stdout(out):
             suites.grad_table([block, cp, ring, alone])

@@ -346,7 +346,7 @@ def tables_grad(recs):
         if r["part"] == "context":
             def fmt(v, spec, scale=1.0):
                 return "-" if v is None else format(v * scale, spec)
-            peak = r.get("activation_peak_bytes")
+            peak = r.get("peak_bytes", r.get("activation_peak_bytes"))  # (the latter: records before 2026-11-29)
             context.append([r["name"], r["devices"], r["shape"]["seq"], f"{r['seconds'] * 1e3:.1f}",
                             fmt(r["baseline_seconds"], ".1f", 1e3), fmt(r["ratio"], ".2f"), fmt(r.get("vs_all_to_all"), ".2f"),
                             f"{r['bytes'] / 2**20:.2f}", fmt(peak, ".1f", 1 / 2**20)])
@@ -369,7 +369,7 @@ def tables_grad(recs):
         tables.append(("causal attention over a sequence split over every device, forward + backward (ms), beside the "
                        "same attention with the heads split (no communication)",
                        ["case", "devices", "sequence", "fwd+bwd", "heads split", "ratio", "/ all-to-all",
-                        "MiB sent per device", "activation peak MiB"], context))
+                        "MiB sent per device", "peak MiB (step)"], context))
     if experts:
         tables.append(("a mixture-of-experts layer (sl::moe), forward + backward (ms), beside the dense MLP of the same "
                        "FLOPs per token on the same tokens (data parallel, no communication); goal: ratio <= 1.3",

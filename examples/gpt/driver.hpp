@@ -127,8 +127,12 @@ void print_step(const gpt::StepReport& r, const char* where) {
     print_stats("backward", r.backward);
   }
   print_stats("step", r.update);
-  std::printf("    memory   %s; activations at most %s%s\n", r.memory.to_string().c_str(),
-              shardlib::MemoryUsage::bytes_text(r.memory.peak_of(shardlib::MemoryRole::activations)).c_str(), where);
+  using shardlib::MemoryUsage, shardlib::MemoryRole;
+  std::string held;  // (a pipeline's: the most its schedule kept at the end of an op)
+  if constexpr (gpt::Pipelined<R>) held = " (" + MemoryUsage::bytes_text(r.pipeline.held_activations) + " held between ops)";
+  std::printf("    memory   %s; activations at most %s%s, temporaries at most %s%s\n", r.memory.to_string().c_str(),
+              MemoryUsage::bytes_text(r.memory.peak_of(MemoryRole::activations)).c_str(), held.c_str(),
+              MemoryUsage::bytes_text(r.memory.peak_of(MemoryRole::temporaries)).c_str(), where);
 }
 
 template <class R, class E>

@@ -2,13 +2,14 @@
 /// @file
 /// Where tensor blocks come from and what they are for: each device's block cache (a caching
 /// allocator, as PyTorch's) and its ledger of live bytes by role (parameters, gradients,
-/// optimizer state, activations), the per-device memory a training recipe reports.
+/// optimizer state, activations, temporaries), the per-device memory a training recipe reports.
 ///
 /// Every block a tensor, a reshard or a backward rule allocates comes from `block_cache(ctx)`;
 /// the block is counted under the role current on the allocating thread (`MemoryRoleScope`,
 /// default `activations`) until its last owner releases it. `tag_memory(t, role)` moves a live
 /// block to another role: `Param` tags its value as parameters, a parameter's gradient is tagged
-/// as gradients, an optimizer tags its state. Free blocks kept by the cache are not counted.
+/// as gradients, an optimizer tags its state, and a backward pass counts what it makes as
+/// temporaries. Free blocks kept by the cache are not counted.
 #pragma once
 
 #include <shardlib/detail/shape_only.hpp>
@@ -41,17 +42,23 @@ enum class MemoryRole : std::uint8_t {
   parameters,       ///< values of `Param`s (the model's weights)
   gradients,        ///< parameters' gradients (pending between passes, resolved, or kept by an optimizer)
   optimizer_state,  ///< an optimizer's moments and momentum buffers
-  activations,      ///< everything else: inputs, activations, temporaries, saved tensors (the default)
+  activations,      ///< inputs, activations, saved tensors, the forward's scratch: everything else (the default)
+  /// What a backward pass makes besides parameters' gradients: the activations' gradients, its
+  /// rules' scratch, a checkpoint's recomputed interior, a pipeline stage's received gradients.
+  /// Apart from `activations` so that what a schedule holds between forward and backward is read
+  /// alone (`peak_of(MemoryRole::activations)`), the backward's transient bytes beside it.
+  temporaries,
 };
-inline constexpr std::size_t num_memory_roles = 4;
+inline constexpr std::size_t num_memory_roles = 5;
 
-/// The role's name: "parameters", "gradients", "optimizer_state", "activations".
+/// The role's name: "parameters", "gradients", "optimizer_state", "activations", "temporaries".
 constexpr const char* to_string(MemoryRole r) noexcept {
   switch (r) {
     case MemoryRole::parameters: return "parameters";
     case MemoryRole::gradients: return "gradients";
     case MemoryRole::optimizer_state: return "optimizer_state";
     case MemoryRole::activations: return "activations";
+    case MemoryRole::temporaries: return "temporaries";
   }
   return "?";
 }
@@ -73,7 +80,7 @@ struct MemoryUsage {
   std::int64_t peak = 0;
   /// Each role's own largest live bytes over the same span (each at its own high point, so they
   /// need not add up to `peak`): `peak_of(MemoryRole::activations)` is what a schedule holds
-  /// between forward and backward, whatever the gradients and state beside it.
+  /// between forward and backward, whatever the gradients, state and backward's temporaries beside it.
   std::array<std::int64_t, num_memory_roles> peaks{};
   std::int64_t operator[](MemoryRole r) const noexcept { return bytes[static_cast<std::size_t>(r)]; }
   std::int64_t peak_of(MemoryRole r) const noexcept { return peaks[static_cast<std::size_t>(r)]; }
@@ -81,9 +88,14 @@ struct MemoryUsage {
   std::int64_t gradients() const noexcept { return (*this)[MemoryRole::gradients]; }
   std::int64_t optimizer_state() const noexcept { return (*this)[MemoryRole::optimizer_state]; }
   std::int64_t activations() const noexcept { return (*this)[MemoryRole::activations]; }
-  std::int64_t total() const noexcept { return bytes[0] + bytes[1] + bytes[2] + bytes[3]; }
-  /// One line: "parameters 1.5 MiB, gradients 1.5 MiB, optimizer_state 3 MiB, activations 12 KiB;
-  /// peak 20 MiB".
+  std::int64_t temporaries() const noexcept { return (*this)[MemoryRole::temporaries]; }
+  std::int64_t total() const noexcept {
+    std::int64_t t = 0;
+    for (std::int64_t b : bytes) t += b;
+    return t;
+  }
+  /// One line: "parameters 1.5 MiB, gradients 1.5 MiB, optimizer_state 3 MiB, activations 12 KiB,
+  /// temporaries 0 B; peak 20 MiB".
   std::string to_string() const {
     std::string s;
     for (std::size_t r = 0; r < num_memory_roles; ++r) {

@@ -330,10 +330,10 @@ TEST_CASE("the host's fused kernel: the ops' results and gradients, tile by tile
         auto peak = [&](sl::AttentionKernel kernel) {
           const auto q = Ten<Rep4>::random(mesh, {1, 96, 2, 4}, 1, -1.0, 1.0);
           sl::Param<Ten<Rep4>> pq(q), pk(q), pv(q);
-          const std::int64_t start = sl::memory_usage(ctx).activations();
+          const std::int64_t start = sl::memory_usage(ctx).total();
           sl::reset_peak_memory(ctx);
           sl::backward(sl::sum_all(sl::attention(pq, pk, pv, {.causal = true, .kernel = kernel, .block = 16})));
-          return sl::memory_usage(ctx).peak_of(sl::MemoryRole::activations) - start;
+          return sl::memory_usage(ctx).peak - start;
         };
         const std::int64_t fused = peak(sl::AttentionKernel::fused), ops = peak(sl::AttentionKernel::unfused);
         CAPTURE(fused);

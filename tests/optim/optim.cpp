@@ -591,10 +591,12 @@ TEST_CASE("ZeRO-2: the pending gradients are reduce-scattered during the backwar
       {4, 8});
 }
 
-TEST_CASE("a backward that leaves gradients pending counts them as gradients; each role keeps its own peak") {
+TEST_CASE("a backward that leaves gradients pending counts them as gradients, its own bytes as temporaries; each role keeps its own peak") {
   // A pipeline's micro-batches (backward with sync = false) hold each parameter's partial sums
   // between passes: they are gradients in the memory account from the pass that makes them on,
-  // not activations until the step resolves them. Each role's peak is its own high point.
+  // not activations until the step resolves them. What else the pass makes (the activations'
+  // gradients) is temporaries, so the activations' peak is the forward's. Each role's peak is its
+  // own high point.
   sl::test::for_each_run(
       [](sl::Context& ctx) {
         M mesh(ctx, {ctx.num_devices()});
@@ -604,14 +606,22 @@ TEST_CASE("a backward that leaves gradients pending counts them as gradients; ea
         const auto before = sl::memory_usage(ctx);
         for (int pass = 0; pass < 2; ++pass) {
           sl::reset_peak_memory(ctx);
-          sl::backward(sl::sum_all(sl::matmul(x, w)), {.sync = false});
+          std::int64_t forward_peak = 0;
+          {
+            auto loss = sl::sum_all(sl::matmul(x, w));
+            forward_peak = sl::memory_usage(ctx).peak_of(sl::MemoryRole::activations);
+            sl::backward(loss, {.sync = false});
+          }
           const auto after = sl::memory_usage(ctx);
           INFO("pass " << pass << ": " << after.to_string());
           CHECK(after.gradients() - before.gradients() == S);  // one full-size partial sum, pending
           CHECK(after.activations() == before.activations());  // the pass kept nothing else
+          CHECK(after.temporaries() == before.temporaries());  // and freed what it made
           CHECK(after.peak_of(sl::MemoryRole::gradients) >= after.gradients());
           CHECK(after.peak_of(sl::MemoryRole::parameters) == after.parameters());
-          CHECK(after.peak_of(sl::MemoryRole::activations) > after.activations());  // the pass's temporaries
+          CHECK(forward_peak > after.activations());  // the forward's product and sum
+          CHECK(after.peak_of(sl::MemoryRole::activations) == forward_peak);  // nothing of the backward's
+          CHECK(after.peak_of(sl::MemoryRole::temporaries) > after.temporaries());  // the product's gradient
           CHECK(after.peak_of(sl::MemoryRole::activations) < after.peak);
         }
         sl::sync_grads(w);  // resolved: the parameter's gradient, replicated

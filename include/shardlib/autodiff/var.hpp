@@ -372,9 +372,11 @@ namespace autodiff::detail {
 
 /// The backward pass from `root`, whose seed contribution is added: the rules in reverse
 /// topological order, then (with options.sync) the parameters' gradients resolved and added.
+/// What it allocates counts as MemoryRole::temporaries, parameters' gradients as gradients.
 /// When it throws, no parameter's gradient changed and the contributions of this pass are
 /// dropped.
 SHARDLIB_NOINLINE inline void run_backward(Node& root, const BackwardOptions& options) {
+  MemoryRoleScope role(MemoryRole::temporaries);
   std::vector<std::shared_ptr<Node>> keep;
   const std::vector<Node*> order = backward_order(&root, keep);
   for (Node* n : order)

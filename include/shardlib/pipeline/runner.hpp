@@ -22,6 +22,7 @@
 #include <shardlib/autodiff/checkpoint.hpp>
 #include <shardlib/pipeline/schedule.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -105,6 +106,11 @@ struct StepStats {
   double seconds = 0;       ///< this device's wall time in `run`
   double busy_seconds = 0;  ///< its time in forwards and backwards (host clock: device memory's kernels are fenced)
   int forwards = 0, backwards = 0;
+  /// The most activation bytes (MemoryRole::activations) this device held at the end of one of
+  /// its ops, over what it held when `run` began: what the schedule keeps between forwards and
+  /// backwards (at the first stage p micro-batches' under 1F1B, m under GPipe) without the
+  /// scratch an op makes and frees within itself, which the memory account's peak also sees.
+  std::int64_t held_activations = 0;
   /// The fraction of the step this device waited: the bubble, measured.
   double idle_fraction() const noexcept { return seconds > 0 ? 1.0 - busy_seconds / seconds : 0.0; }
 };
@@ -139,6 +145,7 @@ StepStats execute(const Table& table, const typename Act::mesh_type& mesh, const
       shardlib::detail::upload;
   const auto t0 = Clock::now();
   Context& ctx = mesh.context();
+  const std::int64_t activations_at_start = memory_usage<Mem>(ctx).activations();
   const MeshShape& ms = mesh.shape();
   const int axis = ms.index_of(StageAxis);
   if (ms.size(axis) != table.stages)
@@ -192,6 +199,7 @@ StepStats execute(const Table& table, const typename Act::mesh_type& mesh, const
                              [static_cast<std::size_t>(ends[static_cast<std::size_t>(from)][static_cast<std::size_t>(slot)])];
       const int vs = table.virtual_stage(from, o.chunk) + (forward ? 1 : -1);
       key = {o.microbatch, vs / p};
+      MemoryRoleScope role(forward ? shardlib::detail::current_memory_role() : MemoryRole::temporaries);
       in.emplace(Act::uninitialized(mesh, shape, shardlib::detail::same_shape));
     }
     std::optional<Act>& out = forward ? send_act : send_grad;
@@ -242,6 +250,7 @@ StepStats execute(const Table& table, const typename Act::mesh_type& mesh, const
       if constexpr (Training) held.insert_or_assign(key, std::move(h));
       ++stats.forwards;
     } else if constexpr (Training) {
+      MemoryRoleScope role(MemoryRole::temporaries);  // (a backward's own bytes; the gradient sent back too)
       auto it = held.find(key);
       Held& h = it->second;
       const BackwardOptions bo{.sync = false, .settle = options.settle};
@@ -264,6 +273,7 @@ StepStats execute(const Table& table, const typename Act::mesh_type& mesh, const
     }
     if constexpr (!host_memory_v<Mem>) kernels::fence(ctx.exec_for<Mem>());  // the busy time is the kernels'
     stats.busy_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+    stats.held_activations = std::max(stats.held_activations, memory_usage<Mem>(ctx).activations() - activations_at_start);
   };
 
   const bool p2p_possible = direct && group.buffered_sends();
@@ -280,6 +290,8 @@ StepStats execute(const Table& table, const typename Act::mesh_type& mesh, const
       const int vs = table.virtual_stage(me, o.chunk);
       const std::pair<int, int> key{o.microbatch, o.chunk};
       if (p > 1 && (o.forward ? vs > 0 : vs < VS - 1)) {  // this op's input from the neighbour
+        // (a gradient received counts as the backward's temporaries, as the one it makes)
+        MemoryRoleScope role(o.forward ? shardlib::detail::current_memory_role() : MemoryRole::temporaries);
         Act in = Act::uninitialized(mesh, shape, shardlib::detail::same_shape);
         group.recv(in.local().data(), static_cast<std::size_t>(in.block().num_elements()), coll::dtype_of<T>(),
                    o.forward ? (me - 1 + p) % p : (me + 1) % p, tag(o.microbatch, o.chunk, o.forward));
