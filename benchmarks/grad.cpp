@@ -440,7 +440,7 @@ void context_case(sl::Context& ctx, const Dims& dm, int reps, int warmup, bool b
   using Seq = sl::Spec<none, "seq", none, none>;
   using Heads = sl::Spec<none, none, "seq", none>;
   using Rep = sl::Spec<none, none, none, none>;
-  const auto causal = sl::AttentionOptions{.causal = true};
+  const auto causal = sl::AttentionOptions{.causal = true, .kernel = sl::AttentionKernel::unfused};  // (the ops)
   // One training step of attention on q, k, v of spec SpecT (its state kept by the function).
   auto make = [&]<class SpecT>(SpecT, auto attend) -> std::function<void()> {
     using T4 = sl::DistributedTensor<float, MS, SpecT>;

@@ -345,6 +345,32 @@ TEST_CASE("the host's fused kernel: the ops' results and gradients, tile by tile
       {1, 2, 3, 4});
 }
 
+TEST_CASE("automatic on the host: the ops while a device's scores fit in one 16 MiB tile, the fused kernel beyond") {
+  // The scores of a head on a device: S^2 elements. In float S = 2048 is 16 MiB exactly (the ops),
+  // 2049 more (fused); in double 1448 and 1449. Heads split over "y" divide the bytes per device.
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        const M2 mesh = mesh_of(ctx);
+        auto ran_fused = [&]<class S, class T>(S, T, std::int64_t seq, std::int64_t heads) {
+          const auto q = Ten<S, T>::random(mesh, {1, seq, heads, 2}, 1, T(-1), T(1));
+          const sl::AttentionStats before = sl::attention_stats(ctx);
+          (void)sl::attention(q, q, q, {.causal = true});
+          const sl::AttentionStats& after = sl::attention_stats(ctx);
+          const bool fused = after.fused_forward == before.fused_forward + 1;
+          CHECK(fused != (after.unfused_forward == before.unfused_forward + 1));  // one or the other
+          return fused;
+        };
+        CHECK(!ran_fused(Rep4{}, float{}, 2048, 1));
+        CHECK(ran_fused(Rep4{}, float{}, 2049, 1));
+        CHECK(!ran_fused(Rep4{}, double{}, 1448, 1));
+        CHECK(ran_fused(Rep4{}, double{}, 1449, 1));
+        const int y = mesh.shape().size(1);  // two heads on each device of "y": twice a head's scores
+        CHECK(!ran_fused(Heads{}, float{}, 1448, 2 * y));
+        CHECK(ran_fused(Heads{}, float{}, 1449, 2 * y));
+      },
+      {1, 2});
+}
+
 TEST_CASE("16-bit attention on the host: the ops in float32, rounded once per op") {
   sl::test::for_each_run(
       [](sl::Context& ctx) {

@@ -24,7 +24,8 @@
 /// function from the ops: `softmax<3>(einsum(q, k) + mask / scale, scale)` then an einsum with v, whose
 /// gradients are those ops' rules. On the host (float, double) `AttentionKernel::fused` runs the
 /// blockwise kernel instead (attention/ring.hpp on one device: the scores a tile at a time, no
-/// [S, S] of them in memory, its own backward). `AttentionOptions::kernel` picks one.
+/// [S, S] of them in memory, its own backward), and so does `automatic` where the ops' scores
+/// on a device would be more than one of its 16 MiB tiles. `AttentionOptions::kernel` picks one.
 /// `attention_stats(ctx)` counts which ran.
 ///
 /// Operands are tensors or Vars (then the result is a Var whose backward gives q, k and v their
@@ -53,7 +54,10 @@ namespace shardlib {
 
 /// Which kernel attention() runs.
 enum class AttentionKernel : std::uint8_t {
-  automatic,  ///< fused where cuDNN can run it (GPU, 16-bit), else the ops
+  /// Fused where cuDNN can run it (GPU, 16-bit); in host memory (float, double) fused where the
+  /// ops' scores on a device would be more than one of its tiles (16 MiB: about 2k tokens for a
+  /// head per device in float), else the ops.
+  automatic,
   /// No [Sq, Sk] scores in memory: in GPU memory cuDNN's fused kernel (bf16, f16); in host memory
   /// (float, double) the blockwise kernel of ring attention on one device (flash attention's
   /// online softmax over tiles of the scores, its own backward recomputing them). Throws
@@ -124,6 +128,24 @@ inline constexpr bool attention_fusable_v =
 #else
     false;
 #endif
+
+/// Whether AttentionKernel::automatic takes the host's fused kernel: where the ops' [B, H, Sq, Sk]
+/// scores on a device (the kernel's layout `s`, the largest block) would be more than the
+/// one tile of them the fused kernel holds (attention_tile_bytes). Up to one tile the fused kernel
+/// does the ops' work and the online softmax's besides (the ops are faster); beyond, it holds a
+/// tile where the ops hold them all (docs/14 has the measurements). The same on every device.
+/// (Not on shapes alone, `shape_only()`: a plan keeps the ops, as for GPU devices in float.)
+inline bool attention_automatic_fused(const MeshShape& mesh, const Sharding& s, std::int64_t batch, std::int64_t heads,
+                                      std::int64_t sq, std::int64_t sk, std::size_t element) {
+  auto largest = [&](std::int64_t n, int dim) {
+    std::int64_t parts = 1;
+    for (int a : s.dims[static_cast<std::size_t>(dim)]) parts *= mesh.size(a);
+    return (n + parts - 1) / parts;
+  };
+  return static_cast<double>(largest(batch, 0)) * static_cast<double>(largest(heads, 2)) * static_cast<double>(sq) *
+             static_cast<double>(sk) * static_cast<double>(element) >
+         attention_tile_bytes;
+}
 
 /// Prints `why` once per process (the unfused ops run instead of cuDNN's kernel).
 inline void warn_attention_fallback_once(const std::string& why) {
@@ -416,7 +438,13 @@ auto attention_impl(const Q& q0, const K& k0, const V& v0, const Mask* mask, con
                                         ring.comm, opts.block, true);
   }
   if constexpr (host_memory_v<Mem> && std::is_arithmetic_v<T>) {
-    if (opts.kernel == AttentionKernel::fused) {  // the blockwise kernel on each device's block (a ring of one)
+    // (A plan on shapes alone keeps the ops: it stands for GPU devices, where float runs them.)
+    const auto& qs = autodiff::detail::value(q0).shape();
+    const bool automatic_fused =
+        opts.kernel == AttentionKernel::automatic && !shape_only() &&
+        attention_automatic_fused(autodiff::detail::value(q0).mesh().shape(), QT::sharding, qs[0], qs[2], qs[1],
+                                  autodiff::detail::value(k0).shape()[1], sizeof(T));
+    if (opts.kernel == AttentionKernel::fused || automatic_fused) {  // the blockwise kernel on each device's block
       auto out = attention_blockwise<InSpec>(q0, k0, v0, mask, opts.causal, false, scale, AxisList{}, opts.block, false);
       if constexpr (any_var) return shardlib::reshard<OutSpec>(out);
       else return Result(out);

@@ -209,13 +209,16 @@ struct RingShape {
   }
 };
 
+/// The bytes of scores a tile of the blockwise kernels holds, by default (attention_block).
+inline constexpr double attention_tile_bytes = 16.0 * 1024 * 1024;
+
 /// The side of the tiles of scores the blockwise kernels compute at a time: `requested` when it is
 /// positive, else the most whose [batch, heads, tile, tile] block of `element` bytes fits in 16 MiB
 /// (at least 64): the scores' memory bounded whatever the sequence, the GEMMs still large.
 inline std::int64_t attention_block(std::int64_t requested, std::int64_t batch, std::int64_t heads, std::size_t element) {
   if (requested > 0) return requested;
   const double per = static_cast<double>(std::max<std::int64_t>(batch * heads, 1)) * static_cast<double>(element);
-  return std::max<std::int64_t>(static_cast<std::int64_t>(std::sqrt(16.0 * 1024 * 1024 / per)), 64);
+  return std::max<std::int64_t>(static_cast<std::int64_t>(std::sqrt(attention_tile_bytes / per)), 64);
 }
 
 template <class QT>
