@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -118,8 +119,8 @@ constexpr long long max_size = 65536, max_tokens = 8192, max_steps = 1000000000;
 
 /// --plan 1: every recipe that can run on the devices, each planned on shapes alone by
 /// `start(runtime, run)` as the first and the last device (the first holds the larger blocks of
-/// an uneven split, the last a pipeline's last stage, with the head; the larger peak is shown),
-/// as one table for devices of `profile`.
+/// an uneven split, the last a pipeline's last stage, with the head; the larger peak is shown,
+/// the slower step taken), as one table for devices of `profile`.
 template <class Start>
 int plan_all(shardlib::Runtime& rt, gpt::driver::Run& run, const Start& start, const shardlib::plan::Profile& profile) {
   const int n = rt.num_devices();
@@ -141,7 +142,8 @@ int plan_all(shardlib::Runtime& rt, gpt::driver::Run& run, const Start& start, c
         run.plan = &last;
         shardlib::Runtime other = shardlib::Runtime::simulate(n, n - 1);
         start(other, run);
-        if (last.memory.peak > c.memory.peak) c = last;
+        if (last.memory.peak > c.memory.peak) std::swap(c, last);  // the larger peak shown
+        c.other_devices.push_back(std::move(last.work));            // the step: the slower of the two
       }
     } catch (const std::exception& e) {
       c.failed = e.what();

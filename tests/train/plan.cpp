@@ -317,6 +317,19 @@ TEST_CASE("plan::table: those that fit first, fastest first by the cost model; t
   CHECK(t.find("excluded: broken on {data: 8}: gpt: --tp 3 does not divide the 8 devices") != std::string::npos);
   const std::string none = plan::table({cand("big", 100 * gib, 1), cand("bigger", 200 * gib, 1)}, p, 1000);
   CHECK(none.find("nothing fits: the smallest peak is 100 GiB per device") != std::string::npos);
+  // A step ends with its slowest device: another planned device's longer step is the candidate's
+  // (a pipeline's last stage beside its first), and ranks it.
+  plan::Candidate piped = cand("piped", 10 * gib, 5'000'000'000);
+  plan::Work last_stage = piped.work;
+  last_stage.gemm_flops = 900'000'000'000'000;
+  piped.other_devices.push_back(last_stage);
+  CHECK(&piped.slowest(p) == &piped.other_devices[0]);
+  CHECK(piped.time(p).total() == doctest::Approx(plan::predict(last_stage, p).total()));
+  CHECK(piped.time(p).total() > plan::predict(piped.work, p).total());
+  const std::string two = plan::table({piped, cand("fast", 20 * gib, 6'000'000'000)}, p, 1000);
+  INFO(two);
+  CHECK(two.find("1.   fast") != std::string::npos);
+  CHECK(two.find("2.   piped") != std::string::npos);
   p.memory = 0;
   CHECK_THROWS_WITH_AS(plan::table({}, p, 1), doctest::Contains("a device memory of 0 bytes"), std::invalid_argument);
   // a profile's fallbacks are said under the table

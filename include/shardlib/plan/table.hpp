@@ -21,7 +21,8 @@
 
 namespace shardlib::plan {
 
-/// One candidate's plan: a recipe on a mesh, and one step on one device of it.
+/// One candidate's plan: a recipe on a mesh, and one step on one device of it (and what other
+/// devices planned compute and send: the step's time is the slowest's).
 struct Candidate {
   std::string name;      ///< "zero3", "dp_tp"
   std::string mesh;      ///< its mesh, "{data: 128, model: 8}"
@@ -29,10 +30,26 @@ struct Candidate {
   MemoryUsage memory;    ///< the step's memory account (its `peak`: the step's high point)
   coll::CommStats comm;  ///< the step's collectives on that device
   Work work;             ///< what the device computes and sends in the step (the cost model's input)
-  std::string failed;    ///< why it could not be planned (an exception's message); empty when planned
+  /// What other devices of the same mesh compute and send in the step, where they were planned
+  /// too (a pipeline's last stage, with the LM head, beside its first): a step ends when its
+  /// slowest device does, so the candidate's time is the largest of theirs and `work`'s.
+  std::vector<Work> other_devices;
+  std::string failed;  ///< why it could not be planned (an exception's message); empty when planned
 
-  /// The cost model's step time on devices of `profile`.
-  StepTime time(const Profile& profile) const { return predict(work, profile); }
+  /// The work of the slowest device planned (`work` or one of `other_devices`) on devices of
+  /// `profile`: the one whose step time is the candidate's.
+  const Work& slowest(const Profile& profile) const {
+    const Work* w = &work;
+    double longest = predict(work, profile).total();
+    for (const Work& o : other_devices)
+      if (const double t = predict(o, profile).total(); t > longest) {
+        longest = t;
+        w = &o;
+      }
+    return *w;
+  }
+  /// The cost model's step time on devices of `profile`: the slowest planned device's.
+  StepTime time(const Profile& profile) const { return predict(slowest(profile), profile); }
 };
 
 /// The table of `candidates` on devices of `profile`, each step `tokens_per_step` tokens of the
@@ -60,9 +77,9 @@ inline std::string table(std::vector<Candidate> candidates, const Profile& profi
   std::string s = "plans for " + profile.name + " devices of " + text(device_memory) + ", " +
                   std::to_string(profile.node_size) +
                   " to a node (one step on one device; those that fit first, fastest first)\n";
-  std::snprintf(line, sizeof line, "  %-4s %-15s %-32s %6s %9s %9s %9s %9s %9s %10s %10s %10s %9s %7s\n", "", "recipe",
-                "mesh", "device", "params", "grads", "state", "act. peak", "peak", "intra/step", "inter/step",
-                "step (ms)", "tok/s", "of peak");
+  std::snprintf(line, sizeof line, "  %-4s %-15s %-32s %6s %9s %9s %9s %9s %9s %9s %10s %10s %10s %9s %7s\n", "", "recipe",
+                "mesh", "device", "params", "grads", "state", "act. peak", "tmp. peak", "peak", "intra/step",
+                "inter/step", "step (ms)", "tok/s", "of peak");
   s += line;
   int rank = 0;
   std::int64_t smallest = -1;
@@ -73,12 +90,13 @@ inline std::string table(std::vector<Candidate> candidates, const Profile& profi
     const double secs = t.total();
     const double tok = secs > 0 ? static_cast<double>(tokens_per_step) / secs : 0;
     const double of_peak = secs > 0 && profile.peak_flops > 0
-                               ? static_cast<double>(c.work.gemm_flops) / secs / profile.peak_flops
+                               ? static_cast<double>(c.slowest(profile).gemm_flops) / secs / profile.peak_flops
                                : 0;
-    std::snprintf(line, sizeof line, "  %-4s %-15s %-32s %6d %9s %9s %9s %9s %9s %10s %10s %10.4g %9.3g %6.1f%%\n",
+    std::snprintf(line, sizeof line, "  %-4s %-15s %-32s %6d %9s %9s %9s %9s %9s %9s %10s %10s %10.4g %9.3g %6.1f%%\n",
                   flag.c_str(), c.name.c_str(), c.mesh.c_str(), c.device, text(c.memory.parameters()).c_str(),
                   text(c.memory.gradients()).c_str(), text(c.memory.optimizer_state()).c_str(),
-                  text(c.memory.peak_of(MemoryRole::activations)).c_str(), text(c.memory.peak).c_str(),
+                  text(c.memory.peak_of(MemoryRole::activations)).c_str(),
+                  text(c.memory.peak_of(MemoryRole::temporaries)).c_str(), text(c.memory.peak).c_str(),
                   coll::bytes_text(t.intra_bytes).c_str(), coll::bytes_text(t.inter_bytes).c_str(), secs * 1e3, tok,
                   100 * of_peak);
     s += line;
@@ -94,8 +112,9 @@ inline std::string table(std::vector<Candidate> candidates, const Profile& profi
     s += smallest >= 0 ? "  nothing fits: the smallest peak is " + text(smallest) + " per device (more devices, or "
                                                                                        "devices with that much memory)\n"
                        : "  nothing could be planned\n";
-  s += "  step: GEMMs + other kernels + the pipeline's bubble + collectives (nothing overlapped; plan/cost.hpp); "
-       "of peak: the GEMM FLOPs counted (recomputation included) per second, over the device's peak\n";
+  s += "  step: GEMMs + other kernels + the pipeline's bubble + collectives (nothing overlapped; plan/cost.hpp), of "
+       "the slowest device planned; of peak: its GEMM FLOPs counted (recomputation included) per second, over the "
+       "device's peak; memory: the device shown\n";
   for (const std::string& n : profile.notes) s += "  profile: " + n + "\n";
   return s;
 }
