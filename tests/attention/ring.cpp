@@ -5,7 +5,7 @@
 // batch; central differences; the ring's traffic counted (p - 1 permutes of k and of v forward;
 // the backward's p - 1 and p of dk and dv; the zig-zag's exchanges into its runs and back, nothing
 // else); the zig-zag's balance (every device the same GEMM FLOPs under causal); its memory
-// against the all-to-all form's; what ran.
+// against the all-to-all form's; what ran; on shapes alone, the counts of a real run.
 #include <doctest/doctest.h>
 #include <shardlib/attention.hpp>
 #include <shardlib/memory.hpp>
@@ -264,6 +264,51 @@ TEST_CASE("ring attention holds one block of scores: less memory than the all-to
         CHECK(zigzag * 2 < a2a);
       },
       {4, 8});
+}
+
+TEST_CASE("on shapes alone the blockwise kernels count what a real run does, each sequence of the batch") {
+  // A plan (Runtime::simulate) counts the first sequence's products and kernels of each tile for
+  // every sequence of the batch rather than looping over them: the same GEMM FLOPs and calls and
+  // the same other kernels' calls and bytes as the real run, on every device; the ring in order
+  // and zig-zag, and the fused kernel after Ulysses' all-to-alls.
+  struct Form {
+    const char* name;
+    sl::AttentionOptions opts;
+  };
+  const Form forms[] = {{"ring", ring_opts(true, false, 5)},
+                        {"ring_zigzag", ring_opts(true, true, 3)},
+                        {"fused", {.causal = true, .kernel = sl::AttentionKernel::fused, .block = 5}}};
+  for (const Form& form : forms)
+    for (int n : {1, 2, 4}) {
+      CAPTURE(form.name);
+      CAPTURE(n);
+      std::vector<sl::kernels::FlopCount> real(static_cast<std::size_t>(n)), planned(static_cast<std::size_t>(n));
+      auto step = [&](std::vector<sl::kernels::FlopCount>& out) {
+        return [&](sl::Context& ctx) {
+          const M2 mesh = mesh_of(ctx);
+          const std::int64_t B = 5, S = 24, H = 4, K = 3;
+          sl::Param<Ten<Ring>> q(Ten<Ring>::random(mesh, {B, S, H, K}, 1)), k(Ten<Ring>::random(mesh, {B, S, H, K}, 2)),
+              v(Ten<Ring>::random(mesh, {B, S, H, K}, 3));
+          const sl::kernels::FlopCount before = sl::kernels::flop_count();
+          sl::backward(sl::sum_all(sl::attention(q, k, v, form.opts)));
+          const sl::kernels::FlopCount after = sl::kernels::flop_count();
+          out[static_cast<std::size_t>(ctx.device())] = {after.gemm - before.gemm, after.gemm_calls - before.gemm_calls,
+                                                         after.kernel_calls - before.kernel_calls,
+                                                         after.kernel_bytes - before.kernel_bytes};
+        };
+      };
+      sl::Runtime::threads(n).spmd(step(real));
+      for (int d = 0; d < n; ++d) sl::Runtime::simulate(n, d).spmd(step(planned));
+      for (int d = 0; d < n; ++d) {
+        CAPTURE(d);
+        const sl::kernels::FlopCount &a = real[static_cast<std::size_t>(d)], &b = planned[static_cast<std::size_t>(d)];
+        CHECK(a.gemm > 0);
+        CHECK(b.gemm == a.gemm);
+        CHECK(b.gemm_calls == a.gemm_calls);
+        CHECK(b.kernel_calls == a.kernel_calls);
+        CHECK(b.kernel_bytes == a.kernel_bytes);
+      }
+    }
 }
 
 TEST_CASE("ring attention: bad input named; a ring of one device is plain attention") {

@@ -183,6 +183,25 @@ struct RingShape {
         }
     });
   }
+  /// Calls f(b) for each batch index b: f runs the products of one sequence of a tile. On shapes
+  /// alone (shape_only()) it calls f(0) only and counts what it counted (kernels::flop_count)
+  /// `batch` times, as the loop would: a plan of thousands of sequences on a device spends no
+  /// host time per sequence and tile.
+  template <class F>
+  void for_each_batch(F&& f) const {
+    if (!shardlib::shape_only() || batch <= 1) {
+      for (std::int64_t b = 0; b < batch; ++b) f(b);
+      return;
+    }
+    const kernels::FlopCount before = kernels::flop_count();
+    f(std::int64_t{0});
+    kernels::FlopCount& now = kernels::flop_count();
+    const auto more = static_cast<std::uint64_t>(batch - 1);
+    now.gemm += (now.gemm - before.gemm) * more;
+    now.gemm_calls += (now.gemm_calls - before.gemm_calls) * more;
+    now.kernel_calls += (now.kernel_calls - before.kernel_calls) * more;
+    now.kernel_bytes += (now.kernel_bytes - before.kernel_bytes) * more;
+  }
   int next() const { return (rank + 1) % p; }
   int previous() const { return (rank + p - 1) % p; }
 
@@ -358,17 +377,19 @@ std::shared_ptr<void> ring_attention_forward(Context& ctx, const RingShape& r, c
       const T* qa = r.run_of(qd, qr, a, r.dk);
       const T* kb = r.run_of(kc, kr, c, r.dk);
       const T* vb = r.run_of(vc, kr, c, r.dv);
-      for (std::int64_t b = 0; b < r.batch; ++b)  // s = q k^T, one product per head
+      r.for_each_batch([&](std::int64_t b) {  // s = q k^T, one product per head
         ring_gemm<T, Mem>(ctx, r.heads, r.rows_in(qa, b, qs, qf, nq, r.dk), r.rows_in(kb, b, ks, kf0, nk, r.dk).transposed(),
                           r.scores_of(s, b, nq, nk), false);
+      });
       {
         auto guard = kernel_guard_for<Mem>(ctx, false);
         kernels::attention_online_softmax(exec, s, mask, state(lse, a, qf), state(l, a, qf), state(alpha, a, qf), blk,
                                           static_cast<A>(scale));
       }
-      for (std::int64_t b = 0; b < r.batch; ++b)  // pv = p v
+      r.for_each_batch([&](std::int64_t b) {  // pv = p v
         ring_gemm<T, Mem>(ctx, r.heads, r.scores_of(static_cast<const T*>(s), b, nq, nk), r.rows_in(vb, b, ks, kf0, nk, r.dv),
                           r.rows_of(static_cast<T*>(pv.get()), b, nq, r.dv), false);
+      });
       auto guard = kernel_guard_for<Mem>(ctx, false);
       kernels::attention_merge(exec, r.run_of(accd, qr, a, r.dv) + qf * r.heads * r.dv, static_cast<const T*>(pv.get()),
                                static_cast<const A*>(state(alpha, a, qf)), r.batch, nq, qs, r.heads, r.dv);
@@ -467,31 +488,32 @@ void ring_attention_backward(Context& ctx, const RingShape& r, const T* q, const
       const T* vb = r.run_of(vc, kr, c, r.dv);
       T* dkb = r.run_of(dkc, kr, c, r.dk);
       T* dvb = r.run_of(dvc, kr, c, r.dv);
-      for (std::int64_t b = 0; b < r.batch; ++b)  // s = q k^T
+      r.for_each_batch([&](std::int64_t b) {  // s = q k^T
         ring_gemm<T, Mem>(ctx, r.heads, r.rows_in(qa, b, qs, qf, nq, r.dk), r.rows_in(kb, b, ks, kf0, nk, r.dk).transposed(),
                           r.scores_of(p, b, nq, nk), false);
+      });
       {
         auto guard = kernel_guard_for<Mem>(ctx, false);
         kernels::attention_probabilities(exec, p, mask, row_state(lse, a, qf), blk, static_cast<A>(scale));
       }
-      for (std::int64_t b = 0; b < r.batch; ++b) {
+      r.for_each_batch([&](std::int64_t b) {
         const auto pm = r.scores_of(static_cast<const T*>(p), b, nq, nk);
         // dv += p^T g;  dp = g v^T
         ring_gemm<T, Mem>(ctx, r.heads, pm.transposed(), r.rows_in(ga, b, qs, qf, nq, r.dv), r.rows_in(dvb, b, ks, kf0, nk, r.dv), true);
         ring_gemm<T, Mem>(ctx, r.heads, r.rows_in(ga, b, qs, qf, nq, r.dv), r.rows_in(vb, b, ks, kf0, nk, r.dv).transposed(),
                           r.scores_of(dp, b, nq, nk), false);
-      }
+      });
       {
         auto guard = kernel_guard_for<Mem>(ctx, false);
         kernels::attention_score_gradient(exec, dp, static_cast<const T*>(p), row_state(static_cast<const A*>(deltad), a, qf), blk,
                                           static_cast<A>(scale));
       }
-      for (std::int64_t b = 0; b < r.batch; ++b) {
+      r.for_each_batch([&](std::int64_t b) {
         const auto ds = r.scores_of(static_cast<const T*>(dp), b, nq, nk);
         // dq += ds k;  dk += ds^T q
         ring_gemm<T, Mem>(ctx, r.heads, ds, r.rows_in(kb, b, ks, kf0, nk, r.dk), r.rows_in(dqa, b, qs, qf, nq, r.dk), true);
         ring_gemm<T, Mem>(ctx, r.heads, ds.transposed(), r.rows_in(qa, b, qs, qf, nq, r.dk), r.rows_in(dkb, b, ks, kf0, nk, r.dk), true);
-      }
+      });
     });
     if (r.p == 1) break;
     T* dkn = last ? dk_home : static_cast<T*>(dkbuf[(step + 1) % 2].get());
