@@ -158,7 +158,7 @@ def evaluate(by_bench):
                           for r in _ours(tr) if r.get("part") == "bubble" and r["bubble_ideal"] > 0], 1.10))
     # 1F1B holds p micro-batches' activations where GPipe holds all m: its first stage's activation
     # bytes over GPipe's, over p / m (<= 1): held at the ends of ops (activation_held_bytes, what the
-    # schedule keeps), and at their peak (which adds the scratch of one op of one micro-batch to both).
+    # schedule keeps), and at their peak (the same, where no op holds scratch beside its output).
     bub = {(r["name"], r["backend"], r["stages"]): r for r in _ours(tr)
            if r.get("part") == "bubble" and r.get("activation_peak_bytes")}
     for field, figure in (("activation_held_bytes", "1F1B's activations held per stage (at the ends of ops) over GPipe's, over p/m"),

@@ -424,7 +424,7 @@ struct Model {
     auto k = sl::einsum<"bsd,dhk->bshk">(a, use<typename R::Qkv>(l.wk));
     auto v = sl::einsum<"bsd,dhk->bshk">(a, use<typename R::Qkv>(l.wv));
     auto att = sl::attention(q, k, v, {.causal = true, .kernel = cfg.attention_kernel, .context = cfg.cp_kind});  // scale 1 / sqrt(head dim)
-    X x = x0 + sl::reshard<Act>(sl::einsum<"bqhk,hkd->bqd">(att, use<typename R::Wo>(l.wo)));
+    X x = residual<"bqhk,hkd->bqd">(x0, att, use<typename R::Wo>(l.wo));
     auto h = sl::reshard<Full>(sl::layer_norm<2>(x) * use<Vec>(l.g2) + use<Vec>(l.b2));
     if constexpr (runs_moe<R>) {
       if (l.moe) {
@@ -445,7 +445,16 @@ struct Model {
       }
     }
     auto f = sl::gelu(sl::einsum<"bsd,df->bsf">(h, use<typename R::W1>(l.w1)));
-    return x + sl::reshard<Act>(sl::einsum<"bsf,fd->bsd">(f, use<typename R::W2>(l.w2)));
+    return residual<"bsf,fd->bsd">(x, f, use<typename R::W2>(l.w2));
+  }
+  /// `x + reshard<Act>(einsum<Sub>(a, w))`: a projection added to the residual stream `x`. Where
+  /// the product already lies as the stream does (no partial sum over "model" to resolve), `x` is
+  /// folded into the GEMM (einsum_add: its initial C), so no [B, S, D] product is held beside
+  /// the sum and the add takes no pass of its own.
+  template <sl::OpName Sub, class A, class W>
+  X residual(const X& x, const A& a, const W& w) const {
+    if constexpr (std::is_same_v<decltype(sl::einsum<Sub>(a, w)), X>) return sl::einsum_add<Sub>(a, w, x);
+    else return x + sl::reshard<typename R::Act>(sl::einsum<Sub>(a, w));
   }
   /// The final norm and the LM head: the logits [B, S, V] (split over the vocabulary under TP).
   auto head_logits(const X& x) const {
