@@ -417,6 +417,37 @@ TEST_CASE("pipeline recipes: 1F1B, GPipe with recomputation and interleaved, wit
   pipelined_against_one_device<gpt::PP>({.stages = 0, .microbatches = 8, .schedule = pp::Schedule::one_f_one_b}, 8);
 }
 
+TEST_CASE("pipeline recipes: the first stage's activation peak is what it holds between ops, so 1F1B's is p/m of GPipe's") {
+  // No op of the model holds a [b, S, D] product beside its sum: each residual add is folded into
+  // its projection's GEMM (Model::residual, einsum_add), so the peak of the first stage's
+  // activations is the bytes it holds at the ends of its ops (StepStats::held_activations), and
+  // 1F1B's (p micro-batches in flight) over GPipe's (all m) is p/m exactly. (With D = 64 the
+  // attention ops' scores, [b, H, S, S] before the softmax, are scratch below what the rest of the
+  // layer adds; at long sequences they can top the held bytes: the fused kernel holds no scores.)
+  namespace pp = sl::pipeline;
+  gpt::Config cfg = config();
+  cfg.layers = 4;
+  cfg.dim = 64;
+  for (int m : {4, 8}) {
+    CAPTURE(m);
+    std::int64_t peak[2] = {0, 0}, held[2] = {0, 0};
+    int i = 0;
+    for (pp::Schedule s : {pp::Schedule::gpipe, pp::Schedule::one_f_one_b}) {
+      sl::Runtime::threads(2).spmd([&](sl::Context& ctx) {
+        gpt::StepReport last;
+        gpt::train_pipelined<gpt::PP>(ctx, cfg, {.stages = 2, .microbatches = m, .schedule = s}, 2,
+                                      [&](int, const gpt::StepReport& r) { last = r; });
+        if (ctx.device() == 0) peak[i] = last.memory.peak_of(sl::MemoryRole::activations), held[i] = last.pipeline.held_activations;
+      });
+      ++i;
+    }
+    CHECK(held[0] > 0);
+    CHECK(peak[0] == held[0]);
+    CHECK(peak[1] == held[1]);
+    CHECK(peak[1] * m == peak[0] * 2);
+  }
+}
+
 TEST_CASE("pipeline recipes: micro-batches that do not divide the batch, and more stages than layers, are refused by name") {
   sl::test::for_each_run(
       [](sl::Context& ctx) {
