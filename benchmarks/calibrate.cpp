@@ -17,7 +17,8 @@
 //   of 64, 256, 512; a transformer's linear layers 2048x256x1024 and 2048x1024x256 and their
 //   backward products (dY W^T, X^T dY); attention's scores bshk,bthk->bhst and values
 //   bhst,bthk->bshk on [4, 128, 8, 32] (--quick: half the rows, squares and batch):
-//   gemm_rate and gemm_call, seconds = FLOPs / rate + calls x call.
+//   gemm_rate and gemm_product, seconds = FLOPs / rate + products x per-product cost (each matrix
+//   of a batch: the host's BLAS runs a batch a matrix at a time; the profile's gemm_call is 0).
 // - Memory-bound kernels: a + b, gelu(a), softmax<1>(a), a + bias (a row broadcast) and
 //   layer_norm<1>(a) on float32 tensors of 4 Ki and 4 Mi elements (--quick: 1 Mi), each call's
 //   bytes and count from kernels::flop_count(): memory_bandwidth and kernel_call, the bandwidth
@@ -229,7 +230,8 @@ int main(int argc, char** argv) {
       const bool gemm = std::strcmp(part, "gemm") == 0;
       std::vector<std::array<double, 3>>* pts = gemm ? gemm_pts : mem_pts;
       const double amount = static_cast<double>(gemm ? f1.gemm - f0.gemm : f1.kernel_bytes - f0.kernel_bytes);
-      const double calls = static_cast<double>(gemm ? f1.gemm_calls - f0.gemm_calls : f1.kernel_calls - f0.kernel_calls);
+      // a GEMM's per-call cost is paid by each product: the host's BLAS runs a batch a matrix at a time
+      const double calls = static_cast<double>(gemm ? f1.gemm_products - f0.gemm_products : f1.kernel_calls - f0.kernel_calls);
       const double alone = timed_alone(ctx, reps, f), all = timed(ctx, reps, f);
       pts[0].push_back({amount, calls, alone});
       pts[1].push_back({amount, calls, all});
@@ -293,7 +295,7 @@ int main(int argc, char** argv) {
     const sl::host::ThreadShare& share = rt.thread_share();
     const double shared =
         std::max(1.0, static_cast<double>(share.devices_on_host) * share.per_device / std::max(1, share.cores));
-    const double gemm_rate = alone_rate / shared, gemm_call = alone_call * shared;
+    const double gemm_rate = alone_rate / shared, gemm_product = alone_call * shared;
     const auto [memory_bandwidth, kernel_call] = fit_large(mem_pts[1]);
     const std::int64_t max_bytes = quick ? std::int64_t{4} << 20 : std::int64_t{16} << 20;
     sl::plan::Link intra, inter;
@@ -306,7 +308,7 @@ int main(int argc, char** argv) {
       inter = measure_link(ctx, ctx.group(mesh, {0}), "inter_node", max_bytes, reps);
     }
     record(ctx, "profile", "fit", 0,
-           "\"gemm_rate\": " + std::to_string(gemm_rate) + ", \"gemm_call\": " + std::to_string(gemm_call) +
+           "\"gemm_rate\": " + std::to_string(gemm_rate) + ", \"gemm_product\": " + std::to_string(gemm_product) +
                ", \"shared\": " + std::to_string(shared) + ", \"alone_rate\": " + std::to_string(alone_rate) +
                ", \"alone_call\": " + std::to_string(alone_call) + ", \"alone_bandwidth\": " +
                std::to_string(alone_bandwidth) + ", \"alone_kernel_call\": " + std::to_string(alone_kernel_call) +
@@ -316,7 +318,8 @@ int main(int argc, char** argv) {
                std::to_string(inter.latency) + ", \"inter_bandwidth\": " + std::to_string(inter.bandwidth));
     if (ctx.device() != 0) return;
     p.gemm_rate = gemm_rate;
-    p.gemm_call = gemm_call;
+    p.gemm_product = gemm_product;  // fitted per product (see `point`); gemm_call stays 0
+    p.shared = shared;
     p.memory_bandwidth = memory_bandwidth;
     p.kernel_call = kernel_call;
     const std::string how = std::string("measured by bench_calibrate on ") + std::to_string(n) + " " +
@@ -343,8 +346,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::fprintf(stderr,
-                 "calibrate: GEMMs %.3g GFLOP/s + %.3g us a call; kernels %.3g GB/s + %.3g us a call; the profile: %s\n",
-                 p.gemm_rate * 1e-9, p.gemm_call * 1e6, p.memory_bandwidth * 1e-9, p.kernel_call * 1e6, out.c_str());
+                 "calibrate: GEMMs %.3g GFLOP/s + %.3g us a matrix; kernels %.3g GB/s + %.3g us a call; the profile: %s\n",
+                 p.gemm_rate * 1e-9, p.gemm_product * 1e6, p.memory_bandwidth * 1e-9, p.kernel_call * 1e6, out.c_str());
   }
   return 0;
 }

@@ -572,12 +572,13 @@ struct StepReport {
 /// What this device computed and sent since `before` (kernels::flop_count() then) and what
 /// `calls` recorded: the cost model's input (plan/cost.hpp).
 inline sl::plan::Work work_since(const sl::kernels::FlopCount& before, const sl::coll::CommRecorder& calls) {
-  const sl::kernels::FlopCount& now = sl::kernels::flop_count();
+  const sl::kernels::FlopCount d = sl::kernels::flop_count() - before;
   sl::plan::Work w;
-  w.gemm_flops = now.gemm - before.gemm;
-  w.gemm_calls = now.gemm_calls - before.gemm_calls;
-  w.kernel_bytes = now.kernel_bytes - before.kernel_bytes;
-  w.kernel_calls = now.kernel_calls - before.kernel_calls;
+  w.gemm_flops = d.gemm;
+  w.gemm_calls = d.gemm_calls;
+  w.gemm_products = d.gemm_products;
+  w.kernel_bytes = d.kernel_bytes;
+  w.kernel_calls = d.kernel_calls;
   w.calls = calls.calls();
   return w;
 }

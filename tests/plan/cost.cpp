@@ -79,6 +79,25 @@ TEST_CASE("predict: each part by its formula, collectives by the link they cross
   w.bubble = 0.25;  // idle a quarter of the step: compute / 0.75 in all
   t = plan::predict(w, p);
   CHECK(t.bubble == doctest::Approx(t.compute() / 3));
+  // each product of a batch pays the per-product cost (a host BLAS: a call a matrix)
+  plan::Profile host = p;
+  host.gemm_call = 0;
+  host.gemm_product = 2e-6;
+  w.gemm_products = 40;  // 10 calls of 4 matrices: + 80 us
+  CHECK(plan::predict(w, host).gemm == doctest::Approx(3e-3 + 80e-6));
+  CHECK(plan::predict(w, p).gemm == doctest::Approx(3e-3 + 10e-6));  // gemm_product 0: per call only
+  // Devices sharing one's compute: the compute C is each one's while all run; alone a device
+  // needs C / shared, so the step is the longer of C and C / (shared (1 - b)).
+  host.shared = 2;
+  w.bubble = 0.25;  // alone: C / 2 / 0.75 = 0.67 C < C: the idle stages' time is the others'
+  CHECK(plan::predict(w, host).bubble == 0);
+  w.bubble = 0.75;  // alone: C / 2 / 0.25 = 2 C: a bubble of C
+  t = plan::predict(w, host);
+  CHECK(t.bubble == doctest::Approx(t.compute()));
+  host.shared = 0.5;  // less than 1 is taken as 1
+  t = plan::predict(w, host);
+  CHECK(t.bubble == doctest::Approx(3 * t.compute()));
+  w.bubble = 0;
   // a broadcast moves its buffer once: the root's bytes over n - 1 (3 steps of a tree over 5)
   const CallRecord root{Kind::broadcast, "group", 5, 4'000'000, 0, 0, 4};
   CHECK(plan::call_seconds(root, p.intra_node) == doctest::Approx(3e-6 + 1'000'000 / 1e10));
@@ -112,6 +131,8 @@ TEST_CASE("profile JSON: to_json and parse round trip; a missing link kind falls
   CHECK(q.name == "test");
   CHECK(q.gemm_rate == doctest::Approx(p.gemm_rate));
   CHECK(q.gemm_call == doctest::Approx(p.gemm_call));
+  CHECK(q.gemm_product == 0);
+  CHECK(q.shared == 1);
   CHECK(q.memory_bandwidth == doctest::Approx(p.memory_bandwidth));
   CHECK(q.kernel_call == doctest::Approx(p.kernel_call));
   CHECK(q.peak_flops == doctest::Approx(p.peak_flops));
@@ -141,6 +162,24 @@ TEST_CASE("profile JSON: to_json and parse round trip; a missing link kind falls
   const std::string one_us = "\"gemm_call\": 1e-6";
   free_calls.replace(free_calls.find(one_us), one_us.size(), "\"gemm_call\": 0");
   CHECK(plan::Profile::parse(free_calls, "f.json").gemm_call == 0);
+  // a host's calibration: a cost per product and the devices sharing a core set, round trip;
+  // a profile without them (an older file) has neither
+  plan::Profile calibrated = simple();
+  calibrated.gemm_product = 3e-6;
+  calibrated.shared = 4;
+  const plan::Profile c = plan::Profile::parse(calibrated.to_json(), "c.json");
+  CHECK(c.gemm_product == doctest::Approx(3e-6));
+  CHECK(c.shared == doctest::Approx(4));
+  CHECK(h.gemm_product == 0);
+  CHECK(h.shared == 1);
+  std::string lone = one_link;
+  lone.replace(lone.find("\"node_size\": 8"), 14, "\"node_size\": 8, \"shared\": 0.5");
+  CHECK_THROWS_WITH_AS(plan::Profile::parse(lone, "s.json"),
+                       doctest::Contains("profile s.json: \"shared\" is 0.5; it must be 1 or more"), std::invalid_argument);
+  lone = one_link;
+  lone.replace(lone.find("\"node_size\": 8"), 14, "\"node_size\": 8, \"gemm_product\": -1");
+  CHECK_THROWS_WITH_AS(plan::Profile::parse(lone, "g.json"), doctest::Contains("\"gemm_product\" is -1"),
+                       std::invalid_argument);
 
   CHECK_THROWS_WITH_AS(plan::Profile::parse(R"({"gemm_rate": 1})", "x.json"),
                        doctest::Contains("profile x.json: no \"gemm_call\" (a number)"), std::invalid_argument);

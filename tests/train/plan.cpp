@@ -93,6 +93,7 @@ void simulated_equals_real(int devices, const gpt::Config& cfg = plan_config(), 
     CHECK(want.memory.peak > 0);
     CHECK(sim.work.gemm_flops == want.work.gemm_flops);
     CHECK(sim.work.gemm_calls == want.work.gemm_calls);
+    CHECK(sim.work.gemm_products == want.work.gemm_products);
     CHECK(sim.work.kernel_bytes == want.work.kernel_bytes);
     CHECK(sim.work.kernel_calls == want.work.kernel_calls);
     CHECK(sim.work.bubble == want.work.bubble);
@@ -215,6 +216,26 @@ TEST_CASE("simulate: GEMM FLOPs are counted per device, 2 M N K per product, the
   if (!sl::test::mpi_runtime())
     sl::Runtime::threads(4).spmd([&](sl::Context& ctx) { CHECK(step(ctx) == want); });
   sl::Runtime::simulate(4, 3).spmd([&](sl::Context& ctx) { CHECK(step(ctx) == want); });
+}
+
+TEST_CASE("simulate: a batched product is one GEMM call of as many products, the same shape-only") {
+  auto step = [](sl::Context& ctx) {
+    using Mesh = sl::Mesh<"data">;
+    Mesh mesh(ctx, {2});
+    using T = sl::DistributedTensor<float, Mesh, sl::Spec<"data", sl::none, sl::none>>;
+    const T a = T::random(mesh, {12, 4, 5}, 1), b = T::random(mesh, {12, 5, 3}, 2);
+    const sl::kernels::FlopCount f0 = sl::kernels::flop_count();
+    (void)sl::einsum<"bij,bjk->bik">(a, b);
+    return sl::kernels::flop_count() - f0;
+  };
+  // Each device: 6 of the 12 [4, 5] x [5, 3] products, in one call.
+  auto check = [](const sl::kernels::FlopCount& d) {
+    CHECK(d.gemm == 2ull * 6 * 4 * 3 * 5);
+    CHECK(d.gemm_calls == 1);
+    CHECK(d.gemm_products == 6);
+  };
+  if (!sl::test::mpi_runtime()) sl::Runtime::threads(2).spmd([&](sl::Context& ctx) { check(step(ctx)); });
+  sl::Runtime::simulate(2, 1).spmd([&](sl::Context& ctx) { check(step(ctx)); });
 }
 
 TEST_CASE("simulate: a 3.5-billion-parameter step planned on 1,024 and on 256 simulated devices, without its memory") {

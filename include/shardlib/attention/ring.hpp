@@ -196,11 +196,7 @@ struct RingShape {
     const kernels::FlopCount before = kernels::flop_count();
     f(std::int64_t{0});
     kernels::FlopCount& now = kernels::flop_count();
-    const auto more = static_cast<std::uint64_t>(batch - 1);
-    now.gemm += (now.gemm - before.gemm) * more;
-    now.gemm_calls += (now.gemm_calls - before.gemm_calls) * more;
-    now.kernel_calls += (now.kernel_calls - before.kernel_calls) * more;
-    now.kernel_bytes += (now.kernel_bytes - before.kernel_bytes) * more;
+    now.add(now - before, static_cast<std::uint64_t>(batch - 1));
   }
   int next() const { return (rank + 1) % p; }
   int previous() const { return (rank + p - 1) % p; }

@@ -41,7 +41,8 @@ inline SyncCount& sync_count() noexcept {
 /// The work this thread's kernels were asked for (each in-process device runs on a thread of its
 /// own, so these are that device's), by kind: `gemm`, 2·M·N·K floating-point operations per
 /// product of every GEMM (host BLAS or Eigen, cuBLAS), `gemm_calls` the GEMM calls (a batch counts
-/// once); the memory-bound kernels as calls and the bytes they move, which a cost model turns into
+/// once) and `gemm_products` their products (a batch counts each: a host BLAS runs a batch as
+/// one call a matrix, cuBLAS as one strided-batched call); the memory-bound kernels as calls and the bytes they move, which a cost model turns into
 /// time with a memory bandwidth and a per-call overhead. Counted before a kernel runs (a GEMM after
 /// its shape checks), in shape-only mode too, so a shape-only step (detail/shape_only.hpp) counts
 /// what the real step does. Read it before and after a step; a test or a planner may reset it.
@@ -49,10 +50,27 @@ inline SyncCount& sync_count() noexcept {
 struct FlopCount {
   std::uint64_t gemm = 0;
   std::uint64_t gemm_calls = 0;
+  std::uint64_t gemm_products = 0;
   /// Calls of the other (memory-bound) kernels: elementwise, layout, reductions, rows, optimizer,
   /// attention rows, moe, and the block copies, fills and loops of execute/block.hpp.
   std::uint64_t kernel_calls = 0;
   std::uint64_t kernel_bytes = 0;  ///< bytes those kernels read and write (each input and output element once)
+
+  /// What was counted since `before` (an earlier reading of the same count), field by field.
+  FlopCount operator-(const FlopCount& before) const noexcept {
+    return {gemm - before.gemm, gemm_calls - before.gemm_calls, gemm_products - before.gemm_products,
+            kernel_calls - before.kernel_calls, kernel_bytes - before.kernel_bytes};
+  }
+  /// Adds `times` times `more` (the work of one pass that `times` more would repeat).
+  FlopCount& add(const FlopCount& more, std::uint64_t times = 1) noexcept {
+    gemm += more.gemm * times;
+    gemm_calls += more.gemm_calls * times;
+    gemm_products += more.gemm_products * times;
+    kernel_calls += more.kernel_calls * times;
+    kernel_bytes += more.kernel_bytes * times;
+    return *this;
+  }
+  bool operator==(const FlopCount&) const = default;
 };
 
 /// This thread's FlopCount (see above).
@@ -67,6 +85,7 @@ inline void count_gemm(std::int64_t batch, std::int64_t m, std::int64_t n, std::
   f.gemm += 2 * static_cast<std::uint64_t>(batch) * static_cast<std::uint64_t>(m) * static_cast<std::uint64_t>(n) *
             static_cast<std::uint64_t>(k);
   ++f.gemm_calls;
+  f.gemm_products += static_cast<std::uint64_t>(batch);
 }
 
 /// Counts a call of a memory-bound kernel that reads and writes `bytes` in flop_count().

@@ -7,11 +7,16 @@
 ///
 /// | part | time |
 /// |---|---|
-/// | GEMMs | FLOPs / gemm_rate + calls × gemm_call |
+/// | GEMMs | FLOPs / gemm_rate + calls × gemm_call + products × gemm_product |
 /// | other kernels | bytes / memory_bandwidth + calls × kernel_call |
 /// | a collective | steps × α + bytes sent / bus bandwidth, of the link it crosses |
-/// | the bubble | (GEMMs + kernels) × b / (1 − b), b the schedule's idle fraction |
+/// | the bubble | C / (s (1 − b)) − C, 0 at least: C = GEMMs + kernels, b the schedule's idle fraction, s = shared |
 ///
+/// The bubble: alone, a device idle a fraction b of the step computes for C / (1 − b). Where s
+/// devices share one device's compute (Profile::shared: a host's devices over its cores), C is
+/// the device's compute while all of them compute, and one running alone does it in C / s; the
+/// step is the longer of the two, C when the stages' idle times are the others' running time
+/// (s = 1: C × b / (1 − b)).
 /// The step is their sum: nothing overlaps (shardlib's collectives run between the kernels). A
 /// collective's link is `intra_node` when every device it joins is on one node (the run's devices
 /// in order, node_size to a node: device d on node d / node_size), else `inter_node`. Steps by
@@ -32,6 +37,7 @@ namespace shardlib::plan {
 /// What one device does in one step: the inputs of the cost model.
 struct Work {
   std::uint64_t gemm_flops = 0, gemm_calls = 0;      ///< kernels::flop_count()'s gemm, gemm_calls
+  std::uint64_t gemm_products = 0;                   ///< its gemm_products (a batch counts each matrix)
   std::uint64_t kernel_bytes = 0, kernel_calls = 0;  ///< its kernel_bytes, kernel_calls
   std::vector<coll::CallRecord> calls;               ///< the step's collectives (coll::trace)
   double bubble = 0;  ///< the fraction of the step the pipeline's schedule leaves this device idle (Table::bubble)
@@ -93,11 +99,12 @@ inline double call_seconds(const coll::CallRecord& call, const Link& link) noexc
 inline StepTime predict(const Work& work, const Profile& profile) {
   StepTime t;
   if (profile.gemm_rate > 0)
-    t.gemm = static_cast<double>(work.gemm_flops) / profile.gemm_rate + work.gemm_calls * profile.gemm_call;
+    t.gemm = static_cast<double>(work.gemm_flops) / profile.gemm_rate + work.gemm_calls * profile.gemm_call +
+             work.gemm_products * profile.gemm_product;
   if (profile.memory_bandwidth > 0)
     t.kernels = static_cast<double>(work.kernel_bytes) / profile.memory_bandwidth + work.kernel_calls * profile.kernel_call;
-  const double b = std::clamp(work.bubble, 0.0, 0.99);
-  t.bubble = t.compute() * b / (1 - b);
+  const double b = std::clamp(work.bubble, 0.0, 0.99), s = std::max(1.0, profile.shared);
+  t.bubble = std::max(0.0, t.compute() / (s * (1 - b)) - t.compute());
   for (const coll::CallRecord& c : work.calls) {
     const LinkKind k = link_of(c, profile.node_size);
     const double s = call_seconds(c, profile.link(k));

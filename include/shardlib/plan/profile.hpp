@@ -45,11 +45,18 @@ struct Profile {
   std::string source;           ///< where the device's figures come from
   double gemm_rate = 0;         ///< sustained FLOP/s of large GEMMs
   double gemm_call = 0;         ///< seconds per GEMM call besides its FLOPs (launch, packing)
+  /// Seconds per product of a GEMM call besides its FLOPs: a host BLAS runs a batch as one call a
+  /// matrix (bench_calibrate fits this, not gemm_call); 0 where a batch is one call (cuBLAS).
+  double gemm_product = 0;
   double memory_bandwidth = 0;  ///< bytes per second of the memory-bound kernels
   double kernel_call = 0;       ///< seconds per memory-bound kernel call besides its bytes
   double peak_flops = 0;        ///< the datasheet's peak FLOP/s (MFU's denominator; 0: unknown)
   std::int64_t memory = 0;      ///< bytes of memory per device
   int node_size = 1;            ///< devices per node
+  /// The devices that take turns on one device's compute: a host's in-process devices (or
+  /// processes) over its cores, as bench_calibrate found them; 1 where each has its own (a GPU).
+  /// The rates above are each device's share while all compute; the cost model's bubble uses it.
+  double shared = 1;
   Link intra_node, inter_node;
   std::vector<std::string> notes;  ///< what load() took from a default, said once
 
@@ -134,9 +141,11 @@ struct Profile {
     str("source", source);
     num("gemm_rate", gemm_rate);
     num("gemm_call", gemm_call);
+    num("gemm_product", gemm_product);
     num("memory_bandwidth", memory_bandwidth);
     num("kernel_call", kernel_call);
     num("peak_flops", peak_flops);
+    num("shared", shared);
     s += "  \"memory\": " + std::to_string(memory) + ",\n";
     link("intra_node", intra_node);
     link("inter_node", inter_node);
@@ -176,6 +185,16 @@ struct Profile {
     p.kernel_call = number(top, "kernel_call", "", true);
     auto peak = top.numbers.find("peak_flops");
     p.peak_flops = peak == top.numbers.end() ? 0 : peak->second;
+    // Optional (older profiles lack them): no per-product cost, no sharing.
+    if (top.numbers.count("gemm_product")) p.gemm_product = number(top, "gemm_product", "", true);
+    if (top.numbers.count("shared")) {
+      p.shared = number(top, "shared", "");
+      if (p.shared < 1) {
+        char b[64];
+        std::snprintf(b, sizeof b, "%g", p.shared);
+        fail(std::string("\"shared\" is ") + b + "; it must be 1 or more (devices taking turns on one's compute)");
+      }
+    }
     p.memory = static_cast<std::int64_t>(number(top, "memory", ""));
     p.node_size = static_cast<int>(number(top, "node_size", ""));
     for (LinkKind k : {LinkKind::intra_node, LinkKind::inter_node}) {
