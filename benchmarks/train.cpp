@@ -6,6 +6,8 @@
 //   bench_train --devices 8 --recipe dp,zero1,zero2,zero3,tp,dp_tp,pp_dp,pp_zero1,pp_zero2,pp_tp,dp_moe [--steps 10]
 //               [--warmup 2] [--vocab 512 --seq 128 --dim 256 --heads 8 --ff 1024 --layers 2 --batch 16]
 //               [--stages 2 --microbatches 8] [--profile FILE]
+//               (pp_dp, pp_zero1, pp_zero2: micro-batches fewer than asked where a stage's data
+//               devices would not each get a row of every one; the record's "pipeline" says how many)
 //   bench_train --published [--profile F]: GPT-3 175B on 1,024 simulated A100s as Megatron-LM ran it
 //               (TP 8, micro-batches of 1, recomputation; PP 16 x DP 8), planned on shapes alone as
 //               its first and last device, its TFLOP/s per GPU predicted (the a100 preset, or F)
@@ -306,9 +308,18 @@ int main(int argc, char** argv) {
     if (first) std::fprintf(stderr, "train: %s on %d %s devices ...\n", name.c_str(), rt.num_devices(),
                             std::string(sl::to_string(rt.backend())).c_str());
     Result r;
-    const gpt::PipeConfig pc{stages, microbatches, sl::pipeline::Schedule::one_f_one_b, 1, false};
-    gpt::StepReport plan;
     const int n = rt.num_devices();
+    // A stage's data devices split each micro-batch's rows: fewer micro-batches where they would
+    // not all get one (batch 16 in 8 micro-batches of 2 rows over 4 data devices leaves two idle).
+    const bool rows_over_data = name == "pp_dp" || name == "pp_zero1" || name == "pp_zero2";
+    const std::int64_t data = rows_over_data ? std::max(1, n / std::max(1, stages)) : 1;
+    int mb = microbatches;
+    while (mb > 1 && (cfg.batch / mb < data || cfg.batch % mb != 0)) --mb;
+    if (mb != microbatches && first)
+      std::fprintf(stderr, "train: %s: %d micro-batches of %lld rows (not %d), one row at least for each of a stage's %lld data devices\n",
+                   name.c_str(), mb, (long long)(cfg.batch / mb), microbatches, (long long)data);
+    const gpt::PipeConfig pc{stages, mb, sl::pipeline::Schedule::one_f_one_b, 1, false};
+    gpt::StepReport plan;
     if (profile && first) {
       if (name == "pp_dp") plan = planned<gpt::PPxDP>(n, cfg, pc);
       else if (name == "pp_zero1") plan = planned<gpt::PPxZero1>(n, cfg, pc);
@@ -339,10 +350,12 @@ int main(int argc, char** argv) {
     }
     if (!first) continue;  // (under mpi, the process of device 0 writes the records)
     const sl::MemoryUsage& m = r.report.memory;
-    std::string moe;
+    std::string extra;  // the recipe's own fields: a mixture of experts', a pipeline's
     if (name == "dp_moe")
-      moe = "\"moe\": {\"experts\": " + std::to_string(moe_cfg.moe) + ", \"top_k\": " + std::to_string(moe_cfg.top_k) +
+      extra = "\"moe\": {\"experts\": " + std::to_string(moe_cfg.moe) + ", \"top_k\": " + std::to_string(moe_cfg.top_k) +
             ", \"capacity_factor\": " + std::to_string(moe_cfg.capacity_factor) + "}, ";
+    if (name.rfind("pp_", 0) == 0)
+      extra += "\"pipeline\": {\"stages\": " + std::to_string(pc.stages) + ", \"microbatches\": " + std::to_string(pc.microbatches) + "}, ";
     std::string predicted;
     if (profile) {
       const sl::plan::StepTime t = sl::plan::predict(plan.work, *profile);
@@ -351,10 +364,10 @@ int main(int argc, char** argv) {
       std::snprintf(buf, sizeof buf,
                     "\"predicted_seconds\": %.6g, \"prediction_ratio\": %.4g, \"predicted\": {\"gemm\": %.6g, "
                     "\"kernels\": %.6g, \"bubble\": %.6g, \"intra_node\": %.6g, \"inter_node\": %.6g}, "
-                    "\"work\": {\"gemm_flops\": %llu, \"gemm_calls\": %llu, \"kernel_bytes\": %llu, \"kernel_calls\": %llu, "
+                    "\"work\": {\"gemm_flops\": %llu, \"gemm_calls\": %llu, \"gemm_products\": %llu, \"kernel_bytes\": %llu, \"kernel_calls\": %llu, "
                     "\"collective_calls\": %zu, \"bubble\": %.4g}, \"profile\": \"%s\", ",
                     t.total(), t.total() / r.seconds, t.gemm, t.kernels, t.bubble, t.intra_node, t.inter_node,
-                    (unsigned long long)w.gemm_flops, (unsigned long long)w.gemm_calls,
+                    (unsigned long long)w.gemm_flops, (unsigned long long)w.gemm_calls, (unsigned long long)w.gemm_products,
                     (unsigned long long)w.kernel_bytes, (unsigned long long)w.kernel_calls, w.calls.size(), w.bubble,
                     profile_file.c_str());
       predicted = buf;
@@ -367,7 +380,7 @@ int main(int argc, char** argv) {
         "\"optimizer_state_bytes\": %lld, \"activations_bytes\": %lld, \"temporaries_bytes\": %lld, \"config\": {\"vocab\": %lld, \"seq\": %lld, "
         "\"dim\": %lld, \"heads\": %lld, \"ff\": %lld, \"layers\": %lld, \"batch\": %lld}}\n",
         name.c_str(), std::string(sl::to_string(rt.backend())).c_str(), n, r.seconds, base.seconds, r.seconds / base.seconds, tokens / r.seconds,
-        tokens / base.seconds, steps, r.first_loss, r.last_loss, predicted.c_str(), moe.c_str(), stats_json(sum(r.report)).c_str(),
+        tokens / base.seconds, steps, r.first_loss, r.last_loss, predicted.c_str(), extra.c_str(), stats_json(sum(r.report)).c_str(),
         (long long)m.parameters(), (long long)m.gradients(), (long long)m.optimizer_state(),
         (long long)m.activations(), (long long)m.temporaries(), (long long)cfg.vocab, (long long)cfg.seq, (long long)cfg.dim,
         (long long)cfg.heads, (long long)cfg.ff, (long long)cfg.layers, (long long)cfg.batch);
