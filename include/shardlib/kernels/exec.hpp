@@ -42,8 +42,9 @@ inline SyncCount& sync_count() noexcept {
 /// own, so these are that device's), by kind: `gemm`, 2·M·N·K floating-point operations per
 /// product of every GEMM (host BLAS or Eigen, cuBLAS), `gemm_calls` the GEMM calls (a batch counts
 /// once) and `gemm_products` their products (a batch counts each: a host BLAS runs a batch as
-/// one call a matrix, cuBLAS as one strided-batched call); the memory-bound kernels as calls and the bytes they move, which a cost model turns into
-/// time with a memory bandwidth and a per-call overhead. Counted before a kernel runs (a GEMM after
+/// one call a matrix, cuBLAS as one strided-batched call); the memory-bound kernels as calls and
+/// the bytes they move, which a cost model turns into time with a memory bandwidth and a per-call
+/// overhead. Counted before a kernel runs (a GEMM after
 /// its shape checks), in shape-only mode too, so a shape-only step (detail/shape_only.hpp) counts
 /// what the real step does. Read it before and after a step; a test or a planner may reset it.
 /// The FLOPs of cuDNN's fused attention are not counted yet (its bytes are, as a kernel's).

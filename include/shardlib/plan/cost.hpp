@@ -17,6 +17,7 @@
 /// the device's compute while all of them compute, and one running alone does it in C / s; the
 /// step is the longer of the two, C when the stages' idle times are the others' running time
 /// (s = 1: C × b / (1 − b)).
+///
 /// The step is their sum: nothing overlaps (shardlib's collectives run between the kernels). A
 /// collective's link is `intra_node` when every device it joins is on one node (the run's devices
 /// in order, node_size to a node: device d on node d / node_size), else `inter_node`. Steps by
@@ -103,8 +104,8 @@ inline StepTime predict(const Work& work, const Profile& profile) {
              work.gemm_products * profile.gemm_product;
   if (profile.memory_bandwidth > 0)
     t.kernels = static_cast<double>(work.kernel_bytes) / profile.memory_bandwidth + work.kernel_calls * profile.kernel_call;
-  const double b = std::clamp(work.bubble, 0.0, 0.99), s = std::max(1.0, profile.shared);
-  t.bubble = std::max(0.0, t.compute() / (s * (1 - b)) - t.compute());
+  const double b = std::clamp(work.bubble, 0.0, 0.99), shared = std::max(1.0, profile.shared);
+  t.bubble = std::max(0.0, t.compute() / (shared * (1 - b)) - t.compute());
   for (const coll::CallRecord& c : work.calls) {
     const LinkKind k = link_of(c, profile.node_size);
     const double s = call_seconds(c, profile.link(k));
