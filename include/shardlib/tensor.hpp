@@ -843,7 +843,7 @@ R reduce_block(const Context& ctx, const ShardBox& box, const F& f, const T* a, 
                            Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(ctx.exec(), 0, walk.chunks()),
                            [=](std::int64_t c) {
                              R acc = reduce_identity<Op, R>();
-                             walk(c, [&acc, &f, a, in](const Idx& g, std::int64_t k) {
+                             walk(c, [&](const Idx& g, std::int64_t k) {
                                reduce_into<Op>(acc, static_cast<R>(f(g, a[k], detail::get<I>(in)[k]...)));
                              });
                              out[c] = acc;

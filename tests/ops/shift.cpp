@@ -377,7 +377,9 @@ TEST_CASE("where selects elementwise with broadcasting and the elementwise rule'
               return;
             }
             const auto out = sl::where(cond, a, b);
-            const auto rc = oracle::host(cond), ra = oracle::host(a), rb = oracle::host(b);
+            const auto rc = oracle::host(cond);
+            const auto ra = oracle::host(a);
+            const auto rb = oracle::host(b);
             Ref<2> want(shape);
             oracle::for_each_index(shape, [&](const Idx<2>& i) { want(i) = rc(i) != 0 ? ra(i) : rb.bcast(i); });
             oracle::expect_tensor(out, want, Tol::exact(), what);

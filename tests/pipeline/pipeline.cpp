@@ -207,7 +207,9 @@ void check(sl::Context& ctx, const Case& c) {
   CHECK(st.loss == doctest::Approx(want_loss).epsilon(1e-6));
   CHECK(st.forwards == m * c.chunks);
   CHECK(st.backwards == m * c.chunks);
-  for (auto& [l, L] : mine) {
+  for (auto& entry : mine) {  // not a structured binding: clang 14 cannot capture one (CHECK_MESSAGE)
+    const auto l = entry.first;
+    auto& L = entry.second;
     sl::sync_grads(L.g, L.w1, L.w2);
     const Layer& R = all[static_cast<std::size_t>(l)];
     CHECK_MESSAGE(block_diff(L.g.grad(), R.g.grad()) <= 1e-5, "layer " << l << " g");
