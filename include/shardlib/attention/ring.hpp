@@ -166,6 +166,7 @@ struct RingShape {
   /// the run's start).
   template <class F>
   void for_each_query_tile(const RingRuns& held, F&& f) const {
+    if (batch == 0 || heads == 0) return;  // no matrices: the blocks have no storage (null) to offset
     for (int a = 0; a < held.n; ++a)
       for (std::int64_t first = 0; first < held.run[a].size; first += block) f(a, first, std::min(block, held.run[a].size - first));
   }

@@ -127,7 +127,7 @@ void fold_rows(const Exec& exec, const char* label, const T* in, std::int64_t ou
                const Op& op) {
   using State = decltype(op.init(std::int64_t{}));
   for_row_blocks(exec, label, outer, inner, [=](std::int64_t o, std::int64_t i0, std::int64_t len) {
-    const T* base = in + o * n * inner + i0;
+    const T* base = n == 0 ? in : in + o * n * inner + i0;  // an empty input may have no storage (null)
     if (inner == 1) {
       State s[lanes];
       for (std::int64_t l = 0; l < lanes; ++l) s[l] = op.init(o);
@@ -259,7 +259,7 @@ struct ReduceDimKernel {
   Acc init;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const {
     const std::int64_t o = k / inner, i = k % inner;
-    const T* p = in + o * n * inner + i;
+    const T* p = n == 0 ? in : in + o * n * inner + i;  // empty rows: `in` may be null
     Acc acc = init;
     for (std::int64_t j = 0; j < n; ++j) {
       const Acc x = static_cast<Acc>(p[j * inner]);
@@ -281,7 +281,7 @@ struct ExpSumKernel {
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const {
     using std::exp;
     const std::int64_t o = k / inner, i = k % inner;
-    const T* p = in + o * n * inner + i;
+    const T* p = n == 0 ? in : in + o * n * inner + i;  // empty rows: `in` may be null
     const T m = row_max[k];
     double s = 0;
     for (std::int64_t j = 0; j < n; ++j) s += static_cast<double>(exp(p[j * inner] - m));
@@ -298,7 +298,7 @@ struct MomentsKernel {
   std::int64_t n, inner;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const {
     const std::int64_t o = k / inner, i = k % inner;
-    const T* p = in + o * n * inner + i;
+    const T* p = n == 0 ? in : in + o * n * inner + i;  // empty rows: `in` may be null
     double s = 0, q = 0;
     for (std::int64_t j = 0; j < n; ++j) {
       const double v = static_cast<double>(p[j * inner]);
@@ -370,7 +370,7 @@ struct ArgDimKernel {
   T init;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const {
     const std::int64_t o = k / inner, i = k % inner;
-    const T* p = in + o * n * inner + i;
+    const T* p = n == 0 ? in : in + o * n * inner + i;  // empty rows: `in` may be null
     T v = init;
     std::int64_t at = -1;
     for (std::int64_t j = 0; j < n; ++j) {
