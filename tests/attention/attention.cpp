@@ -257,6 +257,9 @@ TEST_CASE("bad input: shapes named, the mask's shape, an empty key sequence, the
                          "shardlib: attention: the block (AttentionOptions::block) is -2; it is the side of the tiles of "
                          "scores, positive, or 0 to pick one",
                          std::invalid_argument);
+    // The same on the default (unfused) path, which has no tiles to use it on.
+    CHECK_THROWS_WITH_AS(sl::attention(q, k, v, {.block = -1}),
+                         doctest::Contains("the block (AttentionOptions::block) is -1"), std::invalid_argument);
     // What ran: the ops, on host memory.
     const auto before = sl::attention_stats(ctx);
     (void)sl::attention(q, k, v, {.causal = true});

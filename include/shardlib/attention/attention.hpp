@@ -189,8 +189,8 @@ inline constexpr bool attention_operands_fit_v =
     std::is_same_v<typename Q::memory_space, typename K::memory_space> &&
     std::is_same_v<typename Q::memory_space, typename V::memory_space>;
 
-/// Checks the shapes (throws std::invalid_argument naming the tensors and their shapes) and
-/// returns the scale.
+/// Checks the shapes (throws std::invalid_argument naming the tensors and their shapes) and the
+/// options (scale, block), and returns the scale.
 template <std::size_t R>
 double attention_check(const std::array<std::int64_t, R>& q, const std::array<std::int64_t, R>& k,
                        const std::array<std::int64_t, R>& v, const AttentionOptions& o) {
@@ -207,6 +207,9 @@ double attention_check(const std::array<std::int64_t, R>& q, const std::array<st
     throw std::invalid_argument("shardlib: attention: k and v have sequence length 0: a query has no key to attend to" + all);
   if (q[3] == 0) throw std::invalid_argument("shardlib: attention: the head dim is 0" + all);
   if (!std::isfinite(o.scale)) throw std::invalid_argument("shardlib: attention: the scale is not finite" + all);
+  if (o.block < 0)  // refused whichever kernel runs: a later call may take the blockwise one
+    throw std::invalid_argument("shardlib: attention: the block (AttentionOptions::block) is " + std::to_string(o.block) +
+                                "; it is the side of the tiles of scores, positive, or 0 to pick one");
   return o.scale != 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(q[3]));
 }
 
@@ -355,9 +358,6 @@ auto attention_blockwise(const Q& q0, const K& k0, const V& v0, const Mask* mask
                                 (ring ? "ring attention on the host takes float or double, not "
                                       : "the fused kernel on the host takes float or double, not ") +
                                 element_name<T>() + (ring ? " (ContextParallel::all_to_all takes it)" : " (AttentionKernel::unfused takes it)"));
-  if (block < 0)
-    throw std::invalid_argument("shardlib: attention: the block (AttentionOptions::block) is " + std::to_string(block) +
-                                "; it is the side of the tiles of scores, positive, or 0 to pick one");
   const auto q = shardlib::reshard<RSpec>(q0);
   const auto k = shardlib::reshard<RSpec>(k0);
   const auto v = shardlib::reshard<RSpec>(v0);
