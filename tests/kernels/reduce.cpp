@@ -472,6 +472,19 @@ TEST_SUITE("kernels_reduce") {
       }
   }
 
+  TEST_CASE("a row launch that needs more teams than Kokkos' int league holds is refused, naming the kernel") {
+    using Member = Kokkos::TeamPolicy<Kokkos::DefaultHostExecutionSpace, Kokkos::LaunchBounds<1024, 1>>::member_type;
+    bool ran = false;
+    const auto kernel = [&ran](const Member&) { ran = true; };
+    CHECK_THROWS_WITH_AS(k::launch_row_groups(exec, "test::rows", I64(1) << 40, k::RowGroups{1, 1, 8}, 0, kernel),
+                         "shardlib: test::rows: 1099511627776 rows of 1 a team need 1099511627776 teams, more than one "
+                         "launch takes (2^31 - 1)",
+                         std::length_error);
+    CHECK_FALSE(ran);
+    k::launch_row_groups(exec, "test::rows", 3, k::RowGroups{1, 1, 8}, 0, kernel);  // a small one runs
+    CHECK(ran);
+  }
+
   TEST_CASE("rows_fused (a team per row, one launch) gives what the stats and apply kernels give") {
     // The GPU's kernel for whole contiguous rows, run here on a host instance (a thread per team),
     // against detail::portable's stats and apply kernels on the same rows: softmax and

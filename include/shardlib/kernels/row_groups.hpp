@@ -28,6 +28,9 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 namespace shardlib::kernels {
@@ -183,6 +186,10 @@ void launch_row_groups(const Exec& exec, const char* label, std::int64_t rows, c
   if (rows <= 0 || shardlib::shape_only()) return;
   const std::int64_t per_team = g.team / g.group;
   const std::int64_t league = (rows + per_team - 1) / per_team;
+  if (league > std::numeric_limits<int>::max())  // Kokkos' league size is an int
+    throw std::length_error(std::string("shardlib: ") + label + ": " + std::to_string(rows) + " rows of " +
+                            std::to_string(per_team) + " a team need " + std::to_string(league) +
+                            " teams, more than one launch takes (2^31 - 1)");
   Kokkos::TeamPolicy<Exec, Kokkos::LaunchBounds<1024, 1>> policy(exec, static_cast<int>(league), g.team);
   if (scratch > 0) policy.set_scratch_size(0, Kokkos::PerTeam(scratch));
   Kokkos::parallel_for(label, policy, k);
