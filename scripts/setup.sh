@@ -18,17 +18,7 @@ packages=(
   libhdf5-dev python3-h5py                         # checkpoints (HDF5), and h5py for their test
   ccache                                           # compiler cache (Meson uses it when present)
 )
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "setup: installing ${missing[*]}"
-  sudo=()
-  [ "$(id -u)" = 0 ] || sudo=(sudo)
-  "${sudo[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}"
-fi
+./scripts/packages.sh "${packages[@]}"
 
 # ccache: a second build of the same sources (another clone, CI after you) compiles only what
 # changed. With debug info ccache keys on the build directory too, by default; let clones share
