@@ -2,7 +2,7 @@
 # Installs those of the Debian packages named on the command line that are missing (apt-get, with
 # sudo when not root); installs nothing, and needs no network, when all are there.
 #   scripts/packages.sh PACKAGE...
-# scripts/setup.sh names the build's packages; .ci/run the sanitizer stages' compiler (clang).
+# scripts/setup.sh names the build's packages; .ci/run the AddressSanitizer stage's compiler (clang).
 set -euo pipefail
 missing=()
 for p in "$@"; do
