@@ -4,7 +4,10 @@
 // passed in or captured), the bytes held between forward and backward shrink to the stage
 // inputs (the memory account), the backward's collectives are the recorded backward's plus the
 // forward's once more, and the bad inputs (a captured Var, an output that depends on no input)
-// fail clearly or give the right gradients. Runs on 1..8 threads devices and under mpirun.
+// fail clearly or give the right gradients. ZeRO-3's weights gathered with
+// reshard(w, sl::recompute): the same gradients bit for bit, freed after the forward (the
+// memory account), gathered again in the backward, float32 and a bf16 weight cast to float32.
+// Runs on 1..8 threads devices and under mpirun.
 #include <doctest/doctest.h>
 #include <shardlib/autodiff.hpp>
 
@@ -224,5 +227,90 @@ TEST_CASE("checkpoint: an output that depends on no input gives the input a zero
     auto k = sl::checkpoint([](const auto& in) { return in * 2.f; }, c);
     CHECK(!k.requires_grad());
   }, {1, 2});
+}
+
+namespace {
+/// A ZeRO-3 stack: each layer's weights stored split over "data" along their first dim and
+/// gathered for use (reshard<Spec<none, none>>), `Recompute` as reshard(w, sl::recompute), the
+/// weights of element type `W` cast to float32 for the matmuls. Returns the gradients' bits and
+/// fills the bytes held after the forward and the forward's and backward's collectives.
+template <class W, bool Recompute>
+std::vector<std::vector<std::uint32_t>> zero3_run(sl::Context& ctx, std::int64_t* held, sl::coll::CommStats* fwd_stats,
+                                                  sl::coll::CommStats* bwd_stats) {
+  M mesh(ctx, {ctx.num_devices(), 1});
+  using Stored = Spec<"data", none>;
+  using Full = Spec<none, none>;
+  using P = sl::Param<sl::DistributedTensor<W, M, Stored>>;
+  constexpr std::int64_t B = 6, D = 8, F = 16;
+  std::vector<std::pair<P, P>> layers;
+  for (std::uint64_t l = 0; l < 3; ++l)
+    layers.emplace_back(P(sl::DistributedTensor<W, M, Stored>::random(mesh, {D, F}, 10 * l + 1, -0.5f, 0.5f)),
+                        P(sl::DistributedTensor<W, M, Stored>::random(mesh, {F, D}, 10 * l + 2, -0.5f, 0.5f)));
+  auto use = [](const P& w) {
+    auto full = [&] {
+      if constexpr (Recompute) return sl::reshard<Full>(w, sl::recompute);
+      else return sl::reshard<Full>(w);
+    }();
+    if constexpr (std::is_same_v<W, float>) return full;
+    else return sl::cast<float>(full);
+  };
+  sl::Param x(Ten<Act>::random(mesh, {B, D}, 1, -1.f, 1.f));
+  const auto y = Ten<Act>::random(mesh, {B, D}, 2, -1.f, 1.f);
+  const std::int64_t before = sl::memory_usage(ctx).activations();
+  sl::coll::CommRecorder fwd;
+  sl::Var<Ten<Act>> h = x;
+  for (const auto& [w1, w2] : layers) h = h + sl::matmul(sl::gelu(sl::matmul(h, use(w1))), use(w2));
+  auto loss = sl::mse_loss(h, y);
+  *fwd_stats = fwd.stats();
+  *held = sl::memory_usage(ctx).activations() - before;
+  sl::coll::CommRecorder bwd;
+  sl::backward(loss);
+  *bwd_stats = bwd.stats();
+  std::vector<std::vector<std::uint32_t>> out{bits(x.grad())};
+  for (const auto& [w1, w2] : layers) {
+    for (const P* w : {&w1, &w2}) {
+      const auto v = w->grad().to_host();
+      std::vector<std::uint32_t> b;
+      for (const W e : v) {
+        float f = static_cast<float>(e);
+        std::uint32_t u;
+        std::memcpy(&u, &f, sizeof u);
+        b.push_back(u);
+      }
+      out.push_back(b);
+    }
+  }
+  return out;
+}
+
+template <class W>
+void check_zero3_recompute(sl::Context& ctx) {
+  std::int64_t held_kept = 0, held_recomputed = 0;
+  sl::coll::CommStats fwd_kept, bwd_kept, fwd_re, bwd_re;
+  const auto want = zero3_run<W, false>(ctx, &held_kept, &fwd_kept, &bwd_kept);
+  const auto got = zero3_run<W, true>(ctx, &held_recomputed, &fwd_re, &bwd_re);
+  REQUIRE(got.size() == want.size());
+  for (std::size_t k = 0; k < want.size(); ++k) CHECK_MESSAGE(got[k] == want[k], "gradient " << k);
+  // Held after the forward: the kept stack also holds each gathered weight (its float32 copy
+  // under a cast) for its matmul's backward: 6 of 8 x 16 floats a device.
+  const std::int64_t gathered = 6 * 8 * 16 * static_cast<std::int64_t>(sizeof(float));
+  CHECK_MESSAGE(held_kept - held_recomputed == gathered, held_kept << " bytes held kept, " << held_recomputed << " recomputed");
+  // The forward gathers each weight once either way; the backward again when recomputed.
+  const std::uint64_t gathers = ctx.num_devices() > 1 ? 6 : 0;
+  CHECK(fwd_re.total_calls() == fwd_kept.total_calls());
+  CHECK(fwd_kept[Kind::all_gather].calls == gathers);
+  CHECK(bwd_kept[Kind::all_gather].calls == 0);
+  CHECK(bwd_re[Kind::all_gather].calls == gathers);
+  CHECK(bwd_re[Kind::all_gather].bytes_received == fwd_re[Kind::all_gather].bytes_received);
+  CHECK(bwd_re.total_calls() == bwd_kept.total_calls() + gathers);
+}
+}  // namespace
+
+TEST_CASE("reshard(w, sl::recompute): ZeRO-3's gathered weights freed after the forward, gathered again in the backward, the same gradients") {
+  sl::test::for_each_run([](sl::Context& ctx) { check_zero3_recompute<float>(ctx); });
+}
+
+TEST_CASE("reshard(w, sl::recompute) of a bf16 weight cast to float32: the cast is recomputed too") {
+  sl::test::for_each_run([](sl::Context& ctx) { check_zero3_recompute<sl::bf16>(ctx); }, {1, 2, 4});
 }
 }

@@ -222,6 +222,11 @@ auto cast(const A& a) {
   auto out = shardlib::cast<U>(a.value());
   using Out = decltype(out);
   if (!a.requires_grad() || !autodiff::detail::recording(a.node())) return Var<Out>(std::move(out));
+  if (a.node()->recomputable()) {  // a cast of a recomputable value is one too (a 16-bit ZeRO-3 weight's float32 copy)
+    auto n = std::make_shared<autodiff::detail::CastNode<Out, In>>(
+        a.node(), out, [in = a.node()] { return shardlib::cast<U>(in->recompute()); });
+    return Var<Out>(std::move(out), std::move(n));
+  }
   auto n = std::make_shared<autodiff::detail::CastNode<Out, In>>(a.node(), out);
   return Var<Out>(std::move(out), std::move(n));
 }

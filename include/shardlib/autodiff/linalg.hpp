@@ -78,15 +78,17 @@ auto einsum_var(const A& a, const B& b, const C* c = nullptr) {
     auto nb = node(b);
     std::optional<AT> sa;
     std::optional<BT> sb;
-    if (nb) sa = value(a);
-    if (na) sb = value(b);
+    // An operand the backward can compute again (reshard(v, sl::recompute)) is not kept: the
+    // rule recomputes it.
+    if (nb && !(na && na->recomputable())) sa = value(a);
+    if (na && !(nb && nb->recomputable())) sb = value(b);
     // (Operands of other ranks than the subscripts': the forward has said so; the backward's
     // einsums are not instantiated, to say it once.)
     constexpr bool fits = static_cast<int>(AT::rank) == s.rank[0] && static_cast<int>(BT::rank) == s.rank[1];
     auto rule = [na, nb, sa = std::move(sa), sb = std::move(sb)](const auto& g, BackwardPass& p) {
       if constexpr (fits) {
-        if (na) give(p, 0, *na, einsum_op<Name, ga>(g, *sb));
-        if (nb) give(p, 1, *nb, einsum_op<Name, gb>(*sa, g));
+        if (na) give(p, 0, *na, einsum_op<Name, ga>(g, sb ? *sb : nb->recompute()));
+        if (nb) give(p, 1, *nb, einsum_op<Name, gb>(sa ? *sa : na->recompute(), g));
       }
     };
     if constexpr (Added) {

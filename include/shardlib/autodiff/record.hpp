@@ -104,6 +104,33 @@ auto reshard(const V& v) {
   return Var<Out>(std::move(out), std::move(n));
 }
 
+/// Tag of `reshard<NewSpec>(v, sl::recompute)`.
+struct Recompute {};
+/// `reshard<NewSpec>(v, sl::recompute)`: the backward pass computes the value again where it needs
+/// it instead of keeping it from the forward (ZeRO-3 / FSDP: a weight gathered for its matmul is
+/// freed after the forward, gathered again in the backward).
+inline constexpr Recompute recompute{};
+
+/// `reshard<NewSpec>(v)` whose value the backward pass recomputes rather than keeps: a contraction
+/// (einsum, matmul, and their _add forms) that reads it saves nothing of it and reshards `v`'s
+/// value again when its rule runs, as does one reading a `cast` of it. So a layer's gathered weight
+/// lives for the forward's own handles on it, not until the backward: ZeRO-3's memory (parameters
+/// 1/N) for one more all_gather per weight in the backward, as FSDP's `reshard_after_forward`.
+/// The value the backward reshards is `v`'s as it is then: do not update `v` in place between
+/// the forward and the backward (an optimizer step comes after the backward). Other ops that
+/// save their operand (elementwise products, the norms) keep the value as they would.
+/// `auto w = sl::reshard<sl::Spec<sl::none, sl::none>>(w_zero3, sl::recompute);`
+template <class NewSpec, VarType V>
+auto reshard(const V& v, Recompute) {
+  using In = typename std::remove_cvref_t<V>::tensor_type;
+  using Out = DistributedTensor<typename In::value_type, typename In::mesh_type, NewSpec, typename In::memory_space>;
+  Out out = shardlib::reshard<NewSpec>(v.value());
+  if (!v.requires_grad() || !autodiff::detail::recording(v.node())) return Var<Out>(std::move(out));
+  auto n = std::make_shared<autodiff::detail::ReshardNode<Out, In>>(
+      v.node(), out, [source = v.value()] { return shardlib::reshard<NewSpec>(source); });
+  return Var<Out>(std::move(out), std::move(n));
+}
+
 namespace autodiff::detail {
 /// The operand with its partial clause resolved (a recorded reshard), for nonlinear ops; the
 /// operand itself when it is not partial.

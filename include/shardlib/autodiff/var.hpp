@@ -12,6 +12,7 @@
 #include <shardlib/autodiff/graph.hpp>
 #include <shardlib/tensor.hpp>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -108,9 +109,21 @@ class TensorNode : public Node {
     return G(mesh_, shape_, std::move(b.keep), const_cast<T*>(b.data));
   }
 
+  /// Whether the backward pass can compute this node's value again instead of an op keeping it
+  /// for its backward rule: a `reshard(v, sl::recompute)` (ZeRO-3's gathered weights), and a cast
+  /// of one. A contraction (einsum, matmul) saves such an operand as nothing and recomputes it
+  /// when its rule runs, so the value lives only as long as the forward's own handles on it.
+  bool recomputable() const noexcept { return static_cast<bool>(recompute_); }
+  /// This node's value, computed again (collective where the op is; only where recomputable()).
+  Tensor recompute() const {
+    if (!recompute_) throw std::logic_error("shardlib: recompute() of a '" + std::string(this->op()) + "' node that keeps no way to");
+    return recompute_();
+  }
+
  protected:
   typename Tensor::mesh_type mesh_;
   typename Tensor::Shape shape_;
+  std::function<Tensor()> recompute_;  ///< set by the ops that can recompute their value (see recomputable())
 };
 
 /// An op's node: `Rule` runs the backward rule on the resolved gradient (a `grad_tensor_t<Out>`).
@@ -140,13 +153,21 @@ class ReshardNode final : public TensorNode<Out> {
  public:
   ReshardNode(std::shared_ptr<TensorNode<In>> input, const Out& value)
       : TensorNode<Out>("reshard", {input}, value), input_(std::move(input)) {}
+  /// The same, whose value `recompute` computes again in the backward (reshard(v, sl::recompute)).
+  ReshardNode(std::shared_ptr<TensorNode<In>> input, const Out& value, std::function<Out()> recompute)
+      : ReshardNode(std::move(input), value) {
+    this->recompute_ = std::move(recompute);
+  }
   void backward(BackwardPass&) override {
     for (Contribution& c : this->pending_) input_->add(std::move(c));
     this->pending_.clear();
   }
 
  protected:
-  void release_saved() override { input_.reset(); }
+  void release_saved() override {
+    input_.reset();
+    this->recompute_ = nullptr;
+  }
 
  private:
   std::shared_ptr<TensorNode<In>> input_;
@@ -160,6 +181,11 @@ class CastNode final : public TensorNode<Out> {
  public:
   CastNode(std::shared_ptr<TensorNode<In>> input, const Out& value)
       : TensorNode<Out>("cast", {input}, value), input_(std::move(input)) {}
+  /// The same, recomputable (a cast of a recomputable value: `recompute` casts it again).
+  CastNode(std::shared_ptr<TensorNode<In>> input, const Out& value, std::function<Out()> recompute)
+      : CastNode(std::move(input), value) {
+    this->recompute_ = std::move(recompute);
+  }
   void backward(BackwardPass&) override {
     using U = typename Out::value_type;
     using T = typename In::value_type;
@@ -176,7 +202,10 @@ class CastNode final : public TensorNode<Out> {
   }
 
  protected:
-  void release_saved() override { input_.reset(); }
+  void release_saved() override {
+    input_.reset();
+    this->recompute_ = nullptr;
+  }
 
  private:
   std::shared_ptr<TensorNode<In>> input_;
