@@ -591,6 +591,48 @@ TEST_CASE("ZeRO-2: the pending gradients are reduce-scattered during the backwar
       {4, 8});
 }
 
+TEST_CASE("ZeRO-3: a split weight's gradient is reduce-scattered during the backward, one full-size addend at a time") {
+  // Six weights stored split over "data", gathered for their matmuls (a weight's gradient
+  // arrives as a full-size addend, partial over "data"): a backward that resolves (sync = true) with
+  // buckets of 0 bytes reduce-scatters each weight's gradient into its shard as soon as the pass
+  // is done with the weight, so the pass's high point holds one weight's addends and the shards,
+  // not every full-size addend until the end of the pass. The gradients are those resolved at
+  // the end, bit for bit (buckets of 25 MiB: every weight at the end, as before).
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        M mesh(ctx, {ctx.num_devices()});
+        constexpr int K = 6;
+        constexpr std::int64_t S = 64 * 64 * sizeof(float);  // one weight's bytes
+        std::vector<sl::Param<Split2>> w;
+        for (int k = 0; k < K; ++k) w.emplace_back(Split2::random(mesh, {64, 64}, 10 + k, -1.f, 1.f));
+        const auto x = Split2::random(mesh, {8 * ctx.num_devices(), 64}, 3, -1.f, 1.f);
+        auto run = [&](std::size_t bucket, std::int64_t* high) {
+          for (auto& p : w) p.zero_grad();
+          auto loss = sl::sum_all(sl::matmul(x, sl::reshard<Spec<none, none>>(w[0], sl::recompute)));
+          for (int k = 1; k < K; ++k) loss = loss + sl::sum_all(sl::matmul(x, sl::reshard<Spec<none, none>>(w[k], sl::recompute)));
+          sl::reset_peak_memory(ctx);
+          const std::int64_t before = sl::memory_usage(ctx).total();
+          sl::coll::CommRecorder rec;
+          sl::backward(loss, {.bucket_bytes = bucket});
+          CHECK(rec[Kind::reduce_scatter].calls == K);
+          *high = sl::memory_usage(ctx).peak - before;
+          CHECK(sl::memory_usage(ctx).gradients() == K * (S / ctx.num_devices()));  // the shards
+          std::vector<std::vector<float>> g;
+          for (const auto& p : w) g.push_back(p.grad().to_host());
+          return g;
+        };
+        std::int64_t at_once = 0, at_end = 0;
+        const auto got = run(0, &at_once);
+        const auto want = run(std::size_t{25} << 20, &at_end);
+        CHECK(got == want);
+        INFO("the backward's high point: " << at_once << " bytes above its start with buckets of 0 bytes, " << at_end
+                                           << " with 25 MiB; one weight is " << S);
+        if (ctx.num_devices() >= 4) CHECK(at_once < K * S / 2);  // without it: every weight's addend
+        CHECK(at_end >= K * S);                                  // every weight's addend until the end of the pass
+      },
+      {4, 8});
+}
+
 TEST_CASE("a backward that leaves gradients pending counts them as gradients, its own bytes as temporaries; each role keeps its own peak") {
   // A pipeline's micro-batches (backward with sync = false) hold each parameter's partial sums
   // between passes: they are gradients in the memory account from the pass that makes them on,

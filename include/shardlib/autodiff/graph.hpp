@@ -49,6 +49,9 @@ struct BackwardOptions {
   /// the parameters an optimizer keeps state for in another spec (ZeRO-2) are reduce-scattered
   /// into it once their full-size gradients in flight reach this many bytes (DeepSpeed's
   /// reduce_bucket_size), and at the end of the pass; 0: each as soon as the pass is done with it.
+  /// With `sync = true`, the parameters whose gradients do not resolve by an all_reduce (a split
+  /// parameter's reduce_scatter: ZeRO-3 / FSDP) resolve in the same buckets of full-size bytes
+  /// during the pass, not all at its end.
   std::size_t bucket_bytes = std::size_t{25} << 20;
   /// With `sync = false`: reduce-scatter the pending gradients of the parameters an optimizer keeps
   /// state for in another spec during the pass (ZeRO-2, above). False keeps their full-size sums
@@ -118,6 +121,12 @@ class LeafGrad {
   /// into the layout an optimizer asked for (ZeRO-2: a reduce_scatter into the state's shard), so
   /// the full-size addends are freed during the pass, not at the step. Collective.
   virtual void settle() = 0;
+  /// In a pass that resolves gradients (`sync = true`), called once the pass is done with a
+  /// parameter whose gradient does not resolve by an all_reduce (a split parameter: ZeRO-3's
+  /// reduce_scatter; one used in several layouts): resolves its contributions into its own spec,
+  /// still pending (the pass commits every gradient at its end, so a throw changes none), so the
+  /// full-size addends are freed during the pass. Collective.
+  virtual void settle_own() = 0;
 };
 
 /// State of one backward pass, passed to the nodes' rules.

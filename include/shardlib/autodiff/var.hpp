@@ -282,14 +282,9 @@ class LeafNode final : public TensorNode<Tensor>, public LeafGrad {
     return n;
   }
   void settle() override {
-    if (!settle_ || this->pending_.empty()) return;
-    if (this->pending_.size() == 1 && this->pending_.front().sharding == *settle_) return;
-    Block<T> b = resolve<T, Mem>(this->mesh_.context(), this->mesh_.shape(), this->shape_, this->pending_, *settle_);
-    if (b.keep) block_cache<Mem>(this->mesh_.context()).retag(b.keep, MemoryRole::gradients);
-    Contribution c{*settle_, b.box, std::move(b.keep), const_cast<T*>(b.data)};
-    this->pending_.clear();
-    this->pending_.push_back(std::move(c));
+    if (settle_) settle_as(*settle_);
   }
+  void settle_own() override { settle_as(Tensor::sharding); }
   /// Where `settle` resolves pending contributions (an optimizer's state layout), or nothing.
   void settle_into(std::optional<Sharding> layout) noexcept { settle_ = layout; }
 
@@ -303,6 +298,17 @@ class LeafNode final : public TensorNode<Tensor>, public LeafGrad {
   void release_saved() override {}
 
  private:
+  /// The pending contributions resolved into `layout`, as the one pending contribution.
+  void settle_as(const Sharding& layout) {
+    if (this->pending_.empty()) return;
+    if (this->pending_.size() == 1 && this->pending_.front().sharding == layout) return;
+    Block<T> b = resolve<T, Mem>(this->mesh_.context(), this->mesh_.shape(), this->shape_, this->pending_, layout);
+    if (b.keep) block_cache<Mem>(this->mesh_.context()).retag(b.keep, MemoryRole::gradients);
+    Contribution c{layout, b.box, std::move(b.keep), const_cast<T*>(b.data)};
+    this->pending_.clear();
+    this->pending_.push_back(std::move(c));
+  }
+
   std::optional<Tensor> grad_;
   std::optional<Sharding> settle_;
 };
@@ -416,7 +422,7 @@ SHARDLIB_NOINLINE inline void run_backward(Node& root, const BackwardOptions& op
   std::vector<LeafGrad*> leaves, unsettled;
   std::size_t unsettled_bytes = 0;
   auto settle_all = [&] {
-    for (LeafGrad* l : unsettled) l->settle();
+    for (LeafGrad* l : unsettled) options.sync ? l->settle_own() : l->settle();
     unsettled.clear();
     unsettled_bytes = 0;
   };
@@ -428,8 +434,11 @@ SHARDLIB_NOINLINE inline void run_backward(Node& root, const BackwardOptions& op
       if (LeafGrad* l = n->as_leaf()) {
         leaves.push_back(l);
         // Every consumer of the parameter has run: its pending gradient is complete. ZeRO-2's
-        // reduce_scatters go by buckets of full-size bytes (the same on every device).
-        if (!options.sync && options.settle && l->settles() && l->has_pending_grad()) {
+        // reduce_scatters go by buckets of full-size bytes (the same on every device), as do
+        // ZeRO-3's (a split parameter's gradient, resolved with sync = true) into its own spec.
+        AxisList axes;
+        const bool settles = options.sync ? !l->resolves_by_all_reduce(axes) : options.settle && l->settles();
+        if (settles && l->has_pending_grad()) {
           unsettled.push_back(l);
           unsettled_bytes += l->full_bytes();
           if (unsettled_bytes >= options.bucket_bytes) settle_all();
