@@ -480,9 +480,10 @@ struct Model {
     return P<S>(PTen<Stored<S>>::random(mesh, shape, cfg.seed * 7919 + salt, -amp, amp));
   }
   P<Vec> vec(float value) const { return P<Vec>(PTen<Stored<Vec>>::full(mesh, {cfg.dim}, value)); }
-  /// A parameter as the forward uses it: gathered under FSDP (its gradient reduce-scattered),
-  /// and cast to float32 when it is 16-bit (its gradient cast back to 16 bits, so that the
-  /// gradient reductions move 16-bit words).
+  /// A parameter as the forward uses it: gathered under FSDP (its gradient reduce-scattered;
+  /// gathered again in the backward where an einsum needs it, not kept from the forward:
+  /// reshard(p, sl::recompute)), and cast to float32 when it is 16-bit (its gradient cast back
+  /// to 16 bits, so that the gradient reductions move 16-bit words).
   /// An expert weight as the forward uses it: cast to float32 when it is 16-bit.
   template <class Param>
   static decltype(auto) cast_up(const Param& p) {
@@ -501,7 +502,7 @@ struct Model {
     if constexpr (std::is_same_v<typename Param::spec_type, S>)
       return static_cast<const sl::Var<typename Param::tensor_type>&>(p);
     else
-      return sl::reshard<S>(p);
+      return sl::reshard<S>(p, sl::recompute);
   }
 };
 
