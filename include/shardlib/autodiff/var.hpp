@@ -116,7 +116,9 @@ class TensorNode : public Node {
   bool recomputable() const noexcept { return static_cast<bool>(recompute_); }
   /// This node's value, computed again (collective where the op is; only where recomputable()).
   Tensor recompute() const {
-    if (!recompute_) throw std::logic_error("shardlib: recompute() of a '" + std::string(this->op()) + "' node that keeps no way to");
+    if (!recompute_)
+      throw std::logic_error("shardlib: recompute() of op '" + std::string(this->op()) +
+                             "', whose value the backward cannot compute again (only reshard(v, sl::recompute) and a cast of it can)");
     return recompute_();
   }
 
