@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <numeric>
 #include <random>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -295,6 +296,42 @@ TEST_SUITE("kernels_layout") {
       k::fill_strided(exec, "test", 2.5, bw.data(), b);
       p::fill_strided(exec, "test", 2.5, bg.data(), b);
       REQUIRE(bg == bw);
+      // copy_pieces: 0 to 4 such copies from two sources into two destinations (each piece its own
+      // part of them), one kernel, against copy_strided piece by piece.
+      {
+        std::vector<k::detail::StridedPiece> pieces(g() % 5);
+        std::vector<double> from[2] = {iota(40), iota(50)}, to_want[2], to_got[2];
+        I64 first = 0, end[2] = {0, 0};
+        for (auto& q : pieces) {
+          const int r = int(g() % 4);
+          q.in = random_view(r, true);
+          q.out = random_view(r, false);
+          for (int d = 0; d < r; ++d) q.in.extent[d] = q.out.extent[d];
+          q.from = int(g() % 2);
+          q.to = int(g() % 2);
+          const I64 need = reach(q.in) + 1;
+          from[q.from].resize(std::max(from[q.from].size(), std::size_t(need)));
+          const I64 span = reach(q.out);
+          q.out.offset += end[q.to];
+          end[q.to] += span + 1;
+          q.first = first;
+          first += q.in.count();
+        }
+        for (int t = 0; t < 2; ++t) to_want[t] = to_got[t] = std::vector<double>(std::size_t(end[t]) + 1, -7);
+        for (const auto& q : pieces) k::copy_strided(exec, "test", from[q.from].data(), q.in, to_want[q.to].data(), q.out);
+        const std::uint64_t calls = k::flop_count().kernel_calls;
+        k::copy_pieces(exec, "test", std::span<const k::detail::StridedPiece>(pieces), pieces.data(), from[0].data(), from[1].data(),
+                       to_got[0].data(), to_got[1].data());
+        CHECK(k::flop_count().kernel_calls - calls == (first > 0 ? 1u : 0u));
+        REQUIRE(to_got[0] == to_want[0]);
+        REQUIRE(to_got[1] == to_want[1]);
+        for (int t = 0; t < 2; ++t) to_got[t].assign(to_got[t].size(), -7);
+        if (first > 0)
+          p::copy_pieces(exec, "test", pieces.data(), int(pieces.size()), first, from[0].data(), from[1].data(), to_got[0].data(),
+                         to_got[1].data());
+        REQUIRE(to_got[0] == to_want[0]);
+        REQUIRE(to_got[1] == to_want[1]);
+      }
       // take and index_add on a block of rows [lo, lo + n_local) of `extent`, ids in and out of it
       // (unchecked: ids outside the dim give zeros / are skipped).
       const I64 outer = I64(g() % 4), extent = I64(g() % 12), inner = I64(g() % 5), n_ids = I64(g() % 9);
@@ -323,6 +360,39 @@ TEST_SUITE("kernels_layout") {
     const auto first = p::first_bad_id(exec, huge, 2, 4);
     CHECK(first.val == 1);
     CHECK(static_cast<std::uint64_t>(first.loc) == ~std::uint64_t{0});
+  }
+
+  TEST_CASE("copy_pieces: a piece of unequal views, a buffer other than 0 or 1, or a wrong start throws; nothing written") {
+    using View = k::detail::StridedView;
+    View a, b;
+    a.rank = b.rank = 1;
+    a.extent[0] = b.extent[0] = 2;
+    a.stride[0] = b.stride[0] = 1;
+    const std::vector<double> in = {1, 2, 3};
+    std::vector<double> out(4, -1);
+    std::vector<k::detail::StridedPiece> pieces(2);
+    pieces[0].in = pieces[1].in = a;
+    pieces[0].out = pieces[1].out = b;
+    pieces[1].out.offset = 2;
+    pieces[1].first = 2;
+    auto run = [&] {
+      k::copy_pieces(exec, "test", std::span<const k::detail::StridedPiece>(pieces), pieces.data(), in.data(), in.data(), out.data(),
+                     out.data());
+    };
+    pieces[1].first = 1;
+    CHECK(message_of<std::invalid_argument>(run) == "shardlib::kernels::copy_pieces: piece 1 starts at element 1 of the batch, after 2 elements");
+    pieces[1].first = 2;
+    pieces[1].out.extent[0] = 3;
+    CHECK(message_of<std::invalid_argument>(run) ==
+          "shardlib::kernels::copy_pieces: piece 1 has views of different ranks or extents, or a buffer other than 0 or 1");
+    pieces[1].out.extent[0] = 2;
+    pieces[1].to = 2;
+    CHECK(message_of<std::invalid_argument>(run) ==
+          "shardlib::kernels::copy_pieces: piece 1 has views of different ranks or extents, or a buffer other than 0 or 1");
+    CHECK(out == std::vector<double>(4, -1));
+    pieces[1].to = 0;
+    run();
+    CHECK(out == std::vector<double>{1, 2, 1, 2});
   }
 
   TEST_CASE("take: out-of-range ids throw with the id, its position and the extent; nothing written") {

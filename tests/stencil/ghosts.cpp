@@ -9,7 +9,8 @@
 //   27-point periodic 3-D), with and without overlap;
 // - bad input: widths, boundaries, outputs, reads beyond the width, exchanges out of order;
 // - the kernels of tensors in GPU memory (a point per work item) on host memory, against the
-//   same oracles.
+//   same oracles;
+// - the kernels of an exchange and of a step (kernels::copy_pieces: one per batch of pieces).
 #include <doctest/doctest.h>
 #include <shardlib/stencil.hpp>
 
@@ -78,8 +79,12 @@ void exchange_case(sl::Context& ctx, const sl::MeshShape& mesh, const std::vecto
   }
   sl::detail::GhostExchange<T, Kokkos::HostSpace> x(ctx, s, mesh, shape, h, "the test tensor");
   coll::CommRecorder rec;
+  const std::uint64_t calls = sl::kernels::flop_count().kernel_calls;
   x.start(block.data());
   x.finish();
+  // Packing, the copies within the device and unpacking: one kernel each at most, however many
+  // pieces (kernels::copy_pieces).
+  CHECK(sl::kernels::flop_count().kernel_calls - calls <= 3);
   if (box.num_elements() == 0) {
     CHECK(x.cells_received() == 0);
     return;
@@ -255,13 +260,27 @@ void periodic27(sl::Context& ctx) {
   auto u = Grid3::random(mesh, {nx, ny, nz}, 3, -1.0, 1.0), v = Grid3::zeros(mesh, {nx, ny, nz});
   const auto host = u.to_host();
   auto g = sl::ghosted(u, {1, 1, 1}, B::periodic());
-  run_stencil<PerPoint>(v, g, [](const sl::Index<3>& i, const auto& nb) {
+  const auto f = [](const sl::Index<3>& i, const auto& nb) {
     double s = 0;
     for (int a = -1; a <= 1; ++a)
       for (int b = -1; b <= 1; ++b)
         for (int c = -1; c <= 1; ++c) s += (1 + a + 3 * b + 9 * c) * nb(a, b, c);
     return s + static_cast<double>(i[0]);
-  });
+  };
+  run_stencil<PerPoint>(v, g, f);
+  if constexpr (!PerPoint) {
+    // Kernels, however many pieces (26 ghost regions; a slab's padded copy reads up to 18): the
+    // exchange packs, copies within the device and unpacks in one kernel each at most; a step
+    // with current ghosts runs its rows (one kernel) and, per slab of the shell (4), its padded
+    // copy and its points.
+    auto calls = [] { return sl::kernels::flop_count().kernel_calls; };
+    const std::uint64_t c0 = calls();
+    g.exchange();
+    const std::uint64_t c1 = calls();
+    run_stencil<false>(v, g, f, sl::GhostRefresh::none);
+    CHECK(c1 - c0 <= 3);
+    CHECK(calls() - c1 <= 1 + 4 * 2);
+  }
   const auto got = v.to_host();
   auto w = [](std::int64_t i, std::int64_t e) { return (i % e + e) % e; };
   for (std::int64_t i = 0; i < nx; ++i)

@@ -541,8 +541,8 @@ struct ReadsTooFar {
 
 // Ghosted views and stencil_for: several steps with each ghost refresh, boundaries of four kinds,
 // against host memory bit for bit (a [11, 3] grid has blocks narrower than the width 2 on 4 and
-// more devices: ghost cells from several peers, packed and unpacked); the checked mode's error;
-// at(); and no stream wait in a stencil step.
+// more devices: ghost cells from several peers, packed and unpacked); the exchange's kernels; the
+// checked mode's error; at(); and no stream wait in a stencil step.
 void check_stencil(sl::Context& ctx, const std::int64_t (&shape)[2]) {
   const M2 mesh = mesh_of(ctx);
   const std::array<std::array<sl::Boundary, 2>, 2> boundary = {
@@ -574,6 +574,12 @@ void check_stencil(sl::Context& ctx, const std::int64_t (&shape)[2]) {
     CHECK(g.at({b.offset[0], b.offset[1]}) == hg.at({b.offset[0], b.offset[1]}));
     CHECK(g.at({b.offset[0] - 1, b.offset[1] - 2}) == hg.at({b.offset[0] - 1, b.offset[1] - 2}));
   }
+  // The exchange's packing, copies within the device and unpacking are one kernel each at most,
+  // however many pieces ([11, 3] on 4 and more devices: several from a peer), and two more (a
+  // download and an upload) where the cells go through host memory.
+  const std::uint64_t calls = sl::kernels::flop_count().kernel_calls;
+  g.exchange();
+  CHECK(sl::kernels::flop_count().kernel_calls - calls <= 5);
   // The checked mode finds the read beyond the widths on the GPU and reports it on the host.
   try {
     sl::stencil_for<sl::Check::on>(v, g, ReadsTooFar{});
@@ -585,9 +591,13 @@ void check_stencil(sl::Context& ctx, const std::int64_t (&shape)[2]) {
   // queued; on host memory there is no device stream to count).
   sl::stencil_for(v, g, Smooth{});
   const sl::kernels::SyncCount before = sl::kernels::sync_count();
+  const std::uint64_t step_calls = sl::kernels::flop_count().kernel_calls;
   sl::stencil_for(v, g, Smooth{});
   CHECK_MESSAGE(sl::kernels::sync_count().device == before.device,
                 "a stencil step waited for the GPU stream " << sl::kernels::sync_count().device - before.device << " times");
+  // Counted kernels of a step, however many pieces: the exchange's (above), the rows' middles
+  // and ends, and per slab of the shell (2) its padded copy (one batch) and its points.
+  CHECK(sl::kernels::flop_count().kernel_calls - step_calls <= 5 + 2 + 2 * 2);
 }
 void check_stencils(sl::Context& ctx) {
   check_stencil(ctx, {11, 9});

@@ -3,7 +3,8 @@
 /// Kernels that move elements of a local block without arithmetic: `permute` (transpose of any
 /// rank), `take` (gather along a dim; the vocab-parallel embedding lookup) and its transpose
 /// `index_add`, `copy_sub_box` (the local part of slicing), `copy_strided` and `fill_strided`
-/// (boxes between strided views: pad's pieces, shift's vacated cells).
+/// (boxes between strided views: pad's pieces, shift's vacated cells), and `copy_pieces` (a batch
+/// of copy_strided copies, one kernel on a GPU: a ghost exchange's packing).
 ///
 /// `permute` and `copy_sub_box` share one engine: copy into a row-major output from an input
 /// read at arbitrary strides. It first drops extent-1 dims and merges neighbouring dims that are
@@ -28,6 +29,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -75,6 +77,16 @@ inline StridedView normalise(const StridedView& v) noexcept {
   return out;
 }
 
+/// One piece of a batched copy (copy_pieces): the elements of view `in` of source buffer `from`
+/// go to view `out` (same rank and extents) of destination buffer `to`; `first` is the number of
+/// the batch's elements in the pieces before it. Trivially copyable: a table of them lives in the
+/// memory the kernel runs in.
+struct StridedPiece {
+  StridedView in, out;
+  std::int64_t first = 0;
+  int from = 0, to = 0;  // 0 or 1: which of the batch's two sources and two destinations
+};
+
 /// Elements per parallel item in contiguous copies.
 inline constexpr std::int64_t copy_chunk = std::int64_t{1} << 14;
 /// Side of a transpose tile (one parallel item), and of the sub-tiles it is walked in: a 32 x 32
@@ -118,6 +130,28 @@ struct StridedCopyKernel {
     std::int64_t ia, ib;
     strided_at(a, b, k, ia, ib);
     out[ib] = in[ia];
+  }
+};
+
+/// copy_pieces: element k of the batch, in the last piece whose `first` is k or less (a binary
+/// search over the table: empty pieces are never found, the next piece starts where they do).
+template <class T>
+struct CopyPiecesKernel {
+  const StridedPiece* pieces;
+  int n;
+  const T* from[2];
+  T* to[2];
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (pieces[mid].first <= k) lo = mid;
+      else hi = mid - 1;
+    }
+    const StridedPiece& p = pieces[lo];
+    std::int64_t ia, ib;
+    strided_at(p.in, p.out, k - p.first, ia, ib);
+    to[p.to][ib] = from[p.from][ia];
   }
 };
 
@@ -198,6 +232,12 @@ void strided_copy(const Exec& exec, const char* label, const T* in, T* out, cons
 template <class Exec, class T>
 void copy_strided(const Exec& exec, const char* label, const T* in, const StridedView& a, T* out, const StridedView& b) {
   run(exec, label, a.count(), StridedCopyKernel<T>{in, out, a, b});
+}
+/// copy_pieces: the `n` pieces of `table` (in exec's memory), `total` elements, in one kernel.
+template <class Exec, class T>
+void copy_pieces(const Exec& exec, const char* label, const StridedPiece* table, int n, std::int64_t total,
+                 const T* from0, const T* from1, T* to0, T* to1) {
+  run(exec, label, total, CopyPiecesKernel<T>{table, n, {from0, from1}, {to0, to1}});
 }
 /// out[v] = value.
 template <class Exec, class T>
@@ -614,6 +654,45 @@ void copy_strided(const Exec& exec, const char* label, const T* in, const detail
   detail::count_layout<T>(elements, elements);
   if (shardlib::shape_only()) return;
   detail::copy_strided_run(exec, label, in, in_view, out, out_view);
+}
+
+/// Several copy_strided copies as one batch: piece i copies view `in` of `from[piece.from]` to view
+/// `out` of `to[piece.to]`. `pieces` is the table on the host, `table` the same table in the memory
+/// `exec` runs in (the same pointer on a host instance); the caller keeps both, so that a batch
+/// it repeats (a ghost exchange's packing) allocates nothing. On a device instance the batch is
+/// one kernel, a thread per element (one launch however many pieces: the pieces of a ghost
+/// exchange are small, and their launches cost more than their copies), queued on its stream; on
+/// a host instance each piece is copy_strided's rows, then a fence. Throws std::invalid_argument,
+/// before anything is written, for a piece whose views differ in rank or extents, or a `first`
+/// that is not the elements of the pieces before it.
+template <class Exec, class T>
+void copy_pieces(const Exec& exec, const char* label, std::span<const detail::StridedPiece> pieces,
+                 const detail::StridedPiece* table, const T* from0, const T* from1, T* to0, T* to1) {
+  static_assert(std::is_trivially_copyable_v<T>, "shardlib::kernels: layout kernels copy trivially copyable elements");
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    const detail::StridedPiece& p = pieces[i];
+    detail::check_rank("copy_pieces", p.in.rank);
+    bool same = p.in.rank == p.out.rank && p.from >= 0 && p.from <= 1 && p.to >= 0 && p.to <= 1;
+    for (int d = 0; same && d < p.in.rank; ++d) same = p.in.extent[d] == p.out.extent[d] && p.in.extent[d] >= 0;
+    if (!same)
+      throw std::invalid_argument("shardlib::kernels::copy_pieces: piece " + std::to_string(i) +
+                                  " has views of different ranks or extents, or a buffer other than 0 or 1");
+    if (p.first != total)
+      throw std::invalid_argument("shardlib::kernels::copy_pieces: piece " + std::to_string(i) + " starts at element " +
+                                  std::to_string(p.first) + " of the batch, after " + std::to_string(total) + " elements");
+    total += p.in.count();
+  }
+  detail::count_layout<T>(total, total);
+  if (shardlib::shape_only() || total == 0) return;
+  if constexpr (!is_host_exec_v<Exec>) {
+    detail::portable::copy_pieces(exec, label, table, static_cast<int>(pieces.size()), total, from0, from1, to0, to1);
+  } else {
+    (void)table;
+    const T* from[2] = {from0, from1};
+    T* to[2] = {to0, to1};
+    for (const detail::StridedPiece& p : pieces) detail::copy_strided_run(exec, label, from[p.from], p.in, to[p.to], p.out);
+  }
 }
 
 /// out[out_view] = value: a box of a row-major array (a constant boundary, a shift's vacated

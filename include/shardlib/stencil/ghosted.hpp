@@ -6,13 +6,16 @@
 /// each side of both dims. The block stays where it is (the view reads `u.local()`); the ghost
 /// regions (faces, edges, corners: sharding/halo.hpp) live in a buffer of the view's own. When
 /// each neighbour sends one piece (the usual case), it travels from the neighbour's block straight
-/// into the ghost region, as a strided region of one exchange: no packing of our own.
+/// into the ghost region, as a strided region of one exchange: no packing of our own (in GPU
+/// memory, only where the piece is one contiguous run on its side).
 /// `exchange()` refreshes them — collective, one exchange over all devices in which exactly the
 /// ghost cells travel, once each — or `start()` ... `finish()` with work in between.
 /// stencil/stencil_for.hpp runs stencils over a ghosted view and does this for you.
 ///
 /// A tensor in GPU memory keeps its ghost regions in GPU memory: packing, unpacking and the
-/// copies within a device are kernels on the device's instance (its stream), and the exchange
+/// copies within a device are kernels on the device's instance (its stream), one kernel each for
+/// all the pieces of an exchange (kernels::copy_pieces: a strided piece as a copy of its own would
+/// be a launch, or a 2-D copy of rows one cell wide, costing more than its cells), and the exchange
 /// runs on the device world where the backend has one (threads over GPU memory: device-to-device
 /// copies; nccl: grouped sends and receives), queued with no host wait. Under a backend without
 /// one (mpi), the ghost cells (only they) are packed on the GPU and go through host memory.
@@ -32,6 +35,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -62,6 +66,49 @@ struct Ghosts {
 };
 
 namespace detail {
+
+/// A batch of strided copies run as one (kernels::copy_pieces) and again each time: its table on
+/// the host and, in GPU memory, in `Mem` (uploaded once, by `upload`). Sources 0 and 1 and
+/// destinations 0 and 1 are the pointers `run` is given, so the table outlives the buffers it
+/// was made for (a tensor's block changes when tensors are swapped).
+template <class Mem>
+struct CopyBatch {
+  std::vector<kernels::detail::StridedPiece> pieces;
+  Kokkos::View<kernels::detail::StridedPiece*, Mem> table;
+  bool ready = false;  // upload() was called: the batch is complete (perhaps empty)
+
+  /// Appends the copy of view `in` of source `from` to view `out` of destination `to` (an empty
+  /// one is left out).
+  void add(const kernels::detail::StridedView& in, int from, const kernels::detail::StridedView& out, int to) {
+    kernels::detail::StridedPiece p;
+    p.in = in;
+    p.out = out;
+    p.from = from;
+    p.to = to;
+    p.first = pieces.empty() ? 0 : pieces.back().first + pieces.back().in.count();
+    if (in.count() > 0) pieces.push_back(p);
+  }
+  /// Completes the batch: in GPU memory, copies the table there (once; a wait).
+  void upload(const Context& ctx) {
+    if constexpr (!host_memory_v<Mem>) {
+      if (!pieces.empty()) {
+        table = Kokkos::View<kernels::detail::StridedPiece*, Mem>(
+            Kokkos::view_alloc(Kokkos::WithoutInitializing, "shardlib::ghosts::pieces"), pieces.size());
+        detail::upload<Mem>(ctx, pieces.data(), table.data(), static_cast<std::int64_t>(pieces.size()));
+      }
+    }
+    (void)ctx;
+    ready = true;
+  }
+  /// Runs the batch on the device's instance: one kernel, or none when it is empty.
+  template <class T>
+  void run(const Context& ctx, const char* label, const T* from0, const T* from1, T* to0, T* to1) const {
+    if (pieces.empty()) return;
+    auto guard = kernel_guard_for<Mem>(ctx, false);
+    kernels::copy_pieces(ctx.exec_for<Mem>(), label, std::span<const kernels::detail::StridedPiece>(pieces),
+                         host_memory_v<Mem> ? pieces.data() : table.data(), from0, from1, to0, to1);
+  }
+};
 
 /// The ghost exchange of one device, for blocks of `T` in `Mem` (the runtime-generic part of
 /// Ghosted: compiled once per element type and memory space, whatever the spec). `describe` names
@@ -101,17 +148,38 @@ class GhostExchange {
     // Staged through host memory: always packed, so that only the ghost cells cross.
     send_direct_ = !staged_ && direct(plan_.sends, true);
     recv_direct_ = !staged_ && direct(plan_.receives, false);
+    // The batches of copies (kernels::copy_pieces; sources: 0 the block, 1 the receive buffer;
+    // destinations: 0 the send buffer, 1 the ghost regions).
     if (send_direct_) {
       for (const auto& c : plan_.sends) send_regions_[static_cast<std::size_t>(c.dst)] = to_region(block_view(c, false));
     } else {
-      send_buf_ = Kokkos::View<T*, Mem>("shardlib::ghosts::send", static_cast<std::size_t>(stage(plan_.sends, true, send_offset_, send_regions_)));
+      std::vector<std::int64_t> offset;
+      send_buf_ = Kokkos::View<T*, Mem>("shardlib::ghosts::send", static_cast<std::size_t>(stage(plan_.sends, true, offset, send_regions_)));
+      for (std::size_t i = 0; i < plan_.sends.size(); ++i) {
+        const auto& c = plan_.sends[i];
+        kernels::detail::StridedView packed = box_view(c.src_extent);
+        packed.offset = offset[i];
+        pack_.add(block_view(c, false), 0, packed, 0);
+      }
     }
     if (recv_direct_) {
       for (const auto& c : plan_.receives)
         recv_regions_[static_cast<std::size_t>(c.src)] = to_region(region_view(c.region, c.dst_lo, c.extent));
     } else {
-      recv_buf_ = Kokkos::View<T*, Mem>("shardlib::ghosts::recv", static_cast<std::size_t>(stage(plan_.receives, false, recv_offset_, recv_regions_)));
+      std::vector<std::int64_t> offset;
+      recv_buf_ = Kokkos::View<T*, Mem>("shardlib::ghosts::recv", static_cast<std::size_t>(stage(plan_.receives, false, offset, recv_regions_)));
+      for (std::size_t i = 0; i < plan_.receives.size(); ++i) {
+        const auto& c = plan_.receives[i];
+        kernels::detail::StridedView packed = packed_view(c);
+        packed.offset += offset[i];
+        unpack_.add(packed, 1, region_view(c.region, c.dst_lo, c.extent), 1);
+      }
     }
+    for (const auto& c : plan_.local) local_.add(block_view(c, true), 0, region_view(c.region, c.dst_lo, c.extent), 1);
+    pack_.upload(ctx);
+    unpack_.upload(ctx);
+    local_.upload(ctx);
+    gathers_.resize(2 * static_cast<std::size_t>(R));
     for (const auto& c : plan_.sends) sent_ += c.src_cells(R);
     for (const auto& c : plan_.receives) received_ += c.cells(R);
     if (staged_) {
@@ -129,11 +197,7 @@ class GhostExchange {
   void start(const T* block) {
     if (pending_)
       throw std::logic_error("shardlib: ghosted view of " + describe_ + ": start() while an exchange is in flight; call finish() first");
-    if (!send_direct_)
-      for (std::size_t i = 0; i < plan_.sends.size(); ++i) {
-        const auto& c = plan_.sends[i];
-        copy("shardlib::ghosts::pack", block, block_view(c, false), send_buf_.data() + send_offset_[i], box_view(c.src_extent));
-      }
+    pack_.run(*ctx_, "shardlib::ghosts::pack", block, recv_buf_.data(), send_buf_.data(), ghosts_.data());
     if (staged_) {
       download<Mem>(*ctx_, send_buf_.data(), host_send_.data(), static_cast<std::int64_t>(host_send_.size()));
       pending_ = ctx_->world().start_exchange(host_send_.data(), send_regions_, host_recv_.data(), recv_regions_, coll::dtype_of<T>());
@@ -142,8 +206,7 @@ class GhostExchange {
                                         recv_direct_ ? ghosts_.data() : recv_buf_.data(), recv_regions_, coll::dtype_of<T>());
     }
     // Copies within this device while the messages travel.
-    for (const auto& c : plan_.local)
-      copy("shardlib::ghosts::local", block, block_view(c, true), ghosts_.data(), region_view(c.region, c.dst_lo, c.extent));
+    local_.run(*ctx_, "shardlib::ghosts::local", block, recv_buf_.data(), send_buf_.data(), ghosts_.data());
   }
   /// Completes the exchange: the ghost regions hold the neighbours' cells.
   void finish() {
@@ -152,11 +215,8 @@ class GhostExchange {
     pending->wait();
     if (recv_direct_) return;
     if (staged_) upload<Mem>(*ctx_, host_recv_.data(), recv_buf_.data(), static_cast<std::int64_t>(host_recv_.size()));
-    for (std::size_t i = 0; i < plan_.receives.size(); ++i) {
-      const auto& c = plan_.receives[i];
-      copy("shardlib::ghosts::unpack", recv_buf_.data() + recv_offset_[i], packed_view(c), ghosts_.data(),
-           region_view(c.region, c.dst_lo, c.extent));
-    }
+    unpack_.run(*ctx_, "shardlib::ghosts::unpack", static_cast<const T*>(nullptr), recv_buf_.data(), send_buf_.data(),
+                ghosts_.data());
   }
   bool in_flight() const noexcept { return pending_ != nullptr; }
 
@@ -207,6 +267,9 @@ class GhostExchange {
     if (scratch_.size() < n) scratch_ = Kokkos::View<T*, Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "shardlib::stencil_for::scratch"), n);
     return scratch_.data();
   }
+  /// stencil_for's gather of slab `i` (below 2 * rank) into its padded copy: a batch it fills
+  /// the first time, kept with the view (whose geometry is fixed).
+  CopyBatch<Mem>& gather_batch(std::size_t i) { return gathers_.at(i); }
   /// stencil_for's record of a read beyond the widths (Check::on): `n` integers in `Mem`, zeroed
   /// (on the device's stream in GPU memory) for the next loop; kept between calls.
   std::int64_t* reset_fault(std::size_t n) {
@@ -231,19 +294,25 @@ class GhostExchange {
     if constexpr (host_memory_v<Mem>) return ctx_->world();
     else return *ctx_->device_world();
   }
-  void copy(const char* label, const T* in, const kernels::detail::StridedView& a, T* out, const kernels::detail::StridedView& b) const {
-    auto guard = kernel_guard_for<Mem>(*ctx_, false);
-    kernels::copy_strided(exec(), label, in, a, out, b);
-  }
-  /// Whether every peer has one piece at most, walked in order (steps +1).
+  /// Whether every peer has one piece at most, walked in order (steps +1) — and in GPU memory,
+  /// one contiguous run on this side (a strided one goes through the one packing kernel: the
+  /// backends would copy it as a 2-D copy per run of rows, one cell wide for a column).
   bool direct(const std::vector<halo::Copy>& pieces, bool sends) const {
     for (std::size_t i = 0; i < pieces.size(); ++i) {
-      const int p = sends ? pieces[i].dst : pieces[i].src;
+      const halo::Copy& c = pieces[i];
+      const int p = sends ? c.dst : c.src;
       if (i > 0 && p == (sends ? pieces[i - 1].dst : pieces[i - 1].src)) return false;  // grouped by peer
       for (int d = 0; d < halo_.rank; ++d)
-        if (pieces[i].step[static_cast<std::size_t>(d)] != 1) return false;
+        if (c.step[static_cast<std::size_t>(d)] != 1) return false;
+      if constexpr (!host_memory_v<Mem>)
+        if (!contiguous(sends ? block_view(c, false) : region_view(c.region, c.dst_lo, c.extent))) return false;
     }
     return true;
+  }
+  /// Whether a view is one run of consecutive elements.
+  static bool contiguous(const kernels::detail::StridedView& v) {
+    const kernels::detail::StridedView n = kernels::detail::normalise(v);
+    return n.rank == 0 || (n.rank == 1 && n.stride[0] == 1);
   }
   static coll::Region to_region(const kernels::detail::StridedView& v) {
     coll::Region r;
@@ -323,11 +392,12 @@ class GhostExchange {
   std::string describe_;
   bool staged_;  // device memory with no device world: packed cells go through host memory
   halo::Plan plan_;
-  std::vector<std::int64_t> region_offset_;              // 3^R + 1 entries (the centre region is empty here)
-  std::vector<std::int64_t> send_offset_, recv_offset_;  // per piece, in the staging buffers
+  std::vector<std::int64_t> region_offset_;                // 3^R + 1 entries (the centre region is empty here)
   std::vector<coll::Region> send_regions_, recv_regions_;  // per device, in the staging buffers
   Kokkos::View<T*, Mem> ghosts_, send_buf_, recv_buf_, scratch_;
   Kokkos::View<std::int64_t*, Mem> fault_;
+  CopyBatch<Mem> pack_, unpack_, local_;  // block -> send buffer, receive buffer -> ghosts, block -> ghosts
+  std::vector<CopyBatch<Mem>> gathers_;    // stencil_for's padded copies, one per slab
   std::vector<T> host_send_, host_recv_;  // staged_ only
   std::int64_t received_ = 0, sent_ = 0;
   bool send_direct_ = false, recv_direct_ = false;
@@ -393,6 +463,7 @@ class Ghosted {
   const std::int64_t* region_offsets() const noexcept { return x_.region_offsets(); }
   T* scratch(std::size_t n) { return x_.scratch(n); }
   std::int64_t* reset_fault(std::size_t n) { return x_.reset_fault(n); }
+  detail::CopyBatch<Mem>& gather_batch(std::size_t i) { return x_.gather_batch(i); }
   /// "a tensor of shape [8, 8] with Spec<x, y> on mesh {x: 2, y: 2}, ghost widths (1, 1)".
   const std::string& describe() const noexcept { return x_.describe(); }
 

@@ -8,7 +8,8 @@
 /// exchange, runs the interior (points whose reads all fall inside the block), finishes the
 /// exchange, then the boundary shell: the two ends of each interior row (whose reads leave the
 /// block along the last dim only), and the slabs of the other dims, each first gathered with its
-/// neighbourhood (block and ghost cells) into a padded copy. The kernels (Kokkos, on the device's
+/// neighbourhood (block and ghost cells) into a padded copy (one kernels::copy_pieces batch, made
+/// once per view: one kernel in GPU memory, where a copy per region cost a launch each). The kernels (Kokkos, on the device's
 /// execution-space instance) run one row (the contiguous last dim) per work item on the host; in
 /// GPU memory a 1-D or 2-D block runs in tiles (a team takes a tile of columns over several rows,
 /// a point a thread in each: the rows it reads again come from L1) and a block of more dims a
@@ -556,12 +557,12 @@ void stencil_rows(const Context& ctx, const StencilGeometry<T, R>& g, RowPart pa
   for_range<Mem>("shardlib::stencil_for", ctx, PerPoint ? rows * k.per_row : rows, k);
 }
 
-/// The box [lo - w, lo + ext + w) around a box of the block, gathered from the block and the
-/// ghost regions into `tmp` (row-major, in the block's memory space; its strides to `ts`).
+/// gather_padded's batch: sources 0 the block, 1 the ghost regions; destination 0 the copy.
 template <class Mem, class T, std::size_t R>
-void gather_padded(const Context& ctx, const StencilGeometry<T, R>& g, const std::int64_t (&lo)[R], const std::int64_t (&ext)[R],
-                   T* tmp, const std::int64_t (&ts)[R]) {
+void make_gather(const Context& ctx, const StencilGeometry<T, R>& g, const std::int64_t (&lo)[R], const std::int64_t (&ext)[R],
+                 const std::int64_t (&ts)[R], CopyBatch<Mem>& batch) {
   const int rank = static_cast<int>(R), regions = halo::region_count(rank);
+  batch.pieces.clear();  // (a batch whose making threw starts again)
   for (int r = 0; r < regions; ++r) {
     kernels::detail::StridedView src, dst;
     src.rank = dst.rank = rank;
@@ -583,10 +584,20 @@ void gather_padded(const Context& ctx, const StencilGeometry<T, R>& g, const std
       rs *= re;
     }
     if (empty) continue;
-    const T* from = centre ? g.block : g.ghosts + g.region_offset[r];
-    auto guard = kernel_guard_for<Mem>(ctx, false);
-    kernels::copy_strided(ctx.exec_for<Mem>(), "shardlib::stencil_for::gather", from, src, tmp, dst);
+    if (!centre) src.offset += g.region_offset[r];
+    batch.add(src, centre ? 0 : 1, dst, 0);
   }
+  batch.upload(ctx);
+}
+/// The box [lo - w, lo + ext + w) around a box of the block, gathered from the block and the
+/// ghost regions into `tmp` (row-major, in the block's memory space; its strides to `ts`): one
+/// copy_pieces batch (a piece per region it touches, up to 3^R; one kernel in GPU memory), made
+/// into `batch` the first time and run from it after (the geometry of a view does not change).
+template <class Mem, class T, std::size_t R>
+void gather_padded(const Context& ctx, const StencilGeometry<T, R>& g, const std::int64_t (&lo)[R], const std::int64_t (&ext)[R],
+                   T* tmp, const std::int64_t (&ts)[R], CopyBatch<Mem>& batch) {
+  if (!batch.ready) make_gather(ctx, g, lo, ext, ts, batch);
+  batch.run(ctx, "shardlib::stencil_for::gather", g.block, g.ghosts, tmp, static_cast<T*>(nullptr));
 }
 
 template <class T, class MeshT, class SpecT, class Mem>
@@ -691,7 +702,7 @@ void run_stencil(DistributedTensor<U, MeshT, OutSpec, Mem>& out, Ghosted<T, Mesh
     for (int side = 0; side < 2; ++side) {
       const Slab sl = slab(d, side);
       if (sl.padded == 0) continue;
-      gather_padded<Mem>(ctx, g, sl.a, sl.e, tmp, sl.ts);
+      gather_padded<Mem>(ctx, g, sl.a, sl.e, tmp, sl.ts, in.gather_batch(2 * d + static_cast<std::size_t>(side)));
       std::int64_t first = 0;
       for (std::size_t k = 0; k < R; ++k) first += g.width[k] * sl.ts[k];
       stencil_box<Checked, PerPoint, Mem>(ctx, g, sl.a, sl.e, tmp + first, sl.ts, o, f);
