@@ -9,14 +9,14 @@
 /// exchange, then the boundary shell: the two ends of each interior row (whose reads leave the
 /// block along the last dim only), and the slabs of the other dims, each first gathered with its
 /// neighbourhood (block and ghost cells) into a padded copy (one kernels::copy_pieces batch, made
-/// once per view: one kernel in GPU memory, where a copy per region cost a launch each). The kernels (Kokkos, on the device's
-/// execution-space instance) run one row (the contiguous last dim) per work item on the host; in
-/// GPU memory a 1-D or 2-D block runs in tiles (a team takes a tile of columns over several rows,
-/// a point a thread in each: the rows it reads again come from L1) and a block of more dims a
-/// team of GPU threads per row (consecutive threads on consecutive points, the row's index worked
-/// out once per team); in the interior `nb` is a pointer and strides and the row a restrict loop,
-/// so a stencil written as a generic lambda compiles to the plain loop one would write over the
-/// block.
+/// once per view: one kernel in GPU memory, where a copy per region cost a launch each). The
+/// kernels (Kokkos, on the device's execution-space instance) run one row (the contiguous last dim)
+/// per work item on the host; in GPU memory a 1-D or 2-D block runs in tiles (a team takes a tile
+/// of columns over several rows, a point a thread in each: the rows it reads again come from L1)
+/// and a block of more dims a team of GPU threads per row (consecutive threads on consecutive
+/// points, the row's index worked out once per team); in the interior `nb` is a pointer and strides
+/// and the row a restrict loop, so a stencil written as a generic lambda compiles to the plain loop
+/// one would write over the block.
 ///
 /// `stencil_for<sl::Check::on>(...)` checks every read against the ghost widths and throws
 /// std::out_of_range naming the offset, the index, the device and the widths (after the loop, on
