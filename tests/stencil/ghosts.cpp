@@ -425,6 +425,10 @@ TEST_CASE("ghosted and stencil_for: bad input is reported with the tensor, dim a
         has([&] { (void)g.at({-2, 0}); }, "index (-2, 0) is outside device");
         u = Grid2::zeros(mesh, {6, 12});
         has([&] { g.exchange(); }, "the tensor now has shape [6, 12]");
+        // Without an exchange too: the view's ghost regions and plan are the old blocks'.
+        auto v6 = Grid2::zeros(mesh, {6, 12});
+        has([&] { sl::stencil_for(v6, g, f, sl::GhostRefresh::none); }, "the tensor now has shape [6, 12]");
+        has([&] { (void)g.at({0, 0}); }, "the tensor now has shape [6, 12]");
       },
       {1, 4});
 }

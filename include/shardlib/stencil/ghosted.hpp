@@ -434,9 +434,7 @@ class Ghosted {
   /// Starts the exchange: packs what the neighbours need and sends it (collective). Until
   /// finish(), the tensor's block must not change and the ghost cells are not to be read.
   void start() {
-    if (t_->shape() != shape_)
-      throw std::invalid_argument("shardlib: ghosted view of " + x_.describe() + ": the tensor now has shape " +
-                                  detail::shape_text(t_->shape()) + "; make a new view for the new shape");
+    check_shape();
     x_.start(t_->local().data());
   }
   /// Completes the exchange started by start(): the ghost cells hold the neighbours' cells.
@@ -456,7 +454,17 @@ class Ghosted {
   /// The cell at `global`, in this device's block or its ghost layers (current after an
   /// exchange); in GPU memory a copy of one cell and a wait (for tests, not loops); zero in
   /// shape-only mode. Throws std::out_of_range naming the index and the widened block otherwise.
-  T at(const Index<rank>& global) const { return x_.at(global.i, t_->local().data()); }
+  T at(const Index<rank>& global) const {
+    check_shape();
+    return x_.at(global.i, t_->local().data());
+  }
+  /// Throws std::invalid_argument when the tensor no longer has the shape the view was made for
+  /// (a new tensor assigned to it): the view's ghost regions and plan are for the old blocks.
+  void check_shape() const {
+    if (t_->shape() != shape_)
+      throw std::invalid_argument("shardlib: ghosted view of " + x_.describe() + ": the tensor now has shape " +
+                                  detail::shape_text(t_->shape()) + "; make a new view for the new shape");
+  }
 
   /// Internal (stencil_for): the ghost regions' storage (in Mem) and where each region starts in it.
   const T* ghost_data() const noexcept { return x_.ghost_data(); }

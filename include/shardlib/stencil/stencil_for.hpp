@@ -628,6 +628,7 @@ void run_stencil(DistributedTensor<U, MeshT, OutSpec, Mem>& out, Ghosted<T, Mesh
   constexpr std::size_t R = SpecT::rank;
   constexpr bool Checked = C == Check::on;
   const auto& t = in.tensor();
+  in.check_shape();  // (refresh none exchanges nothing, which would check it)
   if (out.shape() != t.shape())
     throw std::invalid_argument("shardlib: stencil_for: the output has shape " + detail::shape_text(out.shape()) +
                                 ", the input is " + in.describe());
