@@ -400,6 +400,19 @@ void mixed_train_and_compare(sl::Context& ctx, Layout layout) {
 
 using shardlib::test::message_of;
 
+/// The setup of the two "reduce-scattered during the backward" tests: `weights` [64, 64] weights
+/// stored as `W` (seeds 10, 11, ...), and a batch `x` of 8 rows a device.
+template <class W>
+struct SixWeights {
+  static constexpr int count = 6;
+  static constexpr std::int64_t bytes = 64 * 64 * sizeof(float);  // one weight's
+  std::vector<sl::Param<W>> w;
+  Split2 x;
+  explicit SixWeights(const M& mesh) : x(Split2::random(mesh, {8 * mesh.context().num_devices(), 64}, 3, -1.f, 1.f)) {
+    for (int k = 0; k < count; ++k) w.emplace_back(W::random(mesh, {64, 64}, 10 + k, -1.f, 1.f));
+  }
+};
+
 }  // namespace
 
 TEST_SUITE("optim") {
@@ -551,13 +564,13 @@ TEST_CASE("ZeRO-2: the pending gradients are reduce-scattered during the backwar
   sl::test::for_each_run(
       [](sl::Context& ctx) {
         M mesh(ctx, {ctx.num_devices()});
-        constexpr int K = 6;
-        constexpr std::int64_t S = 64 * 64 * sizeof(float);  // one weight's bytes
-        std::vector<sl::Param<Rep2>> w;
-        for (int k = 0; k < K; ++k) w.emplace_back(Rep2::random(mesh, {64, 64}, 10 + k, -1.f, 1.f));
+        SixWeights<Rep2> six(mesh);
+        constexpr int K = SixWeights<Rep2>::count;
+        constexpr std::int64_t S = SixWeights<Rep2>::bytes;
+        auto& w = six.w;
+        const auto& x = six.x;
         sl::optim::AdamW opt(sl::optim::AdamWOptions{});
         for (auto& p : w) opt.add_zero<"data">(p);
-        const auto x = Split2::random(mesh, {8 * ctx.num_devices(), 64}, 3, -1.f, 1.f);
         auto loss = sl::sum_all(sl::matmul(x, w[0]));
         for (int k = 1; k < K; ++k) loss = loss + sl::sum_all(sl::matmul(x, w[k]));
         sl::reset_peak_memory(ctx);
@@ -601,11 +614,11 @@ TEST_CASE("ZeRO-3: a split weight's gradient is reduce-scattered during the back
   sl::test::for_each_run(
       [](sl::Context& ctx) {
         M mesh(ctx, {ctx.num_devices()});
-        constexpr int K = 6;
-        constexpr std::int64_t S = 64 * 64 * sizeof(float);  // one weight's bytes
-        std::vector<sl::Param<Split2>> w;
-        for (int k = 0; k < K; ++k) w.emplace_back(Split2::random(mesh, {64, 64}, 10 + k, -1.f, 1.f));
-        const auto x = Split2::random(mesh, {8 * ctx.num_devices(), 64}, 3, -1.f, 1.f);
+        SixWeights<Split2> six(mesh);
+        constexpr int K = SixWeights<Split2>::count;
+        constexpr std::int64_t S = SixWeights<Split2>::bytes;
+        auto& w = six.w;
+        const auto& x = six.x;
         auto run = [&](std::size_t bucket, std::int64_t* high) {
           for (auto& p : w) p.zero_grad();
           auto loss = sl::sum_all(sl::matmul(x, sl::reshard<Spec<none, none>>(w[0], sl::recompute)));
