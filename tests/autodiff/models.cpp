@@ -277,6 +277,40 @@ TEST_CASE("backward: accumulation, deferred resolution, buckets, value_and_grad"
   });
 }
 
+TEST_CASE("backward: each node's saved tensors are freed once its rule ran: the activations shrink as the gradients grow") {
+  // Six [64, 64] weights in a chain over 8 rows: a layer's saved activation (its tanh's output,
+  // the next matmul's input: 2 KiB) is smaller than its weight's gradient (16 KiB), pending
+  // until the pass resolves it at the end. Freed as the pass goes, the high point holds the
+  // gradients and no layer's activations but the last one (which the caller holds); with
+  // keep_graph, every layer's too. The gradients are equal, bit for bit.
+  sl::test::for_each_run([](sl::Context& ctx) {
+    M mesh(ctx, {ctx.num_devices(), 1});
+    using W = Ten<Spec<none, none>>;
+    constexpr int K = 6;
+    constexpr std::int64_t A = 8 * 64 * sizeof(float);  // one layer's activation
+    std::vector<sl::Param<W>> w;
+    for (int k = 0; k < K; ++k) w.emplace_back(W::random(mesh, {64, 64}, 10 + k, -0.2f, 0.2f));
+    const auto x = W::random(mesh, {8, 64}, 3, -1.f, 1.f);
+    auto run = [&](bool keep, std::vector<std::vector<float>>& grads) {
+      for (auto& p : w) p.zero_grad();
+      auto h = sl::tanh(sl::matmul(x, w[0]));
+      for (int k = 1; k < K; ++k) h = sl::tanh(sl::matmul(h, w[static_cast<std::size_t>(k)]));
+      auto loss = sl::sum_all(h);
+      sl::reset_peak_memory(ctx);
+      const std::int64_t start = sl::memory_usage(ctx).total();
+      sl::backward(loss, {.keep_graph = keep});
+      const std::int64_t high = sl::memory_usage(ctx).peak - start;
+      for (auto& p : w) grads.push_back(p.grad().to_host());
+      return high;
+    };
+    std::vector<std::vector<float>> kept_grads, freed_grads;
+    const std::int64_t kept = run(true, kept_grads), freed = run(false, freed_grads);
+    INFO("the backward's high point: " << kept << " bytes with keep_graph, " << freed << " without; an activation is " << A);
+    CHECK(kept - freed >= (K - 2) * A);  // without freeing as it goes: 0
+    CHECK(freed_grads == kept_grads);
+  });
+}
+
 TEST_CASE("backward: errors leave the gradients as they were") {
   sl::test::for_each_run([](sl::Context& ctx) {
     M mesh(ctx, {ctx.num_devices(), 1});

@@ -410,8 +410,11 @@ namespace autodiff::detail {
 /// The backward pass from `root`, whose seed contribution is added: the rules in reverse
 /// topological order, then (with options.sync) the parameters' gradients resolved and added.
 /// What it allocates counts as MemoryRole::temporaries, parameters' gradients as gradients.
-/// When it throws, no parameter's gradient changed and the contributions of this pass are
-/// dropped.
+/// Without options.keep_graph each node's saved tensors are freed as soon as its rule has run
+/// (its consumers ran before it), so the activations shrink while the gradients grow, as in
+/// PyTorch. When it throws, no parameter's gradient changed and the contributions of this pass
+/// are dropped; the nodes whose rules had run stay freed (another backward through them throws,
+/// naming the op: keep_graph = true keeps a graph for a retry).
 SHARDLIB_NOINLINE inline void run_backward(Node& root, const BackwardOptions& options) {
   MemoryRoleScope role(MemoryRole::temporaries);
   std::vector<std::shared_ptr<Node>> keep;
@@ -448,6 +451,7 @@ SHARDLIB_NOINLINE inline void run_backward(Node& root, const BackwardOptions& op
         continue;
       }
       n->backward(pass);
+      if (!options.keep_graph) n->release();
     }
     settle_all();
     if (options.sync) {
@@ -460,9 +464,6 @@ SHARDLIB_NOINLINE inline void run_backward(Node& root, const BackwardOptions& op
     for (auto& [n, p] : before) n->set_pending(std::move(p));
     throw;
   }
-  if (!options.keep_graph)
-    for (Node* n : order)
-      if (!n->as_leaf()) n->release();
 }
 
 }  // namespace autodiff::detail
