@@ -24,7 +24,12 @@ using shardlib::bf16;
 namespace {
 
 using I64 = std::int64_t;
-const Kokkos::DefaultHostExecutionSpace exec{};
+/// The host instance the kernels run on, made when first used: after Kokkos is initialised (an
+/// instance made before, at namespace scope, is an error with an OpenMP Kokkos 4.6).
+const Kokkos::DefaultHostExecutionSpace& exec() {
+  static const Kokkos::DefaultHostExecutionSpace e{};
+  return e;
+}
 
 template <class T>
 std::vector<T> values(std::mt19937_64& g, std::size_t n) {
@@ -51,7 +56,7 @@ void check_two(F f) {
           CAPTURE(n);
           std::vector<Out> out(64, Out(-7.0f));
           const bool aligned = oo == 0 && oa == 0;  // std::vector's blocks are 16-byte aligned
-          const bool ran = kd::elementwise_vectors(exec, out.data() + oo, n, f, a.data() + oa, b.data() + ob);
+          const bool ran = kd::elementwise_vectors(exec(), out.data() + oo, n, f, a.data() + oa, b.data() + ob);
           REQUIRE(ran == aligned);
           for (I64 e = 0; e < 64; ++e) {
             const bool written = ran && e >= oo && e < oo + n;
@@ -93,8 +98,8 @@ TEST_SUITE("kernels_elementwise") {
     const auto x = values<bf16>(g, 1003);
     std::vector<bf16> y(1003);
     std::vector<float> z(1003);
-    REQUIRE(kd::elementwise_vectors(exec, y.data(), 1003, fn::widened<fn::gelu, bf16>{}, x.data()));
-    REQUIRE(kd::elementwise_vectors(exec, z.data(), 1003, fn::cast<float>{}, x.data()));
+    REQUIRE(kd::elementwise_vectors(exec(), y.data(), 1003, fn::widened<fn::gelu, bf16>{}, x.data()));
+    REQUIRE(kd::elementwise_vectors(exec(), z.data(), 1003, fn::cast<float>{}, x.data()));
     for (std::size_t e = 0; e < x.size(); ++e) {
       REQUIRE(float(y[e]) == float(bf16(fn::gelu{}(float(x[e])))));
       REQUIRE(z[e] == float(x[e]));
@@ -113,8 +118,8 @@ TEST_SUITE("kernels_elementwise") {
     auto three = [](float a, float b, float c) { return a * b + c; };
     std::vector<float> want(x.size()), got(x.size(), -1.f);
     for (auto [a, b] : {std::pair{sx, srow}, std::pair{scol, st}, std::pair{st, srow}}) {
-      k::elementwise(exec, want.data(), ext, three, a, b, sx);  // the host's row form
-      kd::elementwise_strided_teams(exec, got.data(), ext, 35, three, std::index_sequence_for<float, float, float>{}, a,
+      k::elementwise(exec(), want.data(), ext, three, a, b, sx);  // the host's row form
+      kd::elementwise_strided_teams(exec(), got.data(), ext, 35, three, std::index_sequence_for<float, float, float>{}, a,
                                     b, sx);
       CHECK(got == want);
       std::fill(got.begin(), got.end(), -1.f);

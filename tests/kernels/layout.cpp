@@ -23,7 +23,12 @@ namespace k = shardlib::kernels;
 namespace {
 
 using I64 = std::int64_t;
-const Kokkos::DefaultHostExecutionSpace exec{};
+/// The host instance the kernels run on, made when first used: after Kokkos is initialised (an
+/// instance made before, at namespace scope, is an error with an OpenMP Kokkos 4.6).
+const Kokkos::DefaultHostExecutionSpace& exec() {
+  static const Kokkos::DefaultHostExecutionSpace e{};
+  return e;
+}
 
 I64 count(const std::vector<I64>& e) {
   return std::accumulate(e.begin(), e.end(), I64{1}, [](I64 a, I64 b) { return a * b; });
@@ -60,7 +65,7 @@ void check_permute(const std::vector<I64>& ext, const std::vector<int>& perm) {
   std::vector<I64> oext(ext.size());
   for (int k2 = 0; k2 < rank; ++k2) oext[std::size_t(k2)] = ext[std::size_t(perm[std::size_t(k2)])];
   std::vector<T> out(std::size_t(n) + 1, T(-7));  // one sentinel past the end
-  k::permute(exec, in.data(), out.data(), rank, ext.data(), perm.data());
+  k::permute(exec(), in.data(), out.data(), rank, ext.data(), perm.data());
   for (I64 o = 0; o < n; ++o) {
     const auto oi = unravel(o, oext);
     std::vector<I64> ii(ext.size());
@@ -132,15 +137,15 @@ TEST_SUITE("kernels_layout") {
     const std::vector<I64> ext = {2, 3, 4};
     std::vector<float> in(24, 1), out(24, 0);
     const int repeat[3] = {0, 1, 1}, outside[3] = {0, 3, 1};
-    CHECK(message_of<std::invalid_argument>([&] { k::permute(exec, in.data(), out.data(), 3, ext.data(), repeat); }) ==
+    CHECK(message_of<std::invalid_argument>([&] { k::permute(exec(), in.data(), out.data(), 3, ext.data(), repeat); }) ==
           "shardlib::kernels::permute: perm[2] = 1 repeats a dim: perm must be a permutation of 0..2");
-    CHECK(message_of<std::invalid_argument>([&] { k::permute(exec, in.data(), out.data(), 3, ext.data(), outside); }) ==
+    CHECK(message_of<std::invalid_argument>([&] { k::permute(exec(), in.data(), out.data(), 3, ext.data(), outside); }) ==
           "shardlib::kernels::permute: perm[1] = 3 is outside [0, 3): perm must be a permutation of 0..2");
-    CHECK(message_of<std::invalid_argument>([&] { k::permute(exec, in.data(), out.data(), 9, ext.data(), repeat); })
+    CHECK(message_of<std::invalid_argument>([&] { k::permute(exec(), in.data(), out.data(), 9, ext.data(), repeat); })
               .find("rank 9 is outside [0, 8]") != std::string::npos);
     const I64 neg[2] = {2, -1};
     const int id2[2] = {0, 1};
-    CHECK(message_of<std::invalid_argument>([&] { k::permute(exec, in.data(), out.data(), 2, neg, id2); })
+    CHECK(message_of<std::invalid_argument>([&] { k::permute(exec(), in.data(), out.data(), 2, neg, id2); })
               .find("extent -1 of dim 1 is negative") != std::string::npos);
     CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 0; }));
   }
@@ -161,7 +166,7 @@ TEST_SUITE("kernels_layout") {
       const auto in = iota(count(ext));
       const I64 n = count(cnt);
       std::vector<double> out(std::size_t(n) + 1, -7);
-      k::copy_sub_box(exec, in.data(), rank, ext.data(), start.data(), cnt.data(), out.data());
+      k::copy_sub_box(exec(), in.data(), rank, ext.data(), start.data(), cnt.data(), out.data());
       for (I64 o = 0; o < n; ++o) {
         auto idx = unravel(o, cnt);
         for (std::size_t d = 0; d < idx.size(); ++d) idx[d] += start[d];
@@ -173,7 +178,7 @@ TEST_SUITE("kernels_layout") {
     const std::vector<I64> ext = {3, 50000}, start = {1, 7}, cnt = {2, 49990};
     const auto in = iota(count(ext));
     std::vector<double> out(std::size_t(count(cnt)));
-    k::copy_sub_box(exec, in.data(), 2, ext.data(), start.data(), cnt.data(), out.data());
+    k::copy_sub_box(exec(), in.data(), 2, ext.data(), start.data(), cnt.data(), out.data());
     CHECK(out.front() == in[50007]);
     CHECK(out.back() == in[2 * 50000 + 7 + 49989]);
     CHECK(out[49990] == in[100007]);
@@ -183,13 +188,13 @@ TEST_SUITE("kernels_layout") {
     const std::vector<I64> ext = {4, 5}, cnt = {2, 3};
     const std::vector<I64> bad = {2, 3};  // 3 + 3 > 5
     std::vector<float> in(20, 1), out(6, 0);
-    CHECK(message_of<std::out_of_range>([&] { k::copy_sub_box(exec, in.data(), 2, ext.data(), bad.data(), cnt.data(), out.data()); }) ==
+    CHECK(message_of<std::out_of_range>([&] { k::copy_sub_box(exec(), in.data(), 2, ext.data(), bad.data(), cnt.data(), out.data()); }) ==
           "shardlib::kernels::copy_sub_box: dim 1: [3, 3 + 3) is not inside [0, 5)");
     const std::vector<I64> negstart = {-1, 0};
-    CHECK(message_of<std::out_of_range>([&] { k::copy_sub_box(exec, in.data(), 2, ext.data(), negstart.data(), cnt.data(), out.data()); })
+    CHECK(message_of<std::out_of_range>([&] { k::copy_sub_box(exec(), in.data(), 2, ext.data(), negstart.data(), cnt.data(), out.data()); })
               .find("dim 0") != std::string::npos);
     const std::vector<I64> negcnt = {2, -1}, zero = {0, 0};
-    CHECK(message_of<std::invalid_argument>([&] { k::copy_sub_box(exec, in.data(), 2, ext.data(), zero.data(), negcnt.data(), out.data()); }) ==
+    CHECK(message_of<std::invalid_argument>([&] { k::copy_sub_box(exec(), in.data(), 2, ext.data(), zero.data(), negcnt.data(), out.data()); }) ==
           "shardlib::kernels::copy_sub_box: dim 1 has a negative count -1");
     CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 0; }));
   }
@@ -216,7 +221,7 @@ TEST_SUITE("kernels_layout") {
           for (I64 j = lo; j < lo + n_local; ++j)
             for (I64 i = 0; i < inner; ++i) block.push_back(table[std::size_t((o * extent + j) * inner + i)]);
         std::vector<double> out(sum.size(), -7);
-        k::take(exec, block.data(), outer, n_local, inner, lo, extent, ids.data(), m_ids, out.data(), true);
+        k::take(exec(), block.data(), outer, n_local, inner, lo, extent, ids.data(), m_ids, out.data(), true);
         for (I64 o = 0; o < outer; ++o)
           for (I64 m = 0; m < m_ids; ++m)
             for (I64 i = 0; i < inner; ++i) {
@@ -238,13 +243,13 @@ TEST_SUITE("kernels_layout") {
     const auto table = iota(3 * inner);
     const std::uint16_t uids[2] = {2, 0};
     std::vector<double> out(2 * inner);
-    k::take(exec, table.data(), 1, 3, inner, 0, 3, uids, 2, out.data(), true);
+    k::take(exec(), table.data(), 1, 3, inner, 0, 3, uids, 2, out.data(), true);
     CHECK(out[0] == table[2 * inner]);
     CHECK(out[2 * inner - 1] == table[inner - 1]);
     CHECK(out[inner - 1] == table[3 * inner - 1]);
     const std::int64_t lids[3] = {5, 6, 4};  // block holds global rows [5, 8) of 10
     std::vector<float> t2 = {1, 2, 3}, o2(3, -1);
-    k::take(exec, t2.data(), 1, 3, 1, 5, 10, lids, 3, o2.data(), true);
+    k::take(exec(), t2.data(), 1, 3, 1, 5, 10, lids, 3, o2.data(), true);
     CHECK(o2 == std::vector<float>{1, 2, 0});
   }
 
@@ -282,19 +287,19 @@ TEST_SUITE("kernels_layout") {
       for (int d = 0; d < rank; ++d) v.stride[d] = v.stride[d] < 0 ? -v.stride[d] : v.stride[d];
       const auto in = iota(reach(v) + 3);
       std::vector<double> want(std::size_t(v.count()) + 1, -7), got(want);
-      k::detail::strided_copy_host(exec, "test", in.data(), want.data(), v);
-      p::strided_copy(exec, "test", in.data(), got.data(), k::detail::normalise(v));
+      k::detail::strided_copy_host(exec(), "test", in.data(), want.data(), v);
+      p::strided_copy(exec(), "test", in.data(), got.data(), k::detail::normalise(v));
       REQUIRE(got == want);
       // copy_strided: a mirrored / repeated input view into a box of a bigger output.
       View a = random_view(rank, true), b = random_view(rank, false);
       for (int d = 0; d < rank; ++d) a.extent[d] = b.extent[d];
       const auto src = iota(reach(a) + 1);
       std::vector<double> bw(std::size_t(reach(b)) + 2, -7), bg(bw);
-      k::copy_strided(exec, "test", src.data(), a, bw.data(), b);
-      p::copy_strided(exec, "test", src.data(), a, bg.data(), b);
+      k::copy_strided(exec(), "test", src.data(), a, bw.data(), b);
+      p::copy_strided(exec(), "test", src.data(), a, bg.data(), b);
       REQUIRE(bg == bw);
-      k::fill_strided(exec, "test", 2.5, bw.data(), b);
-      p::fill_strided(exec, "test", 2.5, bg.data(), b);
+      k::fill_strided(exec(), "test", 2.5, bw.data(), b);
+      p::fill_strided(exec(), "test", 2.5, bg.data(), b);
       REQUIRE(bg == bw);
       // copy_pieces: 0 to 4 such copies from two sources into two destinations (each piece its own
       // part of them), one kernel, against copy_strided piece by piece.
@@ -318,16 +323,16 @@ TEST_SUITE("kernels_layout") {
           first += q.in.count();
         }
         for (int t = 0; t < 2; ++t) to_want[t] = to_got[t] = std::vector<double>(std::size_t(end[t]) + 1, -7);
-        for (const auto& q : pieces) k::copy_strided(exec, "test", from[q.from].data(), q.in, to_want[q.to].data(), q.out);
+        for (const auto& q : pieces) k::copy_strided(exec(), "test", from[q.from].data(), q.in, to_want[q.to].data(), q.out);
         const std::uint64_t calls = k::flop_count().kernel_calls;
-        k::copy_pieces(exec, "test", std::span<const k::detail::StridedPiece>(pieces), pieces.data(), from[0].data(), from[1].data(),
+        k::copy_pieces(exec(), "test", std::span<const k::detail::StridedPiece>(pieces), pieces.data(), from[0].data(), from[1].data(),
                        to_got[0].data(), to_got[1].data());
         CHECK(k::flop_count().kernel_calls - calls == (first > 0 ? 1u : 0u));
         REQUIRE(to_got[0] == to_want[0]);
         REQUIRE(to_got[1] == to_want[1]);
         for (int t = 0; t < 2; ++t) to_got[t].assign(to_got[t].size(), -7);
         if (first > 0)
-          p::copy_pieces(exec, "test", pieces.data(), int(pieces.size()), first, from[0].data(), from[1].data(), to_got[0].data(),
+          p::copy_pieces(exec(), "test", pieces.data(), int(pieces.size()), first, from[0].data(), from[1].data(), to_got[0].data(),
                          to_got[1].data());
         REQUIRE(to_got[0] == to_want[0]);
         REQUIRE(to_got[1] == to_want[1]);
@@ -340,16 +345,16 @@ TEST_SUITE("kernels_layout") {
       for (auto& id : ids) id = std::int32_t(g() % std::uint64_t(extent + 4)) - 2;
       const auto table = iota(outer * n_local * inner);
       std::vector<double> tw(std::size_t(outer * n_ids * inner) + 1, -7), tg(tw);
-      k::take(exec, table.data(), outer, n_local, inner, lo, extent, ids.data(), n_ids, tw.data(), false);
-      p::take(exec, table.data(), outer, n_local, inner, lo, ids.data(), n_ids, tg.data());
+      k::take(exec(), table.data(), outer, n_local, inner, lo, extent, ids.data(), n_ids, tw.data(), false);
+      p::take(exec(), table.data(), outer, n_local, inner, lo, ids.data(), n_ids, tg.data());
       REQUIRE(tg == tw);
       const auto values = iota(outer * n_ids * inner);
       std::vector<double> aw(table), ag(table);
-      k::index_add(exec, aw.data(), outer, n_local, inner, lo, extent, ids.data(), n_ids, values.data(), false);
-      p::index_add(exec, ag.data(), outer, n_local, inner, lo, ids.data(), n_ids, values.data());
+      k::index_add(exec(), aw.data(), outer, n_local, inner, lo, extent, ids.data(), n_ids, values.data(), false);
+      p::index_add(exec(), ag.data(), outer, n_local, inner, lo, ids.data(), n_ids, values.data());
       REQUIRE(ag == aw);
       // The id check: the first id outside [0, extent), as the host finds it.
-      const auto first = p::first_bad_id(exec, ids.data(), n_ids, extent);
+      const auto first = p::first_bad_id(exec(), ids.data(), n_ids, extent);
       I64 m = n_ids;
       for (I64 j = n_ids; j-- > 0;)
         if (ids[std::size_t(j)] < 0 || ids[std::size_t(j)] >= extent) m = j;
@@ -357,7 +362,7 @@ TEST_SUITE("kernels_layout") {
       if (m < n_ids) REQUIRE(first.loc == ids[std::size_t(m)]);
     }
     const std::uint64_t huge[2] = {1, ~std::uint64_t{0}};
-    const auto first = p::first_bad_id(exec, huge, 2, 4);
+    const auto first = p::first_bad_id(exec(), huge, 2, 4);
     CHECK(first.val == 1);
     CHECK(static_cast<std::uint64_t>(first.loc) == ~std::uint64_t{0});
   }
@@ -376,7 +381,7 @@ TEST_SUITE("kernels_layout") {
     pieces[1].out.offset = 2;
     pieces[1].first = 2;
     auto run = [&] {
-      k::copy_pieces(exec, "test", std::span<const k::detail::StridedPiece>(pieces), pieces.data(), in.data(), in.data(), out.data(),
+      k::copy_pieces(exec(), "test", std::span<const k::detail::StridedPiece>(pieces), pieces.data(), in.data(), in.data(), out.data(),
                      out.data());
     };
     pieces[1].first = 1;
@@ -398,23 +403,23 @@ TEST_SUITE("kernels_layout") {
   TEST_CASE("take: out-of-range ids throw with the id, its position and the extent; nothing written") {
     std::vector<float> table = {1, 2, 3, 4}, out(3, -1);
     const int neg[3] = {0, -1, 1}, high[3] = {1, 0, 4};
-    CHECK(message_of<std::out_of_range>([&] { k::take(exec, table.data(), 1, 2, 2, 0, 4, neg, 3, out.data(), true); }) ==
+    CHECK(message_of<std::out_of_range>([&] { k::take(exec(), table.data(), 1, 2, 2, 0, 4, neg, 3, out.data(), true); }) ==
           "shardlib::kernels::take: id -1 at position 1 is outside [0, 4)");
-    CHECK(message_of<std::out_of_range>([&] { k::take(exec, table.data(), 1, 2, 1, 2, 4, high, 3, out.data(), true); }) ==
+    CHECK(message_of<std::out_of_range>([&] { k::take(exec(), table.data(), 1, 2, 1, 2, 4, high, 3, out.data(), true); }) ==
           "shardlib::kernels::take: id 4 at position 2 is outside [0, 4)");
     const std::uint64_t huge[1] = {~std::uint64_t{0}};
-    CHECK(message_of<std::out_of_range>([&] { k::take(exec, table.data(), 1, 4, 1, 0, 4, huge, 1, out.data(), true); }) ==
+    CHECK(message_of<std::out_of_range>([&] { k::take(exec(), table.data(), 1, 4, 1, 0, 4, huge, 1, out.data(), true); }) ==
           "shardlib::kernels::take: id 18446744073709551615 at position 0 is outside [0, 4)");
     CHECK(out == std::vector<float>{-1, -1, -1});
     // Unchecked: such ids give zeros (no wrap-around, no read outside the block).
-    k::take(exec, table.data(), 1, 4, 1, 0, 4, neg, 3, out.data(), false);
+    k::take(exec(), table.data(), 1, 4, 1, 0, 4, neg, 3, out.data(), false);
     CHECK(out == std::vector<float>{1, 0, 2});
-    k::take(exec, table.data(), 1, 4, 1, 0, 4, huge, 1, out.data(), false);
+    k::take(exec(), table.data(), 1, 4, 1, 0, 4, huge, 1, out.data(), false);
     CHECK(out[0] == 0);
-    CHECK(message_of<std::invalid_argument>([&] { k::take(exec, table.data(), 1, -4, 1, 0, 4, neg, 3, out.data(), true); }) ==
+    CHECK(message_of<std::invalid_argument>([&] { k::take(exec(), table.data(), 1, -4, 1, 0, 4, neg, 3, out.data(), true); }) ==
           "shardlib::kernels::take: negative extent in outer = 1, n_local = -4, inner = 1, n_ids = 3");
     // A block that does not lie inside the dim.
-    CHECK(message_of<std::invalid_argument>([&] { k::take(exec, table.data(), 1, 4, 1, 2, 5, neg, 0, out.data(), true); }) ==
+    CHECK(message_of<std::invalid_argument>([&] { k::take(exec(), table.data(), 1, 4, 1, 2, 5, neg, 0, out.data(), true); }) ==
           "shardlib::kernels::take: the block [2, 2 + 4) does not lie inside the dim [0, 5)");
   }
 }

@@ -20,7 +20,12 @@ using k::ReduceKind;
 namespace {
 
 using I64 = std::int64_t;
-const Kokkos::DefaultHostExecutionSpace exec{};
+/// The host instance the kernels run on, made when first used: after Kokkos is initialised (an
+/// instance made before, at namespace scope, is an error with an OpenMP Kokkos 4.6).
+const Kokkos::DefaultHostExecutionSpace& exec() {
+  static const Kokkos::DefaultHostExecutionSpace e{};
+  return e;
+}
 constexpr double inf = std::numeric_limits<double>::infinity();
 
 struct Shape {
@@ -83,10 +88,10 @@ void check_reduce(std::mt19937_64& g, bool integer_data) {
     CAPTURE(s.inner);
     std::vector<double> sum(std::size_t(s.rows()), -1);
     std::vector<T> mx(std::size_t(s.rows()), T(-1)), mn(std::size_t(s.rows()), T(-1));
-    k::reduce_dim<Kokkos::DefaultHostExecutionSpace, T, double>(exec, x.data(), sum.data(), s.outer, s.n, s.inner,
+    k::reduce_dim<Kokkos::DefaultHostExecutionSpace, T, double>(exec(), x.data(), sum.data(), s.outer, s.n, s.inner,
                                                                  ReduceKind::sum);
-    k::reduce_dim(exec, x.data(), mx.data(), s.outer, s.n, s.inner, ReduceKind::max);
-    k::reduce_dim(exec, x.data(), mn.data(), s.outer, s.n, s.inner, ReduceKind::min);
+    k::reduce_dim(exec(), x.data(), mx.data(), s.outer, s.n, s.inner, ReduceKind::max);
+    k::reduce_dim(exec(), x.data(), mn.data(), s.outer, s.n, s.inner, ReduceKind::min);
     for (std::size_t r = 0; r < rows.size(); ++r) {
       double rs = 0, rmax = -inf, rmin = inf;
       for (double v : rows[r]) {
@@ -134,16 +139,16 @@ TEST_SUITE("kernels_reduce") {
     // Accumulating in int64 avoids int overflow.
     std::vector<int> big(1000, 3'000'000);
     std::int64_t out = 0;
-    k::reduce_dim(exec, big.data(), &out, 1, 1000, 1, ReduceKind::sum);
+    k::reduce_dim(exec(), big.data(), &out, 1, 1000, 1, ReduceKind::sum);
     CHECK(out == 3'000'000'000LL);
   }
 
   TEST_CASE("reduce_dim: n == 0 gives the identity, max/min propagate NaN") {
     std::vector<float> none;
     float s[3] = {7, 7, 7}, mx[3] = {7, 7, 7}, mn[3] = {7, 7, 7};
-    k::reduce_dim(exec, none.data(), s, 1, 0, 3, ReduceKind::sum);
-    k::reduce_dim(exec, none.data(), mx, 3, 0, 1, ReduceKind::max);
-    k::reduce_dim(exec, none.data(), mn, 1, 0, 3, ReduceKind::min);
+    k::reduce_dim(exec(), none.data(), s, 1, 0, 3, ReduceKind::sum);
+    k::reduce_dim(exec(), none.data(), mx, 3, 0, 1, ReduceKind::max);
+    k::reduce_dim(exec(), none.data(), mn, 1, 0, 3, ReduceKind::min);
     for (int r = 0; r < 3; ++r) {
       CHECK(s[r] == 0);
       CHECK(mx[r] == -std::numeric_limits<float>::infinity());
@@ -151,8 +156,8 @@ TEST_SUITE("kernels_reduce") {
     }
     std::vector<int> inone;
     int imx = 7, imn = 7;
-    k::reduce_dim(exec, inone.data(), &imx, 1, 0, 1, ReduceKind::max);
-    k::reduce_dim(exec, inone.data(), &imn, 1, 0, 1, ReduceKind::min);
+    k::reduce_dim(exec(), inone.data(), &imx, 1, 0, 1, ReduceKind::max);
+    k::reduce_dim(exec(), inone.data(), &imn, 1, 0, 1, ReduceKind::min);
     CHECK(imx == std::numeric_limits<int>::lowest());
     CHECK(imn == std::numeric_limits<int>::max());
     // NaN anywhere in a row (any lane position, either layout) makes max and min NaN.
@@ -162,8 +167,8 @@ TEST_SUITE("kernels_reduce") {
         std::vector<double> x(std::size_t(9 * inner), 1.0);
         x[std::size_t(pos * inner)] = nan;
         double m[2] = {0, 0}, n[2] = {0, 0};
-        k::reduce_dim(exec, x.data(), m, 1, 9, inner, ReduceKind::max);
-        k::reduce_dim(exec, x.data(), n, 1, 9, inner, ReduceKind::min);
+        k::reduce_dim(exec(), x.data(), m, 1, 9, inner, ReduceKind::max);
+        k::reduce_dim(exec(), x.data(), n, 1, 9, inner, ReduceKind::min);
         CHECK(std::isnan(m[0]));
         CHECK(std::isnan(n[0]));
         if (inner == 2) CHECK(m[1] == 1.0);
@@ -188,19 +193,19 @@ TEST_SUITE("kernels_reduce") {
       for (bool max : {true, false}) {
         std::vector<float> best(std::size_t(s.rows()), 9);
         std::vector<I64> idx(std::size_t(s.rows()), 9);
-        if (max) k::argmax_dim(exec, x.data(), best.data(), idx.data(), s.outer, s.n, s.inner, offset);
-        else k::argmin_dim(exec, x.data(), best.data(), idx.data(), s.outer, s.n, s.inner, offset);
+        if (max) k::argmax_dim(exec(), x.data(), best.data(), idx.data(), s.outer, s.n, s.inner, offset);
+        else k::argmin_dim(exec(), x.data(), best.data(), idx.data(), s.outer, s.n, s.inner, offset);
         // The same row split in two blocks (second block at offset + cut), combined with arg_better.
         const I64 cut = s.n == 0 ? 0 : I64(g() % std::uint64_t(s.n + 1));
         const auto a = part(s, x, 0, cut), b = part(s, x, cut, s.n - cut);
         std::vector<float> ba(best.size()), bb(best.size());
         std::vector<I64> ia(best.size()), ib(best.size());
         if (max) {
-          k::argmax_dim(exec, a.data(), ba.data(), ia.data(), s.outer, cut, s.inner, offset);
-          k::argmax_dim(exec, b.data(), bb.data(), ib.data(), s.outer, s.n - cut, s.inner, offset + cut);
+          k::argmax_dim(exec(), a.data(), ba.data(), ia.data(), s.outer, cut, s.inner, offset);
+          k::argmax_dim(exec(), b.data(), bb.data(), ib.data(), s.outer, s.n - cut, s.inner, offset + cut);
         } else {
-          k::argmin_dim(exec, a.data(), ba.data(), ia.data(), s.outer, cut, s.inner, offset);
-          k::argmin_dim(exec, b.data(), bb.data(), ib.data(), s.outer, s.n - cut, s.inner, offset + cut);
+          k::argmin_dim(exec(), a.data(), ba.data(), ia.data(), s.outer, cut, s.inner, offset);
+          k::argmin_dim(exec(), b.data(), bb.data(), ib.data(), s.outer, s.n - cut, s.inner, offset + cut);
         }
         for (std::size_t r = 0; r < rows.size(); ++r) {
           const I64 want = ref_arg(rows[r], max);
@@ -221,10 +226,10 @@ TEST_SUITE("kernels_reduce") {
     const float row[6] = {1, finf, nan, 5, nan, finf};
     float b = 0;
     I64 i = 0;
-    k::argmax_dim(exec, row, &b, &i, 1, 6, 1, 10);
+    k::argmax_dim(exec(), row, &b, &i, 1, 6, 1, 10);
     CHECK(i == 12);
     CHECK(std::isnan(b));
-    k::argmax_dim(exec, row, &b, &i, 1, 2, 1, 0);
+    k::argmax_dim(exec(), row, &b, &i, 1, 2, 1, 0);
     CHECK(i == 1);
     CHECK(b == finf);
     CHECK(k::arg_better<true>(nan, 7, finf, 1));
@@ -233,9 +238,9 @@ TEST_SUITE("kernels_reduce") {
     CHECK(!k::arg_better<true>(1.0f, -1, 0.0f, 3));  // an empty block never wins
     const int irow[5] = {3, 9, 2, 9, 2};
     int ib = 0;
-    k::argmax_dim(exec, irow, &ib, &i, 1, 5, 1, 0);
+    k::argmax_dim(exec(), irow, &ib, &i, 1, 5, 1, 0);
     CHECK((ib == 9 && i == 1));
-    k::argmin_dim(exec, irow, &ib, &i, 1, 5, 1, 0);
+    k::argmin_dim(exec(), irow, &ib, &i, 1, 5, 1, 0);
     CHECK((ib == 2 && i == 2));
   }
 
@@ -251,22 +256,22 @@ TEST_SUITE("kernels_reduce") {
       CAPTURE(s.n);
       CAPTURE(s.inner);
       std::vector<float> mx(std::size_t(s.rows())), z(std::size_t(s.rows())), y(x.size()), ly(x.size());
-      k::reduce_dim(exec, x.data(), mx.data(), s.outer, s.n, s.inner, ReduceKind::max);
-      k::exp_sum(exec, x.data(), mx.data(), z.data(), s.outer, s.n, s.inner);
-      k::softmax_apply(exec, x.data(), y.data(), mx.data(), z.data(), s.outer, s.n, s.inner, false);
-      k::softmax_apply(exec, x.data(), ly.data(), mx.data(), z.data(), s.outer, s.n, s.inner, true);
+      k::reduce_dim(exec(), x.data(), mx.data(), s.outer, s.n, s.inner, ReduceKind::max);
+      k::exp_sum(exec(), x.data(), mx.data(), z.data(), s.outer, s.n, s.inner);
+      k::softmax_apply(exec(), x.data(), y.data(), mx.data(), z.data(), s.outer, s.n, s.inner, false);
+      k::softmax_apply(exec(), x.data(), ly.data(), mx.data(), z.data(), s.outer, s.n, s.inner, true);
       // Split protocol: block stats, max of maxes, exp sums with the global max, added.
       const I64 cut = s.n == 0 ? 0 : I64(g() % std::uint64_t(s.n + 1));
       const auto a = part(s, x, 0, cut), b = part(s, x, cut, s.n - cut);
       std::vector<float> ma(mx.size()), mb(mx.size()), za(mx.size()), zb(mx.size()), ya(a.size()), yb(b.size());
-      k::reduce_dim(exec, a.data(), ma.data(), s.outer, cut, s.inner, ReduceKind::max);
-      k::reduce_dim(exec, b.data(), mb.data(), s.outer, s.n - cut, s.inner, ReduceKind::max);
+      k::reduce_dim(exec(), a.data(), ma.data(), s.outer, cut, s.inner, ReduceKind::max);
+      k::reduce_dim(exec(), b.data(), mb.data(), s.outer, s.n - cut, s.inner, ReduceKind::max);
       for (std::size_t r = 0; r < ma.size(); ++r) ma[r] = mb[r] = std::max(ma[r], mb[r]);
-      k::exp_sum(exec, a.data(), ma.data(), za.data(), s.outer, cut, s.inner);
-      k::exp_sum(exec, b.data(), mb.data(), zb.data(), s.outer, s.n - cut, s.inner);
+      k::exp_sum(exec(), a.data(), ma.data(), za.data(), s.outer, cut, s.inner);
+      k::exp_sum(exec(), b.data(), mb.data(), zb.data(), s.outer, s.n - cut, s.inner);
       for (std::size_t r = 0; r < za.size(); ++r) za[r] = zb[r] = za[r] + zb[r];
-      k::softmax_apply(exec, a.data(), ya.data(), ma.data(), za.data(), s.outer, cut, s.inner, false);
-      k::softmax_apply(exec, b.data(), yb.data(), mb.data(), zb.data(), s.outer, s.n - cut, s.inner, false);
+      k::softmax_apply(exec(), a.data(), ya.data(), ma.data(), za.data(), s.outer, cut, s.inner, false);
+      k::softmax_apply(exec(), b.data(), yb.data(), mb.data(), zb.data(), s.outer, s.n - cut, s.inner, false);
       const auto split_rows = [&] {  // ya ++ yb along the dim, as rows
         std::vector<float> whole(x.size());
         for (I64 o = 0; o < s.outer; ++o)
@@ -299,9 +304,9 @@ TEST_SUITE("kernels_reduce") {
     // In place, and a row of one huge value.
     std::vector<double> x = {1000, 1000, 999, -1e300};
     double m = 0, zz = 0;
-    k::reduce_dim(exec, x.data(), &m, 1, 4, 1, ReduceKind::max);
-    k::exp_sum(exec, x.data(), &m, &zz, 1, 4, 1);
-    k::softmax_apply(exec, x.data(), x.data(), &m, &zz, 1, 4, 1, false);
+    k::reduce_dim(exec(), x.data(), &m, 1, 4, 1, ReduceKind::max);
+    k::exp_sum(exec(), x.data(), &m, &zz, 1, 4, 1);
+    k::softmax_apply(exec(), x.data(), x.data(), &m, &zz, 1, 4, 1, false);
     const double e = std::exp(-1.0);
     CHECK(x[0] == doctest::Approx(1 / (2 + e)));
     CHECK(x[2] == doctest::Approx(e / (2 + e)));
@@ -324,19 +329,19 @@ TEST_SUITE("kernels_reduce") {
       const auto a = part(s, x, 0, cut), b = part(s, x, cut, s.n - cut);
       // Stats per block, added (the all-reduce), then each block normalised with the global count.
       std::vector<double> sa(std::size_t(s.rows())), qa(sa.size()), sb(sa.size()), qb(sa.size()), q2(sa.size());
-      k::moments(exec, a.data(), sa.data(), qa.data(), s.outer, cut, s.inner);
-      k::moments(exec, b.data(), sb.data(), qb.data(), s.outer, s.n - cut, s.inner);
-      k::moments(exec, x.data(), static_cast<double*>(nullptr), q2.data(), s.outer, s.n, s.inner);
+      k::moments(exec(), a.data(), sa.data(), qa.data(), s.outer, cut, s.inner);
+      k::moments(exec(), b.data(), sb.data(), qb.data(), s.outer, s.n - cut, s.inner);
+      k::moments(exec(), x.data(), static_cast<double*>(nullptr), q2.data(), s.outer, s.n, s.inner);
       for (std::size_t r = 0; r < sa.size(); ++r) {
         sa[r] += sb[r];
         qa[r] += qb[r];
         REQUIRE(q2[r] == doctest::Approx(qa[r]).epsilon(1e-12));
       }
       std::vector<float> la(a.size()), lb(b.size()), ra(a.size()), rb(b.size());
-      k::layer_norm_apply(exec, a.data(), la.data(), sa.data(), qa.data(), s.outer, cut, s.inner, s.n, eps);
-      k::layer_norm_apply(exec, b.data(), lb.data(), sa.data(), qa.data(), s.outer, s.n - cut, s.inner, s.n, eps);
-      k::rms_norm_apply(exec, a.data(), ra.data(), qa.data(), s.outer, cut, s.inner, s.n, eps);
-      k::rms_norm_apply(exec, b.data(), rb.data(), qa.data(), s.outer, s.n - cut, s.inner, s.n, eps);
+      k::layer_norm_apply(exec(), a.data(), la.data(), sa.data(), qa.data(), s.outer, cut, s.inner, s.n, eps);
+      k::layer_norm_apply(exec(), b.data(), lb.data(), sa.data(), qa.data(), s.outer, s.n - cut, s.inner, s.n, eps);
+      k::rms_norm_apply(exec(), a.data(), ra.data(), qa.data(), s.outer, cut, s.inner, s.n, eps);
+      k::rms_norm_apply(exec(), b.data(), rb.data(), qa.data(), s.outer, s.n - cut, s.inner, s.n, eps);
       for (I64 o = 0; o < s.outer; ++o)
         for (I64 i = 0; i < s.inner; ++i) {
           const auto& row = rows[std::size_t(o * s.inner + i)];
@@ -358,14 +363,14 @@ TEST_SUITE("kernels_reduce") {
     // A constant row: variance 0 (never negative after cancellation), output 0.
     std::vector<float> c(10, 12345.678f), y(10, 1);
     double sm = 0, sq = 0;
-    k::moments(exec, c.data(), &sm, &sq, 1, 10, 1);
-    k::layer_norm_apply(exec, c.data(), y.data(), &sm, &sq, 1, 10, 1, 10, 1e-5);
+    k::moments(exec(), c.data(), &sm, &sq, 1, 10, 1);
+    k::layer_norm_apply(exec(), c.data(), y.data(), &sm, &sq, 1, 10, 1, 10, 1e-5);
     for (float v : y) CHECK(std::abs(v) < 1e-2f);
     // In place.
     std::vector<double> d = {3, 4};
     double dq = 0;
-    k::moments(exec, d.data(), static_cast<double*>(nullptr), &dq, 1, 2, 1);
-    k::rms_norm_apply(exec, d.data(), d.data(), &dq, 1, 2, 1, 2, 0.0);
+    k::moments(exec(), d.data(), static_cast<double*>(nullptr), &dq, 1, 2, 1);
+    k::rms_norm_apply(exec(), d.data(), d.data(), &dq, 1, 2, 1, 2, 0.0);
     CHECK(d[0] == doctest::Approx(3 / std::sqrt(12.5)));
     CHECK(d[1] == doctest::Approx(4 / std::sqrt(12.5)));
   }
@@ -387,13 +392,13 @@ TEST_SUITE("kernels_reduce") {
       const auto rows = std::size_t(s.rows());
       std::vector<double> sum(rows, -1), psum(rows, -2);
       std::vector<float> mx(rows, -1), pmx(rows, -2), mn(rows, -1), pmn(rows, -2);
-      k::reduce_dim<Kokkos::DefaultHostExecutionSpace, float, double>(exec, x.data(), sum.data(), s.outer, s.n, s.inner,
+      k::reduce_dim<Kokkos::DefaultHostExecutionSpace, float, double>(exec(), x.data(), sum.data(), s.outer, s.n, s.inner,
                                                                        ReduceKind::sum);
-      p::reduce_dim(exec, x.data(), psum.data(), s.outer, s.n, s.inner, ReduceKind::sum);
-      k::reduce_dim(exec, x.data(), mx.data(), s.outer, s.n, s.inner, ReduceKind::max);
-      p::reduce_dim(exec, x.data(), pmx.data(), s.outer, s.n, s.inner, ReduceKind::max);
-      k::reduce_dim(exec, x.data(), mn.data(), s.outer, s.n, s.inner, ReduceKind::min);
-      p::reduce_dim(exec, x.data(), pmn.data(), s.outer, s.n, s.inner, ReduceKind::min);
+      p::reduce_dim(exec(), x.data(), psum.data(), s.outer, s.n, s.inner, ReduceKind::sum);
+      k::reduce_dim(exec(), x.data(), mx.data(), s.outer, s.n, s.inner, ReduceKind::max);
+      p::reduce_dim(exec(), x.data(), pmx.data(), s.outer, s.n, s.inner, ReduceKind::max);
+      k::reduce_dim(exec(), x.data(), mn.data(), s.outer, s.n, s.inner, ReduceKind::min);
+      p::reduce_dim(exec(), x.data(), pmn.data(), s.outer, s.n, s.inner, ReduceKind::min);
       for (std::size_t r = 0; r < rows; ++r) {
         REQUIRE((same(psum[r], sum[r]) || psum[r] == doctest::Approx(sum[r]).epsilon(1e-12).scale(1e-9)));
         REQUIRE(same(pmx[r], mx[r]));
@@ -401,48 +406,48 @@ TEST_SUITE("kernels_reduce") {
       }
       // scale (a mean's 1 / count).
       std::vector<float> sc = x, psc = x;
-      k::scale(exec, sc.data(), I64(sc.size()), 0.37f);
-      p::scale(exec, psc.data(), I64(psc.size()), 0.37f);
+      k::scale(exec(), sc.data(), I64(sc.size()), 0.37f);
+      p::scale(exec(), psc.data(), I64(psc.size()), 0.37f);
       for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(same(psc[e], sc[e]));
       // argmax and argmin: the first best value and its index (NaN first), offset by 5.
       std::vector<float> ab(rows, -1), pab(rows, -2);
       std::vector<std::int64_t> ai(rows, -3), pai(rows, -4);
-      k::argmax_dim(exec, x.data(), ab.data(), ai.data(), s.outer, s.n, s.inner, 5);
-      p::arg_dim<Kokkos::DefaultHostExecutionSpace, float, true>(exec, x.data(), pab.data(), pai.data(), s.outer, s.n, s.inner, 5);
+      k::argmax_dim(exec(), x.data(), ab.data(), ai.data(), s.outer, s.n, s.inner, 5);
+      p::arg_dim<Kokkos::DefaultHostExecutionSpace, float, true>(exec(), x.data(), pab.data(), pai.data(), s.outer, s.n, s.inner, 5);
       for (std::size_t r = 0; r < rows; ++r) REQUIRE((same(pab[r], ab[r]) && pai[r] == ai[r]));
-      k::argmin_dim(exec, x.data(), ab.data(), ai.data(), s.outer, s.n, s.inner, 5);
-      p::arg_dim<Kokkos::DefaultHostExecutionSpace, float, false>(exec, x.data(), pab.data(), pai.data(), s.outer, s.n, s.inner, 5);
+      k::argmin_dim(exec(), x.data(), ab.data(), ai.data(), s.outer, s.n, s.inner, 5);
+      p::arg_dim<Kokkos::DefaultHostExecutionSpace, float, false>(exec(), x.data(), pab.data(), pai.data(), s.outer, s.n, s.inner, 5);
       for (std::size_t r = 0; r < rows; ++r) REQUIRE((same(pab[r], ab[r]) && pai[r] == ai[r]));
       // softmax: the row max, the sum of exponentials, the apply (and in place).
       std::vector<float> z(rows, -1), pz(rows, -2), y(x.size()), py(x.size()), ly(x.size()), ply(x.size());
-      k::exp_sum(exec, x.data(), mx.data(), z.data(), s.outer, s.n, s.inner);
-      p::exp_sum(exec, x.data(), mx.data(), pz.data(), s.outer, s.n, s.inner);
+      k::exp_sum(exec(), x.data(), mx.data(), z.data(), s.outer, s.n, s.inner);
+      p::exp_sum(exec(), x.data(), mx.data(), pz.data(), s.outer, s.n, s.inner);
       for (std::size_t r = 0; r < rows; ++r) REQUIRE((same(pz[r], z[r]) || pz[r] == doctest::Approx(z[r]).epsilon(1e-6)));
-      k::softmax_apply(exec, x.data(), y.data(), mx.data(), z.data(), s.outer, s.n, s.inner, false);
-      p::softmax_apply(exec, x.data(), py.data(), mx.data(), z.data(), s.outer, s.n, s.inner, false);
-      k::softmax_apply(exec, x.data(), ly.data(), mx.data(), z.data(), s.outer, s.n, s.inner, true);
-      p::softmax_apply(exec, x.data(), ply.data(), mx.data(), z.data(), s.outer, s.n, s.inner, true);
+      k::softmax_apply(exec(), x.data(), y.data(), mx.data(), z.data(), s.outer, s.n, s.inner, false);
+      p::softmax_apply(exec(), x.data(), py.data(), mx.data(), z.data(), s.outer, s.n, s.inner, false);
+      k::softmax_apply(exec(), x.data(), ly.data(), mx.data(), z.data(), s.outer, s.n, s.inner, true);
+      p::softmax_apply(exec(), x.data(), ply.data(), mx.data(), z.data(), s.outer, s.n, s.inner, true);
       for (std::size_t e = 0; e < x.size(); ++e) {
         REQUIRE((same(py[e], y[e]) || py[e] == doctest::Approx(y[e]).epsilon(1e-5).scale(1e-7)));
         REQUIRE((same(ply[e], ly[e]) || ply[e] == doctest::Approx(ly[e]).epsilon(1e-6)));
       }
       std::vector<float> inplace = x;
-      p::softmax_apply(exec, inplace.data(), inplace.data(), mx.data(), z.data(), s.outer, s.n, s.inner, false);
+      p::softmax_apply(exec(), inplace.data(), inplace.data(), mx.data(), z.data(), s.outer, s.n, s.inner, false);
       for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(same(inplace[e], py[e]));
       // The norms: the moments, then layer_norm's and rms_norm's apply.
       std::vector<double> ms(rows), mq(rows), pms(rows), pmq(rows);
-      k::moments(exec, x.data(), ms.data(), mq.data(), s.outer, s.n, s.inner);
-      p::moments(exec, x.data(), pms.data(), pmq.data(), s.outer, s.n, s.inner);
+      k::moments(exec(), x.data(), ms.data(), mq.data(), s.outer, s.n, s.inner);
+      p::moments(exec(), x.data(), pms.data(), pmq.data(), s.outer, s.n, s.inner);
       for (std::size_t r = 0; r < rows; ++r) {
         REQUIRE((same(pms[r], ms[r]) || pms[r] == doctest::Approx(ms[r]).epsilon(1e-12).scale(1e-9)));
         REQUIRE((same(pmq[r], mq[r]) || pmq[r] == doctest::Approx(mq[r]).epsilon(1e-12)));
       }
       const double eps = c % 2 == 0 ? 1e-5 : 0.5;
       std::vector<float> ln(x.size()), pln(x.size()), rn(x.size()), prn(x.size());
-      k::layer_norm_apply(exec, x.data(), ln.data(), ms.data(), mq.data(), s.outer, s.n, s.inner, s.n, eps);
-      p::norm_apply(exec, x.data(), pln.data(), ms.data(), mq.data(), s.outer, s.n, s.inner, s.n, eps);
-      k::rms_norm_apply(exec, x.data(), rn.data(), mq.data(), s.outer, s.n, s.inner, s.n, eps);
-      p::norm_apply(exec, x.data(), prn.data(), static_cast<const double*>(nullptr), mq.data(), s.outer, s.n, s.inner, s.n, eps);
+      k::layer_norm_apply(exec(), x.data(), ln.data(), ms.data(), mq.data(), s.outer, s.n, s.inner, s.n, eps);
+      p::norm_apply(exec(), x.data(), pln.data(), ms.data(), mq.data(), s.outer, s.n, s.inner, s.n, eps);
+      k::rms_norm_apply(exec(), x.data(), rn.data(), mq.data(), s.outer, s.n, s.inner, s.n, eps);
+      p::norm_apply(exec(), x.data(), prn.data(), static_cast<const double*>(nullptr), mq.data(), s.outer, s.n, s.inner, s.n, eps);
       for (std::size_t e = 0; e < x.size(); ++e) {
         REQUIRE((same(pln[e], ln[e]) || pln[e] == doctest::Approx(ln[e]).epsilon(1e-6).scale(1e-6)));
         REQUIRE((same(prn[e], rn[e]) || prn[e] == doctest::Approx(rn[e]).epsilon(1e-6).scale(1e-6)));
@@ -459,7 +464,7 @@ TEST_SUITE("kernels_reduce") {
         std::vector<double> x(static_cast<std::size_t>(rows * n));
         for (auto& v : x) v = static_cast<double>(static_cast<int>(g() % 21) - 10);
         std::vector<double> got(static_cast<std::size_t>(rows), -1), want(got.size(), -2);
-        p::row_sums(exec, x.data(), got.data(), rows, n);
+        p::row_sums(exec(), x.data(), got.data(), rows, n);
         for (std::int64_t r = 0; r < rows; ++r)
           p::ReduceDimKernel<double, double, k::ReduceKind::sum>{x.data(), want.data(), n, 1, 0.0}(r);
         CAPTURE(n);
@@ -467,7 +472,7 @@ TEST_SUITE("kernels_reduce") {
         CHECK(got == want);
         // 32 elements a thread in registers (rows up to 32 whole, longer ones in chunks)
         std::fill(got.begin(), got.end(), -1.0);
-        p::row_sums(exec, x.data(), got.data(), rows, n, k::RowGroups{1, 1, 32});
+        p::row_sums(exec(), x.data(), got.data(), rows, n, k::RowGroups{1, 1, 32});
         CHECK(got == want);
       }
   }
@@ -476,12 +481,12 @@ TEST_SUITE("kernels_reduce") {
     using Member = Kokkos::TeamPolicy<Kokkos::DefaultHostExecutionSpace, Kokkos::LaunchBounds<1024, 1>>::member_type;
     bool ran = false;
     const auto kernel = [&ran](const Member&) { ran = true; };
-    CHECK_THROWS_WITH_AS(k::launch_row_groups(exec, "test::rows", I64(1) << 40, k::RowGroups{1, 1, 8}, 0, kernel),
+    CHECK_THROWS_WITH_AS(k::launch_row_groups(exec(), "test::rows", I64(1) << 40, k::RowGroups{1, 1, 8}, 0, kernel),
                          "shardlib: test::rows: 1099511627776 rows of 1 a team need 1099511627776 teams, more than one "
                          "launch takes (2^31 - 1)",
                          std::length_error);
     CHECK_FALSE(ran);
-    k::launch_row_groups(exec, "test::rows", 3, k::RowGroups{1, 1, 8}, 0, kernel);  // a small one runs
+    k::launch_row_groups(exec(), "test::rows", 3, k::RowGroups{1, 1, 8}, 0, kernel);  // a small one runs
     CHECK(ran);
   }
 
@@ -509,32 +514,32 @@ TEST_SUITE("kernels_reduce") {
       std::vector<float> xs = x;  // what the two-kernel path reads: scale * x, rounded
       for (auto& v : xs) v *= scale;
       std::vector<float> mx(rows), z(rows), want(x.size()), got(x.size());
-      p::reduce_dim(exec, xs.data(), mx.data(), s.outer, s.n, s.inner, ReduceKind::max);
-      p::exp_sum(exec, xs.data(), mx.data(), z.data(), s.outer, s.n, s.inner);
+      p::reduce_dim(exec(), xs.data(), mx.data(), s.outer, s.n, s.inner, ReduceKind::max);
+      p::exp_sum(exec(), xs.data(), mx.data(), z.data(), s.outer, s.n, s.inner);
       for (const bool log : {false, true}) {
-        p::softmax_apply(exec, xs.data(), want.data(), mx.data(), z.data(), s.outer, s.n, s.inner, log);
-        p::rows_fused(exec, log ? RowOp::log_softmax : RowOp::softmax, x.data(), got.data(), s.outer, s.n, scale, 0.0);
+        p::softmax_apply(exec(), xs.data(), want.data(), mx.data(), z.data(), s.outer, s.n, s.inner, log);
+        p::rows_fused(exec(), log ? RowOp::log_softmax : RowOp::softmax, x.data(), got.data(), s.outer, s.n, scale, 0.0);
         for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(same(got[e], want[e]));
         // the tile of 32 elements a thread (rows up to 32 in registers, longer ones in chunks)
         std::fill(got.begin(), got.end(), -7.0f);
-        p::rows_fused(exec, log ? RowOp::log_softmax : RowOp::softmax, x.data(), got.data(), s.outer, s.n, scale, 0.0,
+        p::rows_fused(exec(), log ? RowOp::log_softmax : RowOp::softmax, x.data(), got.data(), s.outer, s.n, scale, 0.0,
                       k::RowGroups{1, 1, 32});
         for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(same(got[e], want[e]));
         std::vector<float> inplace = x;
-        p::rows_fused(exec, log ? RowOp::log_softmax : RowOp::softmax, inplace.data(), inplace.data(), s.outer, s.n, scale, 0.0);
+        p::rows_fused(exec(), log ? RowOp::log_softmax : RowOp::softmax, inplace.data(), inplace.data(), s.outer, s.n, scale, 0.0);
         for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(same(inplace[e], want[e]));
       }
       std::vector<double> ms(rows), mq(rows);
-      p::moments(exec, x.data(), ms.data(), mq.data(), s.outer, s.n, s.inner);
+      p::moments(exec(), x.data(), ms.data(), mq.data(), s.outer, s.n, s.inner);
       const double eps = c % 2 == 0 ? 1e-5 : 0.5;
-      p::norm_apply(exec, x.data(), want.data(), ms.data(), mq.data(), s.outer, s.n, s.inner, s.n, eps);
-      p::rows_fused(exec, RowOp::layer_norm, x.data(), got.data(), s.outer, s.n, 1.0f, eps);
+      p::norm_apply(exec(), x.data(), want.data(), ms.data(), mq.data(), s.outer, s.n, s.inner, s.n, eps);
+      p::rows_fused(exec(), RowOp::layer_norm, x.data(), got.data(), s.outer, s.n, 1.0f, eps);
       for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(same(got[e], want[e]));
       std::fill(got.begin(), got.end(), -7.0f);
-      p::rows_fused(exec, RowOp::layer_norm, x.data(), got.data(), s.outer, s.n, 1.0f, eps, k::RowGroups{1, 1, 32});
+      p::rows_fused(exec(), RowOp::layer_norm, x.data(), got.data(), s.outer, s.n, 1.0f, eps, k::RowGroups{1, 1, 32});
       for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(same(got[e], want[e]));
-      p::norm_apply(exec, x.data(), want.data(), static_cast<const double*>(nullptr), mq.data(), s.outer, s.n, s.inner, s.n, eps);
-      p::rows_fused(exec, RowOp::rms_norm, x.data(), got.data(), s.outer, s.n, 1.0f, eps);
+      p::norm_apply(exec(), x.data(), want.data(), static_cast<const double*>(nullptr), mq.data(), s.outer, s.n, s.inner, s.n, eps);
+      p::rows_fused(exec(), RowOp::rms_norm, x.data(), got.data(), s.outer, s.n, 1.0f, eps);
       for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(same(got[e], want[e]));
     }
   }
@@ -555,8 +560,8 @@ TEST_SUITE("kernels_reduce") {
           for (const auto layout : {k::RowGroups{}, k::RowGroups{1, 1, 32}}) {
             const RowOp op = log ? RowOp::log_softmax : RowOp::softmax;
             std::vector<float> want(x.size()), got(x.size(), 5.0f);
-            p::rows_fused(exec, op, biased.data(), want.data(), rows, n, 0.5f, 0.0);
-            p::rows_fused(exec, op, x.data(), got.data(), rows, n, 0.5f, 0.0, layout, sq);
+            p::rows_fused(exec(), op, biased.data(), want.data(), rows, n, 0.5f, 0.0);
+            p::rows_fused(exec(), op, x.data(), got.data(), rows, n, 0.5f, 0.0, layout, sq);
             CAPTURE(sq);
             CAPTURE(n);
             CAPTURE(log);
@@ -564,16 +569,16 @@ TEST_SUITE("kernels_reduce") {
           }
       }
     std::vector<float> x(4);
-    CHECK_THROWS_WITH_AS(p::rows_fused(exec, RowOp::layer_norm, x.data(), x.data(), 2, 2, 1.0f, 1e-5, {}, 2),
+    CHECK_THROWS_WITH_AS(p::rows_fused(exec(), RowOp::layer_norm, x.data(), x.data(), 2, 2, 1.0f, 1e-5, {}, 2),
                          doctest::Contains("a causal mask is softmax's"), std::invalid_argument);
   }
 
   TEST_CASE("scale, and bad arguments named in the message") {
     std::vector<float> v(10000);
     for (std::size_t i = 0; i < v.size(); ++i) v[i] = float(i);
-    k::scale(exec, v.data(), I64(v.size()), 0.5f);
+    k::scale(exec(), v.data(), I64(v.size()), 0.5f);
     for (std::size_t i = 0; i < v.size(); ++i) REQUIRE(v[i] == float(i) * 0.5f);
-    k::scale(exec, v.data(), 0, 0.0f);
+    k::scale(exec(), v.data(), 0, 0.0f);
     CHECK(v[1] == 0.5f);
     float out = 0;
     double sq = 1;
@@ -585,14 +590,14 @@ TEST_SUITE("kernels_reduce") {
       }
       return std::string("no throw");
     };
-    CHECK(message([&] { k::reduce_dim(exec, v.data(), &out, 1, -2, 1, ReduceKind::sum); }).find("[1, -2, 1]") !=
+    CHECK(message([&] { k::reduce_dim(exec(), v.data(), &out, 1, -2, 1, ReduceKind::sum); }).find("[1, -2, 1]") !=
           std::string::npos);
-    CHECK(message([&] { k::rms_norm_apply(exec, v.data(), v.data(), &sq, 1, 5, 1, 4, 0.0); }).find("global count 4") !=
+    CHECK(message([&] { k::rms_norm_apply(exec(), v.data(), v.data(), &sq, 1, 5, 1, 4, 0.0); }).find("global count 4") !=
           std::string::npos);
-    CHECK(message([&] { k::rms_norm_apply(exec, v.data(), v.data(), &sq, 1, 5, 1, 5, -1.0); }).find("eps") !=
+    CHECK(message([&] { k::rms_norm_apply(exec(), v.data(), v.data(), &sq, 1, 5, 1, 5, -1.0); }).find("eps") !=
           std::string::npos);
-    CHECK(message([&] { k::scale(exec, v.data(), -1, 1.0f); }).find("negative count -1") != std::string::npos);
-    CHECK(message([&] { k::reduce_dim(exec, v.data(), &out, 1, 2, 1, ReduceKind(9)); }).find("ReduceKind 9") !=
+    CHECK(message([&] { k::scale(exec(), v.data(), -1, 1.0f); }).find("negative count -1") != std::string::npos);
+    CHECK(message([&] { k::reduce_dim(exec(), v.data(), &out, 1, 2, 1, ReduceKind(9)); }).find("ReduceKind 9") !=
           std::string::npos);
   }
 }

@@ -25,7 +25,12 @@ namespace fn = shardlib::fn;
 namespace {
 
 using I64 = std::int64_t;
-const Kokkos::DefaultHostExecutionSpace exec{};
+/// The host instance the kernels run on, made when first used: after Kokkos is initialised (an
+/// instance made before, at namespace scope, is an error with an OpenMP Kokkos 4.6).
+const Kokkos::DefaultHostExecutionSpace& exec() {
+  static const Kokkos::DefaultHostExecutionSpace e{};
+  return e;
+}
 
 template <class T>
 std::vector<T> inputs(std::uint64_t seed) {
@@ -86,7 +91,7 @@ void check_unary(const char* name, F f, double ulps, Scale scale, T (*input_as)(
   const std::vector<T> in = inputs<T>(7);
   std::vector<T> out(in.size());
   const std::array<I64, 1> extent{static_cast<I64>(in.size())};
-  k::elementwise(exec, out.data(), extent, f, k::Strided<T, 1>{in.data(), {1}});
+  k::elementwise(exec(), out.data(), extent, f, k::Strided<T, 1>{in.data(), {1}});
   int bad = 0;
   for (std::size_t i = 0; i < in.size(); ++i) {
     const T ref = f(in[i]);
@@ -134,7 +139,7 @@ TEST_SUITE("kernels_vmath") {
     const std::array<I64, 1> extent{static_cast<I64>(a.size())};
     auto run = [&](auto f, const char* name) {
       std::vector<T> out(a.size());
-      k::elementwise(exec, out.data(), extent, f, k::Strided<T, 1>{a.data(), {1}}, k::Strided<T, 1>{b.data(), {1}});
+      k::elementwise(exec(), out.data(), extent, f, k::Strided<T, 1>{a.data(), {1}}, k::Strided<T, 1>{b.data(), {1}});
       int bad = 0;
       for (std::size_t i = 0; i < a.size(); ++i) bad += !close(out[i], T(f(a[i], b[i])), 0, 0);
       const std::string what = name;
@@ -155,7 +160,7 @@ TEST_SUITE("kernels_vmath") {
   TEST_CASE("which functors and types take the vector path") {
     CHECK(k::vmath::Vectorizable<Opted, float, float>);
     std::vector<float> in = {1, 2, 3}, out(3);
-    k::elementwise(exec, out.data(), std::array<I64, 1>{3}, Opted{}, k::Strided<float, 1>{in.data(), {1}});
+    k::elementwise(exec(), out.data(), std::array<I64, 1>{3}, Opted{}, k::Strided<float, 1>{in.data(), {1}});
     CHECK(out == std::vector<float>{2, 5, 10});
     auto user = [](float x) { return x * 2; };
     CHECK(!k::vmath::Vectorizable<decltype(user), float, float>);          // user functors: scalar
@@ -224,7 +229,7 @@ TEST_SUITE("kernels_vmath") {
     // softmax of a row with -inf entries (a causal mask) puts exactly 0 there
     std::vector<float> row(64, 1.0f), y(64);
     for (int j = 40; j < 64; ++j) row[j] = -inf;
-    k::softmax_rows(exec, row.data(), y.data(), 1, 64, false);
+    k::softmax_rows(exec(), row.data(), y.data(), 1, 64, false);
     for (int j = 40; j < 64; ++j) CHECK(y[j] == 0.0f);
     CHECK(y[0] == doctest::Approx(1.0 / 40).epsilon(1e-6));
   }
@@ -234,7 +239,7 @@ TEST_SUITE("kernels_vmath") {
     std::vector<float> a(15), bias(5), out(15);
     for (int i = 0; i < 15; ++i) a[i] = float(i) * 0.5f;
     for (int i = 0; i < 5; ++i) bias[i] = float(i) * -2;
-    k::elementwise(exec, out.data(), std::array<I64, 2>{3, 5}, fn::add{}, k::Strided<float, 2>{a.data(), {5, 1}},
+    k::elementwise(exec(), out.data(), std::array<I64, 2>{3, 5}, fn::add{}, k::Strided<float, 2>{a.data(), {5, 1}},
                    k::Strided<float, 2>{bias.data(), {0, 1}});
     for (int i = 0; i < 15; ++i) CHECK(out[i] == a[i] + bias[i % 5]);
   }
@@ -252,11 +257,11 @@ TEST_SUITE("kernels_vmath") {
           const std::string name = op;
           const bool soft = name == "softmax" || name == "log_softmax", log = name == "log_softmax";
           if (soft)
-            k::softmax_rows(exec, in.data(), out.data(), rows, n, log, scale);
+            k::softmax_rows(exec(), in.data(), out.data(), rows, n, log, scale);
           else if (name == "layer_norm")
-            k::layer_norm_rows(exec, in.data(), out.data(), rows, n, 1e-5);
+            k::layer_norm_rows(exec(), in.data(), out.data(), rows, n, 1e-5);
           else
-            k::rms_norm_rows(exec, in.data(), out.data(), rows, n, 1e-5);
+            k::rms_norm_rows(exec(), in.data(), out.data(), rows, n, 1e-5);
           double worst = 0;
           for (I64 r = 0; r < rows; ++r) {
             const std::vector<double> x(in.begin() + r * n, in.begin() + (r + 1) * n);
@@ -292,8 +297,8 @@ TEST_SUITE("kernels_vmath") {
         std::vector<T> in(static_cast<std::size_t>(rows * n)), out(in.size());
         for (T& v : in) v = static_cast<T>(4 * normal(g));
         std::vector<T> same = in;
-        k::softmax_rows(exec, in.data(), out.data(), rows, n, log, T(0.5));
-        k::softmax_rows(exec, same.data(), same.data(), rows, n, log, T(0.5));
+        k::softmax_rows(exec(), in.data(), out.data(), rows, n, log, T(0.5));
+        k::softmax_rows(exec(), same.data(), same.data(), rows, n, log, T(0.5));
         INFO("n=" << n << " log=" << log);
         CHECK(same == out);
         double total = 0;  // and a softmax row sums to 1
@@ -306,18 +311,18 @@ TEST_SUITE("kernels_vmath") {
   TEST_CASE("fused row kernels: NaN, infinities, empty rows, in place, bad extents") {
     const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
     std::vector<float> x = {1, nan, 2, -inf, -inf, -inf, 0, inf, 1}, y(9);
-    k::softmax_rows(exec, x.data(), y.data(), 3, 3, false);
+    k::softmax_rows(exec(), x.data(), y.data(), 3, 3, false);
     for (int j = 0; j < 9; ++j) CHECK(std::isnan(y[j]));  // a NaN; all -inf (torch: NaN); an inf
-    k::layer_norm_rows(exec, x.data(), y.data(), 3, 3, 1e-5);
+    k::layer_norm_rows(exec(), x.data(), y.data(), 3, 3, 1e-5);
     for (int j = 0; j < 3; ++j) CHECK(std::isnan(y[j]));
     std::vector<float> z = {1, 2, 3, 4};
-    k::softmax_rows(exec, z.data(), z.data(), 1, 4, true);  // in place
+    k::softmax_rows(exec(), z.data(), z.data(), 1, 4, true);  // in place
     CHECK(z[3] == doctest::Approx(-0.4401897).epsilon(1e-6));
-    k::softmax_rows(exec, z.data(), z.data(), 0, 4, false);  // nothing to do
-    k::softmax_rows(exec, z.data(), z.data(), 4, 0, false);
-    CHECK_THROWS_WITH_AS(k::layer_norm_rows(exec, z.data(), z.data(), 1, 4, -1.0),
+    k::softmax_rows(exec(), z.data(), z.data(), 0, 4, false);  // nothing to do
+    k::softmax_rows(exec(), z.data(), z.data(), 4, 0, false);
+    CHECK_THROWS_WITH_AS(k::layer_norm_rows(exec(), z.data(), z.data(), 1, 4, -1.0),
                          "shardlib::kernels::layer_norm_rows: eps must be >= 0, got -1.000000", std::invalid_argument);
-    CHECK_THROWS_WITH_AS(k::rms_norm_rows(exec, z.data(), z.data(), -1, 4, 0.0),
+    CHECK_THROWS_WITH_AS(k::rms_norm_rows(exec(), z.data(), z.data(), -1, 4, 0.0),
                          "shardlib::kernels::rms_norm_rows: negative extent in [rows, n] = [-1, 4]", std::invalid_argument);
   }
 
@@ -334,7 +339,7 @@ TEST_SUITE("kernels_vmath") {
     auto run = [&](auto d, const char* name) {
       static_assert(k::vmath::Vectorizable<decltype(d), T, T, T>);
       std::vector<T> out(v.size());
-      k::elementwise(exec, out.data(), extent, d, k::Strided<T, 1>{g.data(), {1}}, k::Strided<T, 1>{v.data(), {1}});
+      k::elementwise(exec(), out.data(), extent, d, k::Strided<T, 1>{g.data(), {1}}, k::Strided<T, 1>{v.data(), {1}});
       int bad = 0;
       for (std::size_t i = 0; i < v.size(); ++i) {
         const double size = std::fabs(double(g[i])) * (1 + std::fabs(double(v[i])));
