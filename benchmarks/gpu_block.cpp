@@ -4,8 +4,8 @@
 // by scripts/gpu-check.sh and `benchmarks/run gpu`). One JSON record per case on stdout, progress
 // on stderr.
 //
-//   bench_gpu_block [--devices N] [--config gpt2|large|small] [--dtype bf16|f32] [--quick]
-//                   [--profile-step] [--host]
+//   bench_gpu_block [--devices N] [--config gpt2|large|small] [--dtype bf16|f32|tf32] [--quick]
+//                   [--profile-step] [--host] [--plan NAME|FILE|none]
 //
 // The layer (pre-LN, as GPT-2's): x [B, S, D]; a = layer_norm(x) g1 + b1; q, k, v = a Wq, a Wk,
 // a Wv ([D, H, K] each: [B, S, H, K]); o = attention(q, k, v, causal) (cuDNN's fused kernel in
@@ -24,20 +24,32 @@
 // mask, and "torch-compile" with scaled_dot_product_attention), joined by the report and the
 // gpu-check summary.
 //
+// --plan (issue 44, planning): on 1 device each record also has the cost model's prediction
+// (docs/16): the same step run again on shapes alone (device 0 of a simulated run of 1), its work
+// ("work": GEMM FLOPs, cuDNN's fused products included, and the other kernels' calls and bytes)
+// and plan::predict's time on the profile ("predicted_seconds", "prediction_ratio" = predicted /
+// measured, "predicted": its parts, "profile"): a preset (h100, h200, a100) or a file of
+// `benchmarks/run calibrate`. By default, on a GPU, the preset of its name (H100, H200), none on
+// others and on host memory. The presets' GEMM rate is bf16's: with one, float32 records carry
+// their work but no prediction.
+//
 // --profile-step: one step alone between cudaProfilerStart and cudaProfilerStop, with its fenced
 // wall time as a {"part": "profile"} record (what scripts/gpu-check.sh --profile hands to ncu).
 // --host runs on host memory (CI keeps the program compiling and running; its figures are no GPU
 // figures).
 #include <shardlib/attention.hpp>
+#include <shardlib/plan.hpp>
 #include <shardlib/shardlib.hpp>
 
 #include "gpu_common.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -137,8 +149,55 @@ struct Layer {
   }
 };
 
+/// The cost model's side of a record (--plan): the step's work on shapes alone, fwd+bwd and fwd,
+/// and the profile that turns it into time (none: the work alone).
+struct Plan {
+  sl::plan::Work work[2];  // [0]: fwd, [1]: fwd+bwd
+  std::string attention;   // the kernel the planned step's attention took (as the measured one's)
+  std::optional<sl::plan::Profile> profile;
+};
+
+/// The layer's step planned on shapes alone, as device 0 of a simulated run of 1 (see the file
+/// comment): after a first step (as the measured steps are), the work of one fwd+bwd and one fwd.
 template <class E>
-void run_block(sl::Context& ctx, const Config& cfg, bool quick, bool profile) {
+Plan plan_block(const Config& cfg, std::optional<sl::plan::Profile> profile) {
+  Plan out;
+  out.profile = std::move(profile);
+  sl::Runtime::simulate(1, 0).spmd([&](sl::Context& ctx) {
+    const MD mesh(ctx, {1, 1});
+    Layer<E> layer(mesh, cfg);
+    layer.step();
+    for (const bool backward : {true, false}) {
+      const sl::kernels::FlopCount f0 = sl::kernels::flop_count();
+      sl::coll::CommRecorder calls(sl::coll::keep_calls);
+      if (backward) {
+        layer.step();
+      } else {
+        auto y = layer.forward().value();
+      }
+      out.work[backward ? 1 : 0] = sl::plan::work_since(f0, calls);
+    }
+    out.attention = sl::attention_stats(ctx).fused_forward > 0 ? "cudnn fused" : "unfused ops";
+  });
+  return out;
+}
+
+/// The record's fields of `plan` for a step measured at `seconds` (see the file comment).
+std::string plan_fields(const Plan& plan, bool backward, double seconds) {
+  const sl::plan::Work& w = plan.work[backward ? 1 : 0];
+  std::string s = ", \"work\": {\"gemm_flops\": " + num(double(w.gemm_flops)) + ", \"gemm_calls\": " + num(double(w.gemm_calls)) +
+                  ", \"kernel_bytes\": " + num(double(w.kernel_bytes)) + ", \"kernel_calls\": " + num(double(w.kernel_calls)) +
+                  ", \"collective_calls\": " + num(double(w.calls.size())) + ", \"attention_kernel\": \"" + plan.attention +
+                  "\"}";
+  if (!plan.profile) return s;
+  const sl::plan::StepTime t = sl::plan::predict(w, *plan.profile);
+  return s + ", \"profile\": \"" + plan.profile->name + "\", \"predicted_seconds\": " + num(t.total()) +
+         ", \"prediction_ratio\": " + num(t.total() / seconds) + ", \"predicted\": {\"gemm\": " + num(t.gemm) +
+         ", \"kernels\": " + num(t.kernels) + ", \"communication\": " + num(t.communication()) + "}";
+}
+
+template <class E>
+void run_block(sl::Context& ctx, const Config& cfg, bool quick, bool profile, const Plan* plan) {
   const int n = ctx.num_devices();
   const MD mesh(ctx, {1, n});  // tensor parallel over the one GPU's virtual devices
   Layer<E> layer(mesh, cfg);
@@ -176,15 +235,51 @@ void run_block(sl::Context& ctx, const Config& cfg, bool quick, bool profile) {
                     "\", \"seconds\": " + num(secs) + ", \"tflops\": " + num(tflops) + ", \"attention_kernel\": \"" + kernel +
                     "\", \"attention_fallback\": \"" + st.fallback + "\", \"allocations_per_step\": " + num(allocs) +
                     ", \"frees_per_step\": " + num(frees) + ", \"waits_per_step\": " + num(double(waits) / 2) +
+                    (plan ? plan_fields(*plan, backward, secs) : std::string()) +
                     ", \"baseline\": \"torch\", \"baseline_seconds\": null");
     say(ctx, "block " + name + " " + dtype + " on " + mesh.to_string() + ": " + num(secs * 1e3) + " ms, " + num(tflops) +
                  " TFLOP/s; attention: " + kernel + (st.fallback.empty() ? "" : " (" + st.fallback + ")") +
                  "; per step " + num(allocs) + " allocations, " + num(frees) + " frees, " + num(double(waits) / 2) + " waits");
+    if (plan && plan->profile) {
+      const double p = sl::plan::predict(plan->work[backward ? 1 : 0], *plan->profile).total();
+      say(ctx, "  the cost model on " + plan->profile->name + ": " + num(p * 1e3) + " ms predicted, " + num(p / secs) +
+                   " of the measured");
+    }
   }
 }
 
 using gpubench::has_flag;
 using gpubench::text_arg;
+
+/// --plan's profile (see the file comment): `arg` a preset, a file or "none"; "" the default.
+/// `preset` says whether it is one (then only bf16 steps are predicted).
+std::optional<sl::plan::Profile> plan_profile(const std::string& arg, bool& preset) {
+  preset = false;
+  if (arg == "none") return std::nullopt;
+  std::string name = arg;
+  if (arg.empty()) {
+    if (!on_gpu) return std::nullopt;
+    const std::string gpu = gpubench::gpu_name();
+    name = gpu.find("H200") != std::string::npos ? "h200" : gpu.find("H100") != std::string::npos ? "h100" : "";
+    if (name.empty()) {
+      std::fprintf(stderr, "bench_gpu_block: no device profile for '%s': the records have the step's work, no "
+                           "prediction (--plan NAME|FILE gives one)\n", gpu.c_str());
+      return std::nullopt;
+    }
+  }
+  const auto presets = sl::plan::Profile::presets();
+  if (std::find(presets.begin(), presets.end(), name) != presets.end()) {
+    preset = true;
+    return sl::plan::Profile::preset(name);
+  }
+  try {
+    return sl::plan::Profile::load(name);
+  } catch (const std::exception& e) {
+    std::string known;
+    for (const auto& n : presets) known += (known.empty() ? "" : ", ") + n;
+    throw std::invalid_argument("--plan is a preset (" + known + "), a profile file or none: " + e.what());
+  }
+}
 
 }  // namespace
 
@@ -193,7 +288,7 @@ int main(int argc, char** argv) {
     if (bench::answered_backends_query(argc, argv, sl::has_mpi())) return 0;
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
-      const bool value = a == "--devices" || a == "--config" || a == "--dtype" || a == "--backend";
+      const bool value = a == "--devices" || a == "--config" || a == "--dtype" || a == "--backend" || a == "--plan";
       const bool flag = a == "--quick" || a == "--profile-step" || a == "--host";
       if (!value && !flag) throw std::invalid_argument("bench_gpu_block: unknown argument '" + a + "'");
       if (value && ++i >= argc) throw std::invalid_argument("bench_gpu_block: " + a + " needs a value");
@@ -211,9 +306,16 @@ int main(int argc, char** argv) {
     if (dtype == "tf32") sl::kernels::set_allow_tf32(true);
 #endif
     auto rt = sl::Runtime::from_args(argc, argv, 1);
+    bool preset = false;
+    auto chosen = plan_profile(text_arg(argc, argv, "--plan", ""), preset);
+    if (preset && dtype != "bf16") chosen.reset();  // (the presets' GEMM rate is bf16's)
+    std::optional<Plan> plan;  // 1 device: virtual devices share the GPU, which a profile does not model
+    if (rt.num_devices() == 1 && !profile)
+      plan = dtype == "bf16" ? plan_block<sl::bf16>(cfg, chosen) : plan_block<float>(cfg, chosen);
     rt.spmd([&](sl::Context& ctx) {
-      if (dtype == "bf16") run_block<sl::bf16>(ctx, cfg, quick, profile);
-      else run_block<float>(ctx, cfg, quick, profile);
+      const Plan* p = plan ? &*plan : nullptr;
+      if (dtype == "bf16") run_block<sl::bf16>(ctx, cfg, quick, profile, p);
+      else run_block<float>(ctx, cfg, quick, profile, p);
     });
     return 0;
   } catch (const std::exception& e) {

@@ -236,6 +236,13 @@ def evaluate(by_bench):
                          [(r["allocations_per_step"] + r["frees_per_step"] + r["waits_per_step"],
                            f"{r['name']} {r['dtype']} {r['devices']} dev") for r in gp if r["part"] == "block"], 0.0,
                          fmt=lambda v: f"{v:g}"))
+    # The cost model on one GPU (issue 44): a layer's bf16 step planned on shapes alone, its predicted
+    # time (bench_gpu_block --plan, the GPU's preset profile) over the measured one.
+    rows.append(_at_most("gpu", "the cost model's predicted time of a transformer layer's bf16 fwd+bwd on one GPU over "
+                                "the measured (|ratio - 1|, issue 44)", "<= 0.25",
+                         [(abs(r["prediction_ratio"] - 1), f"{r['name']} {r['dtype']}, {r['profile']}, ratio "
+                                                            f"{r['prediction_ratio']:.2f}")
+                          for r in blk if r["dtype"] == "bf16" and r.get("prediction_ratio") is not None], 0.25))
     # plan (issue 44): the cost model's step time beside the measured one, each recipe and device count
     pr = [r for r in g("plan") if r.get("part") == "prediction"]
     rows.append(_at_most("plan", "predicted / measured step time, every recipe on 1-8 in-process devices and mpirun -np 2-8 "

@@ -771,7 +771,9 @@ def gpu_table(records):
         elif p == "block":
             print(f"{p:<12}{name + ' ' + r['dtype']:<26}{dev:>4}{r['seconds'] * 1e3:>10.3f} ms  {r['tflops']:.1f} TFLOP/s"
                   f"  attention: {r['attention_kernel']}; per step {r['allocations_per_step']:g} allocations, "
-                  f"{r['frees_per_step']:g} frees, {r['waits_per_step']:g} waits")
+                  f"{r['frees_per_step']:g} frees, {r['waits_per_step']:g} waits"
+                  + (f"; predicted {r['predicted_seconds'] * 1e3:.3f} ms on {r['profile']} ({r['prediction_ratio']:.2f})"
+                     if r.get("predicted_seconds") is not None else ""))
         elif p == "stencil":
             print(f"{p:<12}{name:<26}{dev:>4}{r['gbytes_per_second']:>10.1f} GB/s  copy "
                   f"{r['copy_gbytes_per_second']:>8.1f} GB/s  fraction {r['fraction_of_copy']:.3f} (block {r['block_shape']})")

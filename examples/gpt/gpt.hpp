@@ -570,20 +570,6 @@ struct StepReport {
   sl::pipeline::StepStats pipeline;  // pipelined recipes: the step's forwards and backwards (`forward` counts their collectives)
 };
 
-/// What this device computed and sent since `before` (kernels::flop_count() then) and what
-/// `calls` recorded: the cost model's input (plan/cost.hpp).
-inline sl::plan::Work work_since(const sl::kernels::FlopCount& before, const sl::coll::CommRecorder& calls) {
-  const sl::kernels::FlopCount d = sl::kernels::flop_count() - before;
-  sl::plan::Work w;
-  w.gemm_flops = d.gemm;
-  w.gemm_calls = d.gemm_calls;
-  w.gemm_products = d.gemm_products;
-  w.kernel_bytes = d.kernel_bytes;
-  w.kernel_calls = d.kernel_calls;
-  w.calls = calls.calls();
-  return w;
-}
-
 /// A pipelined run's shape: stages, micro-batches per global batch, schedule, chunks per stage
 /// (interleaved), recomputation.
 struct PipeConfig {
@@ -736,7 +722,7 @@ std::vector<std::vector<float>> train(sl::Context& ctx, const Config& cfg, const
       r.update = rec.stats();
     }
     r.memory = sl::memory_usage(ctx);
-    r.work = work_since(flops0, whole);
+    r.work = sl::plan::work_since(flops0, whole);
     r.grad_norm = opt.last_grad_norm();
     r.loss = loss.value().item();  // the pending sum over the batch's devices: one all_reduce
     r.trace = {whole.stats(), whole.calls()};
@@ -874,7 +860,7 @@ void train_pipelined(sl::Context& ctx, const Config& cfg, const PipeConfig& pc, 
       r.update = rec.stats();
     }
     r.memory = sl::memory_usage(ctx);
-    r.work = work_since(flops0, whole);
+    r.work = sl::plan::work_since(flops0, whole);
     r.grad_norm = opt.last_grad_norm();
     r.loss = r.pipeline.loss;
     r.work.bubble = table.bubble();  // every stage runs as many forwards and backwards: the same idle fraction

@@ -438,9 +438,13 @@ double relative_max(const std::vector<float>& got, const std::vector<float>& wan
 
 /// attention of bf16 (or float) operands in `Space` with `kernel`: the output and q's, k's and v's
 /// gradients of sum(float(o) w), as float on the host.
+constexpr std::int64_t attention_b = 2, attention_s = 64, attention_h = 4, attention_k = 64;
+
+/// (`products`: the matrix products' FLOPs this device counted in the forward and backward.)
 template <class T, class Space>
-std::vector<std::vector<float>> attention_run(const M2& mesh, bool causal, bool masked, sl::AttentionKernel kernel) {
-  const std::int64_t B = 2, S = 64, H = 4, K = 64;
+std::vector<std::vector<float>> attention_run(const M2& mesh, bool causal, bool masked, sl::AttentionKernel kernel,
+                                              std::uint64_t* products = nullptr) {
+  const std::int64_t B = attention_b, S = attention_s, H = attention_h, K = attention_k;
   using F4 = T4<float, Space>;
   sl::Param q(T4<T, Space>(sl::cast<T>(F4::random(mesh, {B, S, H, K}, 1, -1.f, 1.f))));
   sl::Param k(T4<T, Space>(sl::cast<T>(F4::random(mesh, {B, S, H, K}, 2, -1.f, 1.f))));
@@ -448,8 +452,10 @@ std::vector<std::vector<float>> attention_run(const M2& mesh, bool causal, bool 
   const auto w = F4::random(mesh, {B, S, H, K}, 4, -1.f, 1.f);
   const auto mask = sl::cast<T>(sl::DistributedTensor<float, M2, Rep, Space>::random(mesh, {S, S}, 5, -1.f, 1.f));
   const sl::AttentionOptions o{.causal = causal, .kernel = kernel};
+  const sl::kernels::FlopCount f0 = sl::kernels::flop_count();
   auto out = masked ? sl::attention(q, k, v, mask, o) : sl::attention(q, k, v, o);
   sl::backward(sl::sum_all(sl::cast<float>(out) * w));
+  if (products) *products = (sl::kernels::flop_count() - f0).gemm;
   return {sl::cast<float>(out.value()).to_host(), sl::cast<float>(q.grad()).to_host(), sl::cast<float>(k.grad()).to_host(),
           sl::cast<float>(v.grad()).to_host()};
 }
@@ -463,7 +469,8 @@ void check_attention(sl::Context& ctx) {
       const std::string what = std::to_string(ctx.num_devices()) + " devices, causal " + std::to_string(causal) +
                                ", mask " + std::to_string(masked);
       const auto before = sl::attention_stats(ctx);
-      const auto got = attention_run<sl::bf16, Mem>(mesh, causal, masked, sl::AttentionKernel::automatic);
+      std::uint64_t fused_products = 0;
+      const auto got = attention_run<sl::bf16, Mem>(mesh, causal, masked, sl::AttentionKernel::automatic, &fused_products);
       const auto after = sl::attention_stats(ctx);
       const auto want = attention_run<float, Kokkos::HostSpace>(mesh, causal, masked, sl::AttentionKernel::unfused);
       const char* names[] = {"output", "q's gradient", "k's gradient", "v's gradient"};
@@ -485,7 +492,15 @@ void check_attention(sl::Context& ctx) {
       CHECK_MESSAGE((after.fused_forward > before.fused_forward || !why.empty()),
                     what << ": cuDNN loaded but the fused kernel did not run: " << after.fallback);
       if (!why.empty() && ctx.device() == 0) MESSAGE("cuDNN is not available here: " << why);
-      if (why.empty()) CHECK_MESSAGE(after.fused_backward > before.fused_backward, what << ": " << after.fallback);
+      if (why.empty()) {
+        CHECK_MESSAGE(after.fused_backward > before.fused_backward, what << ": " << after.fallback);
+        // The fused kernels' products counted (kernels::count_fused_products): 2 K a kept (query,
+        // key) pair, twice in the forward and five times in the backward, on this device's block.
+        const auto block = T4<float, Mem>::zeros(mesh, {attention_b, attention_s, attention_h, attention_k}).local_shape();
+        const std::int64_t s = attention_s, pairs = causal ? s * (s + 1) / 2 : s * s;
+        CHECK_MESSAGE(fused_products == static_cast<std::uint64_t>(2 * block[0] * block[2] * pairs * 7 * attention_k),
+                      what << ": the fused kernels counted " << fused_products << " FLOPs of products");
+      }
 #else
       CHECK(after.unfused_forward > before.unfused_forward);
 #endif

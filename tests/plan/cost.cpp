@@ -105,6 +105,27 @@ TEST_CASE("predict: each part by its formula, collectives by the link they cross
   CHECK(plan::call_seconds(other, p.intra_node) == doctest::Approx(3e-6 + 1'000'000 / 1e10));
 }
 
+TEST_CASE("work_since: the FLOP count's change since a reading, fused products included, and the recorded calls") {
+  sl::kernels::count_gemm(1, 2, 3, 4);  // before the reading: not counted
+  const sl::kernels::FlopCount before = sl::kernels::flop_count();
+  sl::coll::CommRecorder rec(sl::coll::keep_calls);
+  sl::kernels::count_gemm(3, 4, 5, 6);           // 3 products of 2 * 4 * 5 * 6 FLOPs, one call
+  sl::kernels::count_kernel(1000);
+  sl::kernels::count_kernel(24);
+  sl::kernels::count_fused_products(500);        // FLOPs alone: no GEMM call or product
+  sl::coll::CommRecorder::record(Kind::all_reduce, 64, 64, "group {x}", 4, 0, 3);
+  const plan::Work w = plan::work_since(before, rec);
+  CHECK(w.gemm_flops == 3 * 2 * 4 * 5 * 6 + 500);
+  CHECK(w.gemm_calls == 1);
+  CHECK(w.gemm_products == 3);
+  CHECK(w.kernel_calls == 2);
+  CHECK(w.kernel_bytes == 1024);
+  REQUIRE(w.calls.size() == 1);
+  CHECK(w.calls[0].kind == Kind::all_reduce);
+  CHECK(w.calls[0].group_size == 4);
+  CHECK(w.bubble == 0);
+}
+
 TEST_CASE("presets: each figure with its source; an unknown name lists the known ones") {
   for (const std::string& n : plan::Profile::presets()) {
     const plan::Profile p = plan::Profile::preset(n);

@@ -20,7 +20,9 @@
 /// allocate its workspace (the memory account counts it) but queue nothing.
 ///
 /// Each run is counted as a memory-bound kernel (kernels::count_kernel: the bytes of its operands,
-/// each read or written once), in shape-only mode too; its FLOPs are not counted yet.
+/// each read or written once) and its matrix products' FLOPs (kernels::count_fused_products: the
+/// forward's q k^T and p v, the backward's five, over the (query, key) pairs the mask keeps), in
+/// shape-only mode too.
 ///
 /// Knows pointers, strides and streams only: no tensors, no communicator.
 #pragma once
@@ -52,6 +54,7 @@
 #include <shardlib/detail/shape_only.hpp>
 #include <shardlib/kernels/exec.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdlib>
@@ -157,7 +160,7 @@ class Sdpa {
                                                     {uid_o, o}};
     if (s.bias) pack[uid_bias] = const_cast<void*>(bias);
     if (s.stats) pack[uid_stats] = stats;
-    return run(stream, *g, pack, workspace, run_bytes(s, 1, 1, s.stats ? 1 : 0));
+    return run(stream, *g, pack, workspace, run_bytes(s, 1, 1, s.stats ? 1 : 0), run_flops(s, false));
   }
 
   /// dq, dk, dv of forward()'s output from do_ (the output's gradient, laid out as o), the
@@ -172,7 +175,8 @@ class Sdpa {
         {uid_o, const_cast<void*>(o)},   {uid_do, const_cast<void*>(do_)},
         {uid_stats, const_cast<float*>(stats)}, {uid_dq, dq}, {uid_dk, dk}, {uid_dv, dv}};
     if (s.bias) pack[uid_bias] = const_cast<void*>(bias);
-    return run(stream, *g, pack, workspace, run_bytes(s, 2, 2, 1));  // q, k, v read, dq, dk, dv written; o, do_ read
+    // q, k, v read, dq, dk, dv written; o, do_ read
+    return run(stream, *g, pack, workspace, run_bytes(s, 2, 2, 1), run_flops(s, true));
   }
 
   /// Graphs built so far (forward and backward), for tests and benchmarks.
@@ -198,10 +202,26 @@ class Sdpa {
     return elements * 2 + stats * n(s.b, s.h, s.sq, 1) * sizeof(float);  // (f16 and bf16: 2 bytes an element)
   }
 
-  /// Runs graph `g`, counted as a kernel of `bytes` (kernels::count_kernel) once it ran, or would
-  /// have (shape-only mode): a run that fails is not counted (its caller computes it another way).
+  /// The FLOPs of a run's matrix products: 2 d per (query, key) pair the mask keeps (causal: key j
+  /// <= query i), d the products' inner or outer extents: the forward's q k^T (dqk) and p v (dv);
+  /// the backward's q k^T again, dq = ds k and dk = ds^T q (dqk each), dp = do v^T and dv = p^T do.
+  static std::uint64_t run_flops(const SdpaShape& s, bool backward) {
+    std::uint64_t pairs = static_cast<std::uint64_t>(s.sq) * static_cast<std::uint64_t>(s.sk);
+    if (s.causal) {  // sum over queries i of min(i + 1, sk)
+      const std::uint64_t sq = static_cast<std::uint64_t>(s.sq), sk = static_cast<std::uint64_t>(s.sk);
+      const std::uint64_t tri = std::min(sq, sk);  // queries i < sk keep i + 1 keys, the rest all sk
+      pairs = tri * (tri + 1) / 2 + (sq - tri) * sk;
+    }
+    const std::uint64_t d = backward ? 3 * static_cast<std::uint64_t>(s.dqk) + 2 * static_cast<std::uint64_t>(s.dv)
+                                     : static_cast<std::uint64_t>(s.dqk + s.dv);
+    return 2 * static_cast<std::uint64_t>(s.b) * static_cast<std::uint64_t>(s.h) * pairs * d;
+  }
+
+  /// Runs graph `g`, counted as a kernel of `bytes` (kernels::count_kernel) and `flops` of fused
+  /// products (kernels::count_fused_products) once it ran, or would have (shape-only mode): a run
+  /// that fails is not counted (its caller computes it another way).
   std::string run(cudaStream_t stream, Built& g, std::unordered_map<std::int64_t, void*>& pack,
-                  const WorkspaceAllocator& workspace, std::uint64_t bytes) {
+                  const WorkspaceAllocator& workspace, std::uint64_t bytes, std::uint64_t flops) {
     try {
       if (const auto st = cudnn_frontend::detail::set_stream(handle_, stream); st != CUDNN_STATUS_SUCCESS)
         return std::string("cudnnSetStream: ") + cudnn_frontend::detail::get_error_string(st);
@@ -211,6 +231,7 @@ class Sdpa {
         if (!e.is_good()) return "cuDNN could not run its attention graph: " + detail::text(e);
       }
       kernels::count_kernel(bytes);
+      kernels::count_fused_products(flops);
       return {};
     } catch (const std::exception& x) {
       return std::string("cuDNN's attention failed: ") + x.what();

@@ -47,7 +47,8 @@ inline SyncCount& sync_count() noexcept {
 /// overhead. Counted before a kernel runs (a GEMM after
 /// its shape checks), in shape-only mode too, so a shape-only step (detail/shape_only.hpp) counts
 /// what the real step does. Read it before and after a step; a test or a planner may reset it.
-/// The FLOPs of cuDNN's fused attention are not counted yet (its bytes are, as a kernel's).
+/// A fused kernel that multiplies matrices inside (cuDNN's attention) adds its products' FLOPs to
+/// `gemm` without a GEMM call (count_fused_products), its bytes as a kernel's.
 struct FlopCount {
   std::uint64_t gemm = 0;
   std::uint64_t gemm_calls = 0;
@@ -88,6 +89,10 @@ inline void count_gemm(std::int64_t batch, std::int64_t m, std::int64_t n, std::
   ++f.gemm_calls;
   f.gemm_products += static_cast<std::uint64_t>(batch);
 }
+
+/// Counts the matrix products inside a fused kernel (`flops` FLOPs, 2·M·N·K each) in
+/// flop_count().gemm: no GEMM call or product (the kernel itself is counted by count_kernel).
+inline void count_fused_products(std::uint64_t flops) noexcept { flop_count().gemm += flops; }
 
 /// Counts a call of a memory-bound kernel that reads and writes `bytes` in flop_count().
 inline void count_kernel(std::uint64_t bytes) noexcept {

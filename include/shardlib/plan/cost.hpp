@@ -27,6 +27,7 @@
 #pragma once
 
 #include <shardlib/collectives/counters.hpp>
+#include <shardlib/kernels/exec.hpp>
 #include <shardlib/plan/profile.hpp>
 
 #include <algorithm>
@@ -43,6 +44,21 @@ struct Work {
   std::vector<coll::CallRecord> calls;               ///< the step's collectives (coll::trace)
   double bubble = 0;  ///< the fraction of the step the pipeline's schedule leaves this device idle (Table::bubble)
 };
+
+/// What this device computed and sent since `before` (its kernels::flop_count() then) and what
+/// `calls` recorded (a coll::CommRecorder made with coll::keep_calls): the cost model's input for
+/// that stretch of the program, a step of it on shapes alone as well (`bubble` left 0).
+inline Work work_since(const kernels::FlopCount& before, const coll::CommRecorder& calls) {
+  const kernels::FlopCount d = kernels::flop_count() - before;
+  Work w;
+  w.gemm_flops = d.gemm;
+  w.gemm_calls = d.gemm_calls;
+  w.gemm_products = d.gemm_products;
+  w.kernel_bytes = d.kernel_bytes;
+  w.kernel_calls = d.kernel_calls;
+  w.calls = calls.calls();
+  return w;
+}
 
 /// A step's predicted time on one device, by part (seconds), and the bytes it sends by link.
 struct StepTime {
