@@ -119,6 +119,13 @@ void for_row_blocks(const Exec& exec, const char* label, std::int64_t outer, std
   kernels::fence(exec);
 }
 
+/// The first element of row `row` (= o * inner + i; its elements `inner` apart) of `in`: `in`
+/// itself when n is 0 (an empty input may have no storage: null).
+template <class T>
+KOKKOS_INLINE_FUNCTION const T* row_first(const T* in, std::int64_t row, std::int64_t n, std::int64_t inner) {
+  return n == 0 ? in : in + row / inner * n * inner + row % inner;
+}
+
 /// A per-row fold: `state = op.init(row)`, `op.step(state, x, j)` for j = 0..n-1 in order (or in
 /// `lanes` interleaved lanes merged by `op.merge(earlier_lane_state, later)` when inner == 1,
 /// which must then be order-insensitive up to rounding), then `op.store(row, state)`.
@@ -127,7 +134,7 @@ void fold_rows(const Exec& exec, const char* label, const T* in, std::int64_t ou
                const Op& op) {
   using State = decltype(op.init(std::int64_t{}));
   for_row_blocks(exec, label, outer, inner, [=](std::int64_t o, std::int64_t i0, std::int64_t len) {
-    const T* base = n == 0 ? in : in + o * n * inner + i0;  // an empty input may have no storage (null)
+    const T* base = row_first(in, o * inner + i0, n, inner);
     if (inner == 1) {
       State s[lanes];
       for (std::int64_t l = 0; l < lanes; ++l) s[l] = op.init(o);
@@ -258,8 +265,7 @@ struct ReduceDimKernel {
   std::int64_t n, inner;
   Acc init;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const {
-    const std::int64_t o = k / inner, i = k % inner;
-    const T* p = n == 0 ? in : in + o * n * inner + i;  // empty rows: `in` may be null
+    const T* p = row_first(in, k, n, inner);
     Acc acc = init;
     for (std::int64_t j = 0; j < n; ++j) {
       const Acc x = static_cast<Acc>(p[j * inner]);
@@ -280,8 +286,7 @@ struct ExpSumKernel {
   std::int64_t n, inner;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const {
     using std::exp;
-    const std::int64_t o = k / inner, i = k % inner;
-    const T* p = n == 0 ? in : in + o * n * inner + i;  // empty rows: `in` may be null
+    const T* p = row_first(in, k, n, inner);
     const T m = row_max[k];
     double s = 0;
     for (std::int64_t j = 0; j < n; ++j) s += static_cast<double>(exp(p[j * inner] - m));
@@ -297,8 +302,7 @@ struct MomentsKernel {
   double* sumsq;
   std::int64_t n, inner;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const {
-    const std::int64_t o = k / inner, i = k % inner;
-    const T* p = n == 0 ? in : in + o * n * inner + i;  // empty rows: `in` may be null
+    const T* p = row_first(in, k, n, inner);
     double s = 0, q = 0;
     for (std::int64_t j = 0; j < n; ++j) {
       const double v = static_cast<double>(p[j * inner]);
@@ -369,8 +373,7 @@ struct ArgDimKernel {
   std::int64_t n, inner, offset;
   T init;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t k) const {
-    const std::int64_t o = k / inner, i = k % inner;
-    const T* p = n == 0 ? in : in + o * n * inner + i;  // empty rows: `in` may be null
+    const T* p = row_first(in, k, n, inner);
     T v = init;
     std::int64_t at = -1;
     for (std::int64_t j = 0; j < n; ++j) {
