@@ -85,7 +85,7 @@ Config config_named(const std::string& n) {
   if (n == "gpt2") return {"gpt2", 8, 1024, 768, 12, 64, 3072};
   if (n == "large") return {"large", 4, 2048, 2048, 16, 128, 8192};
   if (n == "small") return {"small", 2, 128, 256, 4, 64, 1024};
-  throw std::invalid_argument("bench_gpu_block: --config is gpt2, large or small, not '" + n + "'");
+  throw std::invalid_argument("--config is gpt2, large or small, not '" + n + "'");
 }
 
 /// The layer's parameters and its step, in element type E (see the file comment).
@@ -290,8 +290,8 @@ int main(int argc, char** argv) {
       const std::string a = argv[i];
       const bool value = a == "--devices" || a == "--config" || a == "--dtype" || a == "--backend" || a == "--plan";
       const bool flag = a == "--quick" || a == "--profile-step" || a == "--host";
-      if (!value && !flag) throw std::invalid_argument("bench_gpu_block: unknown argument '" + a + "'");
-      if (value && ++i >= argc) throw std::invalid_argument("bench_gpu_block: " + a + " needs a value");
+      if (!value && !flag) throw std::invalid_argument("unknown argument '" + a + "'");
+      if (value && ++i >= argc) throw std::invalid_argument("" + a + " needs a value");
     }
     if (!on_gpu && !has_flag(argc, argv, "--host")) {
       std::fprintf(stderr, "bench_gpu_block: this build has no CUDA-enabled Kokkos (--host runs it on host memory)\n");
@@ -300,7 +300,7 @@ int main(int argc, char** argv) {
     const Config cfg = config_named(text_arg(argc, argv, "--config", on_gpu ? "gpt2" : "small"));
     const std::string dtype = text_arg(argc, argv, "--dtype", "bf16");
     if (dtype != "bf16" && dtype != "f32" && dtype != "tf32")
-      throw std::invalid_argument("bench_gpu_block: --dtype is bf16, f32 or tf32, not '" + dtype + "'");
+      throw std::invalid_argument("--dtype is bf16, f32 or tf32, not '" + dtype + "'");
     const bool quick = has_flag(argc, argv, "--quick"), profile = has_flag(argc, argv, "--profile-step");
 #if defined(KOKKOS_ENABLE_CUDA)
     if (dtype == "tf32") sl::kernels::set_allow_tf32(true);

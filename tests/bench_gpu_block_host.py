@@ -44,6 +44,9 @@ def main():
     assert r.returncode == 1 and "unknown argument '--frob'" in r.stderr, (r.returncode, r.stderr)
     r = run([exe, "--host", "--config", "huge"])
     assert r.returncode == 1 and "--config is gpt2, large or small, not 'huge'" in r.stderr, r.stderr
+    r = run([exe, "--host", "--plan"])  # (the program's name once, not twice)
+    assert r.returncode == 1 and "bench_gpu_block: --plan needs a value" in r.stderr, r.stderr
+    assert r.stderr.count("bench_gpu_block:") == 1, r.stderr
     r = run([exe, "--host", "--plan", "nosuch"])
     assert r.returncode == 1 and "--plan is a preset (h100, h200, a100), a profile file or none" in r.stderr, r.stderr
     records = []
