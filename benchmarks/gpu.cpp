@@ -579,40 +579,54 @@ using gpubench::has_flag;
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (bench::answered_backends_query(argc, argv, sl::has_mpi())) return 0;
-  if (!on_gpu && !has_flag(argc, argv, "--host")) {
-    std::fprintf(stderr,
-                 "bench_gpu: skipped: this build's Kokkos has no CUDA (its default execution space runs on the host); "
-                 "build it with a CUDA-enabled Kokkos's nvcc_wrapper (benchmarks/run gpu --kokkos DIR), or give --host "
-                 "to check the program on host memory\n");
-    return 77;
+  try {
+    if (bench::answered_backends_query(argc, argv, sl::has_mpi())) return 0;
+    for (int i = 1; i < argc; ++i) {  // every argument known, every value given (before anything runs)
+      const std::string a = argv[i];
+      const bool value = a == "--devices" || a == "--backend" || a == "--part" || a == "--mib" || a == "--reshard-mib" ||
+                         a == "--size" || a == "--stencil-side" || a == "--stencil-side-3d" || a == "--model" ||
+                         a == "--peak-tflops";
+      const bool flag = a == "--quick" || a == "--profile-step" || a == "--host";
+      if (!value && !flag) throw std::invalid_argument("unknown argument '" + a + "'");
+      if (value && ++i >= argc) throw std::invalid_argument(a + " needs a value");
+    }
+    if (!on_gpu && !has_flag(argc, argv, "--host")) {
+      std::fprintf(stderr,
+                   "bench_gpu: skipped: this build's Kokkos has no CUDA (its default execution space runs on the host); "
+                   "build it with a CUDA-enabled Kokkos's nvcc_wrapper (benchmarks/run gpu --kokkos DIR), or give --host "
+                   "to check the program on host memory\n");
+      return 77;
+    }
+    const std::string part = part_of(argc, argv);
+    if (part != "elementwise" && part != "rows" && part != "matmul" && part != "overhead" && part != "mlp" &&
+        part != "reshard" && part != "stencil")
+      throw std::invalid_argument("--part is elementwise, rows, matmul, overhead, mlp, reshard or stencil, not " + part);
+    const bool profile = has_flag(argc, argv, "--profile-step");
+    if (profile && part != "mlp" && part != "stencil")
+      throw std::invalid_argument("--profile-step is for --part mlp or stencil, not " + part);
+    auto rt = sl::Runtime::from_args(argc, argv, 1);
+    const bool quick = has_flag(argc, argv, "--quick");
+    const auto mib = bench::arg(argc, argv, "--mib", quick ? 4 : 256);
+    const auto reshard_mib = bench::arg(argc, argv, "--reshard-mib", quick ? 4 : 64);
+    const auto size = bench::arg(argc, argv, "--size", 32);
+    const auto stencil_side = bench::arg(argc, argv, "--stencil-side", quick ? 256 : 8192);
+    const auto stencil_side3 = bench::arg(argc, argv, "--stencil-side-3d", quick ? 32 : 512);
+    const int model = static_cast<int>(bench::arg(argc, argv, "--model", 1));
+    const double peak = static_cast<double>(bench::arg(argc, argv, "--peak-tflops", 0));
+    rt.spmd([&](sl::Context& ctx) {
+      bench::warm_up(ctx.world());
+      say(ctx, "bench_gpu " + part + " on " + gpu_name() + ", " + std::to_string(ctx.num_devices()) + " device(s)");
+      if (part == "elementwise") elementwise(ctx, mib);
+      else if (part == "rows") rows(ctx, mib, quick);
+      else if (part == "matmul") matmul(ctx, quick);
+      else if (part == "overhead") overhead(ctx, size);
+      else if (part == "mlp") mlp(ctx, model, peak, quick, profile);
+      else if (part == "reshard") reshard(ctx, reshard_mib);
+      else stencil(ctx, stencil_side, stencil_side3, profile);
+    });
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_gpu: %s\n", e.what());
+    return 1;
   }
-  auto rt = sl::Runtime::from_args(argc, argv, 1);
-  const std::string part = part_of(argc, argv);
-  if (part != "elementwise" && part != "rows" && part != "matmul" && part != "overhead" && part != "mlp" && part != "reshard" &&
-      part != "stencil")
-    throw std::invalid_argument("bench_gpu: --part is elementwise, rows, matmul, overhead, mlp, reshard or stencil, not " + part);
-  const bool quick = has_flag(argc, argv, "--quick");
-  const auto mib = bench::arg(argc, argv, "--mib", quick ? 4 : 256);
-  const auto reshard_mib = bench::arg(argc, argv, "--reshard-mib", quick ? 4 : 64);
-  const auto size = bench::arg(argc, argv, "--size", 32);
-  const auto stencil_side = bench::arg(argc, argv, "--stencil-side", quick ? 256 : 8192);
-  const auto stencil_side3 = bench::arg(argc, argv, "--stencil-side-3d", quick ? 32 : 512);
-  const int model = static_cast<int>(bench::arg(argc, argv, "--model", 1));
-  const double peak = static_cast<double>(bench::arg(argc, argv, "--peak-tflops", 0));
-  const bool profile = has_flag(argc, argv, "--profile-step");
-  if (profile && part != "mlp" && part != "stencil")
-    throw std::invalid_argument("bench_gpu: --profile-step is for --part mlp or stencil, not " + part);
-  rt.spmd([&](sl::Context& ctx) {
-    bench::warm_up(ctx.world());
-    say(ctx, "bench_gpu " + part + " on " + gpu_name() + ", " + std::to_string(ctx.num_devices()) + " device(s)");
-    if (part == "elementwise") elementwise(ctx, mib);
-    else if (part == "rows") rows(ctx, mib, quick);
-    else if (part == "matmul") matmul(ctx, quick);
-    else if (part == "overhead") overhead(ctx, size);
-    else if (part == "mlp") mlp(ctx, model, peak, quick, profile);
-    else if (part == "reshard") reshard(ctx, reshard_mib);
-    else stencil(ctx, stencil_side, stencil_side3, profile);
-  });
-  return 0;
 }

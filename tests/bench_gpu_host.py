@@ -73,7 +73,15 @@ def main():
     assert len(got) == 1 and got[0]["part"] == "profile" and got[0]["seconds"] > 0, r.stdout
     assert got[0]["name"] == "mlp T256 D64 F256 step", got[0]
     r = subprocess.run([exe, "--host", "--quick", "--part", "matmul", "--profile-step"], capture_output=True, text=True)
-    assert r.returncode != 0 and "--profile-step is for --part mlp" in r.stderr, (r.returncode, r.stderr)
+    assert r.returncode == 1 and "bench_gpu: --profile-step is for --part mlp" in r.stderr, (r.returncode, r.stderr)
+    # Bad arguments: a clear error and exit status 1, nothing run (an unknown flag was ignored, a
+    # bad --part ended in std::terminate).
+    for argv, why in ((["--host", "--frob"], "bench_gpu: unknown argument '--frob'"),
+                      (["--host", "--part", "frob"], "bench_gpu: --part is elementwise, rows, matmul, overhead, mlp, "
+                                                     "reshard or stencil, not frob"),
+                      (["--host", "--mib"], "bench_gpu: --mib needs a value")):
+        r = subprocess.run([exe] + argv, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and why in r.stderr and not r.stdout, (argv, r.returncode, r.stderr, r.stdout)
     print(out.getvalue())
     return 0
 
