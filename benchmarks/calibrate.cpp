@@ -183,6 +183,12 @@ sl::plan::Link measure_link(sl::Context& ctx, sl::coll::Communicator& comm, cons
 
 int main(int argc, char** argv) {
   if (bench::answered_backends_query(argc, argv, true)) return 0;
+  bench::check_args(argc, argv,
+                    {{"--out", bench::Takes::word},
+                     {"--name", bench::Takes::word},
+                     {"--reps", bench::Takes::integer},
+                     {"--node", bench::Takes::integer},
+                     {"--quick"}});
   bool quick = false;
   std::string out = "profile.json", name = "host";
   for (int i = 1; i < argc; ++i) {

@@ -110,6 +110,9 @@ void raw_mpi(Coll c, Buffers& b, std::size_t elems, int n) {
 
 int main(int argc, char** argv) {
   if (bench::answered_backends_query(argc, argv, sl::has_mpi())) return 0;
+  bench::check_args(argc, argv,
+                    {{"--min-bytes", bench::Takes::integer},
+                     {"--max-bytes", bench::Takes::integer}});
   auto rt = sl::Runtime::from_args(argc, argv, 2);
   const long long min_bytes = bench::arg(argc, argv, "--min-bytes", 8), max_bytes = bench::arg(argc, argv, "--max-bytes", 64ll << 20);
   const int n = rt.num_devices();

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Shared by the benchmarks: command-line numbers, the warm-up, and the alternating timer.
+// Shared by the benchmarks: the command line (checked before anything runs), the warm-up, and the alternating timer.
 #pragma once
 
 #include <shardlib/collectives/communicator.hpp>
@@ -7,10 +7,13 @@
 #include <shardlib/runtime/host.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -61,12 +64,107 @@ inline bool answered_backends_query(int argc, char** argv, bool has_mpi) {
   return false;
 }
 
-/// The number after `name` on the command line, or `fallback`.
+/// What a command-line flag takes after it.
+enum class Takes { nothing, integer, number, word };
 
+/// A flag a benchmark program reads: its name, what follows it, and for a word the values it may
+/// take ("a|b|c"; null: any word).
+struct Flag {
+  const char* name;
+  Takes takes = Takes::nothing;
+  const char* choices = nullptr;
+};
+
+/// The flags Runtime::from_args takes: a program that starts its runtime from the command line
+/// accepts them too. (The runtime also takes `--name=value`; the benchmarks, which read
+/// `--devices` themselves in places, do not.)
+inline constexpr Flag runtime_flags[] = {{"--backend", Takes::word, "threads|mpi|nccl|simulate"},
+                                         {"--devices", Takes::integer},
+                                         {"--threads-per-device", Takes::integer},
+                                         {"--simulate-device", Takes::integer}};
+
+/// The program's name for its messages: argv[0] after its last '/'.
+inline std::string program_name(char** argv) {
+  const char* p = argv[0] ? std::strrchr(argv[0], '/') : nullptr;
+  return p ? p + 1 : argv[0] ? argv[0] : "benchmark";
+}
+
+/// Why the command line is not one the program reads (empty: it is): every argument one of
+/// `flags` (or, with `runtime`, of runtime_flags), each value given, integers and numbers whole,
+/// words among their choices.
+inline std::string args_fault(int argc, char** argv, std::initializer_list<Flag> flags, bool runtime = true) {
+  auto parses = [](const std::string& v, Takes t) {
+    if (v.empty()) return false;
+    char* end = nullptr;
+    errno = 0;
+    if (t == Takes::integer) (void)std::strtoll(v.c_str(), &end, 10);
+    else (void)std::strtod(v.c_str(), &end);
+    return errno == 0 && *end == '\0';
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const Flag* f = nullptr;
+    for (const Flag& k : flags)
+      if (a == k.name) f = &k;
+    if (runtime && !f)
+      for (const Flag& k : runtime_flags)
+        if (a == k.name) f = &k;
+    if (!f) return "unknown argument '" + a + "'";
+    if (f->takes == Takes::nothing) continue;
+    if (i + 1 >= argc) return std::string(f->name) + " needs a value";
+    const std::string value = argv[++i];
+    if (f->takes == Takes::integer && !parses(value, Takes::integer))
+      return std::string(f->name) + " takes an integer, not '" + value + "'";
+    if (f->takes == Takes::number && !parses(value, Takes::number))
+      return std::string(f->name) + " takes a number, not '" + value + "'";
+    if (f->takes == Takes::word && f->choices) {
+      std::vector<std::string> words;  // the choices, "a|b|c"
+      for (std::string c = f->choices;;) {
+        const std::size_t bar = c.find('|');
+        words.push_back(c.substr(0, bar));
+        if (bar == std::string::npos) break;
+        c.erase(0, bar + 1);
+      }
+      if (std::find(words.begin(), words.end(), value) == words.end()) {
+        std::string list;  // "a, b or c"
+        for (std::size_t k = 0; k < words.size(); ++k)
+          list += (k == 0 ? "" : k + 1 == words.size() ? " or " : ", ") + words[k];
+        return std::string(f->name) + " is " + list + ", not '" + value + "'";
+      }
+    }
+  }
+  return {};
+}
+
+/// Checks the command line before anything runs (args_fault): on a fault prints "PROGRAM:
+/// FAULT" and exits with status 1. An unknown or misspelt flag was ignored before, and the run
+/// measured something other than what was asked.
+inline void check_args(int argc, char** argv, std::initializer_list<Flag> flags, bool runtime = true) {
+  const std::string fault = args_fault(argc, argv, flags, runtime);
+  if (fault.empty()) return;
+  std::fprintf(stderr, "%s: %s\n", program_name(argv).c_str(), fault.c_str());
+  std::exit(1);
+}
+
+/// The number after `name` on the command line, or `fallback` (check_args has checked it).
 inline long long arg(int argc, char** argv, const char* name, long long fallback) {
   for (int i = 1; i + 1 < argc; ++i)
     if (std::strcmp(argv[i], name) == 0) return std::atoll(argv[i + 1]);
   return fallback;
+}
+
+/// The word after `name` on the command line, or `fallback`.
+inline std::string text_arg(int argc, char** argv, const char* name, const char* fallback) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
+  return fallback;
+}
+
+/// Whether the switch `flag` is on the command line.
+inline bool has_flag(int argc, char** argv, const char* flag) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], flag) == 0) return true;
+  return false;
 }
 
 /// ~50 ms of barriers before the first measurement, so the device threads have been spread over

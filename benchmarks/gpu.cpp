@@ -573,23 +573,25 @@ void stencil(sl::Context& ctx, std::int64_t side, std::int64_t side3, bool profi
   stencil_case<3, Jacobi7>(ctx, side3, "jacobi7", profile);
 }
 
-std::string part_of(int argc, char** argv) { return gpubench::text_arg(argc, argv, "--part", "elementwise"); }
-using gpubench::has_flag;
+using bench::has_flag;
 
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     if (bench::answered_backends_query(argc, argv, sl::has_mpi())) return 0;
-    for (int i = 1; i < argc; ++i) {  // every argument known, every value given (before anything runs)
-      const std::string a = argv[i];
-      const bool value = a == "--devices" || a == "--backend" || a == "--part" || a == "--mib" || a == "--reshard-mib" ||
-                         a == "--size" || a == "--stencil-side" || a == "--stencil-side-3d" || a == "--model" ||
-                         a == "--peak-tflops";
-      const bool flag = a == "--quick" || a == "--profile-step" || a == "--host";
-      if (!value && !flag) throw std::invalid_argument("unknown argument '" + a + "'");
-      if (value && ++i >= argc) throw std::invalid_argument(a + " needs a value");
-    }
+    bench::check_args(argc, argv,
+                      {{"--part", bench::Takes::word, "elementwise|rows|matmul|overhead|mlp|reshard|stencil"},
+                       {"--mib", bench::Takes::integer},
+                       {"--reshard-mib", bench::Takes::integer},
+                       {"--size", bench::Takes::integer},
+                       {"--stencil-side", bench::Takes::integer},
+                       {"--stencil-side-3d", bench::Takes::integer},
+                       {"--model", bench::Takes::integer},
+                       {"--peak-tflops", bench::Takes::integer},
+                       {"--quick"},
+                       {"--profile-step"},
+                       {"--host"}});
     if (!on_gpu && !has_flag(argc, argv, "--host")) {
       std::fprintf(stderr,
                    "bench_gpu: skipped: this build's Kokkos has no CUDA (its default execution space runs on the host); "
@@ -597,10 +599,7 @@ int main(int argc, char** argv) {
                    "to check the program on host memory\n");
       return 77;
     }
-    const std::string part = part_of(argc, argv);
-    if (part != "elementwise" && part != "rows" && part != "matmul" && part != "overhead" && part != "mlp" &&
-        part != "reshard" && part != "stencil")
-      throw std::invalid_argument("--part is elementwise, rows, matmul, overhead, mlp, reshard or stencil, not " + part);
+    const std::string part = bench::text_arg(argc, argv, "--part", "elementwise");
     const bool profile = has_flag(argc, argv, "--profile-step");
     if (profile && part != "mlp" && part != "stencil")
       throw std::invalid_argument("--profile-step is for --part mlp or stencil, not " + part);

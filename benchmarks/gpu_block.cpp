@@ -248,8 +248,8 @@ void run_block(sl::Context& ctx, const Config& cfg, bool quick, bool profile, co
   }
 }
 
-using gpubench::has_flag;
-using gpubench::text_arg;
+using bench::has_flag;
+using bench::text_arg;
 
 /// --plan's profile (see the file comment): `arg` a preset, a file or "none"; "" the default.
 /// `preset` says whether it is one (then only bf16 steps are predicted).
@@ -286,21 +286,19 @@ std::optional<sl::plan::Profile> plan_profile(const std::string& arg, bool& pres
 int main(int argc, char** argv) {
   try {
     if (bench::answered_backends_query(argc, argv, sl::has_mpi())) return 0;
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      const bool value = a == "--devices" || a == "--config" || a == "--dtype" || a == "--backend" || a == "--plan";
-      const bool flag = a == "--quick" || a == "--profile-step" || a == "--host";
-      if (!value && !flag) throw std::invalid_argument("unknown argument '" + a + "'");
-      if (value && ++i >= argc) throw std::invalid_argument("" + a + " needs a value");
-    }
+    bench::check_args(argc, argv,
+                      {{"--config", bench::Takes::word, "gpt2|large|small"},
+                       {"--dtype", bench::Takes::word, "bf16|f32|tf32"},
+                       {"--plan", bench::Takes::word},
+                       {"--quick"},
+                       {"--profile-step"},
+                       {"--host"}});
     if (!on_gpu && !has_flag(argc, argv, "--host")) {
       std::fprintf(stderr, "bench_gpu_block: this build has no CUDA-enabled Kokkos (--host runs it on host memory)\n");
       return 77;
     }
     const Config cfg = config_named(text_arg(argc, argv, "--config", on_gpu ? "gpt2" : "small"));
     const std::string dtype = text_arg(argc, argv, "--dtype", "bf16");
-    if (dtype != "bf16" && dtype != "f32" && dtype != "tf32")
-      throw std::invalid_argument("--dtype is bf16, f32 or tf32, not '" + dtype + "'");
     const bool quick = has_flag(argc, argv, "--quick"), profile = has_flag(argc, argv, "--profile-step");
 #if defined(KOKKOS_ENABLE_CUDA)
     if (dtype == "tf32") sl::kernels::set_allow_tf32(true);

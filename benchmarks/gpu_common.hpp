@@ -95,17 +95,4 @@ void profile_step(sl::Context& ctx, const std::string& name, F&& step) {
 #endif
 }
 
-/// The word after `name` on the command line, or `fallback`.
-inline std::string text_arg(int argc, char** argv, const char* name, const char* fallback) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
-  return fallback;
-}
-/// Whether `flag` is on the command line.
-inline bool has_flag(int argc, char** argv, const char* flag) {
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], flag) == 0) return true;
-  return false;
-}
-
 }  // namespace gpubench

@@ -87,18 +87,6 @@ using MD = sl::Mesh<"data", "model">;
 template <class Spec, class T = float>
 using Ten = sl::DistributedTensor<T, MD, Spec>;
 
-std::string str_arg(int argc, char** argv, const char* name, const char* fallback) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
-  return fallback;
-}
-
-bool flag(int argc, char** argv, const char* name) {
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], name) == 0) return true;
-  return false;
-}
-
 std::string num(double v) {
   char b[64];
   std::snprintf(b, sizeof b, "%.6g", v);
@@ -603,13 +591,30 @@ void moe_case(sl::Context& ctx, const Dims& dm, int reps, int warmup, int top_k,
 
 int main(int argc, char** argv) {
   if (bench::answered_backends_query(argc, argv, sl::has_mpi())) return 0;
+  bench::check_args(argc, argv,
+                    {{"--part", bench::Takes::word, "block|tape|context|moe"},
+                     {"--layout", bench::Takes::word, "dp|tp"},
+                     {"--quick"},
+                     {"--blockwise-only"},
+                     {"--top-k", bench::Takes::integer},
+                     {"--capacity-factor", bench::Takes::number},
+                     {"--batch", bench::Takes::integer},
+                     {"--seq", bench::Takes::integer},
+                     {"--dmodel", bench::Takes::integer},
+                     {"--heads", bench::Takes::integer},
+                     {"--dff", bench::Takes::integer},
+                     {"--reps", bench::Takes::integer},
+                     {"--warmup", bench::Takes::integer},
+                     {"--model", bench::Takes::integer},
+                     {"--size", bench::Takes::integer},
+                     {"--chain", bench::Takes::integer}});
   auto rt = sl::Runtime::from_args(argc, argv, 1);
-  const std::string part = str_arg(argc, argv, "--part", "block");
-  const std::string layout = str_arg(argc, argv, "--layout", "dp");
-  const bool quick = flag(argc, argv, "--quick");
-  const bool blockwise_only = flag(argc, argv, "--blockwise-only");
+  const std::string part = bench::text_arg(argc, argv, "--part", "block");
+  const std::string layout = bench::text_arg(argc, argv, "--layout", "dp");
+  const bool quick = bench::has_flag(argc, argv, "--quick");
+  const bool blockwise_only = bench::has_flag(argc, argv, "--blockwise-only");
   const int top_k = static_cast<int>(bench::arg(argc, argv, "--top-k", 1));
-  const double cf = std::stod(str_arg(argc, argv, "--capacity-factor", "1.0"));
+  const double cf = std::stod(bench::text_arg(argc, argv, "--capacity-factor", "1.0"));
   Dims dm{bench::arg(argc, argv, "--batch", 8), bench::arg(argc, argv, "--seq", quick ? 16 : 128),
           bench::arg(argc, argv, "--dmodel", quick ? 64 : 512), bench::arg(argc, argv, "--heads", quick ? 2 : 8),
           bench::arg(argc, argv, "--dff", quick ? 256 : 2048)};

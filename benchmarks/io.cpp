@@ -72,6 +72,11 @@ void plain_read(const std::string& path, char* buf, std::size_t n) {
 
 int main(int argc, char** argv) {
   if (bench::answered_backends_query(argc, argv, sl::has_mpi())) return 0;
+  bench::check_args(argc, argv,
+                    {{"--bytes", bench::Takes::integer},
+                     {"--reps", bench::Takes::integer},
+                     {"--dir", bench::Takes::word},
+                     {"--cold"}});
   auto rt = sl::Runtime::from_args(argc, argv, 8);
   const long long bytes = bench::arg(argc, argv, "--bytes", 256ll << 20);
   const int reps = static_cast<int>(bench::arg(argc, argv, "--reps", 5));

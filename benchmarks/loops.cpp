@@ -175,6 +175,9 @@ void loops(sl::Context& ctx, std::int64_t rows, std::int64_t cols) {
 
 int main(int argc, char** argv) {
   if (bench::answered_backends_query(argc, argv, sl::has_mpi())) return 0;
+  bench::check_args(argc, argv,
+                    {{"--rows", bench::Takes::integer},
+                     {"--cols", bench::Takes::integer}});
   auto rt = sl::Runtime::from_args(argc, argv, 1);
   const auto rows = static_cast<std::int64_t>(bench::arg(argc, argv, "--rows", 2048));
   const auto cols = static_cast<std::int64_t>(bench::arg(argc, argv, "--cols", 2048));

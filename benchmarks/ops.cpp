@@ -82,12 +82,6 @@ using Rows = sl::Spec<"x", none>;
 template <class Mesh, class Spec, class T = float>
 using Tensor = sl::DistributedTensor<T, Mesh, Spec>;
 
-std::string part_of(int argc, char** argv) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], "--part") == 0) return argv[i + 1];
-  return "overhead";
-}
-
 void record(sl::Context& ctx, const std::string& fields) {
   if (ctx.device() == 0) std::printf("{\"bench\": \"ops\", \"backend\": \"%s\", \"devices\": %d, %s}\n", std::string(ctx.backend()).c_str(),
                                      ctx.num_devices(), fields.c_str());
@@ -596,13 +590,16 @@ void mlp(sl::Context& ctx, int model) {
 
 int main(int argc, char** argv) {
   if (bench::answered_backends_query(argc, argv, sl::has_mpi())) return 0;
+  bench::check_args(argc, argv,
+                    {{"--part", bench::Takes::word, "peak|overhead|matmul|kernels|mlp"},
+                     {"--size", bench::Takes::integer},
+                     {"--model", bench::Takes::integer},
+                     {"--copy-mib", bench::Takes::integer}});
   auto rt = sl::Runtime::from_args(argc, argv, 1);
-  const std::string part = part_of(argc, argv);
+  const std::string part = bench::text_arg(argc, argv, "--part", "overhead");
   const auto n = static_cast<std::int64_t>(bench::arg(argc, argv, "--size", 32));
   const int model = static_cast<int>(bench::arg(argc, argv, "--model", 2));
   const auto copy_bytes = static_cast<std::size_t>(bench::arg(argc, argv, "--copy-mib", 128)) << 21;  // read + write
-  if (part != "overhead" && part != "matmul" && part != "kernels" && part != "mlp" && part != "peak")
-    throw std::invalid_argument("bench_ops: --part is peak, overhead, matmul, kernels or mlp, not " + part);
   // The peak, measured before the devices start (nothing else of this process runs then).
   const Peak pk = part == "peak" || part == "matmul" ? measure_peak() : Peak{};
   rt.spmd([&](sl::Context& ctx) {

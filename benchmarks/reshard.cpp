@@ -258,6 +258,9 @@ void run_case(sl::Context& ctx, const MeshT& mesh, const std::string& name, std:
 
 int main(int argc, char** argv) {
   if (bench::answered_backends_query(argc, argv, sl::has_mpi())) return 0;
+  bench::check_args(argc, argv,
+                    {{"--min-bytes", bench::Takes::integer},
+                     {"--max-bytes", bench::Takes::integer}});
   auto rt = sl::Runtime::from_args(argc, argv, 8);
   const long long min_bytes = bench::arg(argc, argv, "--min-bytes", 1ll << 20),
                   max_bytes = bench::arg(argc, argv, "--max-bytes", 64ll << 20);

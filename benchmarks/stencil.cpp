@@ -39,12 +39,6 @@ using Grid2 = sl::DistributedTensor<double, Mesh2, sl::Spec<"x", "y">>;
 using Mesh3 = sl::Mesh<"x">;
 using Grid3 = sl::DistributedTensor<double, Mesh3, sl::Spec<"x", sl::none, sl::none>>;
 
-std::string part_of(int argc, char** argv) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], "--part") == 0) return argv[i + 1];
-  return "sweep";
-}
-
 std::string num(double v) {
   char b[64];
   std::snprintf(b, sizeof b, "%.6g", v);
@@ -271,8 +265,14 @@ void roll_sweep(sl::Context& ctx, std::int64_t side) {
 
 int main(int argc, char** argv) {
   if (bench::answered_backends_query(argc, argv, sl::has_mpi())) return 0;
+  bench::check_args(argc, argv,
+                    {{"--part", bench::Takes::word, "sweep|exchange|step|roll"},
+                     {"--n", bench::Takes::integer},
+                     {"--m", bench::Takes::integer},
+                     {"--weak", bench::Takes::integer},
+                     {"--side", bench::Takes::integer}});
   auto rt = sl::Runtime::from_args(argc, argv, 1);
-  const std::string part = part_of(argc, argv);
+  const std::string part = bench::text_arg(argc, argv, "--part", "sweep");
   const auto n = static_cast<std::int64_t>(bench::arg(argc, argv, "--n", 4096));
   const auto m = static_cast<std::int64_t>(bench::arg(argc, argv, "--m", 256));
   const bool weak = bench::arg(argc, argv, "--weak", 1) != 0;

@@ -170,6 +170,23 @@ sl::coll::CommStats sum(const gpt::StepReport& r) {
 
 int main(int argc, char** argv) {
   if (bench::answered_backends_query(argc, argv, true)) return 0;
+  bench::check_args(argc, argv,
+                    {{"--recipe", bench::Takes::word},
+                     {"--profile", bench::Takes::word},
+                     {"--published"},
+                     {"--bubble"},
+                     {"--transport", bench::Takes::word, "p2p|permutes"},
+                     {"--vocab", bench::Takes::integer},
+                     {"--seq", bench::Takes::integer},
+                     {"--dim", bench::Takes::integer},
+                     {"--heads", bench::Takes::integer},
+                     {"--ff", bench::Takes::integer},
+                     {"--layers", bench::Takes::integer},
+                     {"--batch", bench::Takes::integer},
+                     {"--steps", bench::Takes::integer},
+                     {"--warmup", bench::Takes::integer},
+                     {"--stages", bench::Takes::integer},
+                     {"--microbatches", bench::Takes::integer}});
   gpt::Config cfg;
   cfg.vocab = bench::arg(argc, argv, "--vocab", 512);
   cfg.seq = bench::arg(argc, argv, "--seq", 128);
@@ -248,16 +265,7 @@ int main(int argc, char** argv) {
     namespace pp = sl::pipeline;
     // threads devices; or, with --backend mpi under mpirun, a process per device. --transport
     // permutes: the slot-boundary permutes (nccl's transport) in place of point-to-point sends.
-    bool permutes = false;
-    for (int i = 1; i < argc; ++i) {
-      if (std::strcmp(argv[i], "--transport") != 0) continue;
-      const char* v = i + 1 < argc ? argv[i + 1] : "";
-      if (std::strcmp(v, "permutes") != 0 && std::strcmp(v, "p2p") != 0) {
-        std::fprintf(stderr, "bench_train: --transport is p2p or permutes, not '%s'\n", v);
-        return 2;
-      }
-      permutes = std::strcmp(v, "permutes") == 0;
-    }
+    const bool permutes = bench::text_arg(argc, argv, "--transport", "p2p") == "permutes";
     auto rt = runtime(argc, argv, devices);
     const int stages = rt.num_devices();
     gpt::Config c = cfg;

@@ -78,7 +78,7 @@ def main():
     # bad --part ended in std::terminate).
     for argv, why in ((["--host", "--frob"], "bench_gpu: unknown argument '--frob'"),
                       (["--host", "--part", "frob"], "bench_gpu: --part is elementwise, rows, matmul, overhead, mlp, "
-                                                     "reshard or stencil, not frob"),
+                                                     "reshard or stencil, not 'frob'"),
                       (["--host", "--mib"], "bench_gpu: --mib needs a value")):
         r = subprocess.run([exe] + argv, capture_output=True, text=True, timeout=60)
         assert r.returncode == 1 and why in r.stderr and not r.stdout, (argv, r.returncode, r.stderr, r.stdout)
