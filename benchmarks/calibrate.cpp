@@ -23,7 +23,9 @@
 //   layer_norm<1>(a) on float32 tensors of 4 Ki and 4 Mi elements (--quick: 1 Mi), each call's
 //   bytes and count from kernels::flop_count(): memory_bandwidth and kernel_call, the bandwidth
 //   from the large tensors (the small ones run from the caches), the per-call cost from what the
-//   small ones take beyond their bytes at it (`fit_large` below).
+//   small ones take beyond their bytes at it (`fit_large` below). The large tensors, and the
+//   linear layers' and attention's GEMM operands, come in sets that take turns so that a call
+//   reads operands past the last-level cache, as a step's do (`cold_sets`).
 //   The GEMMs' fit (`fit` below): least squares over every point on the relative error.
 // - Links: all_reduce and all_gather of 8 B to 16 MiB (--quick: 4 MiB) over the devices of one
 //   node (intra_node) and over one device of each node (inter_node, when there are 2 nodes or
@@ -130,6 +132,22 @@ std::pair<double, double> fit_large(const std::vector<std::array<double, 3>>& pt
   return {rate, calls.empty() ? 0.0 : bench::median(calls)};
 }
 
+/// How many sets of operands of `set_bytes` a device cycles through so that a call reads
+/// operands the calls before it have pushed out of the last-level cache, as a training step's
+/// kernels do (they read what ops long before wrote): the host's devices (`devices_on_host`) with
+/// their sets together twice the last-level cache (sysconf's, 32 MiB when it does not say), and
+/// no more than 1/8 of the host's memory. Measured here (a + b on 4 Mi floats, one core of a
+/// 2-core VM on a 480 MiB L3): 26 GB/s on one set, as the calibration took it before, 17.7 on two,
+/// 12.6-13.3 on 4 to 32; the step's kernels ran at 8.8 (a Kokkos Tools timer).
+int cold_sets(std::int64_t set_bytes, int devices_on_host) {
+  long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (llc <= 0) llc = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  const double target = 2.0 * static_cast<double>(llc > 0 ? llc : 32l << 20);
+  const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  const double per_device = std::min(target, memory / 8) / std::max(1, devices_on_host);
+  return static_cast<int>(std::clamp(std::ceil(per_device / static_cast<double>(set_bytes)), 1.0, 64.0));
+}
+
 void record(sl::Context& ctx, const char* part, const std::string& name, double seconds, const std::string& fields) {
   if (ctx.device() != 0) return;
   std::printf("{\"bench\": \"calibrate\", \"part\": \"%s\", \"name\": \"%s\", \"backend\": \"%s\", \"devices\": %d, "
@@ -229,6 +247,7 @@ int main(int argc, char** argv) {
     // [0] alone, [1] all at once.
     std::vector<std::array<double, 3>> gemm_pts[2], mem_pts[2];
     // A point of `part` "gemm" (its FLOPs) or of a memory-bound kernel (its bytes).
+    int operand_sets = 1;  // how many sets of operands the next points' calls take in turn
     auto point = [&](const char* part, const std::string& what, auto&& f) {
       const auto f0 = sl::kernels::flop_count();
       f();
@@ -246,7 +265,7 @@ int main(int argc, char** argv) {
              std::string(gemm ? "\"flops\": " : "\"bytes\": ") + std::to_string(amount) + ", \"calls\": " +
                  std::to_string(calls) + ", \"" + rate + "\": " + std::to_string(amount / alone * 1e-9) +
                  ", \"all_at_once_seconds\": " + std::to_string(all) + ", \"all_at_once_" + rate +
-                 "\": " + std::to_string(amount / all * 1e-9));
+                 "\": " + std::to_string(amount / all * 1e-9) + ", \"operand_sets\": " + std::to_string(operand_sets));
     };
     if (ctx.device() == 0) std::fprintf(stderr, "calibrate: GEMMs on %d devices ...\n", n);
     // Squares, a transformer's linear layers ([tokens, d] x [d, 4d] and back) and its attention
@@ -256,41 +275,76 @@ int main(int argc, char** argv) {
       const M a = M::random(mesh, {e, e}, 1), b = M::random(mesh, {e, e}, 2);
       point("gemm", "matmul " + std::to_string(e) + "^3", [&] { (void)sl::matmul(a, b); });
     }
+    // The linear layers' and attention's operands in sets that take turns, as the large kernels'
+    // below (cold_sets): a step's GEMMs read activations written long before.
+    int turn = 0;
+    auto next = [&](std::size_t sets) { return static_cast<std::size_t>(turn = (turn + 1) % static_cast<int>(sets)); };
+    auto operands = [&](auto make, std::int64_t set_bytes) {
+      std::vector<decltype(make(0))> v;
+      for (int k = 0, sets = cold_sets(set_bytes, node); k < sets; ++k) v.push_back(make(static_cast<std::uint64_t>(k)));
+      operand_sets = static_cast<int>(v.size());
+      return v;
+    };
     for (auto [m, k, nn] : {std::array<std::int64_t, 3>{2048 / q, 256, 1024}, std::array<std::int64_t, 3>{2048 / q, 1024, 256}}) {
-      const M a = M::random(mesh, {m, k}, 1), b = M::random(mesh, {k, nn}, 2);
-      point("gemm", "matmul " + std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(nn),
-            [&] { (void)sl::matmul(a, b); });
+      const auto ab = operands([&](std::uint64_t s) { return std::pair{M::random(mesh, {m, k}, 1 + 2 * s), M::random(mesh, {k, nn}, 2 + 2 * s)}; },
+                               (m * k + k * nn) * 4);
+      point("gemm", "matmul " + std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(nn), [&] {
+        const auto& [a, b] = ab[next(ab.size())];
+        (void)sl::matmul(a, b);
+      });
     }
     {  // the linear layer's backward products: dX = dY W^T (NT), dW = X^T dY (TN)
       const std::int64_t t = 2048 / q;
-      const M x = M::random(mesh, {t, 256}, 1), dy = M::random(mesh, {t, 1024}, 2), w = M::random(mesh, {256, 1024}, 3);
+      const M w = M::random(mesh, {256, 1024}, 3);
+      const auto xdy = operands([&](std::uint64_t s) { return std::pair{M::random(mesh, {t, 256}, 1 + 2 * s), M::random(mesh, {t, 1024}, 2 + 2 * s)}; },
+                                t * (256 + 1024) * 4);
       point("gemm", "linear dX tn,kn->tk " + std::to_string(t) + "x1024x256",
-            [&] { (void)sl::einsum<"tn,kn->tk">(dy, w); });
-      point("gemm", "linear dW tk,tn->kn 256x" + std::to_string(t) + "x1024",
-            [&] { (void)sl::einsum<"tk,tn->kn">(x, dy); });
+            [&] { (void)sl::einsum<"tn,kn->tk">(xdy[next(xdy.size())].second, w); });
+      point("gemm", "linear dW tk,tn->kn 256x" + std::to_string(t) + "x1024", [&] {
+        const auto& [x, dy] = xdy[next(xdy.size())];
+        (void)sl::einsum<"tk,tn->kn">(x, dy);
+      });
     }
     {  // attention's products, per sequence a batch of heads read in place
       using Q = sl::DistributedTensor<float, Mesh, sl::Spec<sl::none, sl::none, sl::none, sl::none>>;
       const std::int64_t bs = 4 / q, seq = 128, heads = 8, hd = 32;
-      const Q qq = Q::random(mesh, {bs, seq, heads, hd}, 5), kk = Q::random(mesh, {bs, seq, heads, hd}, 6);
-      const Q pp = Q::random(mesh, {bs, heads, seq, seq}, 7);
-      point("gemm", "attention scores bshk,bthk->bhst " + std::to_string(bs) + "x128x8x32",
-            [&] { (void)sl::einsum<"bshk,bthk->bhst">(qq, kk); });
-      point("gemm", "attention values bhst,bthk->bshk " + std::to_string(bs) + "x8x128x128",
-            [&] { (void)sl::einsum<"bhst,bthk->bshk">(pp, kk); });
+      struct Att { Q q, k, p; };
+      const auto att = operands([&](std::uint64_t s) {
+        return Att{Q::random(mesh, {bs, seq, heads, hd}, 5 + 3 * s), Q::random(mesh, {bs, seq, heads, hd}, 6 + 3 * s),
+                   Q::random(mesh, {bs, heads, seq, seq}, 7 + 3 * s)};
+      }, bs * (2 * seq * heads * hd + heads * seq * seq) * 4);
+      point("gemm", "attention scores bshk,bthk->bhst " + std::to_string(bs) + "x128x8x32", [&] {
+        const Att& o = att[next(att.size())];
+        (void)sl::einsum<"bshk,bthk->bhst">(o.q, o.k);
+      });
+      point("gemm", "attention values bhst,bthk->bshk " + std::to_string(bs) + "x8x128x128", [&] {
+        const Att& o = att[next(att.size())];
+        (void)sl::einsum<"bhst,bthk->bshk">(o.p, o.k);
+      });
     }
     const auto [alone_rate, alone_call] = fit(gemm_pts[0]);
     if (ctx.device() == 0) std::fprintf(stderr, "calibrate: memory-bound kernels ...\n");
     for (std::int64_t elems : {std::int64_t{4096}, quick ? std::int64_t{1} << 20 : std::int64_t{4} << 20}) {
-      const M a = M::random(mesh, {elems / 256, 256}, 3), b = M::random(mesh, {elems / 256, 256}, 4);
+      // The small tensors run from the caches (the per-call cost); the large ones in sets that
+      // take turns, so that each call reads operands past the last-level cache (cold_sets).
+      const int sets = elems == 4096 ? 1 : cold_sets(2 * elems * static_cast<std::int64_t>(sizeof(float)), node);
+      operand_sets = sets;
+      std::vector<M> as, bs;
+      for (int k = 0; k < sets; ++k) {
+        as.push_back(M::random(mesh, {elems / 256, 256}, 3 + 2 * static_cast<std::uint64_t>(k)));
+        bs.push_back(M::random(mesh, {elems / 256, 256}, 4 + 2 * static_cast<std::uint64_t>(k)));
+      }
       const std::string size = " " + std::to_string(elems);
-      point("kernels", "a + b" + size, [&] { (void)(a + b); });
-      point("kernels", "gelu" + size, [&] { (void)sl::gelu(a); });
-      point("kernels", "softmax<1>" + size, [&] { (void)sl::softmax<1>(a); });
+      point("kernels", "a + b" + size, [&] {
+        const std::size_t k = next(as.size());
+        (void)(as[k] + bs[k]);
+      });
+      point("kernels", "gelu" + size, [&] { (void)sl::gelu(as[next(as.size())]); });
+      point("kernels", "softmax<1>" + size, [&] { (void)sl::softmax<1>(as[next(as.size())]); });
       using V = sl::DistributedTensor<float, Mesh, sl::Spec<sl::none>>;
       const V bias = V::random(mesh, {256}, 5);
-      point("kernels", "a + bias[256]" + size, [&] { (void)(a + bias); });
-      point("kernels", "layer_norm<1>" + size, [&] { (void)sl::layer_norm<1>(a); });
+      point("kernels", "a + bias[256]" + size, [&] { (void)(as[next(as.size())] + bias); });
+      point("kernels", "layer_norm<1>" + size, [&] { (void)sl::layer_norm<1>(as[next(as.size())]); });
     }
     const auto [alone_bandwidth, alone_kernel_call] = fit_large(mem_pts[0]);
     // GEMMs are bound by the cores: when every device works at once, as in a step, devices that

@@ -2,6 +2,8 @@
 """bench_calibrate (benchmarks/calibrate.cpp), quick, on 2 in-process devices: its records carry
 the fields every benchmark record has; the profile it writes has every figure above 0, the link
 kinds it measured (within a node with --node 2, across nodes with --node 1) and not the others;
+the large kernels and the GEMMs of a transformer's shapes take their operands from sets that
+together overflow the last-level cache;
 benchmarks/run's calibrate table prints it; a --node that does not divide the devices: exit 2.
 
 usage: bench_calibrate.py BENCH_CALIBRATE
@@ -19,6 +21,12 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from harness.suites import calibrate_table  # noqa: E402
 
 COMMON = ("bench", "part", "name", "backend", "devices", "seconds", "baseline", "baseline_seconds")
+
+
+def getconf(name):
+    """getconf's value of `name` (0 when it has none)."""
+    out = subprocess.run(["getconf", name], capture_output=True, text=True).stdout.strip()
+    return int(out) if out.isdigit() else 0
 
 
 def run(exe, out, node):
@@ -44,6 +52,18 @@ def main():
         for k in ("gemm_rate", "gemm_call", "memory_bandwidth", "kernel_call", "memory", "node_size"):
             assert prof[k] > 0 or (k in ("gemm_call", "kernel_call") and prof[k] >= 0), (k, prof)
         assert prof["node_size"] == 2
+        # The large kernels' and the linear layers' operands in sets that take turns, together
+        # (both devices') twice the last-level cache or 1/8 of the memory (cold_sets), at most 64 sets.
+        cache = getconf("LEVEL3_CACHE_SIZE") or getconf("LEVEL2_CACHE_SIZE") or 32 << 20
+        target = min(2 * cache, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE") / 8) / 2
+        for r in records:
+            if r["part"] == "kernels" and r["bytes"] > 1 << 20:
+                want = min(64, max(1, -(-target // (2 * 4 * (1 << 20)))))  # a and b, 1 Mi floats each (--quick)
+                assert r["operand_sets"] == want, (r, want, cache)
+            elif r["part"] == "kernels" or "^3" in r["name"]:  # the small kernels and the squares: one set
+                assert r["operand_sets"] == 1, r
+            elif r["part"] == "gemm" and target > 8 << 20:  # (a set of these is 4 MiB at most)
+                assert r["operand_sets"] > 1, (r, target)
         assert "intra_node" in prof and "inter_node" not in prof, prof
         assert prof["intra_node"]["latency"] > 0 and prof["intra_node"]["bandwidth"] > 0, prof
         assert "measured by bench_calibrate on 2 threads devices" in prof["source"], prof["source"]
