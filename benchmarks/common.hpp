@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Shared by the benchmarks: the command line (checked before anything runs), the warm-up, and the alternating timer.
+// Shared by the benchmarks: the command line (checked before anything runs), the warm-up, and
+// the alternating timer.
 #pragma once
 
 #include <shardlib/collectives/communicator.hpp>

@@ -292,13 +292,14 @@ TEST_SUITE("kernels_vmath") {
     // normal; none is subnormal. log_softmax is the reference's everywhere.
     using L = std::numeric_limits<T>;
     const double lowest = std::log(double(L::min()));  // ln of the smallest normal
-    for (I64 n : {16, 37, 128, 1000}) {
+    for (I64 n : {1, 3, 7, 16, 37, 128, 1000}) {  // (rows shorter than a packet too: softmax_row_short)
       const I64 rows = 4;
       std::vector<T> in(static_cast<std::size_t>(rows * n)), out(in.size()), lg(in.size());
       for (I64 r = 0; r < rows; ++r)
         for (I64 j = 0; j < n; ++j)  // row r: 0 down to 1.5 ln(min) (past the subnormals), -inf at r's end
-          in[r * n + j] = j + r >= n ? -L::infinity() : static_cast<T>(1.5 * lowest * double(j) / double(n - 1));
-      in[3 * n + 5] = L::quiet_NaN();
+          in[r * n + j] = j > 0 && j + r >= n ? -L::infinity()
+                                              : static_cast<T>(1.5 * lowest * double(j) / double(std::max<I64>(n - 1, 1)));
+      in[3 * n + n / 2] = L::quiet_NaN();
       k::softmax_rows(exec(), in.data(), out.data(), rows, n, false);
       k::softmax_rows(exec(), in.data(), lg.data(), rows, n, true);
       int subnormal = 0, wrong = 0;
