@@ -207,13 +207,9 @@ int main(int argc, char** argv) {
                      {"--reps", bench::Takes::integer},
                      {"--node", bench::Takes::integer},
                      {"--quick"}});
-  bool quick = false;
-  std::string out = "profile.json", name = "host";
-  for (int i = 1; i < argc; ++i) {
-    quick = quick || std::strcmp(argv[i], "--quick") == 0;
-    if (i + 1 < argc && std::strcmp(argv[i], "--out") == 0) out = argv[i + 1];
-    if (i + 1 < argc && std::strcmp(argv[i], "--name") == 0) name = argv[i + 1];
-  }
+  const bool quick = bench::has_flag(argc, argv, "--quick");
+  const std::string out = bench::text_arg(argc, argv, "--out", "profile.json"),
+                    name = bench::text_arg(argc, argv, "--name", "host");
   const int reps = static_cast<int>(bench::arg(argc, argv, "--reps", 7));
   const long long node_arg = bench::arg(argc, argv, "--node", 0);
   std::vector<char*> rest;  // the runtime's flags

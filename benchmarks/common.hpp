@@ -91,9 +91,9 @@ inline std::string program_name(char** argv) {
 }
 
 /// Why the command line is not one the program reads (empty: it is): every argument one of
-/// `flags` (or, with `runtime`, of runtime_flags), each value given, integers and numbers whole,
-/// words among their choices.
-inline std::string args_fault(int argc, char** argv, std::initializer_list<Flag> flags, bool runtime = true) {
+/// `flags` or of runtime_flags, each value given, integers and numbers whole, words among their
+/// choices.
+inline std::string args_fault(int argc, char** argv, std::initializer_list<Flag> flags) {
   auto parses = [](const std::string& v, Takes t) {
     if (v.empty()) return false;
     char* end = nullptr;
@@ -107,7 +107,7 @@ inline std::string args_fault(int argc, char** argv, std::initializer_list<Flag>
     const Flag* f = nullptr;
     for (const Flag& k : flags)
       if (a == k.name) f = &k;
-    if (runtime && !f)
+    if (!f)
       for (const Flag& k : runtime_flags)
         if (a == k.name) f = &k;
     if (!f) return "unknown argument '" + a + "'";
@@ -140,8 +140,8 @@ inline std::string args_fault(int argc, char** argv, std::initializer_list<Flag>
 /// Checks the command line before anything runs (args_fault): on a fault prints "PROGRAM:
 /// FAULT" and exits with status 1. An unknown or misspelt flag was ignored before, and the run
 /// measured something other than what was asked.
-inline void check_args(int argc, char** argv, std::initializer_list<Flag> flags, bool runtime = true) {
-  const std::string fault = args_fault(argc, argv, flags, runtime);
+inline void check_args(int argc, char** argv, std::initializer_list<Flag> flags) {
+  const std::string fault = args_fault(argc, argv, flags);
   if (fault.empty()) return;
   std::fprintf(stderr, "%s: %s\n", program_name(argv).c_str(), fault.c_str());
   std::exit(1);

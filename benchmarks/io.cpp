@@ -80,12 +80,8 @@ int main(int argc, char** argv) {
   auto rt = sl::Runtime::from_args(argc, argv, 8);
   const long long bytes = bench::arg(argc, argv, "--bytes", 256ll << 20);
   const int reps = static_cast<int>(bench::arg(argc, argv, "--reps", 5));
-  bool cold = false;
-  std::string dir = "/tmp";
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--cold") == 0) cold = true;
-    if (std::strcmp(argv[i], "--dir") == 0 && i + 1 < argc) dir = argv[i + 1];
-  }
+  const bool cold = bench::has_flag(argc, argv, "--cold");
+  const std::string dir = bench::text_arg(argc, argv, "--dir", "/tmp");
 
   rt.spmd([&](sl::Context& ctx) {
     auto& world = ctx.world();

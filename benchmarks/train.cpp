@@ -67,8 +67,7 @@ struct Result {
 /// `devices` threads devices; or, with --backend on the command line, the runtime it names
 /// (--backend mpi under mpirun: a process per device).
 sl::Runtime runtime(int argc, char** argv, int devices) {
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], "--backend") == 0) return sl::Runtime::from_args(argc, argv, devices);
+  if (bench::has_flag(argc, argv, "--backend")) return sl::Runtime::from_args(argc, argv, devices);
   return sl::Runtime::threads(devices);
 }
 
@@ -198,10 +197,9 @@ int main(int argc, char** argv) {
   const int devices = static_cast<int>(bench::arg(argc, argv, "--devices", 8));
   const int steps = static_cast<int>(bench::arg(argc, argv, "--steps", 10));
   const int warmup = static_cast<int>(bench::arg(argc, argv, "--warmup", 2));
-  std::string recipes = "dp,zero1,zero2,zero3,tp,dp_tp";
-  std::string profile_file;  // --profile F: each record also has the cost model's prediction on F's devices
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], "--profile") == 0) profile_file = argv[i + 1];
+  const std::string recipes = bench::text_arg(argc, argv, "--recipe", "dp,zero1,zero2,zero3,tp,dp_tp");
+  // --profile F: each record also has the cost model's prediction on F's devices
+  const std::string profile_file = bench::text_arg(argc, argv, "--profile", "");
   std::optional<sl::plan::Profile> profile;
   if (!profile_file.empty()) {
     try {
@@ -211,12 +209,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], "--recipe") == 0) recipes = argv[i + 1];
 
-  bool published = false;
-  for (int i = 1; i < argc; ++i) published = published || std::strcmp(argv[i], "--published") == 0;
-  if (published) {  // GPT-3 175B on 1,024 A100s, as Megatron-LM reported it, planned on shapes alone
+  if (bench::has_flag(argc, argv, "--published")) {  // GPT-3 175B on 1,024 A100s, as Megatron-LM reported it, planned on shapes alone
     // Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
     // Megatron-LM" (SC'21, arXiv 2104.04473): GPT-3 175B (96 layers, hidden 12288, 96 heads,
     // sequence 2048, vocabulary 51200) on 1,024 A100s with a batch of 1,536 at 140 TFLOP/s per GPU
@@ -259,9 +253,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  bool bubble = false;
-  for (int i = 1; i < argc; ++i) bubble = bubble || std::strcmp(argv[i], "--bubble") == 0;
-  if (bubble) {  // the schedules' bubbles, measured, on every device a stage
+  if (bench::has_flag(argc, argv, "--bubble")) {  // the schedules' bubbles, measured, on every device a stage
     namespace pp = sl::pipeline;
     // threads devices; or, with --backend mpi under mpirun, a process per device. --transport
     // permutes: the slot-boundary permutes (nccl's transport) in place of point-to-point sends.
