@@ -17,8 +17,10 @@
 //   of 64, 256, 512; a transformer's linear layers 2048x256x1024 and 2048x1024x256 and their
 //   backward products (dY W^T, X^T dY); attention's scores bshk,bthk->bhst and values
 //   bhst,bthk->bshk on [4, 128, 8, 32] (--quick: half the rows, squares and batch):
-//   gemm_rate and gemm_product, seconds = FLOPs / rate + products x per-product cost (each matrix
-//   of a batch: the host's BLAS runs a batch a matrix at a time; the profile's gemm_call is 0).
+//   gemm_rate and gemm_product from the unbatched ones, seconds = FLOPs / rate + products x
+//   per-product cost (the host's BLAS runs a batch a matrix at a time; the profile's gemm_call is
+//   0); batched_gemm_rate from attention's (`batched_rate` below): their small products ran at a
+//   fifth to a quarter of a linear layer's rate, 16-22 us each where the per-product fit gave 9.
 // - Memory-bound kernels: a + b, gelu(a), softmax<1>(a), a + bias (a row broadcast) and
 //   layer_norm<1>(a) on float32 tensors of 4 Ki and 4 Mi elements (--quick: 1 Mi), each call's
 //   bytes and count from kernels::flop_count(): memory_bandwidth and kernel_call, the bandwidth
@@ -26,7 +28,7 @@
 //   small ones take beyond their bytes at it (`fit_large` below). The large tensors, and the
 //   linear layers' and attention's GEMM operands, come in sets that take turns so that a call
 //   reads operands past the last-level cache, as a step's do (`cold_sets`).
-//   The GEMMs' fit (`fit` below): least squares over every point on the relative error.
+//   The unbatched GEMMs' fit (`fit` below): least squares over their points on the relative error.
 // - Links: all_reduce and all_gather of 8 B to 16 MiB (--quick: 4 MiB) over the devices of one
 //   node (intra_node) and over one device of each node (inter_node, when there are 2 nodes or
 //   more; --node K devices to a node, all of them by default): latency, the median seconds per
@@ -114,6 +116,15 @@ std::pair<double, double> fit(const std::vector<std::array<double, 3>>& pts) {
     a = xx > 0 ? x1 / xx : 0;
   }
   return {a > 0 ? 1 / a : 0, b};
+}
+
+/// The rate of the products of batched GEMM calls (points as fit()'s, their calls the products):
+/// their FLOPs over their time less `per_product` (fit()'s cost, from the unbatched points) a
+/// product; 0 (the cost model then takes gemm_rate) without points or time left.
+double batched_rate(const std::vector<std::array<double, 3>>& pts, double per_product) {
+  double flops = 0, seconds = 0;
+  for (const auto& [x, c, y] : pts) flops += x, seconds += std::max(0.0, y - c * per_product);
+  return seconds > 0 ? flops / seconds : 0;
 }
 
 /// As fit(), for memory-bound kernels: the rate from the points of the larger amounts (the median
@@ -241,7 +252,7 @@ int main(int argc, char** argv) {
     using M = sl::DistributedTensor<float, Mesh, sl::Spec<sl::none, sl::none>>;
     // Each point timed on device 0 alone and with every device at once (see the file comment):
     // [0] alone, [1] all at once.
-    std::vector<std::array<double, 3>> gemm_pts[2], mem_pts[2];
+    std::vector<std::array<double, 3>> gemm_pts[2], batched_pts[2], mem_pts[2];
     // A point of `part` "gemm" (its FLOPs) or of a memory-bound kernel (its bytes).
     int operand_sets = 1;  // how many sets of operands the next points' calls take in turn
     auto point = [&](const char* part, const std::string& what, auto&& f) {
@@ -249,7 +260,8 @@ int main(int argc, char** argv) {
       f();
       const auto f1 = sl::kernels::flop_count();
       const bool gemm = std::strcmp(part, "gemm") == 0;
-      std::vector<std::array<double, 3>>* pts = gemm ? gemm_pts : mem_pts;
+      const bool batched = gemm && f1.gemm_products - f0.gemm_products > f1.gemm_calls - f0.gemm_calls;
+      std::vector<std::array<double, 3>>* pts = batched ? batched_pts : gemm ? gemm_pts : mem_pts;
       const double amount = static_cast<double>(gemm ? f1.gemm - f0.gemm : f1.kernel_bytes - f0.kernel_bytes);
       // a GEMM's per-call cost is paid by each product: the host's BLAS runs a batch a matrix at a time
       const double calls = static_cast<double>(gemm ? f1.gemm_products - f0.gemm_products : f1.kernel_calls - f0.kernel_calls);
@@ -319,6 +331,7 @@ int main(int argc, char** argv) {
       });
     }
     const auto [alone_rate, alone_call] = fit(gemm_pts[0]);
+    const double alone_batched_rate = batched_rate(batched_pts[0], alone_call);
     if (ctx.device() == 0) std::fprintf(stderr, "calibrate: memory-bound kernels ...\n");
     for (std::int64_t elems : {std::int64_t{4096}, quick ? std::int64_t{1} << 20 : std::int64_t{4} << 20}) {
       // The small tensors run from the caches (the per-call cost); the large ones in sets that
@@ -352,6 +365,7 @@ int main(int argc, char** argv) {
     const double shared =
         std::max(1.0, static_cast<double>(share.devices_on_host) * share.per_device / std::max(1, share.cores));
     const double gemm_rate = alone_rate / shared, gemm_product = alone_call * shared;
+    const double batched_gemm_rate = alone_batched_rate / shared;
     const auto [memory_bandwidth, kernel_call] = fit_large(mem_pts[1]);
     const std::int64_t max_bytes = quick ? std::int64_t{4} << 20 : std::int64_t{16} << 20;
     sl::plan::Link intra, inter;
@@ -365,6 +379,7 @@ int main(int argc, char** argv) {
     }
     record(ctx, "profile", "fit", 0,
            "\"gemm_rate\": " + std::to_string(gemm_rate) + ", \"gemm_product\": " + std::to_string(gemm_product) +
+               ", \"batched_gemm_rate\": " + std::to_string(batched_gemm_rate) +
                ", \"shared\": " + std::to_string(shared) + ", \"alone_rate\": " + std::to_string(alone_rate) +
                ", \"alone_call\": " + std::to_string(alone_call) + ", \"alone_bandwidth\": " +
                std::to_string(alone_bandwidth) + ", \"alone_kernel_call\": " + std::to_string(alone_kernel_call) +
@@ -375,6 +390,7 @@ int main(int argc, char** argv) {
     if (ctx.device() != 0) return;
     p.gemm_rate = gemm_rate;
     p.gemm_product = gemm_product;  // fitted per product (see `point`); gemm_call stays 0
+    p.batched_gemm_rate = batched_gemm_rate;
     p.shared = shared;
     p.memory_bandwidth = memory_bandwidth;
     p.kernel_call = kernel_call;
@@ -402,8 +418,9 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::fprintf(stderr,
-                 "calibrate: GEMMs %.3g GFLOP/s + %.3g us a matrix; kernels %.3g GB/s + %.3g us a call; the profile: %s\n",
-                 p.gemm_rate * 1e-9, p.gemm_product * 1e6, p.memory_bandwidth * 1e-9, p.kernel_call * 1e6, out.c_str());
+                 "calibrate: GEMMs %.3g GFLOP/s + %.3g us a matrix (in batches %.3g GFLOP/s); kernels %.3g GB/s + %.3g us "
+                 "a call; the profile: %s\n",
+                 p.gemm_rate * 1e-9, p.gemm_product * 1e6, p.batched_gemm_rate * 1e-9, p.memory_bandwidth * 1e-9, p.kernel_call * 1e6, out.c_str());
   }
   return 0;
 }

@@ -364,11 +364,12 @@ int main(int argc, char** argv) {
       std::snprintf(buf, sizeof buf,
                     "\"predicted_seconds\": %.6g, \"prediction_ratio\": %.4g, \"predicted\": {\"gemm\": %.6g, "
                     "\"kernels\": %.6g, \"bubble\": %.6g, \"intra_node\": %.6g, \"inter_node\": %.6g}, "
-                    "\"work\": {\"gemm_flops\": %llu, \"gemm_calls\": %llu, \"gemm_products\": %llu, \"kernel_bytes\": %llu, \"kernel_calls\": %llu, "
+                    "\"work\": {\"gemm_flops\": %llu, \"gemm_calls\": %llu, \"gemm_products\": %llu, \"batched_gemm_flops\": %llu, "
+                    "\"kernel_bytes\": %llu, \"kernel_calls\": %llu, "
                     "\"collective_calls\": %zu, \"bubble\": %.4g}, \"profile\": \"%s\", ",
                     t.total(), t.total() / r.seconds, t.gemm, t.kernels, t.bubble, t.intra_node, t.inter_node,
                     (unsigned long long)w.gemm_flops, (unsigned long long)w.gemm_calls, (unsigned long long)w.gemm_products,
-                    (unsigned long long)w.kernel_bytes, (unsigned long long)w.kernel_calls, w.calls.size(), w.bubble,
+                    (unsigned long long)w.batched_gemm_flops, (unsigned long long)w.kernel_bytes, (unsigned long long)w.kernel_calls, w.calls.size(), w.bubble,
                     profile_file.c_str());
       predicted = buf;
     }

@@ -527,11 +527,12 @@ def calibrate_cases(args, exes, peers):
 
 def calibrate_table(records):
     fits = [r for r in records if r.get("part") == "profile" and r.get("name") == "fit"]
-    print(f"{'backend':>8}{'dev':>4}{'shared':>7}{'GEMM GFLOP/s':>14}{'us/matrix':>10}{'kernels GB/s':>14}{'us/kernel':>11}"
-          f"{'link us/step':>14}{'link GB/s':>11}")
+    print(f"{'backend':>8}{'dev':>4}{'shared':>7}{'GEMM GFLOP/s':>14}{'us/matrix':>10}{'batched':>9}"
+          f"{'kernels GB/s':>14}{'us/kernel':>11}{'link us/step':>14}{'link GB/s':>11}")
     for r in fits:
         print(f"{r.get('backend', 'threads'):>8}{r['devices']:>4}{r.get('shared', 1):>7.3g}"
               f"{r['gemm_rate'] * 1e-9:>14.3g}{r.get('gemm_product', r.get('gemm_call', 0)) * 1e6:>10.3g}"
+              f"{r.get('batched_gemm_rate', 0) * 1e-9:>9.3g}"
               f"{r['memory_bandwidth'] * 1e-9:>14.3g}{r['kernel_call'] * 1e6:>11.3g}"
               f"{r['intra_latency'] * 1e6:>14.3g}{r['intra_bandwidth'] * 1e-9:>11.3g}")
 

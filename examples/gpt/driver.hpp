@@ -199,8 +199,10 @@ std::vector<double> run(shardlib::Context& ctx, const Run& run_, int steps, bool
       std::printf("plan of step %d on device %d of %d (simulated: shapes only, no values, nothing moved)\n", s,
                   ctx.device(), ctx.num_devices());
       print_step<R>(r, "");
-      std::printf("    compute  %.4g TFLOP in %llu GEMMs of %llu products (2 M N K each), %s in %llu other kernels\n",
+      std::printf("    compute  %.4g TFLOP in %llu GEMMs of %llu products (2 M N K each; %.4g TFLOP in batches), %s in %llu "
+                  "other kernels\n",
                   r.work.gemm_flops * 1e-12, (unsigned long long)r.work.gemm_calls, (unsigned long long)r.work.gemm_products,
+                  r.work.batched_gemm_flops * 1e-12,
                   shardlib::coll::bytes_text(r.work.kernel_bytes).c_str(), (unsigned long long)r.work.kernel_calls);
       if (const shardlib::plan::Profile* p = run_.profile) {
         const shardlib::plan::StepTime t = shardlib::plan::predict(r.work, *p);

@@ -86,6 +86,14 @@ TEST_CASE("predict: each part by its formula, collectives by the link they cross
   w.gemm_products = 40;  // 10 calls of 4 matrices: + 80 us
   CHECK(plan::predict(w, host).gemm == doctest::Approx(3e-3 + 80e-6));
   CHECK(plan::predict(w, p).gemm == doctest::Approx(3e-3 + 10e-6));  // gemm_product 0: per call only
+  // a batch's FLOPs at the batched rate; none given (the presets): at gemm_rate
+  w.batched_gemm_flops = 1'000'000'000;  // 1 of the 3 GFLOP: 1 ms at 1e12, 4 ms at 2.5e11
+  CHECK(plan::predict(w, host).gemm == doctest::Approx(3e-3 + 80e-6));
+  host.batched_gemm_rate = 2.5e11;
+  CHECK(plan::predict(w, host).gemm == doctest::Approx(2e-3 + 4e-3 + 80e-6));
+  w.batched_gemm_flops = 0;
+  CHECK(plan::predict(w, host).gemm == doctest::Approx(3e-3 + 80e-6));
+  host.batched_gemm_rate = 0;
   // Devices sharing one's compute: the compute C is each one's while all run; alone a device
   // needs C / shared, so the step is the longer of C and C / (shared (1 - b)).
   host.shared = 2;
@@ -110,14 +118,16 @@ TEST_CASE("work_since: the FLOP count's change since a reading, fused products i
   const sl::kernels::FlopCount before = sl::kernels::flop_count();
   sl::coll::CommRecorder rec(sl::coll::keep_calls);
   sl::kernels::count_gemm(3, 4, 5, 6);           // 3 products of 2 * 4 * 5 * 6 FLOPs, one call
+  sl::kernels::count_gemm(1, 7, 7, 7);           // one product: not a batch
   sl::kernels::count_kernel(1000);
   sl::kernels::count_kernel(24);
   sl::kernels::count_fused_products(500);        // FLOPs alone: no GEMM call or product
   sl::coll::CommRecorder::record(Kind::all_reduce, 64, 64, "group {x}", 4, 0, 3);
   const plan::Work w = plan::work_since(before, rec);
-  CHECK(w.gemm_flops == 3 * 2 * 4 * 5 * 6 + 500);
-  CHECK(w.gemm_calls == 1);
-  CHECK(w.gemm_products == 3);
+  CHECK(w.gemm_flops == 3 * 2 * 4 * 5 * 6 + 2 * 7 * 7 * 7 + 500);
+  CHECK(w.gemm_calls == 2);
+  CHECK(w.gemm_products == 4);
+  CHECK(w.batched_gemm_flops == 3 * 2 * 4 * 5 * 6);  // the batch's; not the lone product's or the fused ones'
   CHECK(w.kernel_calls == 2);
   CHECK(w.kernel_bytes == 1024);
   REQUIRE(w.calls.size() == 1);
@@ -188,11 +198,14 @@ TEST_CASE("profile JSON: to_json and parse round trip; a missing link kind falls
   plan::Profile calibrated = simple();
   calibrated.gemm_product = 3e-6;
   calibrated.shared = 4;
+  calibrated.batched_gemm_rate = 6e10;
   const plan::Profile c = plan::Profile::parse(calibrated.to_json(), "c.json");
   CHECK(c.gemm_product == doctest::Approx(3e-6));
   CHECK(c.shared == doctest::Approx(4));
+  CHECK(c.batched_gemm_rate == doctest::Approx(6e10));
   CHECK(h.gemm_product == 0);
   CHECK(h.shared == 1);
+  CHECK(h.batched_gemm_rate == 0);
   std::string lone = one_link;
   lone.replace(lone.find("\"node_size\": 8"), 14, "\"node_size\": 8, \"shared\": 0.5");
   CHECK_THROWS_WITH_AS(plan::Profile::parse(lone, "s.json"),

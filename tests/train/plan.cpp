@@ -94,6 +94,7 @@ void simulated_equals_real(int devices, const gpt::Config& cfg = plan_config(), 
     CHECK(sim.work.gemm_flops == want.work.gemm_flops);
     CHECK(sim.work.gemm_calls == want.work.gemm_calls);
     CHECK(sim.work.gemm_products == want.work.gemm_products);
+    CHECK(sim.work.batched_gemm_flops == want.work.batched_gemm_flops);
     CHECK(sim.work.kernel_bytes == want.work.kernel_bytes);
     CHECK(sim.work.kernel_calls == want.work.kernel_calls);
     CHECK(sim.work.bubble == want.work.bubble);
@@ -233,6 +234,7 @@ TEST_CASE("simulate: a batched product is one GEMM call of as many products, the
     CHECK(d.gemm == 2ull * 6 * 4 * 3 * 5);
     CHECK(d.gemm_calls == 1);
     CHECK(d.gemm_products == 6);
+    CHECK(d.batched_gemm == d.gemm);  // all of it in a batch
   };
   if (!sl::test::mpi_runtime()) sl::Runtime::threads(2).spmd([&](sl::Context& ctx) { check(step(ctx)); });
   sl::Runtime::simulate(2, 1).spmd([&](sl::Context& ctx) { check(step(ctx)); });

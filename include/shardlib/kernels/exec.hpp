@@ -53,6 +53,9 @@ struct FlopCount {
   std::uint64_t gemm = 0;
   std::uint64_t gemm_calls = 0;
   std::uint64_t gemm_products = 0;
+  /// The part of `gemm` in calls of more than one product (a batch: attention's per-head
+  /// products), which run well below a large product's rate (plan::Profile::batched_gemm_rate).
+  std::uint64_t batched_gemm = 0;
   /// Calls of the other (memory-bound) kernels: elementwise, layout, reductions, rows, optimizer,
   /// attention rows, moe, and the block copies, fills and loops of execute/block.hpp.
   std::uint64_t kernel_calls = 0;
@@ -61,13 +64,14 @@ struct FlopCount {
   /// What was counted since `before` (an earlier reading of the same count), field by field.
   FlopCount operator-(const FlopCount& before) const noexcept {
     return {gemm - before.gemm, gemm_calls - before.gemm_calls, gemm_products - before.gemm_products,
-            kernel_calls - before.kernel_calls, kernel_bytes - before.kernel_bytes};
+            batched_gemm - before.batched_gemm, kernel_calls - before.kernel_calls, kernel_bytes - before.kernel_bytes};
   }
   /// Adds `times` times `more` (the work of one pass that `times` more would repeat).
   FlopCount& add(const FlopCount& more, std::uint64_t times = 1) noexcept {
     gemm += more.gemm * times;
     gemm_calls += more.gemm_calls * times;
     gemm_products += more.gemm_products * times;
+    batched_gemm += more.batched_gemm * times;
     kernel_calls += more.kernel_calls * times;
     kernel_bytes += more.kernel_bytes * times;
     return *this;
@@ -84,8 +88,10 @@ inline FlopCount& flop_count() noexcept {
 /// Counts a batch of `batch` products of [m, k] by [k, n] in flop_count().
 inline void count_gemm(std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k) noexcept {
   FlopCount& f = flop_count();
-  f.gemm += 2 * static_cast<std::uint64_t>(batch) * static_cast<std::uint64_t>(m) * static_cast<std::uint64_t>(n) *
-            static_cast<std::uint64_t>(k);
+  const std::uint64_t flops = 2 * static_cast<std::uint64_t>(batch) * static_cast<std::uint64_t>(m) *
+                              static_cast<std::uint64_t>(n) * static_cast<std::uint64_t>(k);
+  f.gemm += flops;
+  if (batch > 1) f.batched_gemm += flops;
   ++f.gemm_calls;
   f.gemm_products += static_cast<std::uint64_t>(batch);
 }

@@ -7,7 +7,7 @@
 ///
 /// | part | time |
 /// |---|---|
-/// | GEMMs | FLOPs / gemm_rate + calls × gemm_call + products × gemm_product |
+/// | GEMMs | FLOPs / gemm_rate + batched FLOPs / batched_gemm_rate + calls × gemm_call + products × gemm_product |
 /// | other kernels | bytes / memory_bandwidth + calls × kernel_call |
 /// | a collective | steps × α + bytes sent / bus bandwidth, of the link it crosses |
 /// | the bubble | C / (s (1 − b)) − C, 0 at least: C = GEMMs + kernels, b the schedule's idle fraction, s = shared |
@@ -40,6 +40,7 @@ namespace shardlib::plan {
 struct Work {
   std::uint64_t gemm_flops = 0, gemm_calls = 0;      ///< kernels::flop_count()'s gemm, gemm_calls
   std::uint64_t gemm_products = 0;                   ///< its gemm_products (a batch counts each matrix)
+  std::uint64_t batched_gemm_flops = 0;              ///< its batched_gemm: the part of gemm_flops in batches
   std::uint64_t kernel_bytes = 0, kernel_calls = 0;  ///< its kernel_bytes, kernel_calls
   std::vector<coll::CallRecord> calls;               ///< the step's collectives (coll::trace)
   double bubble = 0;  ///< the fraction of the step the pipeline's schedule leaves this device idle (Table::bubble)
@@ -54,6 +55,7 @@ inline Work work_since(const kernels::FlopCount& before, const coll::CommRecorde
   w.gemm_flops = d.gemm;
   w.gemm_calls = d.gemm_calls;
   w.gemm_products = d.gemm_products;
+  w.batched_gemm_flops = d.batched_gemm;
   w.kernel_bytes = d.kernel_bytes;
   w.kernel_calls = d.kernel_calls;
   w.calls = calls.calls();
@@ -115,9 +117,13 @@ inline double call_seconds(const coll::CallRecord& call, const Link& link) noexc
 /// The step time of `work` on devices of `profile` (see the file comment).
 inline StepTime predict(const Work& work, const Profile& profile) {
   StepTime t;
-  if (profile.gemm_rate > 0)
-    t.gemm = static_cast<double>(work.gemm_flops) / profile.gemm_rate + work.gemm_calls * profile.gemm_call +
-             work.gemm_products * profile.gemm_product;
+  if (profile.gemm_rate > 0) {
+    // a batch's FLOPs at the batched rate where the profile has one (batched_gemm_rate 0: gemm_rate)
+    const double batched = static_cast<double>(std::min(work.batched_gemm_flops, work.gemm_flops));
+    const double batched_rate = profile.batched_gemm_rate > 0 ? profile.batched_gemm_rate : profile.gemm_rate;
+    t.gemm = (static_cast<double>(work.gemm_flops) - batched) / profile.gemm_rate + batched / batched_rate +
+             work.gemm_calls * profile.gemm_call + work.gemm_products * profile.gemm_product;
+  }
   if (profile.memory_bandwidth > 0)
     t.kernels = static_cast<double>(work.kernel_bytes) / profile.memory_bandwidth + work.kernel_calls * profile.kernel_call;
   const double b = std::clamp(work.bubble, 0.0, 0.99), shared = std::max(1.0, profile.shared);

@@ -48,6 +48,10 @@ struct Profile {
   /// Seconds per product of a GEMM call besides its FLOPs: a host BLAS runs a batch as one call a
   /// matrix (bench_calibrate fits this, not gemm_call); 0 where a batch is one call (cuBLAS).
   double gemm_product = 0;
+  /// Sustained FLOP/s of the products in a batched GEMM call (attention's per-head products, far
+  /// smaller than a layer's: 48-63 GFLOP/s on a Xeon core where a layer's ran at 210-260); 0: as
+  /// gemm_rate (the presets: not measured on a GPU).
+  double batched_gemm_rate = 0;
   double memory_bandwidth = 0;  ///< bytes per second of the memory-bound kernels
   double kernel_call = 0;       ///< seconds per memory-bound kernel call besides its bytes
   double peak_flops = 0;        ///< the datasheet's peak FLOP/s (MFU's denominator; 0: unknown)
@@ -142,6 +146,7 @@ struct Profile {
     num("gemm_rate", gemm_rate);
     num("gemm_call", gemm_call);
     num("gemm_product", gemm_product);
+    num("batched_gemm_rate", batched_gemm_rate);
     num("memory_bandwidth", memory_bandwidth);
     num("kernel_call", kernel_call);
     num("peak_flops", peak_flops);
@@ -185,8 +190,9 @@ struct Profile {
     p.kernel_call = number(top, "kernel_call", "", true);
     auto peak = top.numbers.find("peak_flops");
     p.peak_flops = peak == top.numbers.end() ? 0 : peak->second;
-    // Optional (older profiles lack them): no per-product cost, no sharing.
+    // Optional (older profiles lack them): no per-product cost, no batched rate of its own, no sharing.
     if (top.numbers.count("gemm_product")) p.gemm_product = number(top, "gemm_product", "", true);
+    if (top.numbers.count("batched_gemm_rate")) p.batched_gemm_rate = number(top, "batched_gemm_rate", "", true);
     if (top.numbers.count("shared")) {
       p.shared = number(top, "shared", "");
       if (p.shared < 1) {
