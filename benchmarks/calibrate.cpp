@@ -120,11 +120,14 @@ std::pair<double, double> fit(const std::vector<std::array<double, 3>>& pts) {
 
 /// The rate of the products of batched GEMM calls (points as fit()'s, their calls the products):
 /// their FLOPs over their time less `per_product` (fit()'s cost, from the unbatched points) a
-/// product; 0 (the cost model then takes gemm_rate) without points or time left.
+/// product. Where that cost would take half their time or more (measured: a tenth; the timings
+/// were disturbed, by another program on the cores), their FLOPs over their whole time; 0 without
+/// points (the cost model then takes gemm_rate).
 double batched_rate(const std::vector<std::array<double, 3>>& pts, double per_product) {
-  double flops = 0, seconds = 0;
-  for (const auto& [x, c, y] : pts) flops += x, seconds += std::max(0.0, y - c * per_product);
-  return seconds > 0 ? flops / seconds : 0;
+  double flops = 0, seconds = 0, left = 0;
+  for (const auto& [x, c, y] : pts) flops += x, seconds += y, left += std::max(0.0, y - c * per_product);
+  if (!(seconds > 0)) return 0;
+  return flops / (left >= seconds / 2 ? left : seconds);
 }
 
 /// As fit(), for memory-bound kernels: the rate from the points of the larger amounts (the median
@@ -158,6 +161,8 @@ int cold_sets(std::int64_t set_bytes, int devices_on_host) {
   const double per_device = std::min(target, memory / 8) / std::max(1, devices_on_host);
   return static_cast<int>(std::clamp(std::ceil(per_device / static_cast<double>(set_bytes)), 1.0, 64.0));
 }
+
+using bench::num;
 
 void record(sl::Context& ctx, const char* part, const std::string& name, double seconds, const std::string& fields) {
   if (ctx.device() != 0) return;
@@ -270,10 +275,10 @@ int main(int argc, char** argv) {
       pts[1].push_back({amount, calls, all});
       const std::string rate = gemm ? "gflops" : "GBps";
       record(ctx, part, what, alone,
-             std::string(gemm ? "\"flops\": " : "\"bytes\": ") + std::to_string(amount) + ", \"calls\": " +
-                 std::to_string(calls) + ", \"" + rate + "\": " + std::to_string(amount / alone * 1e-9) +
-                 ", \"all_at_once_seconds\": " + std::to_string(all) + ", \"all_at_once_" + rate +
-                 "\": " + std::to_string(amount / all * 1e-9) + ", \"operand_sets\": " + std::to_string(operand_sets));
+             std::string(gemm ? "\"flops\": " : "\"bytes\": ") + num(amount) + ", \"calls\": " +
+                 num(calls) + ", \"" + rate + "\": " + num(amount / alone * 1e-9) +
+                 ", \"all_at_once_seconds\": " + num(all) + ", \"all_at_once_" + rate +
+                 "\": " + num(amount / all * 1e-9) + ", \"operand_sets\": " + std::to_string(operand_sets));
     };
     if (ctx.device() == 0) std::fprintf(stderr, "calibrate: GEMMs on %d devices ...\n", n);
     // Squares, a transformer's linear layers ([tokens, d] x [d, 4d] and back) and its attention
@@ -378,15 +383,15 @@ int main(int argc, char** argv) {
       inter = measure_link(ctx, ctx.group(mesh, {0}), "inter_node", max_bytes, reps);
     }
     record(ctx, "profile", "fit", 0,
-           "\"gemm_rate\": " + std::to_string(gemm_rate) + ", \"gemm_product\": " + std::to_string(gemm_product) +
-               ", \"batched_gemm_rate\": " + std::to_string(batched_gemm_rate) +
-               ", \"shared\": " + std::to_string(shared) + ", \"alone_rate\": " + std::to_string(alone_rate) +
-               ", \"alone_call\": " + std::to_string(alone_call) + ", \"alone_bandwidth\": " +
-               std::to_string(alone_bandwidth) + ", \"alone_kernel_call\": " + std::to_string(alone_kernel_call) +
-               ", \"memory_bandwidth\": " + std::to_string(memory_bandwidth) + ", \"kernel_call\": " +
-               std::to_string(kernel_call) + ", \"intra_latency\": " + std::to_string(intra.latency) +
-               ", \"intra_bandwidth\": " + std::to_string(intra.bandwidth) + ", \"inter_latency\": " +
-               std::to_string(inter.latency) + ", \"inter_bandwidth\": " + std::to_string(inter.bandwidth));
+           "\"gemm_rate\": " + num(gemm_rate) + ", \"gemm_product\": " + num(gemm_product) +
+               ", \"batched_gemm_rate\": " + num(batched_gemm_rate) +
+               ", \"shared\": " + num(shared) + ", \"alone_rate\": " + num(alone_rate) +
+               ", \"alone_call\": " + num(alone_call) + ", \"alone_bandwidth\": " +
+               num(alone_bandwidth) + ", \"alone_kernel_call\": " + num(alone_kernel_call) +
+               ", \"memory_bandwidth\": " + num(memory_bandwidth) + ", \"kernel_call\": " +
+               num(kernel_call) + ", \"intra_latency\": " + num(intra.latency) +
+               ", \"intra_bandwidth\": " + num(intra.bandwidth) + ", \"inter_latency\": " +
+               num(inter.latency) + ", \"inter_bandwidth\": " + num(inter.bandwidth));
     if (ctx.device() != 0) return;
     p.gemm_rate = gemm_rate;
     p.gemm_product = gemm_product;  // fitted per product (see `point`); gemm_call stays 0

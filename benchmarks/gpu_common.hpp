@@ -26,11 +26,7 @@ using Mem = Kokkos::DefaultExecutionSpace::memory_space;  // Kokkos::CudaSpace w
 using Exec = Kokkos::DefaultExecutionSpace;
 inline constexpr bool on_gpu = !sl::detail::host_memory_v<Mem>;
 
-inline std::string num(double v) {
-  char b[64];
-  std::snprintf(b, sizeof b, "%.6g", v);
-  return b;
-}
+using bench::num;
 
 inline std::string gpu_name() {
 #if defined(KOKKOS_ENABLE_CUDA)

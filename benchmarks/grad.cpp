@@ -87,11 +87,7 @@ using MD = sl::Mesh<"data", "model">;
 template <class Spec, class T = float>
 using Ten = sl::DistributedTensor<T, MD, Spec>;
 
-std::string num(double v) {
-  char b[64];
-  std::snprintf(b, sizeof b, "%.6g", v);
-  return b;
-}
+using bench::num;
 
 void record(sl::Context& ctx, const std::string& fields) {
   if (ctx.device() == 0)

@@ -41,11 +41,7 @@ using M1 = sl::Mesh<"x">;
 using Rows = sl::Spec<"x", none>;
 using Tensor = sl::DistributedTensor<double, M1, Rows>;
 
-std::string num(double v) {
-  char b[64];
-  std::snprintf(b, sizeof b, "%.6g", v);
-  return b;
-}
+using bench::num;
 
 struct Bandwidth {
   double copy_gbps = 0;  // memcpy of every device's block at once, bytes read + written

@@ -88,11 +88,7 @@ void record(sl::Context& ctx, const std::string& fields) {
   std::fflush(stdout);
 }
 
-std::string num(double v) {
-  char b[64];
-  std::snprintf(b, sizeof b, "%.6g", v);
-  return b;
-}
+using bench::num;
 
 /// `p` is treated as read and written by something the compiler cannot see (a copy into a buffer
 /// that is never read again is not optimised away).

@@ -39,11 +39,7 @@ using Grid2 = sl::DistributedTensor<double, Mesh2, sl::Spec<"x", "y">>;
 using Mesh3 = sl::Mesh<"x">;
 using Grid3 = sl::DistributedTensor<double, Mesh3, sl::Spec<"x", sl::none, sl::none>>;
 
-std::string num(double v) {
-  char b[64];
-  std::snprintf(b, sizeof b, "%.6g", v);
-  return b;
-}
+using bench::num;
 
 void record(sl::Context& ctx, const std::string& part, const std::string& fields) {
   if (ctx.device() == 0)
