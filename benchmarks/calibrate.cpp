@@ -20,7 +20,7 @@
 //   gemm_rate and gemm_product from the unbatched ones, seconds = FLOPs / rate + products x
 //   per-product cost (the host's BLAS runs a batch a matrix at a time; the profile's gemm_call is
 //   0); batched_gemm_rate from attention's (`batched_rate` below): their small products ran at a
-//   fifth to a quarter of a linear layer's rate, 16-22 us each where the per-product fit gave 9.
+//   fifth to a quarter of a linear layer's rate, 16-22 us each where the per-product fit gave 8-9.
 // - Memory-bound kernels: a + b, gelu(a), softmax<1>(a), a + bias (a row broadcast) and
 //   layer_norm<1>(a) on float32 tensors of 4 Ki and 4 Mi elements (--quick: 1 Mi), each call's
 //   bytes and count from kernels::flop_count(): memory_bandwidth and kernel_call, the bandwidth

@@ -416,6 +416,33 @@ struct SixWeights {
 }  // namespace
 
 TEST_SUITE("optim") {
+
+TEST_CASE("kernels::sum_of_squares: every length around its chunks and lanes, exact on small integers; NaN and inf stay") {
+  const Kokkos::DefaultHostExecutionSpace exec;
+  for (std::int64_t n : {0, 1, 15, 16, 17, 4095, 4096, 4097, 3 * 4096 + 5, 100000}) {
+    std::vector<float> g(static_cast<std::size_t>(n));
+    std::vector<sl::bf16> h(static_cast<std::size_t>(n));
+    double want = 0;  // (i % 7 - 3)^2 summed: exact in double whatever the order
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float x = static_cast<float>(i % 7 - 3);
+      g[static_cast<std::size_t>(i)] = x;
+      h[static_cast<std::size_t>(i)] = sl::bf16(x);
+      want += static_cast<double>(x) * x;
+    }
+    INFO("n = " << n);
+    CHECK(sl::kernels::sum_of_squares(exec, n, g.data()) == want);
+    CHECK(sl::kernels::sum_of_squares(exec, n, h.data()) == want);
+    if (n > 0) {  // one NaN or inf anywhere, the last element too (a lane's tail)
+      for (std::int64_t at : {std::int64_t{0}, n / 2, n - 1}) {
+        std::vector<float> bad = g;
+        bad[static_cast<std::size_t>(at)] = std::numeric_limits<float>::quiet_NaN();
+        CHECK(std::isnan(sl::kernels::sum_of_squares(exec, n, bad.data())));
+        bad[static_cast<std::size_t>(at)] = -std::numeric_limits<float>::infinity();
+        CHECK(sl::kernels::sum_of_squares(exec, n, bad.data()) == std::numeric_limits<double>::infinity());
+      }
+    }
+  }
+}
 TEST_CASE("SGD: momentum, Nesterov and weight decay follow torch.optim.SGD") {
   sl::test::for_each_run([](sl::Context& ctx) {
     for (const auto& o : {sgd(0.1, 0, false, 0), sgd(0.1, 0.9, false, 0), sgd(0.1, 0.9, true, 0),

@@ -115,6 +115,33 @@ struct SumOfSquaresKernel {
   }
 };
 
+/// The host form of SumOfSquaresKernel: chunk c of `chunk` elements, summed in `lanes`
+/// interleaved accumulators (one chain of dependent adds ran at 4 cycles an element: 180 us for
+/// 1.7 M floats, 9x the time their bytes take).
+template <class T>
+struct SumOfSquaresChunks {
+  static constexpr std::int64_t chunk = 4096, lanes = 16;
+  const T* g;
+  std::int64_t n;
+  void operator()(std::int64_t c, double& acc) const {
+    const std::int64_t b = c * chunk, e = b + chunk < n ? b + chunk : n;
+    double s[lanes] = {};
+    std::int64_t j = b;
+    for (; j + lanes <= e; j += lanes)
+      for (std::int64_t l = 0; l < lanes; ++l) {
+        const double x = static_cast<double>(static_cast<compute_t<T>>(g[j + l]));
+        s[l] += x * x;
+      }
+    for (; j < e; ++j) {
+      const double x = static_cast<double>(static_cast<compute_t<T>>(g[j]));
+      s[j % lanes] += x * x;
+    }
+    double t = 0;
+    for (std::int64_t l = 0; l < lanes; ++l) t += s[l];
+    acc += t;
+  }
+};
+
 /// The sum of squares of `g[0..n)` in double (waits for it: the host needs the value; zero in
 /// shape-only mode).
 template <class Exec, class T>
@@ -123,7 +150,13 @@ double sum_of_squares(const Exec& exec, std::int64_t n, const T* g) {
   if (n == 0) return s;
   count_kernel(static_cast<std::uint64_t>(n) * sizeof(T));  // g read
   if (shardlib::shape_only()) return s;
-  Kokkos::parallel_reduce("shardlib::sum_of_squares", Kokkos::RangePolicy<Exec>(exec, 0, n), SumOfSquaresKernel<T>{g}, s);
+  if constexpr (is_host_exec_v<Exec>) {
+    using C = SumOfSquaresChunks<T>;
+    Kokkos::parallel_reduce("shardlib::sum_of_squares", Kokkos::RangePolicy<Exec>(exec, 0, (n + C::chunk - 1) / C::chunk),
+                            C{g, n}, s);
+  } else {
+    Kokkos::parallel_reduce("shardlib::sum_of_squares", Kokkos::RangePolicy<Exec>(exec, 0, n), SumOfSquaresKernel<T>{g}, s);
+  }
   kernels::fence(exec);
   return s;
 }

@@ -7,7 +7,7 @@
 ///
 /// | part | time |
 /// |---|---|
-/// | GEMMs | FLOPs / gemm_rate + batched FLOPs / batched_gemm_rate + calls × gemm_call + products × gemm_product |
+/// | GEMMs | unbatched FLOPs / gemm_rate + batched FLOPs / batched_gemm_rate + calls × gemm_call + products × gemm_product |
 /// | other kernels | bytes / memory_bandwidth + calls × kernel_call |
 /// | a collective | steps × α + bytes sent / bus bandwidth, of the link it crosses |
 /// | the bubble | C / (s (1 − b)) − C, 0 at least: C = GEMMs + kernels, b the schedule's idle fraction, s = shared |
