@@ -10,10 +10,39 @@
 #include "../collectives/harness.hpp"
 #include "gradcheck.hpp"
 
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
 namespace {
 using namespace shardlib::test::grad::specs;
 
 TEST_SUITE("autodiff_reduce") {
+TEST_CASE("norm backward's row sums: the host's interleaved lanes give the one chain's sums, every length and stride") {
+  namespace ad = shardlib::autodiff::detail;
+  for (const std::int64_t inner : {1, 3})
+    for (std::int64_t n = 0; n <= 41; ++n) {
+      const std::int64_t rows = 2 * inner, size = 2 * n * inner;  // [2, n, inner]: rows (outer, inner)
+      std::vector<float> x(static_cast<std::size_t>(size)), y(x.size()), g(x.size());
+      for (std::int64_t i = 0; i < size; ++i) {  // small integers: every order sums them exactly
+        x[static_cast<std::size_t>(i)] = static_cast<float>(i % 5 - 2);
+        y[static_cast<std::size_t>(i)] = static_cast<float>(i % 3 - 1);
+        g[static_cast<std::size_t>(i)] = static_cast<float>(i % 7 - 3);
+      }
+      for (const bool layer : {true, false}) {
+        std::vector<double> one(static_cast<std::size_t>(4 * rows), -1), lanes(one.size(), -2);
+        for (std::int64_t r = 0; r < rows; ++r) {
+          ad::NormBackwardSums<float>{x.data(), y.data(), g.data(), one.data(), n, inner, layer}(r);
+          ad::NormBackwardSums<float, true>{x.data(), y.data(), g.data(), lanes.data(), n, inner, layer}(r);
+        }
+        INFO("n = " << n << ", inner = " << inner << (layer ? ", layer_norm" : ", rms_norm"));
+        const auto k = static_cast<std::ptrdiff_t>((layer ? 4 : 2) * rows);  // the sums written
+        CHECK(std::equal(one.begin(), one.begin() + k, lanes.begin()));
+        if (n > 2) CHECK(std::any_of(one.begin(), one.begin() + k, [](double v) { return v != 0; }));
+      }
+    }
+}
 TEST_CASE("reductions and normalisations along split and whole dims") {
   sl::test::for_each_run([](sl::Context& ctx) {
     auto rng = oracle::rng_for(ctx, 13);

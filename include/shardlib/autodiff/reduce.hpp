@@ -230,21 +230,36 @@ auto log_softmax(const A& a0, double scale = 1) {
 }
 namespace autodiff::detail {
 /// The row sums norm_backward needs, in double (layer_norm: of x, x^2, g and g y; rms_norm: of
-/// x^2 and g y) of row `row` (elements base + j * inner, j < n) into st[row * k ...].
-template <class T>
+/// x^2 and g y) of row `row` (elements base + j * inner, j < n) into st[row * k ...]. `Lanes`
+/// (host memory): a contiguous row (inner 1) in 8 interleaved lanes of each sum, where one chain
+/// of dependent adds a sum took 0.77 ms for [2048, 256] floats, 2x what their bytes take.
+template <class T, bool Lanes = false>
 struct NormBackwardSums {
   const T *x, *y, *g;
   double* st;
   std::int64_t n, inner;
   bool layer;
+  static constexpr std::int64_t lanes = 8;
+  KOKKOS_INLINE_FUNCTION static double value(const T& v) { return static_cast<double>(static_cast<compute_t<T>>(v)); }
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t row) const {
     const std::int64_t base = (row / inner) * n * inner + row % inner;
     double sx = 0, sxx = 0, sg = 0, sgy = 0;
-    for (std::int64_t j = 0; j < n; ++j) {
+    std::int64_t j = 0;
+    if constexpr (Lanes) {
+      if (inner == 1) {
+        double lx[lanes] = {}, lxx[lanes] = {}, lg[lanes] = {}, lgy[lanes] = {};
+        for (; j + lanes <= n; j += lanes)
+          for (std::int64_t l = 0; l < lanes; ++l) {
+            const double xv = value(x[base + j + l]), gv = value(g[base + j + l]);
+            lx[l] += xv, lxx[l] += xv * xv, lg[l] += gv, lgy[l] += gv * value(y[base + j + l]);
+          }
+        for (std::int64_t l = 0; l < lanes; ++l) sx += lx[l], sxx += lxx[l], sg += lg[l], sgy += lgy[l];
+      }
+    }
+    for (; j < n; ++j) {
       const std::int64_t e = base + j * inner;
-      const double xv = static_cast<double>(static_cast<compute_t<T>>(x[e]));
-      const double gv = static_cast<double>(static_cast<compute_t<T>>(g[e]));
-      sx += xv, sxx += xv * xv, sg += gv, sgy += gv * static_cast<double>(static_cast<compute_t<T>>(y[e]));
+      const double xv = value(x[e]), gv = value(g[e]);
+      sx += xv, sxx += xv * xv, sg += gv, sgy += gv * value(y[e]);
     }
     if (layer) {
       double* s = st + row * 4;
@@ -376,7 +391,7 @@ SHARDLIB_NOINLINE Contribution norm_backward(Context& ctx, const MeshShape& mesh
       block_cache<Mem>(ctx).allocate(static_cast<std::size_t>(std::max<std::int64_t>(k * rows, 1)) * sizeof(double));
   double* st = static_cast<double*>(stats.get());
   for_range<Mem>("shardlib::autodiff::norm_backward_sums", ctx, rows,
-                 NormBackwardSums<T>{bx.data, by.data, bg.data, st, n, inner, layer},
+                 NormBackwardSums<T, host_memory_v<Mem>>{bx.data, by.data, bg.data, st, n, inner, layer},
                  3 * static_cast<std::uint64_t>(rows * n) * sizeof(T));
   if (rows && mesh.group_size(axes) > 1)
     all_reduce_stats<Mem>(ctx, mesh, axes, st, static_cast<std::size_t>(k * rows), coll::Op::sum);
