@@ -116,8 +116,8 @@ struct SumOfSquaresKernel {
 };
 
 /// The host form of SumOfSquaresKernel: chunk c of `chunk` elements, summed in `lanes`
-/// interleaved accumulators (one chain of dependent adds ran at 4 cycles an element: 180 us for
-/// 1.7 M floats, 9x the time their bytes take).
+/// interleaved accumulators (one chain of dependent adds ran at about 4 cycles an element: 1.9 ms
+/// for 1.7 M floats on a Xeon core, these lanes 0.33 ms).
 template <class T>
 struct SumOfSquaresChunks {
   static constexpr std::int64_t chunk = 4096, lanes = 16;
