@@ -99,8 +99,8 @@ inline std::string program_name(char** argv) {
 }
 
 /// Why the command line is not one the program reads (empty: it is): every argument one of
-/// `flags` or of runtime_flags, each value given, integers and numbers whole, words among their
-/// choices.
+/// `flags` or of runtime_flags, none given twice, each value given, integers and numbers whole,
+/// words among their choices.
 inline std::string args_fault(int argc, char** argv, std::initializer_list<Flag> flags) {
   auto parses = [](const std::string& v, Takes t) {
     if (v.empty()) return false;
@@ -110,8 +110,11 @@ inline std::string args_fault(int argc, char** argv, std::initializer_list<Flag>
     else (void)std::strtod(v.c_str(), &end);
     return errno == 0 && *end == '\0';
   };
+  std::vector<std::string> seen;  // a flag given twice: the programs read its first value only
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (std::find(seen.begin(), seen.end(), a) != seen.end()) return "'" + a + "' given twice";
+    seen.push_back(a);
     const Flag* f = nullptr;
     for (const Flag& k : flags)
       if (a == k.name) f = &k;

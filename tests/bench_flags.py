@@ -60,6 +60,7 @@ def main():
         refused([exe, "--frob"], "unknown argument '--frob'")
         refused([exe, "--devices"], "--devices needs a value")
         refused([exe, "--devices", "two"], "--devices takes an integer, not 'two'")
+        refused([exe, "--devices", "2", "--devices", "4"], "'--devices' given twice")
         refused([exe, "--backend", "gpu"], "--backend is threads, mpi, nccl or simulate, not 'gpu'")
         if name in PARTS:
             refused([exe, "--part", "nosuch"], "--part is ")
