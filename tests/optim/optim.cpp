@@ -15,6 +15,7 @@
 #include "../collectives/harness.hpp"
 #include "../errors.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -443,6 +444,95 @@ TEST_CASE("kernels::sum_of_squares: every length around its chunks and lanes, ex
     }
   }
 }
+/// Steps `steps` of AdamW on float or double state of `n` elements by kernels::adamw_update (on a
+/// host: its SIMD chunks) and by the element form (AdamWKernel run per element, as a GPU does),
+/// and returns the largest difference of p, m, v relative to max(|value|, 1e-3), or -1 where
+/// only one of the two is NaN.
+template <class T>
+double adamw_forms_differ(std::int64_t n, int steps) {
+  const Kokkos::DefaultHostExecutionSpace exec;
+  const auto N = static_cast<std::size_t>(n);
+  std::vector<T> p(N), g(N), m(N), v(N);
+  for (std::size_t i = 0; i < N; ++i) {
+    p[i] = static_cast<T>(0.01 * static_cast<double>(i % 101) - 0.3);
+    m[i] = static_cast<T>(1e-4 * static_cast<double>(i % 7));
+    v[i] = static_cast<T>(i % 13 == 0 ? 0.0 : 1e-6 * static_cast<double>(i % 13));  // v = 0: sqrt at 0
+  }
+  std::vector<T> p2 = p, m2 = m, v2 = v;
+  for (int t = 1; t <= steps; ++t) {
+    for (std::size_t i = 0; i < N; ++i)  // g = 0 (where v was 0 too: the update is the decay alone), then both signs
+      g[i] = static_cast<T>(i % 13 == 0 ? 0.0 : 1e-3 * static_cast<double>((i * 7 + static_cast<std::size_t>(t)) % 89) - 0.04);
+    if (n > 2) g[N / 2] = std::numeric_limits<T>::quiet_NaN();  // stays NaN in both
+    sl::kernels::AdamWStep st;
+    st.lr = 1e-3;
+    st.weight_decay = 0.01;
+    st.grad_scale = 0.5;
+    st.step = t;
+    sl::kernels::adamw_update(exec, n, p.data(), g.data(), m.data(), v.data(), st);
+    const double tt = static_cast<double>(t);
+    sl::kernels::detail::portable::run(
+        exec, "adamw (element form)", n,
+        sl::kernels::AdamWKernel<T, T>{p2.data(), g.data(), m2.data(), v2.data(), static_cast<T>(1 - st.lr * st.weight_decay),
+                                       static_cast<T>(st.beta1), static_cast<T>(st.beta2), static_cast<T>(st.eps),
+                                       static_cast<T>(st.grad_scale), static_cast<T>(st.lr / (1 - std::pow(st.beta1, tt))),
+                                       static_cast<T>(std::sqrt(1 - std::pow(st.beta2, tt)))});
+  }
+  double worst = 0;
+  for (const auto* pair : {&p, &m, &v}) {
+    const std::vector<T>& a = *pair;
+    const std::vector<T>& b = pair == &p ? p2 : pair == &m ? m2 : v2;
+    for (std::size_t i = 0; i < N; ++i) {
+      if (std::isnan(a[i]) != std::isnan(b[i])) return -1;
+      if (std::isnan(a[i])) continue;
+      const double d = std::abs(static_cast<double>(a[i]) - static_cast<double>(b[i]));
+      worst = std::max(worst, d / std::max(std::abs(static_cast<double>(b[i])), 1e-3));
+    }
+  }
+  return worst;
+}
+
+TEST_CASE("kernels::adamw_update on a host: its SIMD chunks take the element form's steps, every length around a chunk, wherever an element sits") {
+  for (std::int64_t n : {std::int64_t{0}, std::int64_t{1}, std::int64_t{2047}, sl::kernels::vmath::chunk,
+                         sl::kernels::vmath::chunk + 1, 3 * sl::kernels::vmath::chunk + 17}) {
+    INFO("n = " << n);
+    const double f = adamw_forms_differ<float>(n, 5), d = adamw_forms_differ<double>(n, 5);
+    CHECK(f >= 0);
+    CHECK(f < 2e-6);  // the packet sqrt: a few float ulps
+    CHECK(d >= 0);
+    CHECK(d < 1e-13);
+  }
+  // Where an element sits does not change its step: DP's and ZeRO's blocks of one parameter start
+  // at other elements, and their steps must be bit-identical.
+  const Kokkos::DefaultHostExecutionSpace exec;
+  for (const std::size_t shift : {1u, 3u, 7u, 17u}) {
+    const std::size_t n = 2 * static_cast<std::size_t>(sl::kernels::vmath::chunk) + 45;
+    std::vector<float> p(n + shift), g(n + shift), m(n + shift), v(n + shift);
+    for (std::size_t i = 0; i < n; ++i) {
+      p[i] = 0.37f * static_cast<float>(i % 29) - 3.f;
+      g[i] = 0.013f * static_cast<float>(i % 31) - 0.2f;
+      m[i] = 0.001f * static_cast<float>(i % 5);
+      v[i] = 1e-5f * static_cast<float>(i % 11);
+    }
+    std::vector<float> ps(n + shift), ms(n + shift), vs(n + shift), gs(n + shift);
+    std::copy_n(p.begin(), n, ps.begin() + static_cast<std::ptrdiff_t>(shift));
+    std::copy_n(g.begin(), n, gs.begin() + static_cast<std::ptrdiff_t>(shift));
+    std::copy_n(m.begin(), n, ms.begin() + static_cast<std::ptrdiff_t>(shift));
+    std::copy_n(v.begin(), n, vs.begin() + static_cast<std::ptrdiff_t>(shift));
+    sl::kernels::AdamWStep st;
+    st.lr = 0.05;
+    st.weight_decay = 0.5;
+    for (st.step = 1; st.step <= 3; ++st.step) {
+      sl::kernels::adamw_update(exec, static_cast<std::int64_t>(n), p.data(), g.data(), m.data(), v.data(), st);
+      sl::kernels::adamw_update(exec, static_cast<std::int64_t>(n), ps.data() + shift, gs.data() + shift, ms.data() + shift,
+                                vs.data() + shift, st);
+    }
+    INFO("shift " << shift);
+    CHECK(std::equal(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(n), ps.begin() + static_cast<std::ptrdiff_t>(shift)));
+    CHECK(std::equal(m.begin(), m.begin() + static_cast<std::ptrdiff_t>(n), ms.begin() + static_cast<std::ptrdiff_t>(shift)));
+    CHECK(std::equal(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(n), vs.begin() + static_cast<std::ptrdiff_t>(shift)));
+  }
+}
+
 TEST_CASE("SGD: momentum, Nesterov and weight decay follow torch.optim.SGD") {
   sl::test::for_each_run([](sl::Context& ctx) {
     for (const auto& o : {sgd(0.1, 0, false, 0), sgd(0.1, 0.9, false, 0), sgd(0.1, 0.9, true, 0),

@@ -17,11 +17,13 @@ SHARDLIB_SIMD_WARNINGS_OFF  // (g++ 12 under -march=native: detail/attributes.hp
 #include <shardlib/detail/shape_only.hpp>
 #include <shardlib/half.hpp>
 #include <shardlib/kernels/exec.hpp>
+#include <shardlib/kernels/vmath.hpp>
 
 #include <Kokkos_Core.hpp>
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 namespace shardlib::kernels {
 
@@ -90,19 +92,70 @@ struct AdamWKernel {
   }
 };
 
+/// AdamWKernel's formula on a host, a chunk of vmath::chunk elements per work item on Eigen's SIMD
+/// packets (float or double, the gradient of the parameter's type). The element-at-a-time form
+/// ran at 11 GB/s on a Xeon core, its scalar square root and division the bound: 4.5 ms for the
+/// 1.87 M floats of benchmarks/run train's GPT, these chunks 1.1 ms.
+/// Every element takes the same packet instructions, the last n % lanes through a padded packet:
+/// its result does not depend on where it sits, so DP and ZeRO, whose blocks start at other
+/// elements, take bit-identical steps (an Eigen array expression takes a run's unaligned ends one
+/// scalar at a time, and they differed). The square root is Eigen's packet sqrt, under its default
+/// EIGEN_FAST_MATH an estimate with a Newton step (within a few float ulps; 0 at 0, NaN stays
+/// NaN), so a step may differ from the element form's (a GPU's) in its last bits.
+template <class T>
+struct AdamWChunks {
+  AdamWKernel<T, T> k;
+  std::int64_t n;
+  void operator()(std::int64_t c) const {
+    namespace ei = Eigen::internal;
+    using P = vmath::Packet<T>;
+    constexpr std::int64_t W = vmath::lanes<T>;
+    const P decay = ei::pset1<P>(k.decay), b1 = ei::pset1<P>(k.b1), c1 = ei::pset1<P>(T(1) - k.b1),
+            b2 = ei::pset1<P>(k.b2), c2 = ei::pset1<P>(T(1) - k.b2), eps = ei::pset1<P>(k.eps),
+            gs = ei::pset1<P>(k.gs), step = ei::pset1<P>(k.step_size), bc2 = ei::pset1<P>(k.bc2_sqrt);
+    auto update = [&](const T* g, T* p, T* m, T* v) {
+      const P gi = ei::pmul(gs, ei::ploadu<P>(g));
+      const P mi = ei::padd(ei::pmul(b1, ei::ploadu<P>(m)), ei::pmul(c1, gi));
+      const P vi = ei::padd(ei::pmul(b2, ei::ploadu<P>(v)), ei::pmul(ei::pmul(c2, gi), gi));
+      ei::pstoreu(m, mi);
+      ei::pstoreu(v, vi);
+      ei::pstoreu(p, ei::psub(ei::pmul(ei::ploadu<P>(p), decay),
+                              ei::pdiv(ei::pmul(step, mi), ei::padd(ei::pdiv(ei::psqrt(vi), bc2), eps))));
+    };
+    const std::int64_t b = c * vmath::chunk, e = n - b < vmath::chunk ? n : b + vmath::chunk;
+    std::int64_t j = b;
+    for (; j + W <= e; j += W) update(k.g + j, k.p + j, k.m + j, k.v + j);
+    if (j < e) {  // the rest, padded to a packet with zeros (their update is 0 / eps: finite)
+      T g[W] = {}, p[W] = {}, m[W] = {}, v[W] = {};
+      const std::int64_t r = e - j;
+      for (std::int64_t l = 0; l < r; ++l) g[l] = k.g[j + l], p[l] = k.p[j + l], m[l] = k.m[j + l], v[l] = k.v[j + l];
+      update(g, p, m, v);
+      for (std::int64_t l = 0; l < r; ++l) k.p[j + l] = p[l], k.m[j + l] = m[l], k.v[j + l] = v[l];
+    }
+  }
+};
+
 /// Decoupled weight decay, then Adam: p *= 1 - lr wd; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g²;
 /// p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps), with g = grad_scale * grad. On a
-/// host instance it returns when done; on a device one it is queued on the instance's stream.
+/// host instance it returns when done (float and double state with a gradient of its type run in
+/// SIMD chunks: AdamWChunks); on a device one it is queued on the instance's stream.
 template <class Exec, class T, class G>
 void adamw_update(const Exec& exec, std::int64_t n, T* p, const G* g, T* m, T* v, const AdamWStep& s) {
   if (n > 0) count_kernel(static_cast<std::uint64_t>(n) * (6 * sizeof(T) + sizeof(G)));  // p, m, v read, written; g read
   if (shardlib::shape_only()) return;
   const double t = static_cast<double>(s.step);
-  detail::portable::run(exec, "shardlib::adamw", n,
-                        AdamWKernel<T, G>{p, g, m, v, static_cast<T>(1 - s.lr * s.weight_decay), static_cast<T>(s.beta1),
-                                          static_cast<T>(s.beta2), static_cast<T>(s.eps), static_cast<T>(s.grad_scale),
-                                          static_cast<T>(s.lr / (1 - std::pow(s.beta1, t))),
-                                          static_cast<T>(std::sqrt(1 - std::pow(s.beta2, t)))});
+  const AdamWKernel<T, G> k{p, g, m, v, static_cast<T>(1 - s.lr * s.weight_decay), static_cast<T>(s.beta1),
+                            static_cast<T>(s.beta2), static_cast<T>(s.eps), static_cast<T>(s.grad_scale),
+                            static_cast<T>(s.lr / (1 - std::pow(s.beta1, t))),
+                            static_cast<T>(std::sqrt(1 - std::pow(s.beta2, t)))};
+  if constexpr (is_host_exec_v<Exec> && vmath::is_vector_type_v<T> && std::is_same_v<T, G>) {
+    if (n > 0)
+      Kokkos::parallel_for("shardlib::adamw", Kokkos::RangePolicy<Exec>(exec, 0, (n + vmath::chunk - 1) / vmath::chunk),
+                           AdamWChunks<T>{k, n});
+    kernels::fence(exec);
+  } else {
+    detail::portable::run(exec, "shardlib::adamw", n, k);
+  }
 }
 
 /// x² of element i in double, summed.
