@@ -253,6 +253,29 @@ TEST_SUITE("kernels_layout") {
     CHECK(o2 == std::vector<float>{1, 2, 0});
   }
 
+  TEST_CASE("index_add: rows around its column runs, repeated ids in order, ids outside the block skipped") {
+    // A block holding rows [3, 3 + 5) of 9, ids repeated and outside it; widths around the host
+    // form's runs of columns. Values of mixed sizes make the order of the adds show in double.
+    for (const I64 inner : {I64{1}, I64{7}, k::detail::index_add_chunk - 1, k::detail::index_add_chunk,
+                            2 * k::detail::index_add_chunk + 3}) {
+      const I64 outer = 2, n_local = 5, lo = 3;
+      const std::int32_t ids[] = {4, 0, 4, 7, 8, 3, 4, 2};
+      const I64 n_ids = 8;
+      std::vector<double> values(std::size_t(outer * n_ids * inner)), out(std::size_t(outer * n_local * inner));
+      for (std::size_t i = 0; i < values.size(); ++i) values[i] = (i % 3 == 0 ? 1e16 : 1.0) * double(i % 11) - 3;
+      for (std::size_t i = 0; i < out.size(); ++i) out[i] = double(i % 5);
+      std::vector<double> want = out;
+      for (I64 o = 0; o < outer; ++o)
+        for (I64 m = 0; m < n_ids; ++m)
+          if (ids[m] >= lo && ids[m] < lo + n_local)
+            for (I64 i = 0; i < inner; ++i)
+              want[std::size_t((o * n_local + ids[m] - lo) * inner + i)] += values[std::size_t((o * n_ids + m) * inner + i)];
+      k::index_add(exec(), out.data(), outer, n_local, inner, lo, 9, ids, n_ids, values.data(), true);
+      INFO("inner = " << inner);
+      CHECK(out == want);
+    }
+  }
+
   TEST_CASE("the device forms (detail::portable: a thread per element) match the host kernels") {
     namespace p = k::detail::portable;
     using View = k::detail::StridedView;
