@@ -16,7 +16,8 @@
 ///   waiting members throw a CollectiveError naming it (a collective called by only some
 ///   devices);
 /// - members that disagree on the call (kind, element type, counts, root, peers) all throw a
-///   CollectiveError saying what differs.
+///   CollectiveError saying what differs, after one more meeting: none unwinds, or posts its
+///   next call, while a peer still reads the one it posted.
 ///
 /// exchange copies each strided region straight from the peer's send buffer into this
 /// device's receive buffer (detail/region_copy.hpp), with no packing.
@@ -343,10 +344,12 @@ class BasicThreadCommunicator final : public Communicator {
     me.send = send;
     me.recv = recv;
     meet_posted("all_gather");
-    for (int r = 0; r < size(); ++r) {
+    std::string error;
+    for (int r = 0; r < size() && error.empty(); ++r) {
       const auto& s = g_->slot(r);
-      if (s.dtype != t || !same_blocks(s, me)) mismatch("all_gather", "block counts or element type", r);
+      if (s.dtype != t || !same_blocks(s, me)) error = mismatch_text("all_gather", "block counts or element type", r);
     }
+    verdict("all_gather", error);
     const std::size_t e = size_of(t);
     for (int r = 0; r < size(); ++r) {
       const auto& s = g_->slot(r);
@@ -362,10 +365,13 @@ class BasicThreadCommunicator final : public Communicator {
     set_blocks(me, blocks);
     me.send = send;
     meet_posted("reduce_scatter");
-    for (int r = 0; r < size(); ++r) {
+    std::string error;
+    for (int r = 0; r < size() && error.empty(); ++r) {
       const auto& s = g_->slot(r);
-      if (s.dtype != t || s.op != op || !same_blocks(s, me)) mismatch("reduce_scatter", "block counts, element type or op", r);
+      if (s.dtype != t || s.op != op || !same_blocks(s, me))
+        error = mismatch_text("reduce_scatter", "block counts, element type or op", r);
     }
+    verdict("reduce_scatter", error);
     const std::size_t off = blocks.offset(rank()) * size_of(t);
     for (int r = 0; r < size(); ++r) moves_.reading(*g_, rank(), r);
     gather_inputs([&](int r) { return static_cast<const char*>(g_->slot(r).send) + off; });
@@ -380,10 +386,13 @@ class BasicThreadCommunicator final : public Communicator {
     me.send = send;
     me.recv = recv;
     meet_posted("all_reduce");
-    for (int r = 0; r < size(); ++r) {
+    std::string error;
+    for (int r = 0; r < size() && error.empty(); ++r) {
       const auto& s = g_->slot(r);
-      if (s.dtype != t || s.op != op || s.count != count) mismatch("all_reduce", "element count, element type or op", r);
+      if (s.dtype != t || s.op != op || s.count != count)
+        error = mismatch_text("all_reduce", "element count, element type or op", r);
     }
+    verdict("all_reduce", error);
     // Phase 1: reduce block rank() of everyone's input into this device's output.
     const std::size_t e = size_of(t), n = static_cast<std::size_t>(size());
     const std::size_t base = count / n, extra = count % n;
@@ -412,15 +421,17 @@ class BasicThreadCommunicator final : public Communicator {
     me.recv_uniform = rb.is_uniform() ? rb.count(0) : 0;
     me.send = send;
     meet_posted("all_to_all");
-    for (int p = 0; p < size(); ++p)
-      for (int q = 0; q < size(); ++q) {
+    std::string error;
+    for (int p = 0; p < size() && error.empty(); ++p)
+      for (int q = 0; q < size() && error.empty(); ++q) {
         const auto& sp = g_->slot(p);
-        if (sp.dtype != t) mismatch("all_to_all", "element type", p);
-        if (sp.block(q) != g_->slot(q).recv_block(p))
-          throw CollectiveError("shardlib: " + where("all_to_all") + ": rank " + std::to_string(p) + " sends " +
-                                std::to_string(sp.block(q)) + " elements to rank " + std::to_string(q) +
-                                ", which expects " + std::to_string(g_->slot(q).recv_block(p)));
+        if (sp.dtype != t) error = mismatch_text("all_to_all", "element type", p);
+        else if (sp.block(q) != g_->slot(q).recv_block(p))
+          error = "shardlib: " + where("all_to_all") + ": rank " + std::to_string(p) + " sends " +
+                  std::to_string(sp.block(q)) + " elements to rank " + std::to_string(q) + ", which expects " +
+                  std::to_string(g_->slot(q).recv_block(p));
       }
+    verdict("all_to_all", error);
     const std::size_t e = size_of(t);
     for (int p = 0; p < size(); ++p) {
       const auto& sp = g_->slot(p);
@@ -442,8 +453,6 @@ class BasicThreadCommunicator final : public Communicator {
     me.send_regions = send_regions.data();
     me.recv_regions = recv_regions.data();
     meet_posted(call);
-    // Every member checks every pair, so all reach the same verdict; they meet before throwing,
-    // so that no peer still reads this member's regions when its caller unwinds.
     std::string error;
     for (int p = 0; p < size() && error.empty(); ++p) {
       const auto& sp = g_->slot(p);
@@ -460,10 +469,7 @@ class BasicThreadCommunicator final : public Communicator {
         }
       }
     }
-    if (!error.empty()) {
-      meet(call);
-      throw CollectiveError(error);
-    }
+    verdict(call, error);
     const std::size_t e = size_of(t);
     bool done = false;
     if constexpr (Moves::host) done = copy_in_slabs(recv, recv_regions, e);
@@ -483,10 +489,13 @@ class BasicThreadCommunicator final : public Communicator {
     me.root = root;
     me.send = buf;
     meet_posted("broadcast");
-    for (int r = 0; r < size(); ++r) {
+    std::string error;
+    for (int r = 0; r < size() && error.empty(); ++r) {
       const auto& s = g_->slot(r);
-      if (s.dtype != t || s.count != count || s.root != root) mismatch("broadcast", "element count, element type or root", r);
+      if (s.dtype != t || s.count != count || s.root != root)
+        error = mismatch_text("broadcast", "element count, element type or root", r);
     }
+    verdict("broadcast", error);
     if (rank() != root) {
       moves_.reading(*g_, rank(), root);
       moves_.copy(buf, g_->slot(root).send, count * size_of(t));
@@ -524,18 +533,21 @@ class BasicThreadCommunicator final : public Communicator {
     me.recv_count = recv_count;
     me.source = source;
     meet_posted("permute");
-    for (int r = 0; r < size(); ++r) {
+    std::string error;
+    for (int r = 0; r < size() && error.empty(); ++r) {
       const auto& s = g_->slot(r);
-      if (s.dtype != t) mismatch("permute", "element type", r);
-      if (s.source != -1 && (g_->slot(s.source).dest != r || g_->slot(s.source).count != s.recv_count))
-        throw CollectiveError("shardlib: " + where("permute") + ": rank " + std::to_string(r) + " expects " +
-                              std::to_string(s.recv_count) + " elements from rank " + std::to_string(s.source) +
-                              ", which sends " + std::to_string(g_->slot(s.source).count) + " elements to " +
-                              (g_->slot(s.source).dest == -1 ? std::string("nobody") : "rank " + std::to_string(g_->slot(s.source).dest)));
-      if (s.dest != -1 && g_->slot(s.dest).source != r)
-        throw CollectiveError("shardlib: " + where("permute") + ": rank " + std::to_string(r) + " sends to rank " +
-                              std::to_string(s.dest) + ", which does not receive from it");
+      if (s.dtype != t)
+        error = mismatch_text("permute", "element type", r);
+      else if (s.source != -1 && (g_->slot(s.source).dest != r || g_->slot(s.source).count != s.recv_count))
+        error = "shardlib: " + where("permute") + ": rank " + std::to_string(r) + " expects " +
+                std::to_string(s.recv_count) + " elements from rank " + std::to_string(s.source) + ", which sends " +
+                std::to_string(g_->slot(s.source).count) + " elements to " +
+                (g_->slot(s.source).dest == -1 ? std::string("nobody") : "rank " + std::to_string(g_->slot(s.source).dest));
+      else if (s.dest != -1 && g_->slot(s.dest).source != r)
+        error = "shardlib: " + where("permute") + ": rank " + std::to_string(r) + " sends to rank " +
+                std::to_string(s.dest) + ", which does not receive from it";
     }
+    verdict("permute", error);
     if (source != -1) {
       moves_.reading(*g_, rank(), source);
       moves_.copy(recv, g_->slot(source).send, recv_count * size_of(t));
@@ -677,8 +689,10 @@ class BasicThreadCommunicator final : public Communicator {
     if (size() > 1) g_->arrive_and_wait(rank(), [&] { return where(call); });
     const Kind k = g_->slot(rank()).kind;
     const bool ex = g_->slot(rank()).exchange;
-    for (int r = 0; r < size(); ++r)
-      if (g_->slot(r).kind != k || g_->slot(r).exchange != ex) mismatch(call, "collective", r);
+    std::string error;
+    for (int r = 0; r < size() && error.empty(); ++r)
+      if (g_->slot(r).kind != k || g_->slot(r).exchange != ex) error = mismatch_text(call, "collective", r);
+    verdict(call, error);
   }
   /// A later barrier. Slots are not read after the last one: a peer may already be posting
   /// its next call.
@@ -692,8 +706,15 @@ class BasicThreadCommunicator final : public Communicator {
     meet(call);
     moves_.finished(*g_, rank());
   }
-  [[noreturn]] void mismatch(std::string_view call, std::string_view what, int r) const {
-    throw CollectiveError(mismatch_text(call, what, r));
+  /// Throws `error` unless it is empty, once every member has it: after the first meeting every
+  /// member checks the same slots in the same order, so all reach the same verdict, and they meet
+  /// again before throwing, so that none unwinds (freeing the blocks or regions its slot points
+  /// to) or posts its next call into its slot while a peer still reads it. (AddressSanitizer
+  /// caught all_to_all's check reading the stack of a peer that had thrown.)
+  void verdict(std::string_view call, const std::string& error) {
+    if (error.empty()) return;
+    meet(call);
+    throw CollectiveError(error);
   }
   std::string mismatch_text(std::string_view call, std::string_view what, int r) const {
     const auto& s = g_->slot(r);
