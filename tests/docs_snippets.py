@@ -7,22 +7,33 @@
 A block with no #include gets `#include <shardlib/shardlib.hpp>` in front (README fragments).
 A block's `int main` gets a `return 0;` at the end of its body: the same program, and a well-defined
 one when tests/unity.py compiles the block as a function of a namespace (only ::main may end
-without a return). Ids are <file stem>_<line of the opening fence>.
+without a return). Ids are <file stem>_<n>, the file's n-th block (from 1): editing the prose
+around the blocks renames no test, and a build that was configured before the edit still finds
+its blocks (tests/meson.build reconfigures by itself when a page changes). A compiler's message
+about a block names the page and its line (a #line directive).
 """
 import os
 import re
 import sys
 
 
+def shown_name(path):
+    """How a message names PATH: docs/NAME.md for a page of docs/, else the file's name."""
+    parent = os.path.basename(os.path.dirname(os.path.abspath(path)))
+    return f"{parent}/{os.path.basename(path)}" if parent == "docs" else os.path.basename(path)
+
+
 def blocks(path):
+    """(id, code) of each ```cpp block of PATH, the code starting with a #line directive that
+    points at the page's line (after the #include it may get)."""
     text = open(path, encoding="utf-8").read()
     stem = re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
-    for m in re.finditer(r"```cpp\n(.*?)```", text, re.S):
-        line = text.count("\n", 0, m.start()) + 1
-        code = m.group(1)
-        if "#include" not in code:
+    for n, m in enumerate(re.finditer(r"```cpp\n(.*?)```", text, re.S), start=1):
+        first = text.count("\n", 0, m.start()) + 2  # the line after the fence
+        code = f'#line {first} "{shown_name(path)}"\n' + m.group(1)
+        if "#include" not in m.group(1):
             code = "#include <shardlib/shardlib.hpp>\n" + code
-        yield f"{stem}_{line}", code
+        yield f"{stem}_{n}", code
 
 
 def end_of_main(code):
@@ -69,9 +80,10 @@ def main():
         for i, code in blocks(path):
             if i == ident:
                 with open(out, "w", encoding="utf-8") as f:
-                    f.write(f'#line 1 "{os.path.basename(path)}:{ident}"\n' + with_return(code))
+                    f.write(with_return(code))
                 return 0
-        print(f"no block {ident} in {path} (reconfigure after editing the docs)", file=sys.stderr)
+        print(f"no block {ident} in {path}: the page has fewer blocks than when the build was configured "
+              "(meson setup --reconfigure)", file=sys.stderr)
         return 1
     print(__doc__, file=sys.stderr)
     return 2
