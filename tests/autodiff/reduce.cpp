@@ -11,8 +11,11 @@
 #include "gradcheck.hpp"
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -138,6 +141,39 @@ TEST_CASE("cross_entropy: vocab-parallel, against finite differences and with tw
     const auto bad = Tg::full(mesh, {7}, 9);
     CHECK_THROWS_WITH_AS(sl::cross_entropy(logits, bad), doctest::Contains("target 9 of row"), std::out_of_range);
   }, DEVICE_COUNTS);
+}
+
+TEST_CASE("cross_entropy's gradient of a vocabulary block is the whole's bit for bit, wherever the block starts") {
+  // The same saved log-sum-exps, the logits' columns cut in two blocks at every point: each
+  // value of the gradient as the unsplit one gives it (its exp takes whole packets wherever it
+  // sits: kernels/vmath.hpp, assign_packets), so vocab-parallel and data-parallel runs agree.
+  namespace ad = sl::autodiff::detail;
+  const std::int64_t rows = 3, cols = 77;
+  std::vector<float> z(rows * cols);
+  for (std::size_t i = 0; i < z.size(); ++i) z[i] = static_cast<float>(std::sin(0.37 * double(i)) * 6.0);
+  ad::CrossEntropySaved<float> saved{{4.1f, 5.3f, 3.7f}, {5, 40, 76}};
+  auto block = [&](const float* data, std::int64_t c0, std::int64_t c) {
+    sl::detail::Block<float> b{nullptr, data, {}};
+    b.box.rank = 2;
+    b.box.offset = {0, c0};
+    b.box.extent = {rows, c};
+    return b;
+  };
+  std::vector<float> whole(z.size());
+  ad::cross_entropy_grad<float>(block(z.data(), 0, cols), 8, saved, 1.5f, whole.data());
+  int differ = 0;
+  for (std::int64_t cut = 1; cut < cols; ++cut)
+    for (const auto& [c0, c] : {std::pair{std::int64_t(0), cut}, std::pair{cut, cols - cut}}) {
+      std::vector<float> part(static_cast<std::size_t>(rows * c) + 1), out(part.size());  // +1: another alignment
+      for (std::int64_t r = 0; r < rows; ++r)
+        std::copy_n(z.begin() + r * cols + c0, c, part.begin() + 1 + r * c);
+      ad::cross_entropy_grad<float>(block(part.data() + 1, c0, c), 8, saved, 1.5f, out.data() + 1);
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t j = 0; j < c; ++j)
+          differ += std::bit_cast<std::uint32_t>(out[static_cast<std::size_t>(1 + r * c + j)]) !=
+                    std::bit_cast<std::uint32_t>(whole[static_cast<std::size_t>(r * cols + c0 + j)]);
+    }
+  CHECK(differ == 0);
 }
 
 TEST_CASE("the backward pass's own kernels count their bytes (the planner's cost model)") {

@@ -6,6 +6,7 @@
 #include <shardlib/kernels/reduce.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -244,6 +245,27 @@ TEST_SUITE("kernels_reduce") {
     CHECK((ib == 2 && i == 2));
   }
 
+  TEST_CASE("exp_sum: a row's sum does not depend on its address") {
+    // Whole packets from each chunk's start (vmath::sum_packets): the same rows 1 to 7 values
+    // apart give the same bits; Eigen's sum began at a row's first aligned value.
+    std::mt19937_64 g(31);
+    for (I64 n : {I64(5), I64(33), I64(100), I64(2051)}) {
+      const I64 outer = 3;
+      const std::vector<float> x = random_values<float>(g, outer * n, -6, 6);
+      std::vector<float> mx(static_cast<std::size_t>(outer)), z0(mx.size());
+      k::reduce_dim(exec(), x.data(), mx.data(), outer, n, 1, ReduceKind::max);
+      k::exp_sum(exec(), x.data(), mx.data(), z0.data(), outer, n, 1);
+      for (std::size_t shift = 1; shift < 8; ++shift) {
+        std::vector<float> moved(x.size() + shift), z(mx.size());
+        std::copy(x.begin(), x.end(), moved.begin() + std::ptrdiff_t(shift));
+        k::exp_sum(exec(), moved.data() + shift, mx.data(), z.data(), outer, n, 1);
+        CAPTURE(n);
+        CAPTURE(shift);
+        CHECK(z == z0);
+      }
+    }
+  }
+
   TEST_CASE("softmax and log_softmax match double loops, also with the dim split in two blocks") {
     std::mt19937_64 g(3);
     for (int c = 0; c < 300; ++c) {
@@ -270,6 +292,24 @@ TEST_SUITE("kernels_reduce") {
       k::exp_sum(exec(), a.data(), ma.data(), za.data(), s.outer, cut, s.inner);
       k::exp_sum(exec(), b.data(), mb.data(), zb.data(), s.outer, s.n - cut, s.inner);
       for (std::size_t r = 0; r < za.size(); ++r) za[r] = zb[r] = za[r] + zb[r];
+      // With the whole rows' statistics, the pieces' outputs are the whole's bit for bit: a value's
+      // exp does not depend on where its block starts (kernels/vmath.hpp, assign_packets).
+      for (const bool log : {false, true}) {
+        std::vector<float> pa(a.size()), pb(b.size());
+        k::softmax_apply(exec(), a.data(), pa.data(), mx.data(), z.data(), s.outer, cut, s.inner, log);
+        k::softmax_apply(exec(), b.data(), pb.data(), mx.data(), z.data(), s.outer, s.n - cut, s.inner, log);
+        const std::vector<float>& w = log ? ly : y;
+        int differ = 0;
+        for (I64 o = 0; o < s.outer; ++o)
+          for (I64 i = 0; i < s.inner; ++i)
+            for (I64 j = 0; j < s.n; ++j) {
+              const float got = j < cut ? pa[std::size_t((o * cut + j) * s.inner + i)]
+                                        : pb[std::size_t((o * (s.n - cut) + j - cut) * s.inner + i)];
+              differ += std::bit_cast<std::uint32_t>(got) != std::bit_cast<std::uint32_t>(w[std::size_t(s.at(o, j, i))]);
+            }
+        CAPTURE(log);
+        REQUIRE(differ == 0);
+      }
       k::softmax_apply(exec(), a.data(), ya.data(), ma.data(), za.data(), s.outer, cut, s.inner, false);
       k::softmax_apply(exec(), b.data(), yb.data(), mb.data(), zb.data(), s.outer, s.n - cut, s.inner, false);
       const auto split_rows = [&] {  // ya ++ yb along the dim, as rows

@@ -10,6 +10,8 @@
 #include <shardlib/autodiff/elementwise.hpp>
 #include <shardlib/ops/elementwise.hpp>
 
+#include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -17,6 +19,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace k = shardlib::kernels;
@@ -134,6 +137,91 @@ TEST_SUITE("kernels_vmath") {
     check_unary<T>("gelu_tanh", fn::gelu_tanh{}, 8, gelu_scale);
   }
 
+  TEST_CASE_TEMPLATE("a value's result does not depend on where its run starts or ends (shards, chunks, alignment)", T,
+                     float, double) {
+    // One call over the whole run against calls over two pieces cut anywhere, each piece at
+    // another address: every value bit for bit. Eigen's own loop took a run's unaligned head and
+    // its tail one scalar exp at a time (a last bit apart from the packet's): up to 13 of 5000
+    // floats differed, so an op's result depended on the sharding (DP against TP).
+    std::vector<T> in = inputs<T>(11);
+    in.resize(6000);
+    std::vector<T> g(in.size());
+    std::mt19937_64 gen(12);
+    std::normal_distribution<double> normal;
+    for (T& x : g) x = static_cast<T>(normal(gen));
+    const I64 n = static_cast<I64>(in.size());
+    using Bits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+    auto same = [](T a, T b) { return std::bit_cast<Bits>(a) == std::bit_cast<Bits>(b) || (std::isnan(a) && std::isnan(b)); };
+    auto check = [&](const char* name, auto f, auto... operand) {  // operand: the inputs' vectors
+      std::vector<T> whole(in.size());
+      k::elementwise(exec(), whole.data(), std::array<I64, 1>{n}, f, k::Strided<T, 1>{operand->data(), {1}}...);
+      int differ = 0;
+      for (I64 cut : {I64(1), I64(3), I64(5), I64(17), I64(1001), I64(2047), I64(2049), I64(4099)})
+        for (I64 shift : {1, 2, 3, 7}) {  // the pieces' copies start `shift` elements into their buffers
+          for (const auto& [b, len] : {std::pair{I64(0), cut}, std::pair{cut, n - cut}}) {
+            auto copy = [&](const std::vector<T>* v) {
+              std::vector<T> c(static_cast<std::size_t>(len + shift));
+              std::copy(v->begin() + b, v->begin() + b + len, c.begin() + shift);
+              return c;
+            };
+            const auto pieces = std::array<std::vector<T>, sizeof...(operand)>{copy(operand)...};
+            std::vector<T> out(static_cast<std::size_t>(len + shift));
+            [&]<std::size_t... I>(std::index_sequence<I...>) {
+              k::elementwise(exec(), out.data() + shift, std::array<I64, 1>{len}, f,
+                             k::Strided<T, 1>{pieces[I].data() + shift, {1}}...);
+            }(std::make_index_sequence<sizeof...(operand)>{});
+            for (I64 i = 0; i < len; ++i) differ += !same(out[static_cast<std::size_t>(shift + i)], whole[static_cast<std::size_t>(b + i)]);
+          }
+        }
+      const std::string what = std::string(name) + (sizeof(T) == 4 ? " (float" : " (double") + ", SIMD: " + k::vmath::simd_in_use() + ")";
+      INFO(what);
+      CHECK(differ == 0);
+    };
+    check("exp", fn::exp{}, &in);
+    check("log", fn::log{}, &in);
+    check("tanh", fn::tanh{}, &in);
+    check("sigmoid", fn::sigmoid{}, &in);
+    check("silu", fn::silu{}, &in);
+    check("gelu", fn::gelu{}, &in);
+    check("gelu_tanh", fn::gelu_tanh{}, &in);
+    check("x * 0.125", fn::bind_scalar<fn::mul, double, false>{{}, 0.125}, &in);
+    check("add", fn::add{}, &in, &g);
+    check("d exp", shardlib::fn::grad::exp{}, &g, &in);
+    check("d sigmoid", shardlib::fn::grad::sigmoid{}, &g, &in);
+    check("d silu", shardlib::fn::grad::silu{}, &g, &in);
+    check("d gelu", shardlib::fn::grad::gelu{}, &g, &in);
+    check("d gelu_tanh", shardlib::fn::grad::gelu_tanh{}, &g, &in);
+  }
+
+  TEST_CASE_TEMPLATE("assign_packets: every length, in place, each value as if alone", T, float, double) {
+    // Each value is the expression's value on a run of that value alone (one padded packet), so
+    // it depends on nothing around it; in place (out = in) gives the same.
+    constexpr I64 L = k::vmath::lanes<T>;
+    const std::vector<T> in = inputs<T>(13);
+    auto expr = [](const auto& x) { return shardlib::kernels::vmath::exp(x - T(0.25)) * T(3); };
+    for (I64 shift = 0; shift < L + 1; ++shift)  // outputs at every alignment (the head before an aligned packet)
+      for (I64 n = 0; n <= 4 * L + 3; ++n) {
+        CAPTURE(n);
+        CAPTURE(shift);
+        const auto s0 = static_cast<std::size_t>(shift);
+        std::vector<T> out(s0 + static_cast<std::size_t>(n) + 1, T(-7)), inplace(out.size(), T(-7));
+        std::copy_n(in.begin(), n, inplace.begin() + shift);
+        k::vmath::assign_packets(out.data() + shift, n, expr, in.data());
+        k::vmath::assign_packets(inplace.data() + shift, n, expr, inplace.data() + shift);
+        CHECK(out[s0 + static_cast<std::size_t>(n)] == T(-7));  // nothing written outside the run
+        CHECK(inplace[s0 + static_cast<std::size_t>(n)] == T(-7));
+        if (shift > 0) CHECK(out[s0 - 1] == T(-7));
+        int differ = 0;
+        for (I64 i = 0; i < n; ++i) {
+          T alone = 0;
+          k::vmath::assign_packets(&alone, 1, expr, &in[static_cast<std::size_t>(i)]);
+          const T got = out[s0 + static_cast<std::size_t>(i)], again = inplace[s0 + static_cast<std::size_t>(i)];
+          differ += !((got == alone && again == alone) || (std::isnan(alone) && std::isnan(got) && std::isnan(again)));
+        }
+        CHECK(differ == 0);
+      }
+  }
+
   TEST_CASE_TEMPLATE("binary functors and a bound scalar: the vector path is exact", T, float, double) {
     const std::vector<T> a = inputs<T>(1), b = inputs<T>(2);
     const std::array<I64, 1> extent{static_cast<I64>(a.size())};
@@ -242,6 +330,72 @@ TEST_SUITE("kernels_vmath") {
     k::elementwise(exec(), out.data(), std::array<I64, 2>{3, 5}, fn::add{}, k::Strided<float, 2>{a.data(), {5, 1}},
                    k::Strided<float, 2>{bias.data(), {0, 1}});
     for (int i = 0; i < 15; ++i) CHECK(out[i] == a[i] + bias[i % 5]);
+  }
+
+  TEST_CASE_TEMPLATE("sum_packets: every length, any address, the padding left out", T, float, double) {
+    // exp(0) = 1 in the padding's lanes: a sum that took them would be off by whole units.
+    const std::vector<T> in = [] {
+      std::vector<T> v(300);
+      std::mt19937_64 g(21);
+      std::uniform_real_distribution<double> u(-3, 3);
+      for (T& x : v) x = static_cast<T>(u(g));
+      return v;
+    }();
+    auto expr = [](const auto& x) { return shardlib::kernels::vmath::exp(x); };
+    CHECK(k::vmath::sum_packets(0, expr, in.data()) == T(0));
+    for (I64 n = 1; n <= 200; n += (n < 40 ? 1 : 37)) {
+      CAPTURE(n);
+      double want = 0;
+      for (I64 i = 0; i < n; ++i) want += std::exp(double(in[static_cast<std::size_t>(i)]));
+      const T got = k::vmath::sum_packets(n, expr, in.data());
+      CHECK(double(got) == doctest::Approx(want).epsilon(sizeof(T) == 4 ? 1e-5 : 1e-12));
+      for (std::size_t shift = 1; shift < 8; ++shift) {  // the same values at another address
+        std::vector<T> moved(static_cast<std::size_t>(n) + shift);
+        std::copy_n(in.begin(), n, moved.begin() + static_cast<std::ptrdiff_t>(shift));
+        CHECK(k::vmath::sum_packets(n, expr, moved.data() + shift) == got);
+      }
+    }
+  }
+
+  TEST_CASE_TEMPLATE("fused row kernels: a row's result does not depend on its address", T, float, double) {
+    // The same rows at addresses 1 to 7 values apart give the same bits (a block of another
+    // layout, or a row of odd length, starts elsewhere): Eigen's sums began at a row's first
+    // aligned value and took its ends one scalar at a time.
+    using Bits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+    std::mt19937_64 g(8);
+    std::normal_distribution<double> normal;
+    for (I64 n : {I64(3), I64(17), I64(100), I64(257), I64(2061)}) {
+      const I64 rows = 3;
+      std::vector<T> in(static_cast<std::size_t>(rows * n) + 8), gain(static_cast<std::size_t>(n) + 8), bias(gain.size());
+      for (T& v : in) v = static_cast<T>(1.5 + 3 * normal(g));
+      for (T& v : gain) v = static_cast<T>(1 + 0.1 * normal(g));
+      for (T& v : bias) v = static_cast<T>(normal(g));
+      auto run = [&](int op, std::size_t shift) {  // the inputs copied `shift` values in
+        std::vector<T> x(in.size()), gn(gain.size()), bs(bias.size()), out(in.size());
+        std::copy(in.begin(), in.end() - 8, x.begin() + static_cast<std::ptrdiff_t>(shift));
+        std::copy(gain.begin(), gain.end() - 8, gn.begin() + static_cast<std::ptrdiff_t>(shift));
+        std::copy(bias.begin(), bias.end() - 8, bs.begin() + static_cast<std::ptrdiff_t>(shift));
+        const T *xp = x.data() + shift, *gp = gn.data() + shift, *bp = bs.data() + shift;
+        T* o = out.data() + shift;
+        if (op < 2) k::softmax_rows(exec(), xp, o, rows, n, op == 1, T(0.5));
+        else if (op == 2) k::layer_norm_rows(exec(), xp, o, rows, n, 1e-5);
+        else if (op == 3) k::layer_norm_rows(exec(), xp, o, rows, n, 1e-5, gp, bp);
+        else if (op == 4) k::layer_norm_rows(exec(), xp, o, rows, n, 1e-5, gp, static_cast<const T*>(nullptr));
+        else k::rms_norm_rows(exec(), xp, o, rows, n, 1e-5);
+        return std::vector<T>(o, o + rows * n);
+      };
+      for (int op = 0; op < 6; ++op) {
+        CAPTURE(n);
+        CAPTURE(op);
+        const std::vector<T> at0 = run(op, 0);
+        int differ = 0;
+        for (std::size_t shift = 1; shift < 8; ++shift) {
+          const std::vector<T> there = run(op, shift);
+          for (std::size_t i = 0; i < at0.size(); ++i) differ += std::bit_cast<Bits>(there[i]) != std::bit_cast<Bits>(at0[i]);
+        }
+        CHECK(differ == 0);
+      }
+    }
   }
 
   TEST_CASE_TEMPLATE("fused row kernels against the definitions in double", T, float, double) {

@@ -104,7 +104,7 @@ SHARDLIB_NOINLINE void cross_entropy_run(Context& ctx, const MeshShape& mesh, co
     const T mr = m[static_cast<std::size_t>(r)];
     T acc = 0;
     if constexpr (vector) {
-      if (cols > 0) acc = kernels::vmath::exp(kernels::vmath::ConstRun<T>(z.data + r * cols, cols) - mr).sum();
+      if (cols > 0) acc = kernels::vmath::sum_packets(cols, [mr](const auto& v) { return kernels::vmath::exp(v - mr); }, z.data + r * cols);
     } else {
       for (std::int64_t c = 0; c < cols; ++c) acc += std::exp(z.data[r * cols + c] - mr);
     }
@@ -141,8 +141,10 @@ SHARDLIB_NOINLINE void cross_entropy_grad(const Block<T>& z, std::int64_t n, con
     const auto u = static_cast<std::size_t>(r);
     if constexpr (kernels::vmath::is_vector_type_v<T>) {
       if (cols == 0) continue;
-      kernels::vmath::Run<T>(out + r * cols, cols) =
-          kernels::vmath::exp(kernels::vmath::ConstRun<T>(z.data + r * cols, cols) - saved.lse[u]) * scale;
+      const T lse = saved.lse[u];  // whole packets: a value's bits do not depend on where the vocabulary is split
+      kernels::vmath::assign_packets(out + r * cols, cols,
+                                     [lse, scale](const auto& x) { return kernels::vmath::exp(x - lse) * scale; },
+                                     z.data + r * cols);
       const std::int64_t c = saved.target[u] - col0;
       if (c >= 0 && c < cols) out[r * cols + c] = scale * (std::exp(z.data[r * cols + c] - saved.lse[u]) - T(1));
     } else {

@@ -6,7 +6,8 @@
 ///
 /// On host execution spaces, a functor with an Eigen array form (kernels/vmath.hpp) over float or
 /// double operands laid out as the output runs vectorised, a chunk of `vmath::chunk` elements per
-/// work item; everything else runs the scalar functor per element. On a GPU, operands laid out as
+/// work item, every element through whole packets (vmath::assign_packets: a value's result does not
+/// depend on where a shard or chunk starts); everything else runs the scalar functor per element. On a GPU, operands laid out as
 /// the output are read and written 16 bytes per load and store where their pointers allow.
 ///
 /// Knows nothing of tensors or collectives: raw pointers, extents, an execution-space instance.
@@ -299,7 +300,7 @@ void elementwise(const Exec& exec, Out* out, const std::array<std::int64_t, R>& 
       const std::int64_t chunks = (n + vmath::chunk - 1) / vmath::chunk;
       Kokkos::parallel_for("shardlib::elementwise(vector)", Kokkos::RangePolicy<Exec>(exec, 0, chunks), [=](std::int64_t c) {
         const std::int64_t b = c * vmath::chunk, len = n - b < vmath::chunk ? n - b : vmath::chunk;
-        vmath::Run<Out>(out + b, len) = f.array(vmath::ConstRun<In>(in.data + b, len)...);
+        vmath::assign_packets(out + b, len, [&f](const auto&... x) { return f.array(x...); }, (in.data + b)...);
       });
       kernels::fence(exec);
       return;

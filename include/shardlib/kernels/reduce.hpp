@@ -709,12 +709,13 @@ void exp_sum(const Exec& exec, const T* in, const T* row_max, T* row_sum, std::i
     if (shardlib::shape_only()) return;
     detail::check_shape("exp_sum", outer, n, inner);
     if constexpr (vmath::is_vector_type_v<T>) {
-      if (inner == 1) {  // contiguous rows: Eigen's packet exp, float sums per chunk, double across
+      if (inner == 1) {  // contiguous rows: packet exp, float sums per chunk (whole packets from its start), double across
         Kokkos::parallel_for("shardlib::kernels::exp_sum(vector)", Kokkos::RangePolicy<Exec>(exec, 0, outer), [=](std::int64_t r) {
           double sum = 0;
+          const T m = row_max[r];
           for (std::int64_t b = 0; b < n; b += vmath::chunk) {
             const std::int64_t len = n - b < vmath::chunk ? n - b : vmath::chunk;
-            sum += static_cast<double>(vmath::exp(vmath::ConstRun<T>(in + r * n + b, len) - row_max[r]).sum());
+            sum += static_cast<double>(vmath::sum_packets(len, [m](const auto& v) { return vmath::exp(v - m); }, in + r * n + b));
           }
           row_sum[r] = static_cast<T>(sum);
         });
@@ -766,8 +767,9 @@ void softmax_apply(const Exec& exec, const T* in, T* out, const T* row_max, cons
           if (n != 0)
             Kokkos::parallel_for("shardlib::kernels::softmax_apply(vector)", Kokkos::RangePolicy<Exec>(exec, 0, outer),
                                  [=](std::int64_t r) {
-                                   vmath::Run<T>(out + r * n, n) =
-                                       vmath::exp(vmath::ConstRun<T>(in + r * n, n) - row_max[r]) * (T(1) / row_sum[r]);
+                                   const T m = row_max[r], k = T(1) / row_sum[r];
+                                   vmath::assign_packets(out + r * n, n, [m, k](const auto& x) { return vmath::exp(x - m) * k; },
+                                                         in + r * n);
                                  });
           kernels::fence(exec);
           return;

@@ -188,23 +188,29 @@ void layer_norm_rows(const Exec& exec, const T* in, T* out, std::int64_t rows, s
   detail::for_rows(exec, "shardlib::kernels::layer_norm_rows", rows, n, [=](std::int64_t r) {
     const T* x = in + r * n;
     double s = 0, q = 0;
+    // Sums and outputs a whole packet at a time from the row's start (vmath::sum_packets,
+    // assign_packets): a row's result does not depend on its address.
     for (std::int64_t b = 0; b < n; b += vmath::chunk) {
       const std::int64_t len = n - b < vmath::chunk ? n - b : vmath::chunk;
-      s += static_cast<double>(vmath::ConstRun<T>(x + b, len).sum());
+      s += static_cast<double>(vmath::sum_packets(len, [](const auto& v) { return v; }, x + b));
     }
     const double mean = s / static_cast<double>(n);
     const T hi = static_cast<T>(mean), lo = static_cast<T>(mean - static_cast<double>(hi));
     for (std::int64_t b = 0; b < n; b += vmath::chunk) {
       const std::int64_t len = n - b < vmath::chunk ? n - b : vmath::chunk;
-      q += static_cast<double>((vmath::ConstRun<T>(x + b, len) - hi - lo).square().sum());
+      q += static_cast<double>(vmath::sum_packets(len, [hi, lo](const auto& v) { return (v - hi - lo).square(); }, x + b));
     }
-    const double rstd = 1 / std::sqrt(q / static_cast<double>(n) + eps);
-    vmath::Run<T> y(out + r * n, n);
-    const auto normed = (vmath::ConstRun<T>(x, n) - hi - lo) * static_cast<T>(rstd);
-    if (gain != nullptr && bias != nullptr) y = normed * vmath::ConstRun<T>(gain, n) + vmath::ConstRun<T>(bias, n);
-    else if (gain != nullptr) y = normed * vmath::ConstRun<T>(gain, n);
-    else if (bias != nullptr) y = normed + vmath::ConstRun<T>(bias, n);
-    else y = normed;
+    const T rs = static_cast<T>(1 / std::sqrt(q / static_cast<double>(n) + eps));
+    T* y = out + r * n;
+    auto normed = [hi, lo, rs](const auto& v) { return (v - hi - lo) * rs; };
+    if (gain != nullptr && bias != nullptr)
+      vmath::assign_packets(y, n, [normed](const auto& v, const auto& g, const auto& c) { return normed(v) * g + c; }, x, gain, bias);
+    else if (gain != nullptr)
+      vmath::assign_packets(y, n, [normed](const auto& v, const auto& g) { return normed(v) * g; }, x, gain);
+    else if (bias != nullptr)
+      vmath::assign_packets(y, n, [normed](const auto& v, const auto& c) { return normed(v) + c; }, x, bias);
+    else
+      vmath::assign_packets(y, n, normed, x);
   });
 }
 
@@ -219,12 +225,12 @@ void rms_norm_rows(const Exec& exec, const T* in, T* out, std::int64_t rows, std
   detail::for_rows(exec, "shardlib::kernels::rms_norm_rows", rows, n, [=](std::int64_t r) {
     const T* x = in + r * n;
     double q = 0;
-    for (std::int64_t b = 0; b < n; b += vmath::chunk) {
+    for (std::int64_t b = 0; b < n; b += vmath::chunk) {  // (as layer_norm_rows: whole packets)
       const std::int64_t len = n - b < vmath::chunk ? n - b : vmath::chunk;
-      q += static_cast<double>(vmath::ConstRun<T>(x + b, len).square().sum());
+      q += static_cast<double>(vmath::sum_packets(len, [](const auto& v) { return v.square(); }, x + b));
     }
-    const double rstd = 1 / std::sqrt(q / static_cast<double>(n) + eps);
-    vmath::Run<T>(out + r * n, n) = vmath::ConstRun<T>(x, n) * static_cast<T>(rstd);
+    const T rs = static_cast<T>(1 / std::sqrt(q / static_cast<double>(n) + eps));
+    vmath::assign_packets(out + r * n, n, [rs](const auto& v) { return v * rs; }, x);
   });
 }
 

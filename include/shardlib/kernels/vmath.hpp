@@ -37,7 +37,9 @@ SHARDLIB_SIMD_WARNINGS_OFF  // (g++ 12 under -march=native: detail/attributes.hp
 
 #include <shardlib/kernels/exec.hpp>
 
+#include <array>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -64,11 +66,6 @@ inline constexpr std::int64_t chunk = 2048;
 template <class T>
 inline constexpr bool is_vector_type_v = std::is_same_v<T, float> || std::is_same_v<T, double>;
 
-/// Whether functor F has an Eigen array form for inputs of element types In, all of them Out
-/// (float or double): the kernels then evaluate `f.array(runs...)` a chunk at a time.
-template <class F, class Out, class... In>
-concept Vectorizable = is_vector_type_v<Out> && (std::is_same_v<In, Out> && ...) &&
-                       requires(const F& f, const ConstRun<In>&... r) { f.array(r...); };
 
 namespace detail {
 #if defined(SHARDLIB_VMATH_LIBMVEC)
@@ -286,6 +283,135 @@ inline constexpr std::int64_t lanes = Eigen::internal::unpacket_traits<Packet<T>
 
 /// Bytes in one SIMD packet of float in this build (16 for SSE, 32 for AVX, 64 for AVX-512).
 inline constexpr int packet_bytes() noexcept { return static_cast<int>(sizeof(Packet<float>)); }
+
+/// One packet of read-only values as an Eigen array expression: what vmath::assign_packets hands
+/// its expression builder (and so what a functor's `array(x...)` is called with).
+template <class T>
+using PacketRun = Eigen::Map<const Eigen::Array<T, static_cast<int>(lanes<T>), 1>>;
+
+/// Whether functor F has an Eigen array form for inputs of element types In, all of them Out
+/// (float or double): the kernels then evaluate `f.array(packets...)` a packet at a time
+/// (assign_packets).
+template <class F, class Out, class... In>
+concept Vectorizable = is_vector_type_v<Out> && (std::is_same_v<In, Out> && ...) &&
+                       requires(const F& f, const PacketRun<In>&... r) { f.array(r...); };
+
+namespace detail {
+/// 0, 1, ..., lanes<T> - 1: which lane is which.
+template <class T>
+alignas(sizeof(Packet<T>)) inline constexpr std::array<T, static_cast<std::size_t>(lanes<T>)> lane_index = [] {
+  std::array<T, static_cast<std::size_t>(lanes<T>)> a{};
+  for (std::size_t j = 0; j != a.size(); ++j) a[j] = static_cast<T>(j);
+  return a;
+}();
+
+/// `g` over one packet of each input: the `left` (< lanes) values at k, then zeros; evaluated.
+template <class T, class G, class... In>
+EIGEN_STRONG_INLINE Eigen::Array<T, static_cast<int>(lanes<T>), 1> padded_packet(std::int64_t k, std::int64_t left,
+                                                                                  const G& g, const In*... in) {
+  using Fixed = Eigen::Array<T, static_cast<int>(lanes<T>), 1>;
+  auto padded = [&](const T* p) {
+    Fixed v = Fixed::Zero();
+    for (std::int64_t j = 0; j != left; ++j) v[static_cast<Eigen::Index>(j)] = p[k + j];
+    return v;
+  };
+  return [&](const auto&... tail) -> Fixed { return g(PacketRun<T>(tail.data())...); }(padded(in)...);
+}
+}  // namespace detail
+
+/// `out[k] = g(in[k]...)` for k < n, where `g` builds the Eigen array expression of the runs it
+/// is given (`[](const auto& x) { return vmath::exp(x) * 2.0f; }`): evaluated one whole SIMD
+/// packet at a time (Eigen arrays of lanes<Out> values), stored from the first packet-aligned
+/// output on; the values before it through the run's first packet and the last n % lanes through
+/// its last (each overlapping its neighbour, only its own lanes stored; a run shorter than a
+/// packet: one padded with zeros). Every value takes the same instructions wherever it sits, so a
+/// result does not depend on where a run starts or ends: Eigen's own loop over a run takes its
+/// unaligned head and its tail one scalar call at a time, whose exp or logistic may differ from
+/// the packet's in the last bit, and an element's value then depended on where a shard, a chunk
+/// or a row began (one call over 5000 floats against two split calls: up to 13 differed, AVX-512).
+/// `out` may be one of the inputs (each packet is read before it is written). Inputs of Out's type.
+template <class Out, class G, class... In>
+EIGEN_STRONG_INLINE void assign_packets(Out* out, std::int64_t n, const G& g, const In*... in) {
+  static_assert((std::is_same_v<In, Out> && ...), "shardlib::kernels::vmath::assign_packets: inputs of the output's type");
+  constexpr int L = static_cast<int>(lanes<Out>);
+  using Fixed = Eigen::Array<Out, L, 1>;
+  using Aligned = Eigen::Map<Fixed, Eigen::AlignedMax>;
+  if (n < L) {  // a run shorter than a packet: one padded with zeros
+    if (n <= 0) return;
+    const Fixed y = detail::padded_packet<Out>(0, n, g, in...);
+    for (std::int64_t j = 0; j != n; ++j) out[j] = y[static_cast<Eigen::Index>(j)];
+    return;
+  }
+  // The values before the first packet-aligned output: the run's first packet, only those lanes
+  // stored (so in place the inputs after them are still unwritten). Stores that straddle cache
+  // lines cost 1.25x on operands in the cache (AVX-512).
+  std::int64_t k = static_cast<std::int64_t>((sizeof(Fixed) - reinterpret_cast<std::uintptr_t>(out) % sizeof(Fixed)) %
+                                              sizeof(Fixed) / sizeof(Out));
+  if (reinterpret_cast<std::uintptr_t>(out) % sizeof(Out) != 0) k = 0;  // (never aligned: unaligned stores throughout)
+  if (k != 0) {
+    const Fixed y = g(PacketRun<Out>(in)...);
+    for (std::int64_t j = 0; j != k; ++j) out[j] = y[static_cast<Eigen::Index>(j)];
+  }
+  const bool aligned = reinterpret_cast<std::uintptr_t>(out + k) % sizeof(Fixed) == 0;
+  for (; k + 2 * L <= n; k += 2 * L) {  // two packets an iteration
+    if (aligned) {
+      Aligned(out + k) = g(PacketRun<Out>(in + k)...);
+      Aligned(out + k + L) = g(PacketRun<Out>(in + k + L)...);
+    } else {
+      Eigen::Map<Fixed>(out + k) = g(PacketRun<Out>(in + k)...);
+      Eigen::Map<Fixed>(out + k + L) = g(PacketRun<Out>(in + k + L)...);
+    }
+  }
+  if (k + L <= n) {
+    Eigen::Map<Fixed>(out + k) = g(PacketRun<Out>(in + k)...);
+    k += L;
+  }
+  if (k == n) return;
+  // The last packet of the run, overlapping the one before: only its top n - k lanes are stored,
+  // and their inputs are not yet written (so in place the lanes below, read after their values
+  // were written, are dropped). Padding it instead cost 1.5-2.8x on rows of 100 floats.
+  const Fixed y = g(PacketRun<Out>(in + n - L)...);
+  for (std::int64_t j = k; j != n; ++j) out[j] = y[static_cast<Eigen::Index>(j - (n - L))];
+}
+
+/// The sum of `g(in[k]...)` over k < n (`g` as assign_packets'), in the inputs' type and in an
+/// order set by k and n alone: packet i of the run goes to one of two packet accumulators (i even
+/// or odd), the last n % lanes values to the first (the run's last packet with the lanes before
+/// them left out, or a padded packet where the run is shorter than one), then the two and their
+/// lanes are added in a fixed order. So a row's sum does not depend on
+/// its address: Eigen's `.sum()` over a run starts its packets at the first aligned value, so
+/// the same row summed at another address (a block of another layout) rounded differently.
+template <class G, class T, class... In>
+EIGEN_STRONG_INLINE T sum_packets(std::int64_t n, const G& g, const T* in0, const In*... in) {
+  static_assert((std::is_same_v<In, T> && ...), "shardlib::kernels::vmath::sum_packets: inputs of one type");
+  constexpr int L = static_cast<int>(lanes<T>);
+  using Fixed = Eigen::Array<T, L, 1>;
+  Fixed a0 = Fixed::Zero(), a1 = Fixed::Zero();
+  std::int64_t k = 0;
+  for (; k + 2 * L <= n; k += 2 * L) {
+    a0 += g(PacketRun<T>(in0 + k), PacketRun<T>(in + k)...);
+    a1 += g(PacketRun<T>(in0 + k + L), PacketRun<T>(in + k + L)...);
+  }
+  if (k + L <= n) {
+    a0 += g(PacketRun<T>(in0 + k), PacketRun<T>(in + k)...);
+    k += L;
+  }
+  if (k != n && n < L) {  // a run shorter than a packet: one padded with zeros, the padding's lanes dropped
+    Fixed y = detail::padded_packet<T>(k, n - k, g, in0, in...);
+    for (std::int64_t j = n - k; j != L; ++j) y[static_cast<Eigen::Index>(j)] = T(0);
+    a0 += y;
+  } else if constexpr (L > 1) {
+    if (k != n) {  // the last packet of the run, overlapping the one before: its lanes below k dropped
+      namespace ei = Eigen::internal;
+      using P = Packet<T>;
+      Fixed y = g(PacketRun<T>(in0 + n - L), PacketRun<T>(in + n - L)...);
+      const P keep = ei::pcmp_le(ei::pset1<P>(static_cast<T>(k - (n - L))), ei::pload<P>(detail::lane_index<T>.data()));
+      ei::pstoreu(y.data(), ei::pand(ei::ploadu<P>(y.data()), keep));  // (Eigen 3.4's select has no packet form)
+      a0 += y;
+    }
+  }
+  return (a0 + a1).sum();
+}
 
 }  // namespace shardlib::kernels::vmath
 
