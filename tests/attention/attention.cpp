@@ -18,6 +18,7 @@
 #include <limits>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace sl = shardlib;
@@ -372,6 +373,31 @@ TEST_CASE("automatic on the host: the ops while a device's scores fit in one 16 
         CHECK(ran_fused(Heads{}, float{}, 1449, 2 * y));
       },
       {1, 2});
+}
+
+TEST_CASE("on the host a causal mask alone is the softmax's own: no [Sq, Sk] bias made or added, half the scores read") {
+  // As in GPU memory: the unfused form's softmax reads each row of the scores up to its diagonal
+  // and writes 0 beyond it. A bias took two kernels more (its fill and its add) and a pass over
+  // the [B, H, Sq, Sk] scores. With a mask of the user's the bias stays (both apply).
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        const M2 mesh = mesh_of(ctx);
+        const std::int64_t S = 48;
+        const auto q = Ten<Rep4, float>::random(mesh, {2, S, 2, 8}, 1, -1.f, 1.f);
+        auto run = [&](bool causal) {
+          const auto before = sl::kernels::flop_count();
+          (void)sl::attention(q, q, q, {.causal = causal, .kernel = sl::AttentionKernel::unfused});
+          const auto after = sl::kernels::flop_count();
+          return std::pair{after.kernel_calls - before.kernel_calls, after.kernel_bytes - before.kernel_bytes};
+        };
+        const auto [calls, bytes] = run(false);
+        const auto [causal_calls, causal_bytes] = run(true);
+        CHECK(causal_calls == calls);
+        // the softmax reads 1 + 2 + ... + S of each [S, S] matrix's elements, not S * S
+        const std::uint64_t unread = 2 * 2 * (S * S - S * (S + 1) / 2) * sizeof(float);
+        CHECK(bytes - causal_bytes == unread);
+      },
+      {1});
 }
 
 TEST_CASE("16-bit attention on the host: the ops in float32, rounded once per op") {

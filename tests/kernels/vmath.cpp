@@ -398,6 +398,52 @@ TEST_SUITE("kernels_vmath") {
     }
   }
 
+  TEST_CASE_TEMPLATE("softmax_rows with a causal mask: as an additive -infinity above each diagonal, half read", T, float,
+                     double) {
+    // Rows of [2, causal, n] matrices, row r the query r % causal: against the unmasked kernel on
+    // the rows with -inf above the diagonal (each value to a few ulps: the sums add no zeros), the
+    // masked values exactly 0 (log_softmax: -inf); in place alike; the bytes counted as the GPU's
+    // rows_fused counts them.
+    std::mt19937_64 g(17);
+    std::normal_distribution<double> normal;
+    for (const auto& [causal, n] : {std::pair{I64(1), I64(5)}, std::pair{I64(7), I64(7)}, std::pair{I64(40), I64(40)},
+                                    std::pair{I64(33), I64(70)}, std::pair{I64(70), I64(33)}})
+      for (const bool log : {false, true}) {
+        CAPTURE(causal);
+        CAPTURE(n);
+        CAPTURE(log);
+        const I64 rows = 2 * causal;
+        std::vector<T> in(static_cast<std::size_t>(rows * n)), masked(in.size()), got(in.size()), want(in.size());
+        for (T& v : in) v = static_cast<T>(3 * normal(g));
+        for (I64 r = 0; r < rows; ++r)
+          for (I64 j = 0; j < n; ++j)
+            masked[static_cast<std::size_t>(r * n + j)] =
+                j > r % causal ? -std::numeric_limits<T>::infinity() : in[static_cast<std::size_t>(r * n + j)];
+        const auto before = k::flop_count();
+        k::softmax_rows(exec(), in.data(), got.data(), rows, n, log, T(0.5), causal);
+        const auto after = k::flop_count();
+        k::softmax_rows(exec(), masked.data(), want.data(), rows, n, log, T(0.5));
+        const I64 full = std::min(causal, n), read = 2 * (full * (full + 1) / 2 + (causal - full) * n);
+        CHECK(after.kernel_bytes - before.kernel_bytes == static_cast<std::uint64_t>(read + rows * n) * sizeof(T));
+        int bad = 0;
+        for (I64 r = 0; r < rows; ++r)
+          for (I64 j = 0; j < n; ++j) {
+            const T a = got[static_cast<std::size_t>(r * n + j)], b = want[static_cast<std::size_t>(r * n + j)];
+            if (j > r % causal) bad += log ? !(std::isinf(a) && a < 0) : a != T(0);
+            else bad += !close(a, b, 8, log ? std::fabs(double(b)) + 1 : 0);
+          }
+        CHECK(bad == 0);
+        std::vector<T> inplace = in;
+        k::softmax_rows(exec(), inplace.data(), inplace.data(), rows, n, log, T(0.5), causal);
+        CHECK(inplace == got);
+      }
+    std::vector<T> x(4);
+    CHECK_THROWS_WITH_AS(k::softmax_rows(exec(), x.data(), x.data(), 1, 4, false, T(1), -2),
+                         "shardlib::kernels::softmax_rows: causal -2 (0: no mask; > 0: the rows are [..., causal, n] "
+                         "matrices of queries)",
+                         std::invalid_argument);
+  }
+
   TEST_CASE_TEMPLATE("fused row kernels against the definitions in double", T, float, double) {
     std::mt19937_64 g(3);
     std::normal_distribution<double> normal;

@@ -239,9 +239,9 @@ auto attention_bias(const MeshT& mesh, std::int64_t sq, std::int64_t sk, bool ca
 /// The unfused form: softmax<3>(scale q k^T + bias) v, with the ops (on tensors or Vars), as
 /// softmax<3>(q k^T + bias / scale, scale): the scale is the softmax's own (one pass over the
 /// [B, H, Sq, Sk] scores fewer each way, forward and backward), the bias divided once.
-/// With `causal_rows` (GPU memory, no mask of the user's) the causal mask is the softmax's own
-/// (normalize_run's `causal`): each row of the scores read up to its diagonal, no [Sq, Sk] bias
-/// added in a pass of its own (0.38 ms of a float32 GPT-2 layer's step on an H100).
+/// With `causal_rows` (no mask of the user's) the causal mask is the softmax's own (normalize_run's
+/// `causal`): each row of the scores read up to its diagonal, no [Sq, Sk] bias made and added in
+/// passes of its own (0.38 ms of a float32 GPT-2 layer's step on an H100).
 template <class Q, class K, class V, class Bias>
 auto attention_composed(const Q& q, const K& k, const V& v, double scale, const Bias& bias, bool causal_rows = false) {
   using T = typename autodiff::detail::tensor_of_t<Q>::value_type;
@@ -523,8 +523,9 @@ auto attention_impl(const Q& q0, const K& k0, const V& v0, const Mask* mask, con
   }
   ++stats.unfused_forward;
   if (wants_grad) ++stats.unfused_backward;  // the ops' own backward rules
-  // In GPU memory a causal mask alone is the softmax's (attention_composed); else a bias.
-  const bool causal_rows = !host_memory_v<Mem> && opts.causal && m == nullptr;
+  // A causal mask alone is the softmax's (attention_composed; on the host for float and double,
+  // whose row kernels take it); else a bias.
+  const bool causal_rows = opts.causal && m == nullptr && (!host_memory_v<Mem> || kernels::vmath::is_vector_type_v<T>);
   const auto bias = attention_bias<T, MeshT, Mem>(autodiff::detail::value(q).mesh(), autodiff::detail::value(q).shape()[1],
                                                   autodiff::detail::value(k).shape()[1], opts.causal && !causal_rows, m);
   auto out = attention_composed(q, k, v, scale, bias, causal_rows);

@@ -31,6 +31,7 @@ SHARDLIB_SIMD_WARNINGS_OFF  // (g++ 12 under -march=native: detail/attributes.hp
 #include <shardlib/detail/shape_only.hpp>
 #include <shardlib/half.hpp>
 #include <shardlib/kernels/row_groups.hpp>
+#include <shardlib/kernels/rows.hpp>  // (detail::causal_read)
 #include <shardlib/kernels/vmath.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -589,11 +590,8 @@ void rows_fused(const Exec& exec, RowOp op, const T* in, T* out, std::int64_t ro
                 RowGroups groups = {}, std::int64_t causal = 0) {
   if (rows <= 0) return;
   // in read (under `causal` the elements up to each row's diagonal), out written
-  std::int64_t read = rows * n;
-  if (causal > 0 && (op == RowOp::softmax || op == RowOp::log_softmax)) {
-    const std::int64_t c = causal, full = c < n ? c : n;  // a matrix's rows read 1, 2, ..., full, then n each
-    read = rows / c * (full * (full + 1) / 2 + (c - full) * n);
-  }
+  const std::int64_t read =
+      causal > 0 && (op == RowOp::softmax || op == RowOp::log_softmax) ? kernels::detail::causal_read(rows, n, causal) : rows * n;
   if (n > 0) count_kernel(static_cast<std::uint64_t>(read + rows * n) * sizeof(T));
   if (shardlib::shape_only()) return;
   if (causal < 0 || (causal > 0 && op != RowOp::softmax && op != RowOp::log_softmax))

@@ -152,22 +152,46 @@ inline T underflow_floor(std::int64_t n) {
 }
 }  // namespace detail
 
+namespace detail {
+/// The elements `rows` rows of `n` read under a causal mask over [..., causal, n] matrices (row r
+/// the query r % causal, reading its first min(r % causal + 1, n)): rows * n without one.
+inline std::int64_t causal_read(std::int64_t rows, std::int64_t n, std::int64_t causal) noexcept {
+  if (causal <= 0) return rows * n;
+  const std::int64_t full = causal < n ? causal : n;  // a matrix's rows read 1, 2, ..., full, then n each
+  return rows / causal * (full * (full + 1) / 2 + (causal - full) * n);
+}
+}  // namespace detail
+
 /// out = softmax(scale * in) along each row (or, with `log`, log_softmax). `out` may be `in`.
 /// A row's max and sum are kept in SIMD registers: three passes over the row while it is in cache.
 /// A probability below the row's length times the smallest normal number is 0 (no subnormal
 /// result: see detail::softmax_row_packets).
+/// With `causal` > 0 the rows are [..., causal, n] matrices (row r the query r % causal) and
+/// element j is masked where j > r % causal, as an additive -infinity bias would mask it: a row
+/// is read up to its diagonal only and written 0 beyond it (log_softmax: -infinity), as the
+/// GPU's kernels::detail::portable::rows_fused does (attention's causal mask, unfused).
 template <class Exec, class T>
-void softmax_rows(const Exec& exec, const T* in, T* out, std::int64_t rows, std::int64_t n, bool log, T scale = T(1)) {
+void softmax_rows(const Exec& exec, const T* in, T* out, std::int64_t rows, std::int64_t n, bool log, T scale = T(1),
+                  std::int64_t causal = 0) {
   static_assert(is_host_exec_v<Exec> && vmath::is_vector_type_v<T>,
                 "shardlib::kernels::softmax_rows: host execution spaces, float or double");
-  if (rows > 0 && n > 0) count_kernel(2 * static_cast<std::uint64_t>(rows * n) * sizeof(T));  // in read, out written
+  if (causal < 0)
+    throw std::invalid_argument("shardlib::kernels::softmax_rows: causal " + std::to_string(causal) +
+                                " (0: no mask; > 0: the rows are [..., causal, n] matrices of queries)");
+  if (rows > 0 && n > 0)  // in read (under `causal` up to each row's diagonal), out written
+    count_kernel(static_cast<std::uint64_t>(detail::causal_read(rows, n, causal) + rows * n) * sizeof(T));
   if (shardlib::shape_only()) return;
   detail::check_rows("softmax_rows", rows, n, 0);
-  const T floor = detail::underflow_floor<T>(n);
+  const T floor = detail::underflow_floor<T>(n);  // (the row's length: a masked row's sum is no larger)
+  const T masked = log ? -std::numeric_limits<T>::infinity() : T(0);
   detail::for_rows(exec, "shardlib::kernels::softmax_rows", rows, n,
                    [=](std::int64_t r) {
-                     if (n >= vmath::lanes<T>) detail::softmax_row_packets(in + r * n, out + r * n, n, log, scale, floor);
-                     else detail::softmax_row_short(in + r * n, out + r * n, n, log, scale, floor);
+                     const std::int64_t kept = causal > 0 && r % causal + 1 < n ? r % causal + 1 : n;
+                     const T* x = in + r * n;
+                     T* y = out + r * n;
+                     if (kept >= vmath::lanes<T>) detail::softmax_row_packets(x, y, kept, log, scale, floor);
+                     else detail::softmax_row_short(x, y, kept, log, scale, floor);
+                     for (std::int64_t j = kept; j < n; ++j) y[j] = masked;
                    });
 }
 

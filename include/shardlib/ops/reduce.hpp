@@ -177,8 +177,8 @@ void all_reduce_stats(Context& ctx, const MeshShape& mesh, const AxisList& axes,
 /// whole contiguous rows take the fused row kernels of kernels/rows.hpp; device memory: whole
 /// contiguous rows in one launch (a group of threads per row: kernels/row_groups.hpp), other blocks the stats and apply kernels, one
 /// GPU thread per row or element, the statistics kept in device memory). `causal` > 0: softmax's
-/// causal mask over [..., causal, n] rows (attention's unfused form in GPU memory, whole
-/// contiguous rows only: kernels::detail::portable::rows_fused's).
+/// causal mask over [..., causal, n] rows (attention's unfused form, whole contiguous rows only:
+/// kernels::softmax_rows' on the host, kernels::detail::portable::rows_fused's in GPU memory).
 template <Normalization Kind, class T, class Mem>
 SHARDLIB_NOINLINE void normalize_run(const OpRule& rule, int dim, double eps, double scale, const OperandRef<T>& a,
                                      T* out, std::int64_t causal = 0) {
@@ -187,8 +187,9 @@ SHARDLIB_NOINLINE void normalize_run(const OpRule& rule, int dim, double eps, do
   const RowSplit r = split_at(in.box, dim);
   const auto rows = static_cast<std::size_t>(r.outer * r.inner);
   const bool split = !rule.comm.empty();
-  if (causal != 0 && (host_memory_v<Mem> || split || r.inner != 1))
-    throw std::logic_error("shardlib: internal error: a causal softmax needs whole contiguous rows in GPU memory");
+  if (causal != 0 && (split || r.inner != 1 || (host_memory_v<Mem> && !kernels::vmath::is_vector_type_v<T>)))
+    throw std::logic_error("shardlib: internal error: a causal softmax needs whole contiguous rows (float or double "
+                           "on the host)");
   const std::int64_t count = a.shape[static_cast<std::size_t>(dim)];
   if constexpr (host_memory_v<Mem> && kernels::vmath::is_vector_type_v<T>) {
     if (!split && r.inner == 1) {  // whole rows on this device, contiguous: one fused pass
@@ -196,7 +197,7 @@ SHARDLIB_NOINLINE void normalize_run(const OpRule& rule, int dim, double eps, do
       const std::int64_t rows = r.outer;
       if constexpr (Kind == Normalization::softmax || Kind == Normalization::log_softmax)
         kernels::softmax_rows(ctx.exec(), in.data, out, rows, r.n, Kind == Normalization::log_softmax,
-                              static_cast<T>(scale));
+                              static_cast<T>(scale), causal);
       else if constexpr (Kind == Normalization::layer_norm)
         kernels::layer_norm_rows(ctx.exec(), in.data, out, rows, r.n, eps);
       else
