@@ -158,7 +158,8 @@ TEST_SUITE("kernels_vmath") {
       int differ = 0;
       for (I64 cut : {I64(1), I64(3), I64(5), I64(17), I64(1001), I64(2047), I64(2049), I64(4099)})
         for (I64 shift : {1, 2, 3, 7}) {  // the pieces' copies start `shift` elements into their buffers
-          for (const auto& [b, len] : {std::pair{I64(0), cut}, std::pair{cut, n - cut}}) {
+          for (const auto& piece : {std::pair{I64(0), cut}, std::pair{cut, n - cut}}) {
+            const I64 b = piece.first, len = piece.second;  // (clang 14 captures no structured binding)
             auto copy = [&](const std::vector<T>* v) {
               std::vector<T> c(static_cast<std::size_t>(len + shift));
               std::copy(v->begin() + b, v->begin() + b + len, c.begin() + shift);
@@ -406,9 +407,10 @@ TEST_SUITE("kernels_vmath") {
     // rows_fused counts them.
     std::mt19937_64 g(17);
     std::normal_distribution<double> normal;
-    for (const auto& [causal, n] : {std::pair{I64(1), I64(5)}, std::pair{I64(7), I64(7)}, std::pair{I64(40), I64(40)},
-                                    std::pair{I64(33), I64(70)}, std::pair{I64(70), I64(33)}})
+    for (const auto& shape : {std::pair{I64(1), I64(5)}, std::pair{I64(7), I64(7)}, std::pair{I64(40), I64(40)},
+                              std::pair{I64(33), I64(70)}, std::pair{I64(70), I64(33)}})
       for (const bool log : {false, true}) {
+        const I64 causal = shape.first, n = shape.second;  // (clang 14 captures no structured binding)
         CAPTURE(causal);
         CAPTURE(n);
         CAPTURE(log);
