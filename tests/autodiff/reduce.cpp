@@ -176,6 +176,149 @@ TEST_CASE("cross_entropy's gradient of a vocabulary block is the whole's bit for
   CHECK(differ == 0);
 }
 
+TEST_CASE("softmax's backward on the host: one kernel over whole rows, the ops' form's values, the same bits at any address") {
+  // softmax_backward_rows_host against scale y (g - sum(g y)) in double, rows shorter than a
+  // packet to past vmath::chunk, in place too; every row's values equal at 5 misalignments.
+  namespace ad = sl::autodiff::detail;
+  const Kokkos::DefaultHostExecutionSpace exec;
+  for (const std::int64_t n : {1, 3, 7, 16, 17, 40, 128, 129, 2500})
+    for (const double scale : {1.0, 0.125}) {
+      const std::int64_t rows = 3, size = rows * n;
+      std::vector<float> y(static_cast<std::size_t>(size)), g(y.size());
+      for (std::int64_t i = 0; i < size; ++i) {
+        y[static_cast<std::size_t>(i)] = static_cast<float>(0.5 + 0.5 * std::sin(0.71 * double(i))) / static_cast<float>(n);
+        g[static_cast<std::size_t>(i)] = static_cast<float>(std::cos(0.37 * double(i)) * 3.0);
+      }
+      std::vector<float> out(y.size(), -7.f);
+      ad::softmax_backward_rows_host(exec, y.data(), g.data(), out.data(), rows, n, scale);
+      INFO("n = " << n << ", scale = " << scale);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        double sum = 0;
+        for (std::int64_t j = 0; j < n; ++j) sum += double(y[static_cast<std::size_t>(r * n + j)]) * double(g[static_cast<std::size_t>(r * n + j)]);
+        for (std::int64_t j = 0; j < n; ++j) {
+          const auto k = static_cast<std::size_t>(r * n + j);
+          const double want = scale * double(y[k]) * (double(g[k]) - sum);
+          CHECK(double(out[k]) == doctest::Approx(want).epsilon(1e-5).scale(1e-6 * (std::abs(sum) + 3) / double(n)));
+        }
+      }
+      for (std::size_t shift = 1; shift <= 5; ++shift) {  // another address of the same rows: the same bits
+        std::vector<float> ys(y.size() + shift), gs(ys.size()), outs(ys.size());
+        std::copy(y.begin(), y.end(), ys.begin() + static_cast<std::ptrdiff_t>(shift));
+        std::copy(g.begin(), g.end(), gs.begin() + static_cast<std::ptrdiff_t>(shift));
+        ad::softmax_backward_rows_host(exec, ys.data() + shift, gs.data() + shift, outs.data() + shift, rows, n, scale);
+        CHECK(std::equal(out.begin(), out.end(), outs.begin() + static_cast<std::ptrdiff_t>(shift)));
+        ad::softmax_backward_rows_host(exec, ys.data() + shift, gs.data() + shift, gs.data() + shift, rows, n, scale);  // in place
+        CHECK(std::equal(out.begin(), out.end(), gs.begin() + static_cast<std::ptrdiff_t>(shift)));
+      }
+    }
+  // Through a Var: softmax along a whole last dim is one backward kernel, reading y and g and writing
+  // the gradient once (the ops' form: five kernels); its values are the ops' form's.
+  auto rt = sl::Runtime::threads(1);
+  rt.spmd([](sl::Context& ctx) {
+    using M1 = sl::Mesh<"x">;
+    const M1 mesh(ctx, {1});
+    using T3 = sl::DistributedTensor<float, M1, sl::Spec<sl::none, sl::none, sl::none>>;
+    const std::int64_t b = 2, s = 5, n = 37;
+    const auto x = T3::random(mesh, {b, s, n}, 21, -2.0, 2.0), w = T3::random(mesh, {b, s, n}, 22, -1.0, 1.0);
+    sl::Param p(x);
+    auto loss = sl::sum_all(sl::softmax<2>(p, 0.5) * w);
+    const auto before = sl::kernels::flop_count();
+    sl::backward(loss);
+    const auto after = sl::kernels::flop_count();
+    // softmax's one kernel and the seed's, sum_all's and the product's five (the ops' form: 10 in all)
+    CHECK(after.kernel_calls - before.kernel_calls == 6);
+    const auto got = p.grad().to_host();
+    const auto y = sl::softmax<2>(x, 0.5);
+    const auto want = ((y * 0.5f) * (w - sl::sum<2, true>(w * y))).to_host();
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5).scale(1e-6));
+  });
+}
+
+TEST_CASE("layer_norm's and rms_norm's backward on the host: one kernel over whole rows, the formula's values, the same bits at any address") {
+  // norm_backward_rows_host against rstd (g - mean(g) - y mean(g y)) in double (rms_norm: no
+  // mean(g)), y the forward's output, on rows whose mean is far from zero too; in place; every
+  // row's values equal at 5 misalignments.
+  namespace ad = sl::autodiff::detail;
+  const Kokkos::DefaultHostExecutionSpace exec;
+  for (const bool layer : {true, false})
+    for (const std::int64_t n : {1, 2, 7, 16, 33, 256, 2500})
+      for (const double offset : {0.0, 40.0}) {
+        const std::int64_t rows = 3, size = rows * n;
+        const double eps = 1e-5;
+        std::vector<float> x(static_cast<std::size_t>(size)), y(x.size()), g(x.size());
+        std::vector<double> want(x.size());
+        for (std::int64_t i = 0; i < size; ++i) {
+          x[static_cast<std::size_t>(i)] = static_cast<float>(offset + std::sin(0.71 * double(i)) * 2.0);
+          g[static_cast<std::size_t>(i)] = static_cast<float>(std::cos(0.37 * double(i)) * 3.0);
+        }
+        for (std::int64_t r = 0; r < rows; ++r) {  // the forward (y) and the gradient, in double
+          auto at = [&](const std::vector<float>& v, std::int64_t j) { return double(v[static_cast<std::size_t>(r * n + j)]); };
+          double mean = 0, var = 0, mg = 0, mgy = 0;
+          for (std::int64_t j = 0; j < n; ++j) mean += at(x, j) / double(n);
+          for (std::int64_t j = 0; j < n; ++j) var += (layer ? (at(x, j) - mean) * (at(x, j) - mean) : at(x, j) * at(x, j)) / double(n);
+          const double rstd = 1 / std::sqrt(var + eps);
+          for (std::int64_t j = 0; j < n; ++j)
+            y[static_cast<std::size_t>(r * n + j)] = static_cast<float>((at(x, j) - (layer ? mean : 0.0)) * rstd);
+          for (std::int64_t j = 0; j < n; ++j) mg += at(g, j) / double(n), mgy += at(g, j) * at(y, j) / double(n);
+          for (std::int64_t j = 0; j < n; ++j)
+            want[static_cast<std::size_t>(r * n + j)] = rstd * (at(g, j) - (layer ? mg : 0.0) - at(y, j) * mgy);
+        }
+        std::vector<float> out(x.size(), -7.f);
+        ad::norm_backward_rows_host(exec, x.data(), y.data(), g.data(), out.data(), rows, n, eps, layer);
+        INFO((layer ? "layer_norm" : "rms_norm") << ", n = " << n << ", offset = " << offset);
+        double worst = 0;
+        for (std::size_t k = 0; k < out.size(); ++k) worst = std::max(worst, std::abs(double(out[k]) - want[k]));
+        double scale = 0;  // the gradient's size in the row
+        for (double w : want) scale = std::max(scale, std::abs(w));
+        CHECK(worst <= 2e-5 * (scale + 1));
+        for (std::size_t shift = 1; shift <= 5; ++shift) {
+          const auto d = static_cast<std::ptrdiff_t>(shift);
+          std::vector<float> xs(x.size() + shift), ys(xs.size()), gs(xs.size()), outs(xs.size());
+          std::copy(x.begin(), x.end(), xs.begin() + d);
+          std::copy(y.begin(), y.end(), ys.begin() + d);
+          std::copy(g.begin(), g.end(), gs.begin() + d);
+          ad::norm_backward_rows_host(exec, xs.data() + shift, ys.data() + shift, gs.data() + shift, outs.data() + shift, rows, n, eps, layer);
+          CHECK(std::equal(out.begin(), out.end(), outs.begin() + d));
+          ad::norm_backward_rows_host(exec, xs.data() + shift, ys.data() + shift, gs.data() + shift, gs.data() + shift, rows, n, eps, layer);
+          CHECK(std::equal(out.begin(), out.end(), gs.begin() + d));  // in place
+        }
+      }
+  // Through a Var: one backward kernel reading x, y and g and writing the gradient once (the two
+  // kernels before it read y and g twice), its bytes counted as in GPU memory.
+  auto rt = sl::Runtime::threads(1);
+  rt.spmd([](sl::Context& ctx) {
+    using M1 = sl::Mesh<"x">;
+    const M1 mesh(ctx, {1});
+    using T2 = sl::DistributedTensor<float, M1, sl::Spec<sl::none, sl::none>>;
+    const std::int64_t rows = 6, n = 40;
+    const auto x = T2::random(mesh, {rows, n}, 31, -2.0, 2.0), w = T2::random(mesh, {rows, n}, 32, -1.0, 1.0);
+    for (const bool layer : {true, false}) {
+      sl::Param p(x);
+      auto loss = layer ? sl::sum_all(sl::layer_norm<1>(p) * w) : sl::sum_all(sl::rms_norm<1>(p) * w);
+      auto before = sl::kernels::flop_count();
+      sl::backward(loss);
+      auto after = sl::kernels::flop_count();
+      // the norm's one kernel and the seed's, sum_all's and the product's four (before: 6 in all)
+      CHECK(after.kernel_calls - before.kernel_calls == 5);
+      const double eps = 1e-5;  // the gradient against the formula in double, as above
+      const auto hx = x.to_host(), hw = w.to_host(), got = p.grad().to_host();
+      for (std::int64_t r = 0; r < rows; ++r) {
+        auto at = [&](const std::vector<float>& v, std::int64_t j) { return double(v[static_cast<std::size_t>(r * n + j)]); };
+        double mean = 0, var = 0, mg = 0, mgy = 0;
+        for (std::int64_t j = 0; j < n; ++j) mean += at(hx, j) / double(n);
+        if (!layer) mean = 0;
+        for (std::int64_t j = 0; j < n; ++j) var += (at(hx, j) - mean) * (at(hx, j) - mean) / double(n);
+        const double rstd = 1 / std::sqrt(var + eps);
+        for (std::int64_t j = 0; j < n; ++j) mg += at(hw, j) / double(n), mgy += at(hw, j) * (at(hx, j) - mean) * rstd / double(n);
+        for (std::int64_t j = 0; j < n; ++j)
+          CHECK(double(got[static_cast<std::size_t>(r * n + j)]) ==
+                doctest::Approx(rstd * (at(hw, j) - (layer ? mg : 0.0) - (at(hx, j) - mean) * rstd * mgy)).epsilon(1e-5).scale(1));  // (float's error on gradients of size 1)
+      }
+    }
+  });
+}
+
 TEST_CASE("the backward pass's own kernels count their bytes (the planner's cost model)") {
   // Each reads and writes its elements once: a gradient's accumulation 3 n, a conversion n
   // (sizeof in + sizeof out); cross_entropy's passes (host logits: its own loops), its gradient

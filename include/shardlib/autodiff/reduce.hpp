@@ -11,6 +11,7 @@
 
 #include <shardlib/autodiff/elementwise.hpp>
 #include <shardlib/kernels/exec.hpp>
+#include <shardlib/kernels/rows.hpp>
 #include <shardlib/ops/reduce.hpp>
 
 #include <limits>
@@ -170,6 +171,35 @@ void softmax_backward_rows(const Exec& exec, const T* y, const T* g, T* out, std
                              SoftmaxBackwardRows<T, decltype(chunked)::value>{y, g, out, n, scale, rows, groups, aligned});
   });
 }
+
+/// softmax's backward on the host over whole contiguous rows of float or double: per row, while it
+/// is in cache, the sum of g y (vmath::sum_packets over runs of vmath::chunk values, in double
+/// across them: an order set by the row alone, whatever its address or the tensor's layout), then
+/// scale y (g - sum) on whole SIMD packets (vmath::assign_packets). Reads y and g once from memory
+/// and writes out once, as SoftmaxBackwardRows in GPU memory; the ops' form took four passes
+/// over the scores and a fifth for the scale. `out` may be `g`.
+template <class Exec, class T>
+void softmax_backward_rows_host(const Exec& exec, const T* y, const T* g, T* out, std::int64_t rows, std::int64_t n,
+                                double scale) {
+  static_assert(kernels::is_host_exec_v<Exec> && kernels::vmath::is_vector_type_v<T>,
+                "shardlib::autodiff::softmax_backward_rows_host: host execution spaces, float or double");
+  if (rows > 0 && n > 0)  // reads y and g, writes out (as softmax_backward_rows)
+    kernels::count_kernel(3 * static_cast<std::uint64_t>(rows) * static_cast<std::uint64_t>(n) * sizeof(T));
+  if (shardlib::shape_only()) return;
+  namespace vm = kernels::vmath;
+  kernels::detail::for_rows(exec, "shardlib::autodiff::softmax_backward_rows(host)", rows, n, [=](std::int64_t r) {
+    const T *yr = y + r * n, *gr = g + r * n;
+    T* o = out + r * n;
+    double sum = 0;
+    for (std::int64_t b = 0; b < n; b += vm::chunk)
+      sum += static_cast<double>(
+          vm::sum_packets(n - b < vm::chunk ? n - b : vm::chunk, [](const auto& yy, const auto& gg) { return yy * gg; }, yr + b, gr + b));
+    const T s = static_cast<T>(sum), c = static_cast<T>(scale);
+    for (std::int64_t b = 0; b < n; b += vm::chunk)
+      vm::assign_packets(o + b, n - b < vm::chunk ? n - b : vm::chunk,
+                         [s, c](const auto& yy, const auto& gg) { return (yy * c) * (gg - s); }, yr + b, gr + b);
+  });
+}
 }  // namespace autodiff::detail
 
 namespace autodiff::detail {
@@ -200,6 +230,14 @@ auto softmax_var(const A& a0, double scale, std::int64_t causal) {
                       give(p, 0, *na, out);
                       return;
                     }
+                  } else if constexpr (whole_rows && kernels::vmath::is_vector_type_v<T>) {  // host memory
+                    const std::int64_t n = y.shape()[Y::rank - 1];
+                    Y out(y.mesh(), y.shape());
+                    [[maybe_unused]] const auto guard = shardlib::detail::kernel_guard_for<Mem>(y.context(), false);
+                    softmax_backward_rows_host(y.context().template exec_for<Mem>(), y.local().data(), g.local().data(),
+                                               out.local().data(), n > 0 ? y.block().num_elements() / n : 0, n, scale);
+                    give(p, 0, *na, out);
+                    return;
                   }
                   if (scale == 1) give(p, 0, *na, y * (g - shardlib::sum<Dim, true>(g * y)));
                   else give(p, 0, *na, (y * static_cast<T>(scale)) * (g - shardlib::sum<Dim, true>(g * y)));
@@ -208,8 +246,9 @@ auto softmax_var(const A& a0, double scale, std::int64_t causal) {
 }
 }  // namespace autodiff::detail
 
-/// softmax along `Dim` of a Var (of scale * a, with `scale`): backward scale y (g - sum(g y)); in
-/// GPU memory over whole rows of the last dim, one kernel (SoftmaxBackwardRows).
+/// softmax along `Dim` of a Var (of scale * a, with `scale`): backward scale y (g - sum(g y)); over
+/// whole rows of the last dim one kernel (SoftmaxBackwardRows in GPU memory, softmax_backward_rows_host
+/// on the host for float and double).
 template <int Dim, VarType A>
 auto softmax(const A& a0, double scale = 1) {
   return autodiff::detail::softmax_var<Dim>(a0, scale, 0);
@@ -362,6 +401,47 @@ void norm_backward_rows(const Exec& exec, const T* x, const T* y, const T* g, T*
   });
 }
 
+/// norm_backward of whole contiguous rows on the host (float, double), one work item per row while
+/// it is in cache: the statistics of x as layer_norm_rows takes them (the mean, then the
+/// variance about it; rms_norm: the mean of x^2), the sums of g and g y, then
+/// rstd (g - mean(g) - y mean(g y)), each on whole SIMD packets from the row's start
+/// (vmath::sum_packets over runs of vmath::chunk values, in double across them;
+/// vmath::assign_packets): a row's gradient does not depend on its address. Reads x, y and g once
+/// from memory and writes out once, as norm_backward_rows in GPU memory; NormBackwardSums and
+/// NormBackwardApply read y and g twice. `out` may be `g`.
+template <class Exec, class T>
+void norm_backward_rows_host(const Exec& exec, const T* x, const T* y, const T* g, T* out, std::int64_t rows,
+                             std::int64_t n, double eps, bool layer) {
+  static_assert(kernels::is_host_exec_v<Exec> && kernels::vmath::is_vector_type_v<T>,
+                "shardlib::autodiff::norm_backward_rows_host: host execution spaces, float or double");
+  if (rows > 0 && n > 0)  // reads x, y and g, writes out (as norm_backward_rows)
+    kernels::count_kernel(4 * static_cast<std::uint64_t>(rows) * static_cast<std::uint64_t>(n) * sizeof(T));
+  if (shardlib::shape_only()) return;
+  namespace vm = kernels::vmath;
+  kernels::detail::for_rows(exec, "shardlib::autodiff::norm_backward_rows(host)", rows, n, [=](std::int64_t r) {
+    const T *xr = x + r * n, *yr = y + r * n, *gr = g + r * n;
+    auto sum = [n](const auto& f, const T* a, const auto*... b) {  // in double across runs of vm::chunk
+      double s = 0;
+      for (std::int64_t k = 0; k < n; k += vm::chunk)
+        s += static_cast<double>(vm::sum_packets(n - k < vm::chunk ? n - k : vm::chunk, f, a + k, (b + k)...));
+      return s;
+    };
+    const double count = static_cast<double>(n);
+    double rstd, mg = 0;
+    if (layer) {
+      const double mean = sum([](const auto& v) { return v; }, xr) / count;
+      const T hi = static_cast<T>(mean), lo = static_cast<T>(mean - static_cast<double>(hi));
+      rstd = 1 / std::sqrt(sum([hi, lo](const auto& v) { return (v - hi - lo).square(); }, xr) / count + eps);
+      mg = sum([](const auto& v) { return v; }, gr) / count;
+    } else {
+      rstd = 1 / std::sqrt(sum([](const auto& v) { return v.square(); }, xr) / count + eps);
+    }
+    const double mgy = sum([](const auto& a, const auto& b) { return a * b; }, gr, yr) / count;
+    const T rs = static_cast<T>(rstd), tg = static_cast<T>(mg), tgy = static_cast<T>(mgy);
+    vm::assign_packets(out + r * n, n, [rs, tg, tgy](const auto& gv, const auto& yv) { return (gv - tg - yv * tgy) * rs; }, gr, yr);
+  });
+}
+
 /// The backward of layer_norm (`layer`) or rms_norm along `dim`: the input's gradient block
 /// (laid out as y) from the blocks of x, y and g. The row sums it needs (layer_norm: of x, x^2,
 /// g and g y; rms_norm: of x^2 and g y) are all-reduced in one call over the dim's axes when it
@@ -386,6 +466,13 @@ SHARDLIB_NOINLINE Contribution norm_backward(Context& ctx, const MeshShape& mesh
     norm_backward_rows(ctx.exec_for<Mem>(), bx.data, by.data, bg.data, out, rows, n,
                        static_cast<double>(shape[static_cast<std::size_t>(dim)]), eps, layer);
     return c;
+  }
+  if constexpr (host_memory_v<Mem> && kernels::vmath::is_vector_type_v<T>) {
+    if (inner == 1 && mesh.group_size(axes) == 1) {  // whole contiguous rows: one pass
+      [[maybe_unused]] const auto guard = kernel_guard_for<Mem>(ctx, false);
+      norm_backward_rows_host(ctx.exec_for<Mem>(), bx.data, by.data, bg.data, out, rows, n, eps, layer);
+      return c;
+    }
   }
   const int k = layer ? 4 : 2;
   const std::shared_ptr<void> stats =  // the row sums, in double, in Mem
