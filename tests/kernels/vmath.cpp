@@ -365,7 +365,7 @@ TEST_SUITE("kernels_vmath") {
     using Bits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
     std::mt19937_64 g(8);
     std::normal_distribution<double> normal;
-    for (I64 n : {I64(3), I64(17), I64(100), I64(257), I64(2061)}) {
+    for (I64 n : {I64(3), I64(5), I64(8), I64(12), I64(15), I64(17), I64(100), I64(257), I64(2061)}) {
       const I64 rows = 3;
       std::vector<T> in(static_cast<std::size_t>(rows * n) + 8), gain(static_cast<std::size_t>(n) + 8), bias(gain.size());
       for (T& v : in) v = static_cast<T>(1.5 + 3 * normal(g));
