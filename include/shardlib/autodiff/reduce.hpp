@@ -173,9 +173,9 @@ void softmax_backward_rows(const Exec& exec, const T* y, const T* g, T* out, std
 }
 
 /// softmax's backward on the host over whole contiguous rows of float or double: per row, while it
-/// is in cache, the sum of g y (vmath::sum_packets over runs of vmath::chunk values, in double
-/// across them: an order set by the row alone, whatever its address or the tensor's layout), then
-/// scale y (g - sum) on whole SIMD packets (vmath::assign_packets). Reads y and g once from memory
+/// is in cache, the sum of g y (vmath::sum_runs: an order set by the row alone, whatever its
+/// address or the tensor's layout), then scale y (g - sum) on whole SIMD packets
+/// (vmath::assign_packets). Reads y and g once from memory
 /// and writes out once, as SoftmaxBackwardRows in GPU memory; the ops' form took four passes
 /// over the scores and a fifth for the scale. `out` may be `g`.
 template <class Exec, class T>
@@ -190,14 +190,9 @@ void softmax_backward_rows_host(const Exec& exec, const T* y, const T* g, T* out
   kernels::detail::for_rows(exec, "shardlib::autodiff::softmax_backward_rows(host)", rows, n, [=](std::int64_t r) {
     const T *yr = y + r * n, *gr = g + r * n;
     T* o = out + r * n;
-    double sum = 0;
-    for (std::int64_t b = 0; b < n; b += vm::chunk)
-      sum += static_cast<double>(
-          vm::sum_packets(n - b < vm::chunk ? n - b : vm::chunk, [](const auto& yy, const auto& gg) { return yy * gg; }, yr + b, gr + b));
-    const T s = static_cast<T>(sum), c = static_cast<T>(scale);
-    for (std::int64_t b = 0; b < n; b += vm::chunk)
-      vm::assign_packets(o + b, n - b < vm::chunk ? n - b : vm::chunk,
-                         [s, c](const auto& yy, const auto& gg) { return (yy * c) * (gg - s); }, yr + b, gr + b);
+    const T s = static_cast<T>(vm::sum_runs(n, [](const auto& yy, const auto& gg) { return yy * gg; }, yr, gr));
+    const T c = static_cast<T>(scale);
+    vm::assign_packets(o, n, [s, c](const auto& yy, const auto& gg) { return (yy * c) * (gg - s); }, yr, gr);
   });
 }
 }  // namespace autodiff::detail
@@ -405,9 +400,8 @@ void norm_backward_rows(const Exec& exec, const T* x, const T* y, const T* g, T*
 /// it is in cache: the statistics of x as layer_norm_rows takes them (the mean, then the
 /// variance about it; rms_norm: the mean of x^2), the sums of g and g y, then
 /// rstd (g - mean(g) - y mean(g y)), each on whole SIMD packets from the row's start
-/// (vmath::sum_packets over runs of vmath::chunk values, in double across them;
-/// vmath::assign_packets): a row's gradient does not depend on its address. Reads x, y and g once
-/// from memory and writes out once, as norm_backward_rows in GPU memory; NormBackwardSums and
+/// (vmath::sum_runs, vmath::assign_packets): a row's gradient does not depend on its address.
+/// Reads x, y and g once from memory and writes out once, as norm_backward_rows in GPU memory; NormBackwardSums and
 /// NormBackwardApply read y and g twice. `out` may be `g`.
 template <class Exec, class T>
 void norm_backward_rows_host(const Exec& exec, const T* x, const T* y, const T* g, T* out, std::int64_t rows,
@@ -420,12 +414,7 @@ void norm_backward_rows_host(const Exec& exec, const T* x, const T* y, const T* 
   namespace vm = kernels::vmath;
   kernels::detail::for_rows(exec, "shardlib::autodiff::norm_backward_rows(host)", rows, n, [=](std::int64_t r) {
     const T *xr = x + r * n, *yr = y + r * n, *gr = g + r * n;
-    auto sum = [n](const auto& f, const T* a, const auto*... b) {  // in double across runs of vm::chunk
-      double s = 0;
-      for (std::int64_t k = 0; k < n; k += vm::chunk)
-        s += static_cast<double>(vm::sum_packets(n - k < vm::chunk ? n - k : vm::chunk, f, a + k, (b + k)...));
-      return s;
-    };
+    auto sum = [n](const auto& f, const auto*... in) { return vm::sum_runs(n, f, in...); };
     const double count = static_cast<double>(n);
     double rstd, mg = 0;
     if (layer) {

@@ -709,13 +709,8 @@ void exp_sum(const Exec& exec, const T* in, const T* row_max, T* row_sum, std::i
     if constexpr (vmath::is_vector_type_v<T>) {
       if (inner == 1) {  // contiguous rows: packet exp, float sums per chunk (whole packets from its start), double across
         Kokkos::parallel_for("shardlib::kernels::exp_sum(vector)", Kokkos::RangePolicy<Exec>(exec, 0, outer), [=](std::int64_t r) {
-          double sum = 0;
           const T m = row_max[r];
-          for (std::int64_t b = 0; b < n; b += vmath::chunk) {
-            const std::int64_t len = n - b < vmath::chunk ? n - b : vmath::chunk;
-            sum += static_cast<double>(vmath::sum_packets(len, [m](const auto& v) { return vmath::exp(v - m); }, in + r * n + b));
-          }
-          row_sum[r] = static_cast<T>(sum);
+          row_sum[r] = static_cast<T>(vmath::sum_runs(n, [m](const auto& v) { return vmath::exp(v - m); }, in + r * n));
         });
         kernels::fence(exec);
         return;

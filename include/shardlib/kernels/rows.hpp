@@ -211,19 +211,11 @@ void layer_norm_rows(const Exec& exec, const T* in, T* out, std::int64_t rows, s
   detail::check_rows("layer_norm_rows", rows, n, eps);
   detail::for_rows(exec, "shardlib::kernels::layer_norm_rows", rows, n, [=](std::int64_t r) {
     const T* x = in + r * n;
-    double s = 0, q = 0;
-    // Sums and outputs a whole packet at a time from the row's start (vmath::sum_packets,
+    // Sums and outputs a whole packet at a time from the row's start (vmath::sum_runs,
     // assign_packets): a row's result does not depend on its address.
-    for (std::int64_t b = 0; b < n; b += vmath::chunk) {
-      const std::int64_t len = n - b < vmath::chunk ? n - b : vmath::chunk;
-      s += static_cast<double>(vmath::sum_packets(len, [](const auto& v) { return v; }, x + b));
-    }
-    const double mean = s / static_cast<double>(n);
+    const double mean = vmath::sum_runs(n, [](const auto& v) { return v; }, x) / static_cast<double>(n);
     const T hi = static_cast<T>(mean), lo = static_cast<T>(mean - static_cast<double>(hi));
-    for (std::int64_t b = 0; b < n; b += vmath::chunk) {
-      const std::int64_t len = n - b < vmath::chunk ? n - b : vmath::chunk;
-      q += static_cast<double>(vmath::sum_packets(len, [hi, lo](const auto& v) { return (v - hi - lo).square(); }, x + b));
-    }
+    const double q = vmath::sum_runs(n, [hi, lo](const auto& v) { return (v - hi - lo).square(); }, x);
     const T rs = static_cast<T>(1 / std::sqrt(q / static_cast<double>(n) + eps));
     T* y = out + r * n;
     auto normed = [hi, lo, rs](const auto& v) { return (v - hi - lo) * rs; };
@@ -248,11 +240,7 @@ void rms_norm_rows(const Exec& exec, const T* in, T* out, std::int64_t rows, std
   detail::check_rows("rms_norm_rows", rows, n, eps);
   detail::for_rows(exec, "shardlib::kernels::rms_norm_rows", rows, n, [=](std::int64_t r) {
     const T* x = in + r * n;
-    double q = 0;
-    for (std::int64_t b = 0; b < n; b += vmath::chunk) {  // (as layer_norm_rows: whole packets)
-      const std::int64_t len = n - b < vmath::chunk ? n - b : vmath::chunk;
-      q += static_cast<double>(vmath::sum_packets(len, [](const auto& v) { return v.square(); }, x + b));
-    }
+    const double q = vmath::sum_runs(n, [](const auto& v) { return v.square(); }, x);  // (as layer_norm_rows)
     const T rs = static_cast<T>(1 / std::sqrt(q / static_cast<double>(n) + eps));
     vmath::assign_packets(out + r * n, n, [rs](const auto& v) { return v * rs; }, x);
   });

@@ -413,6 +413,17 @@ EIGEN_STRONG_INLINE T sum_packets(std::int64_t n, const G& g, const T* in0, cons
   return (a0 + a1).sum();
 }
 
+/// sum_packets over a long run, in double: the run cut into runs of `chunk` values from its start,
+/// each summed in the inputs' type (sum_packets), the chunks' sums added in double in order. The
+/// row kernels' sums (a row's statistics, softmax's backward): an order set by the run alone.
+template <class G, class T, class... In>
+EIGEN_STRONG_INLINE double sum_runs(std::int64_t n, const G& g, const T* in0, const In*... in) {
+  double s = 0;
+  for (std::int64_t b = 0; b < n; b += chunk)
+    s += static_cast<double>(sum_packets(n - b < chunk ? n - b : chunk, g, in0 + b, (in + b)...));
+  return s;
+}
+
 }  // namespace shardlib::kernels::vmath
 
 namespace Eigen::internal {
