@@ -48,9 +48,11 @@
 //   as the device count allows, the 3-D grid's last dim whole; one ghost layer), the sweep
 //   alone (ghosts current) and a step with the ghost exchange overlapped; bytes = the block read
 //   and written, next to cudaMemcpyAsync D2D of the block (as many bytes read and written):
-//   fraction_of_copy (recorded; the host goal is >= 0.60 of the copy limit).
+//   fraction_of_copy (recorded; the host goal is >= 0.60 of the copy limit). Each with the
+//   default kernels, then with the interior as planes in shared memory ("kernel": "planes", names
+//   ending in "(planes)"; SHARDLIB_STENCIL_PLANES, stencil/planes.hpp), which the goal leaves out.
 // --profile-step (mlp, stencil): no benchmark; the block of the first size (stencil: one 2-D and
-//   one 3-D sweep, ghosts current) alone, for a profiler
+//   one 3-D sweep, ghosts current, the kernels SHARDLIB_STENCIL_PLANES selects) alone, for a profiler
 //   (scripts/gpu-check.sh --profile): warmed up, its wall time per call (the median of 21 calls,
 //   each fenced) as a record {"part": "profile"}, then one more call between cudaProfilerStart and
 //   cudaProfilerStop, which is all that `ncu --profile-from-start off` profiles.
@@ -551,21 +553,33 @@ void stencil_case(sl::Context& ctx, std::int64_t side, const char* what, bool pr
     profile_step(ctx, std::string(what) + " sweep " + shape_text, [&] { sl::stencil_for(v, g, Stencil{}, sl::GhostRefresh::none); });
     return;
   }
-  for (const auto refresh : {sl::GhostRefresh::none, sl::GhostRefresh::overlap}) {
-    const bool step = refresh == sl::GhostRefresh::overlap;
-    const std::string name = std::string(what) + (step ? " step (exchange overlapped)" : " sweep");
-    if (!step) g.exchange();
-    auto ours = [&] { sl::stencil_for(v, g, Stencil{}, refresh); };
-    const auto [secs, base_secs] = time_pair(ctx, ours, base);
-    const double bytes = 2.0 * static_cast<double>(block_bytes), gbs = bytes / secs * 1e-9, base_gbs = bytes / base_secs * 1e-9;
-    record(ctx, "\"part\": \"stencil\", \"name\": \"" + name + "\", \"dtype\": \"float32\", \"block_shape\": \"" +
-                    shape_text + "\", \"mesh\": \"" + mesh.to_string() + "\", \"bytes\": " + num(bytes) + ", \"seconds\": " +
-                    num(secs) + ", \"gbytes_per_second\": " + num(gbs) + ", \"baseline\": \"" + copy_name() +
-                    " of the block\", \"baseline_seconds\": " + num(base_secs) + ", \"copy_gbytes_per_second\": " + num(base_gbs) +
-                    ", \"fraction_of_copy\": " + num(gbs / base_gbs));
-    say(ctx, name + ", block " + shape_text + ": " + num(gbs) + " GB/s, copy " + num(base_gbs) + " GB/s (" +
-                 num(gbs / base_gbs) + ")");
+  // The default kernels, then the interior as planes in shared memory (SHARDLIB_STENCIL_PLANES,
+  // stencil/planes.hpp: not the default until it measures faster; its records' names end in
+  // "(planes)", which the goal's rows leave out). The setting is the process's: device 0 sets it
+  // between barriers.
+  for (const bool planes : {false, true}) {
+    ctx.world().barrier();
+    if (ctx.device() == 0) sl::detail::set_stencil_planes(planes);
+    ctx.world().barrier();
+    for (const auto refresh : {sl::GhostRefresh::none, sl::GhostRefresh::overlap}) {
+      const bool step = refresh == sl::GhostRefresh::overlap;
+      const std::string name = std::string(what) + (step ? " step (exchange overlapped)" : " sweep") + (planes ? " (planes)" : "");
+      if (!step) g.exchange();
+      auto ours = [&] { sl::stencil_for(v, g, Stencil{}, refresh); };
+      const auto [secs, base_secs] = time_pair(ctx, ours, base);
+      const double bytes = 2.0 * static_cast<double>(block_bytes), gbs = bytes / secs * 1e-9, base_gbs = bytes / base_secs * 1e-9;
+      record(ctx, "\"part\": \"stencil\", \"name\": \"" + name + "\", \"kernel\": \"" + (planes ? "planes" : "default") +
+                      "\", \"dtype\": \"float32\", \"block_shape\": \"" + shape_text + "\", \"mesh\": \"" + mesh.to_string() +
+                      "\", \"bytes\": " + num(bytes) + ", \"seconds\": " + num(secs) + ", \"gbytes_per_second\": " + num(gbs) +
+                      ", \"baseline\": \"" + copy_name() + " of the block\", \"baseline_seconds\": " + num(base_secs) +
+                      ", \"copy_gbytes_per_second\": " + num(base_gbs) + ", \"fraction_of_copy\": " + num(gbs / base_gbs));
+      say(ctx, name + ", block " + shape_text + ": " + num(gbs) + " GB/s, copy " + num(base_gbs) + " GB/s (" +
+                   num(gbs / base_gbs) + ")");
+    }
   }
+  ctx.world().barrier();
+  if (ctx.device() == 0) sl::detail::set_stencil_planes(false);
+  ctx.world().barrier();
 }
 
 void stencil(sl::Context& ctx, std::int64_t side, std::int64_t side3, bool profile) {

@@ -26,9 +26,9 @@ FIELDS = {"elementwise": ("dtype", "bytes", "gbytes_per_second", "copy_gbytes_pe
           "overhead": ("shape", "overhead_us"),
           "mlp": ("mesh", "dtype", "tflops", "peak_tflops", "fraction_of_peak", "cublas_tflops", "fraction_of_cublas"),
           "reshard": ("bytes", "output_block_bytes", "ratio_to_baseline"),
-          "stencil": ("dtype", "block_shape", "mesh", "bytes", "gbytes_per_second", "copy_gbytes_per_second",
+          "stencil": ("kernel", "dtype", "block_shape", "mesh", "bytes", "gbytes_per_second", "copy_gbytes_per_second",
                       "fraction_of_copy")}
-RUNS = [("elementwise", 1, 6), ("rows", 1, 16), ("matmul", 2, 5), ("overhead", 1, 8), ("mlp", 4, 1), ("reshard", 4, 4), ("stencil", 4, 4)]
+RUNS = [("elementwise", 1, 6), ("rows", 1, 16), ("matmul", 2, 5), ("overhead", 1, 8), ("mlp", 4, 1), ("reshard", 4, 4), ("stencil", 4, 8)]
 
 
 def main():
@@ -55,6 +55,14 @@ def main():
     assert out.getvalue().count("\n") == len(records) + 1, out.getvalue()
     rows = [row for row in goals.evaluate({"gpu": records}) if row[0] == "gpu"]
     assert len(rows) == 11 and all(row[4] == "not measured" for row in rows), rows
+    # Stencils: each sweep and step with the default kernels and with planes in shared memory
+    # (SHARDLIB_STENCIL_PLANES); the goal counts the default kernels' sweeps only.
+    st = [r for r in records if r["part"] == "stencil"]
+    assert sorted(r["kernel"] for r in st) == ["default"] * 4 + ["planes"] * 4, st
+    assert all(r["name"].endswith("(planes)") == (r["kernel"] == "planes") for r in st), st
+    fake = [dict(r, gpu="NVIDIA H100 80GB HBM3", fraction_of_copy=0.9 if r["kernel"] == "planes" else 0.7) for r in st]
+    row = [row for row in goals.evaluate({"gpu": fake}) if row[0] == "gpu" and "stencil_for sweep" in row[1]][0]
+    assert row[4] == "short" and "0.700" in row[3] and "of 2" in row[3] and "planes" not in row[3], row
     # The overhead goal on GPU figures: matmul counts from its cuBLAS call (its "over the GEMM"
     # record), every other op from the bare kernel launch.
     names = {r["name"] for r in records if r["part"] == "overhead"}

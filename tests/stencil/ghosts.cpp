@@ -19,6 +19,9 @@
 
 #include <array>
 #include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
@@ -350,6 +353,108 @@ void periodic_axes(sl::Context& ctx, const std::array<std::int64_t, R>& shape) {
   }
 }
 
+// The GPU's planes kernel (StencilPlaneKernel, SHARDLIB_STENCIL_PLANES=1) on host memory, a
+// team's threads in turn: a stencil reading the corners of its widths and the global index, dim 0
+// split and periodic, on blocks whose interiors take several tiles and runs of planes (the last
+// ones partial), against the serial loop, bit for bit, for each refresh. Returns the kernels of a
+// sweep (ghosts current) on this device.
+template <std::size_t R>
+std::uint64_t planes_case(sl::Context& ctx, const std::array<std::int64_t, R>& shape, const std::array<int, R>& w) {
+  using M1 = sl::Mesh<"x">;
+  using Spec = std::conditional_t<R == 2, sl::Spec<"x", sl::none>, sl::Spec<"x", sl::none, sl::none>>;
+  using G = sl::DistributedTensor<double, M1, Spec>;
+  const M1 mesh(ctx, {ctx.num_devices()});
+  auto u = G::random(mesh, shape, 17, -1.0, 1.0);
+  const auto host = u.to_host();
+  auto g = sl::ghosted(u, w, B::periodic());
+  // (offset, weight) pairs: the centre, +-w along each dim, two corners.
+  std::vector<std::pair<std::array<int, R>, double>> taps;
+  taps.push_back({{}, 3.0});
+  for (std::size_t d = 0; d < R; ++d)
+    for (int side : {-1, 1}) {
+      std::array<int, R> o{};
+      o[d] = side * w[d];
+      taps.push_back({o, 1.0 + static_cast<double>(d) + 0.25 * side});
+    }
+  std::array<int, R> c1, c2;
+  for (std::size_t d = 0; d < R; ++d) {
+    c1[d] = d % 2 ? -w[d] : w[d];
+    c2[d] = d % 2 ? w[d] : -w[d];
+  }
+  taps.push_back({c1, -0.5});
+  taps.push_back({c2, 0.75});
+  const auto f = [taps](const sl::Index<R>& i, const auto& nb) {
+    double s = 0;
+    for (const auto& [o, c] : taps) {
+      if constexpr (R == 2) s += c * nb(o[0], o[1]);
+      else s += c * nb(o[0], o[1], o[2]);
+    }
+    return s + static_cast<double>(i[0]) + 10 * static_cast<double>(i[R - 1]) + 100 * static_cast<double>(i[1]);
+  };
+  std::array<std::int64_t, R> stride;
+  stride[R - 1] = 1;
+  for (std::size_t d = R - 1; d-- > 0;) stride[d] = stride[d + 1] * shape[d + 1];
+  std::vector<double> want(host.size());
+  for (std::size_t e = 0; e < want.size(); ++e) {
+    std::array<std::int64_t, R> p;
+    for (std::size_t d = 0; d < R; ++d) p[d] = static_cast<std::int64_t>(e) / stride[d] % shape[d];
+    double s = 0;
+    for (const auto& [o, c] : taps) {
+      std::int64_t k = 0;
+      for (std::size_t d = 0; d < R; ++d) k += (((p[d] + o[d]) % shape[d] + shape[d]) % shape[d]) * stride[d];
+      s += c * host[static_cast<std::size_t>(k)];
+    }
+    want[e] = s + static_cast<double>(p[0]) + 10 * static_cast<double>(p[R - 1]) + 100 * static_cast<double>(p[1]);
+  }
+  std::uint64_t kernels = 0;
+  for (const auto refresh : {sl::GhostRefresh::overlap, sl::GhostRefresh::blocking, sl::GhostRefresh::none}) {
+    if (refresh == sl::GhostRefresh::none) g.exchange();
+    auto v = G::zeros(mesh, shape);
+    const std::uint64_t c0 = sl::kernels::flop_count().kernel_calls;
+    run_stencil<true>(v, g, f, refresh);
+    kernels = sl::kernels::flop_count().kernel_calls - c0;
+    const auto got = v.to_host();
+    for (std::size_t e = 0; e < got.size(); ++e)
+      if (got[e] != want[e]) {
+        FAIL_CHECK(R << "-D " << shape[0] << "x" << shape[R - 1] << " on " << ctx.num_devices() << " devices, planes "
+                      << sl::detail::stencil_planes_selected() << ", refresh " << static_cast<int>(refresh) << ", element "
+                      << e << ": " << got[e] << " != " << want[e]);
+        break;
+      }
+  }
+  return kernels;
+}
+
+// planes_case on each device count with and without the planes kernel: the same values, and
+// where the widths fit the kernel (`fits`) a sweep takes one kernel more (the middles as planes,
+// then the ends; the rows' kernels take whole rows in one), where they do not as many.
+template <std::size_t R>
+void planes_cases(const std::array<std::int64_t, R>& shape, const std::array<int, R>& w, bool fits) {
+  struct Restore {
+    ~Restore() { sl::detail::set_stencil_planes(false); }
+  } restore;
+  // (Under mpirun, for_each_run runs once on this process's device, whatever the count asked.)
+  for (const int n : {1, 3, 4}) {
+    std::map<int, std::array<std::uint64_t, 2>> kernels;  // device -> without, with the planes
+    std::mutex m;
+    for (const bool planes : {false, true}) {
+      sl::detail::set_stencil_planes(planes);  // (one setting for the process: all devices alike)
+      sl::test::for_each_run(
+          [&](sl::Context& ctx) {
+            const std::uint64_t k = planes_case<R>(ctx, shape, w);
+            const std::lock_guard<std::mutex> lock(m);
+            kernels[ctx.device()][planes] = k;
+          },
+          {n});
+    }
+    for (const auto& dk : kernels) {  // (not a structured binding: clang 14's INFO cannot capture one)
+      INFO(R << "-D " << shape[0] << "x" << shape[R - 1] << ", device " << dk.first << " of " << n);
+      CHECK(dk.second[1] == dk.second[0] + (fits ? 1 : 0));
+    }
+    if (sl::test::mpi_runtime()) break;
+  }
+}
+
 // Reads at the full widths (2 and 1, reflect boundaries) pass the checked mode, with one exchange.
 template <bool PerPoint>
 void checked_within(sl::Context& ctx) {
@@ -437,6 +542,27 @@ TEST_CASE("stencil_for: a functor reading within the widths passes the checked m
   sl::test::for_each_run([](sl::Context& ctx) { checked_within<false>(ctx); });
 }
 
+TEST_CASE("SHARDLIB_STENCIL_PLANES: 1 selects the planes kernel, 0 or unset the default kernels, other values a clear error") {
+  struct Restore {
+    ~Restore() {
+      ::unsetenv("SHARDLIB_STENCIL_PLANES");
+      sl::detail::set_stencil_planes(false);
+    }
+  } restore;
+  auto read = [](const char* value) {
+    if (value) ::setenv("SHARDLIB_STENCIL_PLANES", value, 1);
+    else ::unsetenv("SHARDLIB_STENCIL_PLANES");
+    sl::detail::stencil_planes_setting() = -1;  // read the variable again
+    return sl::detail::stencil_planes_selected();
+  };
+  CHECK(!read(nullptr));
+  CHECK(!read("0"));
+  CHECK(read("1"));
+  CHECK_THROWS_WITH_AS(read("yes"), doctest::Contains("SHARDLIB_STENCIL_PLANES is 'yes': 1 runs"), std::invalid_argument);
+  sl::detail::set_stencil_planes(true);  // the override stands until the next set
+  CHECK(sl::detail::stencil_planes_selected());
+}
+
 TEST_CASE("stencil_for's GPU work items (a point each, GPU memory's) on host memory: the results of the rows' layout") {
   // What stencil_for runs on tensors in GPU memory, here on host memory (CI has no GPU): the
   // same kernels with a point per work item instead of a row.
@@ -452,6 +578,10 @@ TEST_CASE("stencil_for's GPU work items (a point each, GPU memory's) on host mem
       },
       {1, 2, 3});
   sl::test::for_each_run([](sl::Context& ctx) { checked_within<true>(ctx); }, {1, 4});
+  planes_cases<3>({70, 21, 45}, {2, 1, 3}, true);   // tiles 2 x 3, runs of 5 planes (uneven)
+  planes_cases<3>({24, 20, 70}, {1, 4, 8}, true);  // 4 along dim 1 (the most), 48 KiB of doubles (the most)
+  planes_cases<3>({24, 20, 40}, {1, 5, 1}, false);  // too wide along dim 1: the team per row
+  planes_cases<2>({40, 600}, {3, 2}, true);         // rows of 3 tiles of 256, the last partial
   sl::test::for_each_run(
       [](sl::Context& ctx) {
         const Mesh2 mesh(ctx, {ctx.num_devices(), 1});

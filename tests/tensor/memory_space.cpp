@@ -44,6 +44,7 @@ using T2 = sl::DistributedTensor<float, M2, Spec, Space>;
 using Rows = sl::Spec<"x", none>;
 using Cols = sl::Spec<none, "y">;
 using Both = sl::Spec<"x", "y">;
+using Both3 = sl::Spec<"x", "y", none>;  // a 3-D grid's, its last dim whole
 using Replicated = sl::Spec<none, none>;
 using RowsPartial = sl::Spec<"x", none, sl::partial_sum<"y">>;
 
@@ -604,6 +605,43 @@ void check_stencils(sl::Context& ctx) {
   check_stencil(ctx, {11, 3});
 }
 
+// A 3-D stencil reading at widths (2, 1, 3), written as Smooth is (the same bits on a GPU).
+struct Smooth3 {
+  template <class Nb>
+  KOKKOS_INLINE_FUNCTION float operator()(const sl::Index<3>& i, const Nb& nb) const {
+    return 0.0625f * (nb(-2, 0, 0) + nb(1, 0, 0) + nb(0, -1, 0) + nb(0, 1, 0) + nb(0, 0, -3) + nb(0, 0, 3) + nb(2, 1, -1) +
+                      nb(0, 0, 0) + static_cast<float>(i[2]));
+  }
+};
+
+// The interior as planes in shared memory (SHARDLIB_STENCIL_PLANES, stencil/planes.hpp) on a 2-D
+// and a 3-D grid whose blocks take several tiles and runs of planes, with each refresh, against
+// host memory (the rows' kernels) bit for bit.
+template <class Spec, class F, std::size_t R>
+void check_stencil_planes_of(sl::Context& ctx, const std::int64_t (&shape)[R], const std::array<int, R>& widths) {
+  const M2 mesh = mesh_of(ctx);
+  using G = sl::DistributedTensor<float, M2, Spec, Mem>;
+  using H = sl::DistributedTensor<float, M2, Spec, Kokkos::HostSpace>;
+  auto u = G::random(mesh, shape, 67, -1.0f, 1.0f), v = G::zeros(mesh, shape);
+  auto hu = H::random(mesh, shape, 67, -1.0f, 1.0f), hv = H::zeros(mesh, shape);
+  auto g = sl::ghosted(u, widths, sl::Boundary::periodic());
+  auto hg = sl::ghosted(hu, widths, sl::Boundary::periodic());
+  for (auto refresh : {sl::GhostRefresh::overlap, sl::GhostRefresh::blocking, sl::GhostRefresh::none}) {
+    CAPTURE(static_cast<int>(refresh));
+    if (refresh == sl::GhostRefresh::none) {
+      g.exchange();
+      hg.exchange();
+    }
+    sl::stencil_for(v, g, F{}, refresh);
+    sl::stencil_for(hv, hg, F{}, refresh);
+    CHECK(v.to_host() == hv.to_host());
+  }
+}
+void check_stencil_planes(sl::Context& ctx) {
+  check_stencil_planes_of<Both, Smooth>(ctx, {40, 600}, {1, 2});
+  check_stencil_planes_of<Both3, Smooth3>(ctx, {40, 30, 75}, {2, 1, 3});
+}
+
 void on_devices(const std::function<void(sl::Context&)>& body) { sl::test::for_each_run_in<Mem>(body); }
 
 TEST_SUITE("tensor_memory_space") {
@@ -639,5 +677,12 @@ TEST_SUITE("tensor_memory_space") {
   }
   TEST_CASE("ghosted views and stencil_for on tensors in the default execution space's memory against host memory") {
     on_devices(check_stencils);
+  }
+  TEST_CASE("stencil_for's interior as planes in shared memory (SHARDLIB_STENCIL_PLANES) against host memory") {
+    struct Restore {
+      ~Restore() { sl::detail::set_stencil_planes(false); }
+    } restore;
+    sl::detail::set_stencil_planes(true);
+    on_devices(check_stencil_planes);
   }
 }

@@ -16,7 +16,8 @@
 /// and a block of more dims a team of GPU threads per row (consecutive threads on consecutive
 /// points, the row's index worked out once per team); in the interior `nb` is a pointer and strides
 /// and the row a restrict loop, so a stencil written as a generic lambda compiles to the plain loop
-/// one would write over the block.
+/// one would write over the block. SHARDLIB_STENCIL_PLANES=1 runs a 2-D or 3-D block's interior in
+/// GPU memory as planes in shared memory instead (stencil/planes.hpp; not the default yet).
 ///
 /// `stencil_for<sl::Check::on>(...)` checks every read against the ghost widths and throws
 /// std::out_of_range naming the offset, the index, the device and the widths (after the loop, on
@@ -30,6 +31,8 @@
 #include <shardlib/execute/block.hpp>
 #include <shardlib/kernels/exec.hpp>
 #include <shardlib/stencil/ghosted.hpp>
+#include <shardlib/stencil/neighbors.hpp>
+#include <shardlib/stencil/planes.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -58,101 +61,6 @@ struct stencil_for_needs_output_and_input_of_one_mesh_and_spec;
 }  // namespace error
 
 namespace detail {
-
-/// Where the first out-of-width read of a checked stencil went, as integers in the block's
-/// memory space (zeroed when allocated, read back after the loop): whether one happened, its
-/// offset and the point's global index (the ghosted view keeps them: Ghosted::reset_fault).
-struct StencilFault {
-  static constexpr std::size_t hit = 0, offset = 1, index = 1 + max_tensor_rank, size = 1 + 2 * max_tensor_rank;
-};
-
-/// What the kernels know of a ghosted input block (pointers into the block's memory space, but
-/// `region_offset`, which the host reads when it launches them).
-template <class T, std::size_t R>
-struct StencilGeometry {
-  const T* block = nullptr;
-  const T* ghosts = nullptr;
-  const std::int64_t* region_offset = nullptr;
-  std::int64_t extent[R] = {}, stride[R] = {}, width[R] = {}, offset[R] = {};
-  std::int64_t* fault = nullptr;  // Check::on: StencilFault::size integers
-};
-
-/// Checked reads: whether offset `off` lies within the widths; if not, the first such read (over
-/// all threads) is recorded with the point's global index `g.offset + li` (+ j along the last dim).
-template <class T, std::size_t R>
-KOKKOS_INLINE_FUNCTION bool checked_read(const StencilGeometry<T, R>& g, const std::int64_t (&off)[R], const std::int64_t* li,
-                                         std::int64_t j) {
-  bool ok = true;
-  for (std::size_t d = 0; d < R; ++d) ok = ok && off[d] <= g.width[d] && -off[d] <= g.width[d];
-  if (!ok && Kokkos::atomic_compare_exchange(g.fault + StencilFault::hit, std::int64_t{0}, std::int64_t{1}) == 0)
-    for (std::size_t d = 0; d < R; ++d) {
-      g.fault[StencilFault::offset + d] = off[d];
-      g.fault[StencilFault::index + d] = g.offset[d] + li[d] + (d + 1 == R ? j : 0);
-    }
-  return ok;
-}
-
-/// nb(...): the input at a relative offset, through a pointer and strides (`Idx`: int in the
-/// GPU's tile kernel, whose blocks have fewer than 2^31 elements: one multiply-add an address).
-template <class T, std::size_t R, bool Checked, class Idx = std::int64_t>
-struct Neighbors {
-  const T* at;  // the point itself
-  Idx s[R];
-  template <class... O>
-  KOKKOS_INLINE_FUNCTION T operator()(O... o) const {
-    static_assert(sizeof...(O) == R, "shardlib: stencil_for: nb(...) takes one offset per dim of the tensor");
-    const Idx off[R] = {static_cast<Idx>(o)...};
-    Idx k = 0;
-    for (std::size_t d = 0; d < R; ++d) k += off[d] * s[d];
-    return at[k];
-  }
-};
-/// The checked form: a read beyond the widths is recorded (the first one) and reads T{}.
-template <class T, std::size_t R>
-struct Neighbors<T, R, true, std::int64_t> {
-  const T* at;
-  std::int64_t s[R];
-  const StencilGeometry<T, R>* g;
-  std::int64_t li[R];  // the point's local index, for the message
-  template <class... O>
-  KOKKOS_INLINE_FUNCTION T operator()(O... o) const {
-    static_assert(sizeof...(O) == R, "shardlib: stencil_for: nb(...) takes one offset per dim of the tensor");
-    const std::int64_t off[R] = {static_cast<std::int64_t>(o)...};
-    if (!checked_read(*g, off, li, 0)) return T{};
-    std::int64_t k = 0;
-    for (std::size_t d = 0; d < R; ++d) k += off[d] * s[d];
-    return at[k];
-  }
-};
-
-/// One row: out[j] = f(i + (0, ..., j), nb at in + j), j < len; restrict pointers so that the
-/// compiler vectorises it as it would a plain loop.
-template <class T, class U, std::size_t R, class F>
-KOKKOS_INLINE_FUNCTION void stencil_row(const T* __restrict in, U* __restrict out, std::int64_t len, const std::int64_t (&s)[R],
-                                        Index<R> gi, const F& f) {
-  for (std::int64_t j = 0; j < len; ++j) {
-    Neighbors<T, R, false> nb{in + j, {}};
-    for (std::size_t d = 0; d < R; ++d) nb.s[d] = s[d];
-    out[j] = static_cast<U>(f(static_cast<const Index<R>&>(gi), nb));
-    ++gi.i[R - 1];
-  }
-}
-
-/// The stencil functor of a tensor in GPU memory, called from the GPU kernels: under nvcc a
-/// functor that calls host code is a compile error here (not nvcc's warning, which would leave a
-/// kernel that fails when it runs). A stencil in GPU memory is a struct whose templated
-/// `operator()(const Index<R>&, const Nb&)` is KOKKOS_INLINE_FUNCTION (nvcc has no generic
-/// __host__ __device__ lambdas).
-SHARDLIB_DEVICE_FUNCTORS_BEGIN
-template <class F>
-struct DeviceStencil {
-  F f;
-  template <class I, class Nb>
-  KOKKOS_FORCEINLINE_FUNCTION auto operator()(const I& i, const Nb& nb) const {
-    return f(i, nb);
-  }
-};
-SHARDLIB_DEVICE_FUNCTORS_END
 
 /// out[box [lo, lo + ext) of the block] = f(global index, nb): `in` is the input at the box's
 /// first point, with strides `in_stride` (the block itself, or a padded copy). Rows run along
@@ -233,34 +141,6 @@ void stencil_box(const Context& ctx, const StencilGeometry<T, R>& g, const std::
   k.unit = k.rd == R - 1 && is[R - 1] == 1;
   for_range<Mem>("shardlib::stencil_for", ctx, PerPoint ? rows * k.len : rows, k);
 }
-
-/// nb(...) for points near the ends of a row whose neighbours in the other dims are all in the
-/// block: only the last dim can leave it, into the low or high ghost region of the last dim.
-template <class T, std::size_t R, bool Checked>
-struct EdgeNeighbors {
-  const T* row;                // the block at (row, 0)
-  const T* low;                // the last dim's low ghost region at (row, 0)
-  const T* high;               // ... high ghost region
-  const std::int64_t* s;       // block strides
-  const std::int64_t* gs;      // the ghost regions' strides
-  std::int64_t j, n, w;        // the point's position in the row, the row's length, the width
-  const StencilGeometry<T, R>* g;
-  const std::int64_t* li;      // the row's local index (Checked: for the message)
-  template <class... O>
-  KOKKOS_INLINE_FUNCTION T operator()(O... o) const {
-    static_assert(sizeof...(O) == R, "shardlib: stencil_for: nb(...) takes one offset per dim of the tensor");
-    const std::int64_t off[R] = {static_cast<std::int64_t>(o)...};
-    if constexpr (Checked)
-      if (!checked_read(*g, off, li, j)) return T{};
-    std::int64_t k = 0, kg = 0;
-    for (std::size_t d = 0; d + 1 < R; ++d) {
-      k += off[d] * s[d];
-      kg += off[d] * gs[d];
-    }
-    const std::int64_t p = j + off[R - 1];
-    return p < 0 ? low[kg + p + w] : p < n ? row[k + p] : high[kg + p - n];
-  }
-};
 
 /// Which points of each row stencil_rows computes.
 enum class RowPart : std::uint8_t { middle, ends, all };
@@ -530,6 +410,13 @@ void stencil_rows(const Context& ctx, const StencilGeometry<T, R>& g, RowPart pa
   k.mid1 = std::max(n - w, k.mid0);
   k.per_row = part == RowPart::middle ? k.mid1 - k.mid0 : part == RowPart::ends ? k.mid0 + n - k.mid1 : n;
   if (PerPoint && k.per_row == 0) return;
+  if constexpr (PerPoint && !Checked && (R == 2 || R == 3)) {
+    // The middles as planes in shared memory (StencilPlaneKernel), when selected; the ends after.
+    if (part != RowPart::ends && stencil_planes_selected() && run_stencil_planes<Mem>(ctx, k)) {
+      if (part == RowPart::all) stencil_rows<Checked, PerPoint, Mem>(ctx, g, RowPart::ends, out, f);
+      return;
+    }
+  }
   if constexpr (PerPoint && !Checked && R <= 2) {
     // Whole rows or their middles in tiles (StencilTileKernel); the ends alone a point a thread.
     if (part != RowPart::ends && stencil_tiles<Mem>(ctx, k, part == RowPart::all)) return;
