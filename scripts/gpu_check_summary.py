@@ -196,6 +196,20 @@ def summary(out):
                 word = {"pass": "met", "short": "SHORT"}.get(result, result)
                 print(f"  [{word}] {figure}: goal {goal}; measured {measured}")
 
+    # The stencil kernels side by side: the interior as planes in shared memory (SHARDLIB_STENCIL_PLANES,
+    # include/shardlib/stencil/planes.hpp) is not the default until it measures faster than the default kernels.
+    planes = {(r["name"][:-len(" (planes)")], r.get("block_shape"), r.get("devices")): r
+              for r in ours if r.get("part") == "stencil" and r.get("kernel") == "planes"}
+    pairs = [(r, planes[(r["name"], r.get("block_shape"), r.get("devices"))]) for r in ours
+             if r.get("part") == "stencil" and r.get("kernel") == "default"
+             and (r["name"], r.get("block_shape"), r.get("devices")) in planes]
+    if pairs:
+        print("\nstencils, the interior as planes in shared memory (SHARDLIB_STENCIL_PLANES=1) beside the default kernels"
+              " (fraction of a copy; speed ratio > 1: planes faster):")
+        for d, p in pairs:
+            print(f"  {d['name']:<36}{d['block_shape']:<16}{d['devices']} dev  default {d['fraction_of_copy']:.3f}  "
+                  f"planes {p['fraction_of_copy']:.3f}  planes/default {d['seconds'] / p['seconds']:.2f}")
+
     # Ours beside PyTorch, the same case on one device.
     if peer:
         print(f"\nbeside PyTorch {peer[0].get('torch', '')} (same GPU, 1 device; speed ratio > 1: ours faster):")

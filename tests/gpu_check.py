@@ -107,7 +107,13 @@ def check_summary(tmp):
             '"name": "mlp T8192 D4096 F16384", "mesh": "(1, 1)", "dtype": "bf16", "seconds": 0.01, "tflops": 550.0, '
             '"peak_tflops": 989.4, "fraction_of_peak": 0.556, "cublas_tflops": 700.0, "fraction_of_cublas": 0.79}\n'
             '{"bench": "gpu", "backend": "torch-cuda", "devices": 1, "gpu": "NVIDIA H100 80GB HBM3", "part": "mlp", '
-            '"name": "mlp T8192 D4096 F16384", "dtype": "bf16", "seconds": 0.005, "tflops": 1100.0, "torch": "2.11"}\n',
+            '"name": "mlp T8192 D4096 F16384", "dtype": "bf16", "seconds": 0.005, "tflops": 1100.0, "torch": "2.11"}\n'
+            + "".join('{"bench": "gpu", "backend": "threads", "devices": 1, "gpu": "NVIDIA H100 80GB HBM3", '
+                      f'"part": "stencil", "name": "jacobi7 sweep{suffix}", "kernel": "{kernel}", "dtype": "float32", '
+                      '"block_shape": "[512, 512, 512]", "mesh": "(1, 1)", "bytes": 1073741824, '
+                      f'"seconds": {secs}, "gbytes_per_second": 1.0, "baseline": "copy", "baseline_seconds": 0.0004, '
+                      f'"copy_gbytes_per_second": 2.7, "fraction_of_copy": {frac}}}\n'
+                      for suffix, kernel, secs, frac in (("", "default", 0.0008, 0.5), (" (planes)", "planes", 0.0005, 0.8))),
         "results/profile_wall.out": '{"bench": "gpu", "part": "profile", "name": "mlp T4096 D1024 F4096 step", '
                                     '"seconds": 0.0002}\n',
         "results/profile_kernels.csv":
@@ -124,9 +130,11 @@ def check_summary(tmp):
     text = r.stdout
     assert r.returncode == 0, r.stderr
     for want in ("[pass] tensor_memory_space      10 of 10 cases, 2,583,065 of 2,583,065 checks passed",
-                 "[FAIL] autodiff_memory_space    exit 134", "bench_gpu: 1 of 1 parts ran, 1 records",
+                 "[FAIL] autodiff_memory_space    exit 134", "bench_gpu: 1 of 1 parts ran, 3 records",
                  "[met] bf16 MLP block at large sizes", "ours/torch 0.50", "portable::FlatKernel (Kokkos ParallelFor)",
-                 "kernels 150.0 us (2 launches); outside kernels 50.0 us (25% of the step)", "run: 61 s; FAILED"):
+                 "kernels 150.0 us (2 launches); outside kernels 50.0 us (25% of the step)", "run: 61 s; FAILED",
+                 "jacobi7 sweep                       [512, 512, 512] 1 dev  default 0.500  planes 0.800  planes/default 1.60",
+                 "measured 0.500 (jacobi7 sweep [512, 512, 512] 1 dev)"):
         assert want in text, f"{want!r} missing from the summary:\n{text}"
     # ncu's details page (what `run --profile` exports): a row per launch and metric, units per row.
     details = os.path.join(tmp, "details.csv")
