@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace shardlib::plan {
@@ -37,19 +38,17 @@ struct Candidate {
   std::string failed;  ///< why it could not be planned (an exception's message); empty when planned
 
   /// The work of the slowest device planned (`work` or one of `other_devices`) on devices of
-  /// `profile`: the one whose step time is the candidate's.
-  const Work& slowest(const Profile& profile) const {
-    const Work* w = &work;
-    double longest = predict(work, profile).total();
+  /// `profile`, and its step time: the candidate's.
+  std::pair<const Work*, StepTime> slowest_time(const Profile& profile) const {
+    std::pair<const Work*, StepTime> s{&work, predict(work, profile)};
     for (const Work& o : other_devices)
-      if (const double t = predict(o, profile).total(); t > longest) {
-        longest = t;
-        w = &o;
-      }
-    return *w;
+      if (const StepTime t = predict(o, profile); t.total() > s.second.total()) s = {&o, t};
+    return s;
   }
+  /// The work of the slowest device planned on devices of `profile`.
+  const Work& slowest(const Profile& profile) const { return *slowest_time(profile).first; }
   /// The cost model's step time on devices of `profile`: the slowest planned device's.
-  StepTime time(const Profile& profile) const { return predict(slowest(profile), profile); }
+  StepTime time(const Profile& profile) const { return slowest_time(profile).second; }
 };
 
 /// The table of `candidates` on devices of `profile`, each step `tokens_per_step` tokens of the
@@ -61,16 +60,26 @@ inline std::string table(std::vector<Candidate> candidates, const Profile& profi
     throw std::invalid_argument("shardlib: plan::table: a device memory of " + std::to_string(device_memory) +
                                 " bytes; give the devices' memory in bytes, more than 0");
   const auto fits = [&](const Candidate& c) { return c.failed.empty() && c.memory.peak <= device_memory; };
-  std::vector<std::pair<Candidate, StepTime>> rows;
+  struct Row {
+    Candidate c;
+    StepTime t;               // the slowest planned device's step time
+    std::uint64_t gemm_flops;  // ... and its GEMM FLOPs
+  };
+  std::vector<Row> rows;
   for (Candidate& c : candidates) {
-    const StepTime t = c.failed.empty() ? c.time(profile) : StepTime{};
-    rows.emplace_back(std::move(c), t);
+    Row r{std::move(c), {}, 0};
+    if (r.c.failed.empty()) {
+      const auto [w, t] = r.c.slowest_time(profile);
+      r.t = t;
+      r.gemm_flops = w->gemm_flops;
+    }
+    rows.push_back(std::move(r));
   }
-  std::stable_sort(rows.begin(), rows.end(), [&](const auto& a, const auto& b) {
-    if (fits(a.first) != fits(b.first)) return fits(a.first);
-    if (fits(a.first)) return a.second.total() < b.second.total();
-    if (a.first.failed.empty() != b.first.failed.empty()) return a.first.failed.empty();
-    return a.first.memory.peak < b.first.memory.peak;
+  std::stable_sort(rows.begin(), rows.end(), [&](const Row& a, const Row& b) {
+    if (fits(a.c) != fits(b.c)) return fits(a.c);
+    if (fits(a.c)) return a.t.total() < b.t.total();
+    if (a.c.failed.empty() != b.c.failed.empty()) return a.c.failed.empty();
+    return a.c.memory.peak < b.c.memory.peak;
   });
   const auto text = [](std::int64_t b) { return MemoryUsage::bytes_text(b); };
   char line[640];
@@ -83,14 +92,14 @@ inline std::string table(std::vector<Candidate> candidates, const Profile& profi
   s += line;
   int rank = 0;
   std::int64_t smallest = -1;
-  for (const auto& [c, t] : rows) {
+  for (const auto& [c, t, gemm_flops] : rows) {
     if (!c.failed.empty()) continue;
     if (smallest < 0 || c.memory.peak < smallest) smallest = c.memory.peak;
     const std::string flag = fits(c) ? std::to_string(++rank) + "." : "--";
     const double secs = t.total();
     const double tok = secs > 0 ? static_cast<double>(tokens_per_step) / secs : 0;
     const double of_peak = secs > 0 && profile.peak_flops > 0
-                               ? static_cast<double>(c.slowest(profile).gemm_flops) / secs / profile.peak_flops
+                               ? static_cast<double>(gemm_flops) / secs / profile.peak_flops
                                : 0;
     std::snprintf(line, sizeof line, "  %-4s %-15s %-32s %6d %9s %9s %9s %9s %9s %9s %10s %10s %10.4g %9.3g %6.1f%%\n",
                   flag.c_str(), c.name.c_str(), c.mesh.c_str(), c.device, text(c.memory.parameters()).c_str(),
@@ -101,7 +110,8 @@ inline std::string table(std::vector<Candidate> candidates, const Profile& profi
                   100 * of_peak);
     s += line;
   }
-  for (const auto& [c, t] : rows) {
+  for (const Row& r : rows) {
+    const Candidate& c = r.c;
     if (fits(c)) continue;
     s += "  excluded: " + c.name + " on " + c.mesh + ": ";
     s += c.failed.empty() ? "needs " + text(c.memory.peak) + " at its peak, more than the " + text(device_memory)
