@@ -578,10 +578,11 @@ TEST_CASE("stencil_for's GPU work items (a point each, GPU memory's) on host mem
       },
       {1, 2, 3});
   sl::test::for_each_run([](sl::Context& ctx) { checked_within<true>(ctx); }, {1, 4});
-  planes_cases<3>({70, 21, 45}, {2, 1, 3}, true);   // tiles 2 x 3, runs of 5 planes (uneven)
-  planes_cases<3>({24, 20, 70}, {1, 4, 8}, true);  // 4 along dim 1 (the most), 48 KiB of doubles (the most)
-  planes_cases<3>({24, 20, 40}, {1, 5, 1}, false);  // too wide along dim 1: the team per row
-  planes_cases<2>({40, 600}, {3, 2}, true);         // rows of 3 tiles of 256, the last partial
+  planes_cases<3>({70, 21, 45}, {2, 1, 1}, true);   // tiles 2 x 3, runs of 5 planes (uneven); ring 31.9 KiB
+  planes_cases<3>({24, 20, 70}, {1, 3, 2}, true);   // a ring of 31.5 KiB of doubles (a host team's scratch: 32 KiB)
+  planes_cases<3>({24, 20, 70}, {1, 4, 8}, false);  // a ring of 48 KiB: the team per row
+  planes_cases<3>({24, 20, 40}, {1, 5, 1}, false);  // too wide along dim 1 (4 at most): the team per row
+  planes_cases<2>({40, 600}, {2, 3}, true);         // rows of 3 tiles of 256, the last partial
   sl::test::for_each_run(
       [](sl::Context& ctx) {
         const Mesh2 mesh(ctx, {ctx.num_devices(), 1});

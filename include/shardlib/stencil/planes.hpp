@@ -184,7 +184,8 @@ struct StencilPlaneKernel {
 /// Runs the middle points of stencil_rows' rows (`k`, its geometry and [mid0, mid1) set: the box
 /// whose reads all fall inside the block) with StencilPlaneKernel on `Mem`'s instance, when the
 /// block has fewer than 2^31 elements and its widths fit a thread's loads (3-D: at most 4 along
-/// dim 1 and 16 along the last; 2-D: 128 along the last) and the ring 48 KiB of shared memory;
+/// dim 1 and 16 along the last; 2-D: 128 along the last) and the ring the team's scratch (an H100's
+/// 48 KiB a block less what Kokkos keeps for a team's reductions: 40 KiB; the host's 32 KiB);
 /// false (nothing run) else.
 template <class Mem, class K>
 bool run_stencil_planes(const Context& ctx, const K& k) {
@@ -217,8 +218,10 @@ bool run_stencil_planes(const Context& ctx, const K& k) {
   p.rows = P::ty + 2 * p.w[1];
   p.plane = p.px * p.rows;
   p.slots = 2 * p.w[0] + 2;
+  const auto& exec = ctx.exec_for<Mem>();
+  using Exec = std::remove_cvref_t<decltype(exec)>;
   const std::size_t scratch = static_cast<std::size_t>(2 * p.slots * p.plane) * sizeof(T);
-  if (scratch > 48 * 1024) return false;
+  if (scratch > static_cast<std::size_t>(Kokkos::TeamPolicy<Exec>::scratch_size_max(0))) return false;
   p.tiles_x = (p.hi[2] - p.lo[2] + P::tx - 1) / P::tx;
   p.tiles_y = (p.hi[1] - p.lo[1] + P::ty - 1) / P::ty;
   // Runs of planes: long (a run reloads 2 w0 planes), but teams enough to fill a GPU (>= 2048).
@@ -229,8 +232,6 @@ bool run_stencil_planes(const Context& ctx, const K& k) {
   if (p.run > 64) p.run = 64;
   const std::int64_t league = tiles * ((planes + p.run - 1) / p.run);
   if (league >= std::numeric_limits<int>::max()) return false;
-  const auto& exec = ctx.exec_for<Mem>();
-  using Exec = std::remove_cvref_t<decltype(exec)>;
   const int team = kernels::is_host_exec_v<Exec> ? 1 : P::threads;
   // (Locked as a reduction is: Kokkos 3's Serial shares its team scratch among callers as it does its reduction buffer.)
   [[maybe_unused]] const auto guard = kernel_guard_for<Mem>(ctx, true);
