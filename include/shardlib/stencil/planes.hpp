@@ -235,6 +235,9 @@ bool run_stencil_planes(const Context& ctx, const K& k) {
   const int team = kernels::is_host_exec_v<Exec> ? 1 : P::threads;
   // (Locked as a reduction is: Kokkos 3's Serial shares its team scratch among callers as it does its reduction buffer.)
   [[maybe_unused]] const auto guard = kernel_guard_for<Mem>(ctx, true);
+  std::int64_t points = 1;
+  for (int d = 0; d < 3; ++d) points *= p.hi[d] - p.lo[d];
+  kernels::count_kernel(static_cast<std::uint64_t>(points) * (sizeof(T) + sizeof(U)));
   Kokkos::parallel_for("shardlib::stencil_for(planes)",
                        Kokkos::TeamPolicy<Exec>(exec, static_cast<int>(league), team).set_scratch_size(0, Kokkos::PerTeam(scratch)), p);
   if constexpr (kernels::is_host_exec_v<Exec>) kernels::fence(exec);

@@ -9,7 +9,8 @@
 /// exchange, then the boundary shell: the two ends of each interior row (whose reads leave the
 /// block along the last dim only), and the slabs of the other dims, each first gathered with its
 /// neighbourhood (block and ghost cells) into a padded copy (one kernels::copy_pieces batch, made
-/// once per view: one kernel in GPU memory, where a copy per region cost a launch each). The
+/// once per view); in GPU memory the whole shell is one kernel instead (stencil/shell.hpp: each
+/// read resolved to the block or its ghost region; blocks of up to 4 dims). The
 /// kernels (Kokkos, on the device's execution-space instance) run one row (the contiguous last dim)
 /// per work item on the host; in GPU memory a 1-D or 2-D block runs in tiles (a team takes a tile
 /// of columns over several rows, a point a thread in each: the rows it reads again come from L1)
@@ -33,6 +34,7 @@
 #include <shardlib/stencil/ghosted.hpp>
 #include <shardlib/stencil/neighbors.hpp>
 #include <shardlib/stencil/planes.hpp>
+#include <shardlib/stencil/shell.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -139,7 +141,8 @@ void stencil_box(const Context& ctx, const StencilGeometry<T, R>& g, const std::
   k.len = ext[k.rd];
   if (rows <= 0 || k.len <= 0) return;
   k.unit = k.rd == R - 1 && is[R - 1] == 1;
-  for_range<Mem>("shardlib::stencil_for", ctx, PerPoint ? rows * k.len : rows, k);
+  for_range<Mem>("shardlib::stencil_for", ctx, PerPoint ? rows * k.len : rows, k,
+                 static_cast<std::uint64_t>(rows * k.len) * (sizeof(T) + sizeof(U)));
 }
 
 /// Which points of each row stencil_rows computes.
@@ -386,17 +389,21 @@ bool stencil_tiles(const Context& ctx, const StencilRowsKernel<false, true, T, U
   const std::int64_t league = static_cast<std::int64_t>(t.tiles) * t.ny;
   if (league >= most) return false;
   [[maybe_unused]] const auto guard = kernel_guard_for<Mem>(ctx, false);
+  std::int64_t points = 1;
+  for (std::size_t d = 0; d < R; ++d) points *= t.hi[d] - t.lo[d];
+  kernels::count_kernel(static_cast<std::uint64_t>(points) * (sizeof(T) + sizeof(U)));
   Kokkos::parallel_for("shardlib::stencil_for(tiles)", Kokkos::TeamPolicy<Exec>(exec, static_cast<int>(league), team), t);
   if constexpr (kernels::is_host_exec_v<Exec>) kernels::fence(exec);
   return true;
 }
 
 template <bool Checked, bool PerPoint, class Mem, class T, class U, std::size_t R, class F>
-void stencil_rows(const Context& ctx, const StencilGeometry<T, R>& g, RowPart part, U* out, const F& f) {
+bool stencil_rows(const Context& ctx, const StencilGeometry<T, R>& g, RowPart part, U* out, const F& f) {
   std::int64_t rows = 1;
   for (std::size_t d = 0; d + 1 < R; ++d) rows *= std::max<std::int64_t>(g.extent[d] - 2 * g.width[d], 0);
   const std::int64_t n = g.extent[R - 1], w = g.width[R - 1];
-  if (rows <= 0 || n <= 0) return;
+  if (rows <= 0 || n <= 0) return true;
+  const std::uint64_t point_bytes = sizeof(T) + sizeof(U);  // (counted: each point read once and written)
   StencilRowsKernel<Checked, PerPoint, T, U, R, F> k{g, {}, nullptr, nullptr, out, n, w, 0, 0, 0, part, f};
   std::int64_t m = 1;
   for (std::size_t d = R; d-- > 0;) {
@@ -409,17 +416,15 @@ void stencil_rows(const Context& ctx, const StencilGeometry<T, R>& g, RowPart pa
   k.mid0 = std::min(w, n);
   k.mid1 = std::max(n - w, k.mid0);
   k.per_row = part == RowPart::middle ? k.mid1 - k.mid0 : part == RowPart::ends ? k.mid0 + n - k.mid1 : n;
-  if (PerPoint && k.per_row == 0) return;
+  if (PerPoint && k.per_row == 0) return true;
   if constexpr (PerPoint && !Checked && (R == 2 || R == 3)) {
-    // The middles as planes in shared memory (StencilPlaneKernel), when selected; the ends after.
-    if (part != RowPart::ends && stencil_planes_selected() && run_stencil_planes<Mem>(ctx, k)) {
-      if (part == RowPart::all) stencil_rows<Checked, PerPoint, Mem>(ctx, g, RowPart::ends, out, f);
-      return;
-    }
+    // The middles as planes in shared memory (StencilPlaneKernel), when selected: the ends are
+    // left to the shell's kernel (stencil_shell).
+    if (part != RowPart::ends && stencil_planes_selected() && run_stencil_planes<Mem>(ctx, k)) return false;
   }
   if constexpr (PerPoint && !Checked && R <= 2) {
     // Whole rows or their middles in tiles (StencilTileKernel); the ends alone a point a thread.
-    if (part != RowPart::ends && stencil_tiles<Mem>(ctx, k, part == RowPart::all)) return;
+    if (part != RowPart::ends && stencil_tiles<Mem>(ctx, k, part == RowPart::all)) return part != RowPart::middle;
   }
   if constexpr (PerPoint) {
     // A team per row (consecutive threads, consecutive points) for the middles and whole rows;
@@ -435,13 +440,16 @@ void stencil_rows(const Context& ctx, const StencilGeometry<T, R>& g, RowPart pa
     const std::int64_t league = (rows + per_team - 1) / per_team;
     if (part != RowPart::ends && league <= std::numeric_limits<int>::max()) {
       [[maybe_unused]] const auto guard = kernel_guard_for<Mem>(ctx, false);
+      kernels::count_kernel(static_cast<std::uint64_t>(rows * k.per_row) * point_bytes);
       Kokkos::parallel_for("shardlib::stencil_for(team)", Kokkos::TeamPolicy<Exec>(exec, static_cast<int>(league), team),
                            StencilRowsTeam<decltype(k)>{k, rows, per_team});
       if constexpr (kernels::is_host_exec_v<Exec>) kernels::fence(exec);
-      return;
+      return part != RowPart::middle;
     }
   }
-  for_range<Mem>("shardlib::stencil_for", ctx, PerPoint ? rows * k.per_row : rows, k);
+  for_range<Mem>("shardlib::stencil_for", ctx, PerPoint ? rows * k.per_row : rows, k,
+                 static_cast<std::uint64_t>(rows * k.per_row) * point_bytes);
+  return part != RowPart::middle;
 }
 
 /// gather_padded's batch: sources 0 the block, 1 the ghost regions; destination 0 the copy.
@@ -541,8 +549,10 @@ void run_stencil(DistributedTensor<U, MeshT, OutSpec, Mem>& out, Ghosted<T, Mesh
   Context& ctx = t.context();
   U* o = out.local().data();
   // The rows whose neighbours in dims < R-1 are in the block: their middles while the ghosts
-  // travel, their ends after; then the slabs of dims < R-1 (each gathered with its
-  // neighbourhood into a padded copy, then run on pointers and strides as the rows are).
+  // travel, their ends after; then the slabs of dims < R-1. In GPU memory (PerPoint) the rows'
+  // ends and the slabs are one kernel (stencil_shell, blocks of up to 4 dims).
+  constexpr bool shell = PerPoint && R <= stencil_shell_most_dims;
+  bool ends_done = false;
   if (refresh == GhostRefresh::overlap) {
     in.start();
     try {
@@ -552,48 +562,31 @@ void run_stencil(DistributedTensor<U, MeshT, OutSpec, Mem>& out, Ghosted<T, Mesh
       throw;
     }
     in.finish();
-    stencil_rows<Checked, PerPoint, Mem>(ctx, g, RowPart::ends, o, f);
   } else {
     if (refresh == GhostRefresh::blocking) in.exchange();
-    stencil_rows<Checked, PerPoint, Mem>(ctx, g, RowPart::all, o, f);
+    ends_done = stencil_rows<Checked, PerPoint, Mem>(ctx, g, RowPart::all, o, f);
   }
-  // The slabs of the shell (dim d < R-1, low and high side), each gathered with its
-  // neighbourhood into a padded copy, then run on pointers and strides as the rows are. One
-  // scratch serves them all, sized for the largest first: on a GPU the slabs' copies and kernels
-  // queue in order on the device's stream, and the scratch must not be reallocated under them.
-  struct Slab {
-    std::int64_t a[R], e[R], ts[R], padded = 0;  // padded 0: the slab is empty
-  };
-  auto slab = [&](std::size_t d, int side) {
-    Slab sl;
-    for (std::size_t k = 0; k < R; ++k) {
-      sl.a[k] = k < d ? g.width[k] : 0;
-      sl.e[k] = k < d ? std::max<std::int64_t>(g.extent[k] - 2 * g.width[k], 0) : g.extent[k];
-    }
-    const std::int64_t low_end = std::min(g.width[d], g.extent[d]);
-    sl.a[d] = side == 0 ? 0 : std::max(g.extent[d] - g.width[d], low_end);
-    sl.e[d] = side == 0 ? low_end : g.extent[d] - sl.a[d];
-    std::int64_t cells = 1, padded = 1;
-    for (std::size_t k = R; k-- > 0;) {
-      cells *= sl.e[k];
-      sl.ts[k] = padded;
-      padded *= sl.e[k] + 2 * g.width[k];
-    }
-    if (cells > 0) sl.padded = padded;
-    return sl;
-  };
-  std::int64_t most = 0;
-  for (std::size_t d = 0; d + 1 < R; ++d)
-    for (int side = 0; side < 2; ++side) most = std::max(most, slab(d, side).padded);
-  T* tmp = most > 0 ? in.scratch(static_cast<std::size_t>(most)) : nullptr;
-  for (std::size_t d = 0; d + 1 < R; ++d) {
-    for (int side = 0; side < 2; ++side) {
-      const Slab sl = slab(d, side);
-      if (sl.padded == 0) continue;
-      gather_padded<Mem>(ctx, g, sl.a, sl.e, tmp, sl.ts, in.gather_batch(2 * d + static_cast<std::size_t>(side)));
-      std::int64_t first = 0;
-      for (std::size_t k = 0; k < R; ++k) first += g.width[k] * sl.ts[k];
-      stencil_box<Checked, PerPoint, Mem>(ctx, g, sl.a, sl.e, tmp + first, sl.ts, o, f);
+  if constexpr (shell) {
+    stencil_shell<Checked, Mem>(ctx, g, !ends_done, o, f);
+  } else {
+    if (!ends_done) stencil_rows<Checked, PerPoint, Mem>(ctx, g, RowPart::ends, o, f);
+    // The slabs of the shell (dim d < R-1, low and high side), each gathered with its
+    // neighbourhood into a padded copy, then run on pointers and strides as the rows are. One
+    // scratch serves them all, sized for the largest first (kernels in GPU memory queue in order
+    // on the device's stream, and the scratch must not be reallocated under them).
+    std::int64_t most = 0;
+    for (std::size_t d = 0; d + 1 < R; ++d)
+      for (int side = 0; side < 2; ++side) most = std::max(most, stencil_slab(g, d, side).padded);
+    T* tmp = most > 0 ? in.scratch(static_cast<std::size_t>(most)) : nullptr;
+    for (std::size_t d = 0; d + 1 < R; ++d) {
+      for (int side = 0; side < 2; ++side) {
+        const StencilSlab<R> sl = stencil_slab(g, d, side);
+        if (sl.padded == 0) continue;
+        gather_padded<Mem>(ctx, g, sl.a, sl.e, tmp, sl.ts, in.gather_batch(2 * d + static_cast<std::size_t>(side)));
+        std::int64_t first = 0;
+        for (std::size_t k = 0; k < R; ++k) first += g.width[k] * sl.ts[k];
+        stencil_box<Checked, PerPoint, Mem>(ctx, g, sl.a, sl.e, tmp + first, sl.ts, o, f);
+      }
     }
   }
   if constexpr (Checked) {
