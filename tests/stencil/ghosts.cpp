@@ -611,6 +611,8 @@ TEST_CASE("stencil_for's GPU work items (a point each, GPU memory's) on host mem
   planes_cases<3>({24, 20, 70}, {1, 4, 8}, false);  // a ring of 48 KiB: the team per row
   planes_cases<3>({24, 20, 40}, {1, 5, 1}, false);  // too wide along dim 1 (4 at most): the team per row
   planes_cases<2>({40, 600}, {2, 3}, true);         // rows of 3 tiles of 256, the last partial
+  planes_cases<3>({30, 20, 40}, {1, 0, 2}, true);   // no ghost layers along dim 1
+  planes_cases<2>({40, 300}, {2, 0}, true);         // ... nor along the rows
   sl::test::for_each_run(
       [](sl::Context& ctx) {
         const Mesh2 mesh(ctx, {ctx.num_devices(), 1});
