@@ -527,7 +527,10 @@ void run_stencil(DistributedTensor<U, MeshT, OutSpec, Mem>& out, Ghosted<T, Mesh
   if (out.shape() != t.shape())
     throw std::invalid_argument("shardlib: stencil_for: the output has shape " + detail::shape_text(out.shape()) +
                                 ", the input is " + in.describe());
-  if (static_cast<const void*>(out.local().data()) == static_cast<const void*>(t.local().data()) && t.block().num_elements() > 0)
+  // The same tensor object on every device (a device whose block is empty has no data to compare,
+  // and must throw as the others do), or another one sharing its blocks.
+  if (static_cast<const void*>(&out) == static_cast<const void*>(&t) ||
+      (static_cast<const void*>(out.local().data()) == static_cast<const void*>(t.local().data()) && t.block().num_elements() > 0))
     throw std::invalid_argument("shardlib: stencil_for: the output is the input (" + in.describe() +
                                 "); a stencil reads old values while it writes new ones: write into another tensor "
                                 "and swap them");
