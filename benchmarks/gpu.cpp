@@ -555,11 +555,11 @@ void stencil_case(sl::Context& ctx, std::int64_t side, const char* what, bool pr
   }
   // The default kernels, then the interior as planes in shared memory (SHARDLIB_STENCIL_PLANES,
   // stencil/planes.hpp: not the default until it measures faster; its records' names end in
-  // "(planes)", which the goal's rows leave out). The setting is the process's: device 0 sets it
-  // between barriers.
+  // "(planes)", which the goal's rows leave out). The setting is a process's: every device sets it
+  // (the same value; one process's devices, or each MPI rank its own) between barriers.
   for (const bool planes : {false, true}) {
     ctx.world().barrier();
-    if (ctx.device() == 0) sl::detail::set_stencil_planes(planes);
+    sl::detail::set_stencil_planes(planes);
     ctx.world().barrier();
     for (const auto refresh : {sl::GhostRefresh::none, sl::GhostRefresh::overlap}) {
       const bool step = refresh == sl::GhostRefresh::overlap;
@@ -578,7 +578,7 @@ void stencil_case(sl::Context& ctx, std::int64_t side, const char* what, bool pr
     }
   }
   ctx.world().barrier();
-  if (ctx.device() == 0) sl::detail::set_stencil_planes(false);
+  sl::detail::set_stencil_planes(false);
   ctx.world().barrier();
 }
 
