@@ -444,12 +444,10 @@ std::atomic<int>& planes_launches() {
 // counts its own launches, and its block may have no interior points).
 template <std::size_t R>
 void planes_cases(const std::array<std::int64_t, R>& shape, const std::array<int, R>& w, bool fits) {
-  struct Restore {
-    ~Restore() {
-      sl::detail::set_stencil_planes(false);
-      Kokkos::Tools::Experimental::set_begin_parallel_for_callback(nullptr);
-    }
-  } restore;
+  const sl::detail::StencilPlanesScope scope(false);
+  struct Unhook {
+    ~Unhook() { Kokkos::Tools::Experimental::set_begin_parallel_for_callback(nullptr); }
+  } unhook;
   Kokkos::Tools::Experimental::set_begin_parallel_for_callback([](const char* name, std::uint32_t, std::uint64_t* id) {
     if (std::string(name) == stencil_planes_label) ++planes_launches();
     *id = 0;
@@ -573,12 +571,10 @@ TEST_CASE("stencil_for: a functor reading within the widths passes the checked m
 }
 
 TEST_CASE("SHARDLIB_STENCIL_PLANES: 1 selects the planes kernel, 0 or unset the default kernels, other values a clear error") {
-  struct Restore {
-    ~Restore() {
-      ::unsetenv("SHARDLIB_STENCIL_PLANES");
-      sl::detail::set_stencil_planes(false);
-    }
-  } restore;
+  const sl::detail::StencilPlanesScope scope(false);  // (the setting as it was, after the case)
+  struct Unset {
+    ~Unset() { ::unsetenv("SHARDLIB_STENCIL_PLANES"); }
+  } unset;
   auto read = [](const char* value) {
     if (value) ::setenv("SHARDLIB_STENCIL_PLANES", value, 1);
     else ::unsetenv("SHARDLIB_STENCIL_PLANES");
@@ -591,6 +587,17 @@ TEST_CASE("SHARDLIB_STENCIL_PLANES: 1 selects the planes kernel, 0 or unset the 
   CHECK_THROWS_WITH_AS(read("yes"), doctest::Contains("SHARDLIB_STENCIL_PLANES is 'yes': 1 runs"), std::invalid_argument);
   sl::detail::set_stencil_planes(true);  // the override stands until the next set
   CHECK(sl::detail::stencil_planes_selected());
+  {
+    const sl::detail::StencilPlanesScope off(false);  // a scope's setting, then the one before
+    CHECK(!sl::detail::stencil_planes_selected());
+  }
+  CHECK(sl::detail::stencil_planes_selected());
+  sl::detail::stencil_planes_setting() = -1;
+  {
+    const sl::detail::StencilPlanesScope on(true);
+    CHECK(sl::detail::stencil_planes_selected());
+  }
+  CHECK(sl::detail::stencil_planes_setting() == -1);  // not read yet, as before the scope
 }
 
 TEST_CASE("stencil_for's GPU work items (a point each, GPU memory's) on host memory: the results of the rows' layout") {

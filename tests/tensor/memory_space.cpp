@@ -681,10 +681,7 @@ TEST_SUITE("tensor_memory_space") {
     on_devices(check_stencils);
   }
   TEST_CASE("stencil_for's interior as planes in shared memory (SHARDLIB_STENCIL_PLANES) against host memory") {
-    struct Restore {
-      ~Restore() { sl::detail::set_stencil_planes(false); }
-    } restore;
-    sl::detail::set_stencil_planes(true);
+    const sl::detail::StencilPlanesScope planes(true);
     on_devices(check_stencil_planes);
   }
 }

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 
 namespace shardlib::detail {
 
@@ -32,7 +33,22 @@ struct StencilGeometry {
   const std::int64_t* region_offset = nullptr;
   std::int64_t extent[R] = {}, stride[R] = {}, width[R] = {}, offset[R] = {};
   std::int64_t* fault = nullptr;  // Check::on: StencilFault::size integers
+
+  /// Whether the block has fewer than 2^31 elements: the tile and plane kernels index it with
+  /// 32-bit integers (one multiply-add an address).
+  bool fits_int() const noexcept {
+    std::int64_t elements = 1;
+    for (std::size_t d = 0; d < R; ++d) elements *= extent[d] > 1 ? extent[d] : 1;
+    return elements < std::numeric_limits<int>::max();
+  }
 };
+
+/// The bytes a stencil launch over `points` points moves, for kernels::count_kernel (the cost
+/// model's figure): each point read once (T) and written once (U), whatever the kernel.
+template <class T, class U>
+constexpr std::uint64_t stencil_bytes(std::int64_t points) noexcept {
+  return static_cast<std::uint64_t>(points > 0 ? points : 0) * (sizeof(T) + sizeof(U));
+}
 
 /// Checked reads: whether offset `off` lies within the widths; if not, the first such read (over
 /// all threads) is recorded with the point's global index `g.offset + li` (+ j along the last dim).

@@ -56,6 +56,18 @@ inline bool stencil_planes_selected() {
 }
 /// Overrides SHARDLIB_STENCIL_PLANES (benchmarks and tests compare the kernels in one run).
 inline void set_stencil_planes(bool on) { stencil_planes_setting().store(on ? 1 : 0, std::memory_order_relaxed); }
+/// Sets the planes setting for a scope and puts back the one before (-1, not read yet,
+/// included) when it ends, however it ends: tests that compare the kernels.
+class StencilPlanesScope {
+ public:
+  explicit StencilPlanesScope(bool on) : before_(stencil_planes_setting().load(std::memory_order_relaxed)) { set_stencil_planes(on); }
+  StencilPlanesScope(const StencilPlanesScope&) = delete;
+  StencilPlanesScope& operator=(const StencilPlanesScope&) = delete;
+  ~StencilPlanesScope() { stencil_planes_setting().store(before_, std::memory_order_relaxed); }
+
+ private:
+  int before_;
+};
 
 /// The points of the box [lo, hi) of a 2-D or 3-D block (its reads all inside the block) as planes
 /// in shared memory (see the file's comment). A team's tile: `tx` points along the last dim by
@@ -194,9 +206,7 @@ bool run_stencil_planes(const Context& ctx, const K& k) {
   constexpr std::size_t R = std::extent_v<decltype(k.g.extent)>;
   using P = StencilPlaneKernel<T, U, R, std::remove_cvref_t<decltype(k.f)>>;
   const auto& g = k.g;
-  std::int64_t elements = 1;
-  for (std::size_t d = 0; d < R; ++d) elements *= std::max<std::int64_t>(g.extent[d], 1);
-  if (elements >= std::numeric_limits<int>::max()) return false;
+  if (!g.fits_int()) return false;
   P p{g.block, k.out, static_cast<int>(g.stride[0]), R == 3 ? static_cast<int>(g.stride[1]) : 0, {}, {}, {}, {}, 1, 1, 1,
       0, 0, 0, 0, k.f};
   // The box as 3-D (dims 0, 1, last; a 2-D block's dim 1 is [0, 1) with width 0).
@@ -237,7 +247,7 @@ bool run_stencil_planes(const Context& ctx, const K& k) {
   [[maybe_unused]] const auto guard = kernel_guard_for<Mem>(ctx, true);
   std::int64_t points = 1;
   for (int d = 0; d < 3; ++d) points *= p.hi[d] - p.lo[d];
-  kernels::count_kernel(static_cast<std::uint64_t>(points) * (sizeof(T) + sizeof(U)));
+  kernels::count_kernel(stencil_bytes<T, U>(points));
   Kokkos::parallel_for("shardlib::stencil_for(planes)",
                        Kokkos::TeamPolicy<Exec>(exec, static_cast<int>(league), team).set_scratch_size(0, Kokkos::PerTeam(scratch)), p);
   if constexpr (kernels::is_host_exec_v<Exec>) kernels::fence(exec);

@@ -164,7 +164,7 @@ void stencil_shell(const Context& ctx, const StencilGeometry<T, R>& g, bool ends
   if (items == 0) return;
   k.first[k.boxes] = items;
   for_range<Mem>("shardlib::stencil_for(shell)", ctx, items, k,
-                 static_cast<std::uint64_t>(items) * (sizeof(T) + sizeof(U)));
+                 stencil_bytes<T, U>(items));
 }
 
 }  // namespace shardlib::detail

@@ -369,11 +369,8 @@ struct StencilTileKernel {
 /// when the block has fewer than 2^31 elements; false (nothing run) else.
 template <class Mem, class T, class U, std::size_t R, class F>
 bool stencil_tiles(const Context& ctx, const StencilRowsKernel<false, true, T, U, R, F>& k, bool ends) {
-  constexpr std::int64_t most = std::numeric_limits<int>::max();
   const auto& g = k.g;
-  std::int64_t elements = 1;
-  for (std::size_t d = 0; d < R; ++d) elements *= std::max<std::int64_t>(g.extent[d], 1);
-  if (elements >= most) return false;
+  if (!g.fits_int()) return false;
   const auto& exec = ctx.exec_for<Mem>();
   using Exec = std::remove_cvref_t<decltype(exec)>;
   StencilTileKernel<T, U, R, F> t{k, {}, {}, {}, 0, 4, 1, static_cast<int>(k.mid0), static_cast<int>(k.mid1)};
@@ -387,11 +384,11 @@ bool stencil_tiles(const Context& ctx, const StencilRowsKernel<false, true, T, U
   t.tiles = (t.hi[R - 1] - t.lo[R - 1] + team - 1) / team;
   if constexpr (R == 2) t.ny = (t.hi[0] - t.lo[0] + t.ty - 1) / t.ty;
   const std::int64_t league = static_cast<std::int64_t>(t.tiles) * t.ny;
-  if (league >= most) return false;
+  if (league >= std::numeric_limits<int>::max()) return false;
   [[maybe_unused]] const auto guard = kernel_guard_for<Mem>(ctx, false);
   std::int64_t points = 1;
   for (std::size_t d = 0; d < R; ++d) points *= t.hi[d] - t.lo[d];
-  kernels::count_kernel(static_cast<std::uint64_t>(points) * (sizeof(T) + sizeof(U)));
+  kernels::count_kernel(stencil_bytes<T, U>(points));
   Kokkos::parallel_for("shardlib::stencil_for(tiles)", Kokkos::TeamPolicy<Exec>(exec, static_cast<int>(league), team), t);
   if constexpr (kernels::is_host_exec_v<Exec>) kernels::fence(exec);
   return true;
@@ -403,7 +400,6 @@ bool stencil_rows(const Context& ctx, const StencilGeometry<T, R>& g, RowPart pa
   for (std::size_t d = 0; d + 1 < R; ++d) rows *= std::max<std::int64_t>(g.extent[d] - 2 * g.width[d], 0);
   const std::int64_t n = g.extent[R - 1], w = g.width[R - 1];
   if (rows <= 0 || n <= 0) return true;
-  const std::uint64_t point_bytes = sizeof(T) + sizeof(U);  // (counted: each point read once and written)
   StencilRowsKernel<Checked, PerPoint, T, U, R, F> k{g, {}, nullptr, nullptr, out, n, w, 0, 0, 0, part, f};
   std::int64_t m = 1;
   for (std::size_t d = R; d-- > 0;) {
@@ -440,7 +436,7 @@ bool stencil_rows(const Context& ctx, const StencilGeometry<T, R>& g, RowPart pa
     const std::int64_t league = (rows + per_team - 1) / per_team;
     if (part != RowPart::ends && league <= std::numeric_limits<int>::max()) {
       [[maybe_unused]] const auto guard = kernel_guard_for<Mem>(ctx, false);
-      kernels::count_kernel(static_cast<std::uint64_t>(rows * k.per_row) * point_bytes);
+      kernels::count_kernel(stencil_bytes<T, U>(rows * k.per_row));
       Kokkos::parallel_for("shardlib::stencil_for(team)", Kokkos::TeamPolicy<Exec>(exec, static_cast<int>(league), team),
                            StencilRowsTeam<decltype(k)>{k, rows, per_team});
       if constexpr (kernels::is_host_exec_v<Exec>) kernels::fence(exec);
@@ -448,7 +444,7 @@ bool stencil_rows(const Context& ctx, const StencilGeometry<T, R>& g, RowPart pa
     }
   }
   for_range<Mem>("shardlib::stencil_for", ctx, PerPoint ? rows * k.per_row : rows, k,
-                 static_cast<std::uint64_t>(rows * k.per_row) * point_bytes);
+                 stencil_bytes<T, U>(rows * k.per_row));
   return part != RowPart::middle;
 }
 
