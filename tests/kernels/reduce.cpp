@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -515,6 +516,40 @@ TEST_SUITE("kernels_reduce") {
         p::row_sums(exec(), x.data(), got.data(), rows, n, k::RowGroups{1, 1, 32});
         CHECK(got == want);
       }
+  }
+
+  TEST_CASE("a chunked row walk: each in the row's order, store the last chunk first (the most recently read)") {
+    // A group of one thread, 8 elements a chunk: rows of 20 are chunks [0, 8), [8, 16), [16, 20).
+    for (const I64 kept : {I64(20), I64(18), I64(10)}) {
+      std::vector<float> a(20), b(20);
+      for (int j = 0; j < 20; ++j) a[static_cast<std::size_t>(j)] = static_cast<float>(j), b[static_cast<std::size_t>(j)] = 100.0f * j;
+      const float* rows[2] = {a.data(), b.data()};
+      const k::RowWalk<float, 8, 2, true> walk(rows, 0, 20, kept, 1, 0, false, true, -1.0f);
+      float sum = 0;
+      std::vector<I64> order;
+      walk.each([&](I64 j, const auto& v) {
+        sum += v[0] + v[1];
+        order.push_back(j);
+      });
+      CAPTURE(kept);
+      CHECK(sum == static_cast<float>(101 * (kept * (kept - 1) / 2)));
+      std::vector<I64> ascending(static_cast<std::size_t>(kept));
+      std::iota(ascending.begin(), ascending.end(), I64(0));
+      CHECK(order == ascending);  // each: in the row's order
+      for (auto& v : a) v += 1000.0f;  // a store reads the row again
+      std::vector<float> out(20, 0.0f);
+      std::vector<I64> stored;
+      walk.store(out.data(), 0, false, [&](I64 j, const auto& v) {
+        stored.push_back(j);
+        return v[0] + v[1];
+      });
+      for (int j = 0; j < 20; ++j) {
+        CAPTURE(j);
+        CHECK(out[static_cast<std::size_t>(j)] == (j < kept ? 101.0f * j + 1000.0f : -2.0f));  // past `kept`: pad, pad
+      }
+      // the chunks last first, each chunk's elements in order
+      CHECK(stored == std::vector<I64>{16, 17, 18, 19, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
+    }
   }
 
   TEST_CASE("a row launch that needs more teams than Kokkos' int league holds is refused, naming the kernel") {

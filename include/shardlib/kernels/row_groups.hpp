@@ -12,7 +12,7 @@
 /// its registers, and a group's reductions are warp shuffles (and, for a group of more than a
 /// warp, one exchange through team scratch memory with two barriers), several statistics in one
 /// reduction. Rows longer than a group's registers hold are walked in chunks, each pass reading
-/// the row again.
+/// the row again (the last pass backwards: RowWalk).
 ///
 /// Layout of a row's elements over its group: a thread (the group's `lane`) holds `per_thread`
 /// elements, in runs of W = 16 / sizeof(T) consecutive elements (one 16-byte load), the group's
@@ -199,8 +199,13 @@ void launch_row_groups(const Exec& exec, const char* label, std::int64_t rows, c
 /// One thread's walk along a row of `n` of K arrays at once (softmax's backward reads y and g;
 /// the norms' x, y and g). Not `Chunked` (rows of up to group * E): the thread's share is loaded
 /// once, on construction, and every pass runs over registers. `Chunked`: the row is walked in
-/// chunks of group * E, each pass loading every chunk again. The callbacks get an element's index
-/// j and its K values (`const C (&)[K]`), j ascending for a group of one thread.
+/// chunks of group * E, each pass loading every chunk again: `each` in order (its callbacks get an
+/// element's index j and its K values, `const C (&)[K]`, j ascending for a group of one thread:
+/// sums in the row's order), `store` last chunk first. Why `store` goes backwards: it is the last
+/// pass, after an `each` that read the chunks in order, so its first chunks are the ones read most
+/// recently, the likeliest still in the GPU's L2 cache when a row's chunks do not all fit there
+/// (a team's row of 32k floats in y and g is 256 KiB, a team per SM: 33 MB of an H100's 50 MB L2
+/// in flight). Walked in order again, the chunk read first, the oldest, is the first evicted.
 template <class T, int E, int K, bool Chunked>
 struct RowWalk {
   using C = compute_t<T>;
@@ -211,7 +216,7 @@ struct RowWalk {
   int group, lane;
   bool aligned, valid;
   C pad;
-  Tile first[K];
+  Tile first[K];  // not Chunked: the thread's share
 
   /// `rows[q] + row * n` is the row of array q; a thread with `valid` false (past the last row)
   /// reads and writes nothing.
@@ -224,16 +229,19 @@ struct RowWalk {
         for (int q = 0; q < K; ++q) first[q].load(p[q], static_cast<int>(kept), group, lane, aligned, pad);
   }
 
-  /// f(tiles, base, len, all) for each chunk: its tiles (loaded here when Chunked), its first
-  /// element, its elements below `kept` and in all.
+  /// f(tiles, base, len, all) for each chunk, in order or (`backwards`) last first: its tiles
+  /// (loaded here when Chunked), its first element, its elements below `kept` and in all.
   template <class F>
-  KOKKOS_INLINE_FUNCTION void chunks(const F& f) const {
+  KOKKOS_INLINE_FUNCTION void chunks(const F& f, bool backwards = false) const {
     if (!valid) return;
     if constexpr (!Chunked) {
+      (void)backwards;
       f(first, std::int64_t(0), static_cast<int>(kept), static_cast<int>(n));
     } else {
       const int chunk = group * E;
-      for (std::int64_t b = 0; b < n; b += chunk) {
+      const std::int64_t count = (n + chunk - 1) / chunk;
+      for (std::int64_t c = 0; c < count; ++c) {
+        const std::int64_t b = (backwards ? count - 1 - c : c) * chunk;
         Tile t[K];
         const std::int64_t left = kept - b;
         const int len = left < chunk ? (left > 0 ? static_cast<int>(left) : 0) : chunk;
@@ -272,12 +280,13 @@ struct RowWalk {
     });
   }
   /// out[row * n + j] = f(j, values) for each of this thread's elements j below `n` (values
-  /// `pad` past `kept`), whole runs with one store when `out_aligned`. `out` may be one of the
-  /// arrays read: a thread writes only what it read.
+  /// `pad` past `kept`), whole runs with one store when `out_aligned`; Chunked, the chunks last
+  /// first. `out` may be one of the arrays read: a thread writes only what it read, after reading
+  /// it.
   template <class F>
   KOKKOS_INLINE_FUNCTION void store(T* out, std::int64_t row, bool out_aligned, const F& f) const {
     T* o = out + row * n;
-    chunks([&](const Tile(&t)[K], std::int64_t b, int, int all) {
+    const auto write = [&](const Tile(&t)[K], std::int64_t b, int, int all) {
       for (int k = 0; k < Tile::runs; ++k) {
         const int j = Tile::run_start(k, group, lane);
         auto value = [&](int i) {
@@ -294,7 +303,8 @@ struct RowWalk {
             if (j + i < all) o[b + j + i] = value(i);
         }
       }
-    });
+    };
+    chunks(write, true);
   }
 };
 
