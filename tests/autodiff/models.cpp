@@ -153,6 +153,38 @@ TEST_CASE("data parallel MLP: one-device gradients, one all_reduce per bucket") 
   });
 }
 
+TEST_CASE("buckets with empty blocks: a weight whose columns leave some devices none resolves on every device") {
+  // w [3, 4] split over "model" by columns: 4 over 3 devices are 2, 2 and 0, so the devices of
+  // the last "model" coordinate hold an empty block and their bucket of its gradient (partial
+  // over "data") has no bytes. Making the "data" group is a collective of every device: before,
+  // those devices skipped it with their empty all_reduce and went on to the next collective
+  // while the others waited in it (found as a hang of moe's traffic test on 6 devices, 2 x 3).
+  sl::test::for_each_run(
+      [](sl::Context& ctx) {
+        const int n = ctx.num_devices();
+        M mesh(ctx, {n % 2 == 0 ? 2 : 1, n % 2 == 0 ? n / 2 : n});
+        const auto x = Ten<Spec<"data", none>>::random(mesh, {4, 3}, 1, -1.f, 1.f);
+        sl::Param w(Ten<Spec<none, "model">>::random(mesh, {3, 4}, 2, -1.f, 1.f));
+        sl::coll::CommRecorder rec;
+        sl::backward(sl::sum_all(sl::square(sl::matmul(x, w))));
+        // w's bucket over "data", where it has more than one device and bytes (an empty bucket is
+        // empty on its whole group, which skips it)
+        const bool empty = w.value().block().num_elements() == 0;
+        CHECK(rec[Kind::all_reduce].calls == (mesh.shape().size(0) > 1 && !empty ? 1u : 0u));
+        // Every device out of the backward, at the same collective (a device still making the
+        // group would meet this one instead).
+        int one = 1;
+        ctx.world().all_reduce(&one, &one, 1, sl::coll::dtype_of<int>(), sl::coll::Op::sum);
+        CHECK(one == n);
+        // One device's worth.
+        const auto xr = sl::reshard<Spec<none, none>>(x);
+        sl::Param v(sl::reshard<Spec<none, none>>(w.value()));
+        sl::backward(sl::sum_all(sl::square(sl::matmul(xr, v))));
+        expect_close(sl::reshard<Spec<none, none>>(w.grad()), v.grad(), 1e-5, "w");
+      },
+      {1, 3, 5, 6});
+}
+
 TEST_CASE("FSDP: the all_gather of a split weight transposes to one reduce_scatter per parameter") {
   sl::test::for_each_run([](sl::Context& ctx) {
     M mesh(ctx, {ctx.num_devices(), 1});

@@ -635,8 +635,14 @@ SHARDLIB_NOINLINE inline void resolve_leaves(std::vector<LeafGrad*> leaves, std:
       leaves[k]->copy_pending_to(buf + off);
       off += static_cast<std::size_t>(leaves[k]->only_pending().box.num_elements()) * leaves[k]->elem_size();
     }
-    if (bytes && first.mesh_shape().group_size(axes) > 1)  // a group of one device adds nothing
-      first.bucket_group(axes).all_reduce(buf, buf, bytes / first.elem_size(), first.dtype(), coll::Op::sum);
+    if (first.mesh_shape().group_size(axes) > 1) {  // (a group of one device adds nothing)
+      // The group is made on every device, one whose bucket is empty too: making a group is a
+      // collective of the whole world (Context::group), and a bucket's bytes differ between groups
+      // (a split parameter's empty blocks: 4 experts over 3 devices are 2, 2 and 0). Within the
+      // group the blocks, so the bytes, are the same: an empty bucket is empty on all of it.
+      coll::Communicator& group = first.bucket_group(axes);
+      if (bytes) group.all_reduce(buf, buf, bytes / first.elem_size(), first.dtype(), coll::Op::sum);
+    }
     off = 0;
     for (std::size_t k = i; k < j; ++k) {  // each gradient views its part of the bucket
       const std::size_t b =
