@@ -204,7 +204,11 @@ TEST_CASE("NoGrad: an evaluation's forward records nothing, keeps no saved tenso
       CHECK(!(recorded * 2.f).requires_grad());
     }
     CHECK(value == recorded.value().item());  // the same kernels on the same values
-    CHECK_MESSAGE(held * 8 < held_recorded, held << " bytes held by the evaluation, " << held_recorded << " recorded");
+    // (A device whose block of x has no rows, 8 rows over 5 devices, holds the scalar loss alone either way.)
+    if (x.block().num_elements() > 0)
+      CHECK_MESSAGE(held * 8 < held_recorded, held << " bytes held by the evaluation, " << held_recorded << " recorded");
+    else
+      CHECK(held <= held_recorded);
     // The evaluation in between changed no gradient: the recorded forward's backward gives the reference's.
     sl::backward(recorded);
     CHECK(layers[0].w1.grad().to_host() == want);

@@ -12,6 +12,7 @@
 
 #include "../collectives/harness.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -267,6 +268,9 @@ void check(sl::Context& ctx, const Case& c) {
   }
 }
 
+/// The layers of a stack over p stages: 4, or one a stage where there are more (mpirun -np 5, 7).
+int layers(int p) { return std::max(4, p); }
+
 /// The meshes a device count allows: (stages, data, model).
 std::vector<std::array<int, 3>> meshes(int n) {
   switch (n) {
@@ -283,8 +287,8 @@ TEST_CASE("gpipe and 1f1b: the loss and gradients of the whole stack, one activa
   sl::test::for_each_run([](sl::Context& ctx) {
     for (const auto& [p, d, mo] : meshes(ctx.num_devices()))
       for (int m : {1, p, 2 * p, 4 * p}) {
-        check(ctx, {pp::Schedule::one_f_one_b, p, d, mo, m, 1, 4, false});
-        if (m <= 2 * p) check(ctx, {pp::Schedule::gpipe, p, d, mo, m, 1, 4, m == p});
+        check(ctx, {pp::Schedule::one_f_one_b, p, d, mo, m, 1, layers(p), false});
+        if (m <= 2 * p) check(ctx, {pp::Schedule::gpipe, p, d, mo, m, 1, layers(p), m == p});
       }
   }, {1, 2, 4, 8});
 }
@@ -302,7 +306,7 @@ TEST_CASE("interleaved, and uneven stages: the same loss and gradients") {
 TEST_CASE("run: the slot-boundary permutes (nccl's transport) give the same loss, gradients and traffic") {
   sl::test::for_each_run([](sl::Context& ctx) {
     for (const auto& [p, d, mo] : meshes(ctx.num_devices())) {
-      Case c{pp::Schedule::one_f_one_b, p, d, mo, 2 * p, 1, 4, false};
+      Case c{pp::Schedule::one_f_one_b, p, d, mo, 2 * p, 1, layers(p), false};
       c.transport = pp::Transport::slot_permutes;
       check(ctx, c);
       c = Case{pp::Schedule::interleaved, p, d, mo, p, 2, 2 * p, false};
@@ -314,7 +318,7 @@ TEST_CASE("run: the slot-boundary permutes (nccl's transport) give the same loss
 
 TEST_CASE("run: a loss scale (f16) seeds every micro-batch's backward with scale / m") {
   sl::test::for_each_run([](sl::Context& ctx) {
-    for (const auto& [p, d, mo] : meshes(ctx.num_devices())) check(ctx, {pp::Schedule::one_f_one_b, p, d, mo, 2 * p, 1, 4, false, 1024});
+    for (const auto& [p, d, mo] : meshes(ctx.num_devices())) check(ctx, {pp::Schedule::one_f_one_b, p, d, mo, 2 * p, 1, layers(p), false, 1024});
   }, {2, 4});
 }
 

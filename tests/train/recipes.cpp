@@ -39,6 +39,17 @@ std::int64_t num_params(const gpt::Config& c) {
 
 std::uint64_t calls(const sl::coll::CommStats& s, Kind k) { return s[k].calls; }
 
+/// Whether every size a recipe splits divides by the n devices. The recipes' checks of
+/// collectives and bytes per parameter (ZeRO's formulas: 12Ψ/N) hold for even blocks; under
+/// mpirun -np 5 or 7 the blocks are uneven (a batch of 8 over 5 devices: 2, 2, 2, 2, 0, and a
+/// reshape of the uneven batch dim gathers) and those checks are left out, the training against
+/// one device still checked.
+bool splits_evenly(const gpt::Config& c, int n) {
+  for (const std::int64_t e : {c.vocab, c.seq, c.dim, c.heads, c.ff, c.batch})
+    if (e % n != 0) return false;
+  return true;
+}
+
 struct Run {
   std::vector<double> losses;
   std::vector<gpt::StepReport> reports;
@@ -66,6 +77,7 @@ void against_one_device(Check check, const gpt::Config& cfg = config(), double t
   const double param_tol = (std::is_same_v<E, float> ? 1e-4 : 2e-3) * tol_scale;
   sl::test::for_each_run(
       [&](sl::Context& ctx) {
+        if (std::is_same_v<R, gpt::DPxCP> && ctx.num_devices() % cfg.cp != 0) return;  // (mpirun -np 5, 7)
         const Run got = train<R, E>(ctx, cfg);
         const Run want = train<gpt::Replicated, E>(ctx, cfg);
         REQUIRE(got.losses.size() == want.losses.size());
@@ -97,8 +109,10 @@ void against_one_device(Check check, const gpt::Config& cfg = config(), double t
         // the first step's trace describes every step (docs/02, "Describing a step"). Not with
         // MoE layers: their all-to-alls carry the routed tokens, which change with the values.
         REQUIRE(!got.reports.empty());
+        const bool formulas = splits_evenly(cfg, ctx.num_devices());
         if (cfg.moe > 0) {
-          for (const gpt::StepReport& s : got.reports) check(ctx, s);
+          if (formulas)
+            for (const gpt::StepReport& s : got.reports) check(ctx, s);
           return;
         }
         const std::string first = got.reports.front().trace.to_string();
@@ -108,7 +122,8 @@ void against_one_device(Check check, const gpt::Config& cfg = config(), double t
         gpt::StepReport dry;
         sl::coll::dry_run([&] { gpt::train<R, E>(ctx, cfg, 1, [&](int, const gpt::StepReport& s) { dry = s; }); });
         CHECK_MESSAGE(dry.trace.to_string() == first, R::name << ": dry run\n" << dry.trace.to_string() << "real\n" << first);
-        for (const gpt::StepReport& s : got.reports) check(ctx, s);
+        if (formulas)
+          for (const gpt::StepReport& s : got.reports) check(ctx, s);
       },
       {4, 8});
 }
@@ -172,7 +187,8 @@ void pipelined_against_one_device(gpt::PipeConfig pc, std::int64_t layers = 4) {
             if (mesh.shape().size(1) > 1) {
               CHECK(got[s].forward[Kind::reduce_scatter].calls == params * static_cast<std::uint64_t>(c.microbatches));
               CHECK(got[s].update[Kind::reduce_scatter].calls == 0);
-              CHECK(got[s].memory.gradients() * mesh.shape().size(1) <= got[s].memory.parameters() + 64 * params);
+              if (splits_evenly(cfg, mesh.shape().size(1)))  // (3 shards of 64 rows: 22, 22 and 20)
+                CHECK(got[s].memory.gradients() * mesh.shape().size(1) <= got[s].memory.parameters() + 64 * params);
             }
           }
           if constexpr (R::zero == gpt::Zero::stage1) {
