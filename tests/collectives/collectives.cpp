@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <initializer_list>
 #include <numeric>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace sl = shardlib;
@@ -414,6 +416,37 @@ TEST_SUITE("collectives") {
       }
     };
     for_each_run(run, {2, 4, 8});
+  }
+
+  TEST_CASE("groups: devices asking for different groups at the same point throw on every device, naming them") {
+    // Making a group splits the whole world: device 0 asking for {data} where the others ask for
+    // {model} would pair in one split (wrong groups, silently) without the check.
+    for_each_run([](sl::Context& ctx) {
+      const int n = ctx.num_devices();
+      if (n % 2) return;  // (mpirun -np 5)
+      sl::MeshShape mesh({"data", "model"}, {n / 2, 2});
+      const sl::AxisList data{0}, model{1};
+      const bool first = ctx.device() == 0;
+      try {
+        ctx.group(mesh, first ? data : model);
+        FAIL("no exception on device " << ctx.device());
+      } catch (const std::logic_error& e) {
+        const std::string m = e.what();
+        const std::string others = n > 2 ? "devices 1, 2" : "device 1 asks";
+        CHECK_MESSAGE(m.find("different groups at the same point (device 0 asks for 'group {data} of mesh "
+                             "{data: " + std::to_string(n / 2) + ", model: 2}'") != std::string::npos, m);
+        CHECK_MESSAGE(m.find(others) != std::string::npos, m);
+        CHECK_MESSAGE(m.find("for 'group {model} of mesh") != std::string::npos, m);
+      }
+      // Nothing was made: asked for in one order, both groups work.
+      for (const auto& axes : {data, model}) {
+        auto& g = ctx.group(mesh, axes);
+        int id = ctx.device(), sum = 0;
+        g.all_reduce(&id, &sum, 1, DType::i32, Op::sum);
+        const auto members = mesh.group_devices(ctx.device(), axes);
+        CHECK(sum == std::accumulate(members.begin(), members.end(), 0));
+      }
+    }, {2, 4, 6});
   }
 
   TEST_CASE("counters: calls and bytes per kind, for this device") {

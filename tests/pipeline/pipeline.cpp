@@ -417,6 +417,25 @@ TEST_CASE("memory: 1F1B holds p micro-batches' activations whatever m, GPipe m o
   }, {2, 4});
 }
 
+TEST_CASE("StageScope: a group first asked for inside the stages' code is refused, naming it") {
+  // The other stages' devices would never join the world split that makes it.
+  sl::test::for_each_run([](sl::Context& ctx) {
+    const int n = ctx.num_devices();
+    M mesh(ctx, {n, 1, 1});
+    const sl::MeshShape other({"x"}, {n});
+    {
+      pp::StageScope scope(mesh);
+      sl::coll::Communicator& made = ctx.group(mesh.shape(), sl::AxisList{1, 2});  // the scope made it
+      CHECK(made.size() == 1);
+      CHECK_THROWS_WITH_AS(ctx.group(other, sl::AxisList{0}),
+                           doctest::Contains(("group {x} of mesh {x: " + std::to_string(n) +
+                                              "} first asked for inside a pipeline stage's code").c_str()),
+                           std::logic_error);
+    }
+    CHECK(ctx.group(other, sl::AxisList{0}).size() == n);  // outside the scope, made on every device
+  }, {1, 2, 4});
+}
+
 TEST_CASE("a stage that throws ends every device, with its message") {
   if (sl::test::mpi_runtime()) return;  // (under mpirun an exception ends the job)
   CHECK_THROWS_WITH_AS(sl::Runtime::threads(4).spmd([](sl::Context& ctx) {

@@ -52,6 +52,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -59,6 +60,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -116,6 +118,56 @@ using exec_space_t = std::conditional_t<host_memory_v<MemorySpace>, Kokkos::Defa
 struct NoDeviceSpace {};
 /// What a Context keeps of its device execution space instance: nothing without one.
 using DeviceInstance = std::conditional_t<has_device_space_v, Kokkos::DefaultExecutionSpace, NoDeviceSpace>;
+
+/// Context::group's check, before a group is made, that every device makes the same one: making a
+/// group is a split of the whole world, and two devices making different groups at the same point
+/// would pair in it silently (wrong groups). (A device that makes none leaves the others waiting
+/// here, as in any collective it skips: not this check's to tell.)
+/// One all_reduce of a few words over `world` (not counted; skipped in a dry run, as
+/// Communicator::mismatch is); when they differ, a std::logic_error on every device naming the
+/// groups each device asked for.
+inline void agree_on_group(coll::Communicator& world, const std::string& name, bool device_memory) {
+  constexpr std::size_t kept = 120;  // bytes of the name compared word by word (and shown); then a hash
+  std::vector<std::int64_t> words(2 + kept / 8, 0);
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the whole name
+  for (char c : name) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  words[0] = static_cast<std::int64_t>((h & ~std::uint64_t{1}) | (device_memory ? 1u : 0u));
+  words[1] = static_cast<std::int64_t>(name.size());
+  for (std::size_t i = 0; i < std::min(name.size(), kept); ++i)
+    words[2 + i / 8] |= static_cast<std::int64_t>(static_cast<unsigned char>(name[i])) << (8 * (i % 8));
+  const std::vector<std::int64_t> all = world.mismatch(std::span<const std::int64_t>(words));
+  if (all.empty()) return;
+  const std::size_t n = words.size(), devices = all.size() / n;
+  const auto text = [&](std::size_t d) {
+    const std::int64_t* w = all.data() + d * n;
+    std::string s;
+    for (std::size_t i = 0; i < std::min(static_cast<std::size_t>(w[1]), kept); ++i)
+      s += static_cast<char>((w[2 + i / 8] >> (8 * (i % 8))) & 0xff);
+    if (static_cast<std::size_t>(w[1]) > kept) s += "...";
+    return "'" + s + "'" + (w[0] & 1 ? " (device memory)" : "");
+  };
+  std::string what;  // the distinct groups, each with the devices asking for it
+  std::vector<bool> told(devices, false);
+  for (std::size_t d = 0; d < devices; ++d) {
+    if (told[d]) continue;
+    std::string who;
+    std::size_t count = 0;
+    for (std::size_t e = d; e < devices; ++e)
+      if (!told[e] && std::equal(all.begin() + static_cast<std::ptrdiff_t>(e * n),
+                                 all.begin() + static_cast<std::ptrdiff_t>((e + 1) * n),
+                                 all.begin() + static_cast<std::ptrdiff_t>(d * n))) {
+        told[e] = true;
+        if (count++ < 8) who += (who.empty() ? "" : ", ") + std::to_string(e);
+      }
+    if (count > 8) who += " and " + std::to_string(count - 8) + " more";
+    what += (what.empty() ? "" : "; ") + std::string(count > 1 ? "devices " : "device ") + who + " ask" +
+            (count > 1 ? "" : "s") + " for " + text(d);
+  }
+  throw std::logic_error("shardlib: Context::group: the devices ask for different groups at the same point (" +
+                         what +
+                         "); making a group is collective over all devices, so every device must ask for the same "
+                         "groups in the same order: ask for them up front, before code that only some devices run");
+}
 }  // namespace detail
 
 /// One device's view of the run, handed to the SPMD body: who it is, and its communicators.
@@ -144,8 +196,9 @@ class Context {
 
   /// This device's group along `axes` of `mesh` (the devices sharing its coordinates on the other
   /// axes), ranked by group rank (MeshShape::group_rank). Created on first use, which is
-  /// collective over all devices (every device asks for the same group, in the same order),
-  /// then cached: later calls cost a lookup.
+  /// collective over all devices (every device asks for the same group, in the same order: checked,
+  /// a std::logic_error on every device naming the groups asked for when not; and never first
+  /// inside a pipeline stage's code, std::logic_error), then cached: later calls cost a lookup.
   coll::Communicator& group(const MeshShape& mesh, const AxisList& axes) { return group_of(*world_, groups_, mesh, axes); }
   template <MeshType M>
   coll::Communicator& group(const M& mesh, const AxisList& axes) {
@@ -186,6 +239,12 @@ class Context {
     std::string name = "group {";
     for (int i = 0; i < axes.size(); ++i) name += (i ? ", " : "") + mesh.name(axes[i]).str();
     name += "} of mesh " + mesh.to_string();
+    if (agreement_)  // a stage's code runs on its devices alone: the others would never join the split
+      throw std::logic_error("shardlib: Context::group: " + name + (&parent == device_world_ ? " (device memory)" : "") +
+                             " first asked for inside a pipeline stage's code (pipeline::StageScope), which the other "
+                             "stages' devices do not run; making a group is collective over all devices: ask for it "
+                             "on every device before the scope (StageScope makes every group of its own mesh)");
+    detail::agree_on_group(*world_, name, &parent == device_world_);
     auto comm = parent.split(color, key, mesh.group_size(axes), std::move(name));
     std::vector<int> members = mesh.group_devices(device_, axes);  // ranked as `key` ranks them
     for (int& m : members) m = parent.world_device(m);
