@@ -312,6 +312,9 @@ struct Model {
   /// The training step (from 1) whose router jitter the MoE layers draw; 0: none (evaluating).
   /// train() sets it around each step's forward.
   std::uint64_t jitter_step = 0;
+  /// The choices the MoE layers dropped over capacity (each layer's over all its groups, the same
+  /// on every device) since train() last set it to 0, before each step's forward.
+  mutable std::int64_t moe_dropped = 0;
   std::optional<P<typename R::Wte>> wte;
   std::optional<P<Pos>> wpe;
   std::vector<std::optional<Layer>> layers;  // layer l, when this device holds it
@@ -435,6 +438,7 @@ struct Model {
                           .router_jitter = jitter_step > 0 ? cfg.router_jitter : 0.0,
                           .jitter_seed = jitter_step > 0 ? l.moe->seed * 1000003 + jitter_step : 0,
                           .z_loss = cfg.z_loss_weight > 0});
+        moe_dropped += r.dropped;
         if (aux) {  // (weighted, summed over the groups: one all_reduce of a scalar)
           const auto w = r.aux_loss * static_cast<float>(cfg.aux_weight);
           Aux a = cfg.z_loss_weight > 0 ? Aux(sl::reshard<Spec<>>(w + r.z_loss * static_cast<float>(cfg.z_loss_weight)))
@@ -568,6 +572,8 @@ struct StepReport {
   sl::MemoryUsage memory;  // after the update; its peak: the step's high point
   sl::plan::Work work;  // this device's GEMMs, other kernels and collectives in the step (recomputation included)
   sl::pipeline::StepStats pipeline;  // pipelined recipes: the step's forwards and backwards (`forward` counts their collectives)
+  std::int64_t moe_dropped = 0;  // the choices the MoE layers dropped over capacity in the step's forward
+  std::int64_t moe_groups = 0;   // the groups they route in, each with its own capacity (0: no MoE layer)
 };
 
 /// A pipelined run's shape: stages, micro-batches per global batch, schedule, chunks per stage
@@ -700,8 +706,11 @@ std::vector<std::vector<float>> train(sl::Context& ctx, const Config& cfg, const
     auto loss = [&] {
       sl::coll::CommRecorder rec;
       model.jitter_step = static_cast<std::uint64_t>(s) + 1;
+      model.moe_dropped = 0;
       auto l = model.loss(ids, targets);
       model.jitter_step = 0;
+      r.moe_dropped = model.moe_dropped;
+      if (cfg.moe > 0) r.moe_groups = static_cast<std::int64_t>(sl::moe_stats(ctx).kept.size()) / cfg.moe;
       r.forward = rec.stats();
       return l;
     }();
