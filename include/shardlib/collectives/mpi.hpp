@@ -37,6 +37,9 @@
 ///   exchange and permute also exchange their counts and peers), and throws on every rank when they
 ///   disagree, instead of letting MPI hang or corrupt memory. It costs a latency or two per
 ///   collective, so it is off by default. send and recv are not checked.
+/// - **Watchdog.** A call that waits in MPI longer than SHARDLIB_MPI_TIMEOUT seconds (default
+///   600; 0: off), a collective some rank never reaches, ends the process with the call, group
+///   and rank on stderr and exit status 124; mpirun then ends the job (detail/mpi_watchdog.hpp).
 ///
 /// Compiled only with SHARDLIB_HAVE_MPI (Meson defines it when MPI is found); otherwise this
 /// header declares nothing of its own.
@@ -47,6 +50,7 @@
 #if defined(SHARDLIB_HAVE_MPI)
 
 #include <shardlib/collectives/detail/mpi_c.hpp>
+#include <shardlib/collectives/detail/mpi_watchdog.hpp>
 #include <shardlib/collectives/detail/region_copy.hpp>
 
 #include <algorithm>
@@ -282,6 +286,7 @@ class MpiCommunicator final : public Communicator {
 
  protected:
   void do_all_gather(const void* send, void* recv, const Blocks& blocks, DType t) override {
+    const auto watching = watch("all_gather");
     constexpr std::string_view call = "all_gather";
     if (checked_) verify(call, signature(Kind::all_gather, t, blocks));
     const int me = rank();
@@ -315,6 +320,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void do_reduce_scatter(const void* send, void* recv, const Blocks& blocks, DType t, Op op) override {
+    const auto watching = watch("reduce_scatter");
     constexpr std::string_view call = "reduce_scatter";
     if (checked_) verify(call, signature(Kind::reduce_scatter, t, blocks, op));
     fit_total(call, blocks.total());
@@ -329,6 +335,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void do_all_reduce(const void* send, void* recv, std::size_t count, DType t, Op op) override {
+    const auto watching = watch("all_reduce");
     constexpr std::string_view call = "all_reduce";
     if (checked_) {
       Signature s{Kind::all_reduce, t};
@@ -353,6 +360,7 @@ class MpiCommunicator final : public Communicator {
   void do_all_to_all(const void* send, const Blocks& send_blocks, void* recv, const Blocks& recv_blocks,
                      DType t) override {
     constexpr std::string_view call = "all_to_all";
+    const auto watching = watch("all_to_all");
     if (checked_) verify_all_to_all(send_blocks, recv_blocks, t);
     fit_total(call, send_blocks.total());
     fit_total(call, recv_blocks.total());
@@ -384,6 +392,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void do_broadcast(void* buf, std::size_t count, DType t, int root) override {
+    const auto watching = watch("broadcast");
     constexpr std::string_view call = "broadcast";
     if (checked_) {
       Signature s{Kind::broadcast, t};
@@ -405,6 +414,7 @@ class MpiCommunicator final : public Communicator {
   /// receives (two neighbours may send to each other first); the sends still in flight are
   /// completed as later sends and receives find them done, and all of them at the end.
   void do_send(const void* buf, std::size_t count, DType t, int peer, int tag) override {
+    const auto watching = watch("send");
     check_tag("send", tag);
     reap_sends(false);
     const std::size_t es = size_of(t);
@@ -422,6 +432,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void do_recv(void* buf, std::size_t count, DType t, int peer, int tag) override {
+    const auto watching = watch("recv");
     check_tag("recv", tag);
     reap_sends(false);
     const std::size_t es = size_of(t);
@@ -437,6 +448,7 @@ class MpiCommunicator final : public Communicator {
   void do_permute(const void* send, std::size_t send_count, int dest, void* recv, std::size_t recv_count,
                   int source, DType t) override {
     constexpr std::string_view call = "permute";
+    const auto watching = watch("permute");
     if (checked_) verify_permute(send_count, dest, recv_count, source, t);
     const std::size_t es = size_of(t);
     const auto* in = static_cast<const unsigned char*>(send);
@@ -459,11 +471,13 @@ class MpiCommunicator final : public Communicator {
   }
 
   void do_barrier() override {
+    const auto watching = watch("barrier");
     if (checked_) verify("barrier", Signature{Kind::barrier, DType::u8});
     ok(MPI_Barrier(comm_), "MPI_Barrier", "barrier");
   }
 
   std::unique_ptr<Communicator> do_split(int color, int key, std::string name) override {
+    const auto watching = watch("split");
     if (checked_) verify("split", Signature{split_kind, DType::u8});
     MPI_Comm sub = MPI_COMM_NULL;
     ok(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub), "MPI_Comm_split", "split");
@@ -477,6 +491,9 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  /// While alive, the watchdog (detail/mpi_watchdog.hpp) knows this process waits in `call` here.
+  detail::mpi::Watch watch(const char* call) const { return detail::mpi::Watch(call, name(), rank(), size()); }
+
   static constexpr std::int64_t split_kind = num_kinds;        // signature codes after Kind's: split,
   static constexpr std::int64_t exchange_kind = num_kinds + 1;  // exchange (counted as all_to_all)
 
@@ -713,6 +730,7 @@ class MpiCommunicator final : public Communicator {
     void start(const void* send, std::span<const Region> send_regions, void* recv,
                std::span<const Region> recv_regions, DType t) {
       constexpr std::string_view call = "exchange";
+      const auto watching = c_.watch("exchange");  // (checked mode's all_reduce)
       if (c_.checked_) c_.verify_exchange(send_regions, recv_regions, t);
       const int me = c_.rank();
       const std::size_t n = static_cast<std::size_t>(c_.size()), es = size_of(t);
@@ -774,6 +792,7 @@ class MpiCommunicator final : public Communicator {
     }
 
     void wait() override {
+      const auto watching = c_.watch("exchange");
       const int nreq = static_cast<int>(requests_.size());
       const int rc = MPI_Waitall(nreq, requests_.data(), MPI_STATUSES_IGNORE);
       requests_.clear();  // completed (or failed): nothing left for the destructor to wait for
