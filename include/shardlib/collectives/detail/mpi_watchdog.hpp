@@ -10,6 +10,7 @@
 #pragma once
 
 #include <shardlib/collectives/communicator.hpp>
+#include <shardlib/collectives/detail/timeout.hpp>
 
 #if defined(SHARDLIB_HAVE_MPI)
 
@@ -26,16 +27,7 @@ namespace shardlib::coll::detail::mpi {
 
 /// SHARDLIB_MPI_TIMEOUT in seconds (default 600, NCCL's and PyTorch's; 0: no watchdog). Throws
 /// CollectiveError on a value that is not a number >= 0.
-inline double timeout_from_environment() {
-  const char* v = std::getenv("SHARDLIB_MPI_TIMEOUT");
-  if (v == nullptr || *v == '\0') return 600.0;
-  char* end = nullptr;
-  const double s = std::strtod(v, &end);
-  if (end == v || *end != '\0' || !(s >= 0))
-    throw CollectiveError(std::string("shardlib: mpi backend: SHARDLIB_MPI_TIMEOUT=\"") + v +
-                          "\" is not a number of seconds >= 0 (0 turns the watchdog off)");
-  return s;
-}
+inline double timeout_from_environment() { return detail::timeout_from_environment("SHARDLIB_MPI_TIMEOUT", "mpi"); }
 
 /// The exit status of a process the watchdog ends (Runtime::stalled_device_exit_status's, and
 /// timeout(1)'s).

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <shardlib/collectives/communicator.hpp>
+#include <shardlib/collectives/detail/timeout.hpp>
 
 #if defined(SHARDLIB_HAVE_NCCL)
 
@@ -29,16 +30,7 @@ namespace shardlib::coll::detail::nccl {
 
 /// SHARDLIB_NCCL_TIMEOUT in seconds (default 600; 0: no timeout). Throws CollectiveError on
 /// a value that is not a number >= 0.
-inline double timeout_from_environment() {
-  const char* v = std::getenv("SHARDLIB_NCCL_TIMEOUT");
-  if (v == nullptr || *v == '\0') return 600.0;
-  char* end = nullptr;
-  const double s = std::strtod(v, &end);
-  if (end == v || *end != '\0' || !(s >= 0))
-    throw CollectiveError(std::string("shardlib: nccl backend: SHARDLIB_NCCL_TIMEOUT=\"") + v +
-                          "\" is not a number of seconds >= 0 (0 turns the timeout off)");
-  return s;
-}
+inline double timeout_from_environment() { return detail::timeout_from_environment("SHARDLIB_NCCL_TIMEOUT", "nccl"); }
 
 /// Watches one communicator's collectives (see the file comment): the caller records an event
 /// after each; a thread retires finished ones, and aborts the communicator on an asynchronous
